@@ -1,0 +1,102 @@
+"""``Batch``: a DataProto-compatible container for rollout data."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+__all__ = ["Batch"]
+
+
+def _object_array(values: Any) -> np.ndarray:
+    """A 1-D numpy array; lists of lists/dicts become object arrays of those items, not 2-D arrays."""
+    if isinstance(values, np.ndarray):
+        return values
+    items = list(values)
+    out = np.empty(len(items), dtype=object)
+    for i, v in enumerate(items):
+        out[i] = v
+    return out
+
+
+@dataclass
+class Batch:
+    """Rollout data in verl's ``DataProto`` shape.
+
+    Args:
+        batch: the tensors, a :class:`tensordict.TensorDict` whose first batch dimension is the
+            row count, or None.
+        non_tensor_batch: per-row numpy arrays (object arrays for strings, dicts, lists).
+        meta_info: free-form metadata (timings, flags such as ``validate``).
+
+    Example:
+        >>> b = Batch.from_dict(tensors={"ids": torch.zeros(2, 3)}, non_tensors={"uid": ["a", "b"]})
+        >>> len(b), b["uid"].tolist()
+        (2, ['a', 'b'])
+    """
+
+    batch: TensorDict | None = None
+    non_tensor_batch: dict[str, np.ndarray] = field(default_factory=dict)
+    meta_info: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(
+        cls,
+        tensors: Mapping[str, torch.Tensor] | None = None,
+        non_tensors: Mapping[str, Any] | None = None,
+        meta_info: Mapping[str, Any] | None = None,
+    ) -> Batch:
+        """Build a batch from plain dicts; the row count is the first dimension of the tensors."""
+        td = None
+        if tensors:
+            first = next(iter(tensors.values()))
+            rows = first.size(0)
+            td = TensorDict(dict(tensors), batch_size=[rows])
+        non_tensor = {k: _object_array(v) for k, v in (non_tensors or {}).items()}
+        return cls(batch=td, non_tensor_batch=non_tensor, meta_info=dict(meta_info or {}))
+
+    def __len__(self) -> int:
+        if self.batch is not None and self.batch.batch_dims > 0:
+            return int(self.batch.batch_size[0])
+        for value in self.non_tensor_batch.values():
+            return len(value)
+        return 0
+
+    def __getitem__(self, item: Any) -> Any:
+        """``batch["uid"]`` reads a column; an int, slice or index array selects rows."""
+        if isinstance(item, str):
+            if item in self.non_tensor_batch:
+                return self.non_tensor_batch[item]
+            if self.batch is not None and item in self.batch.keys():
+                return self.batch[item]
+            raise KeyError(item)
+        if isinstance(item, int):
+            item = slice(item, item + 1) if item != -1 else slice(item, None)
+        index = item if isinstance(item, slice) else np.asarray(item)
+        td = None
+        if self.batch is not None:
+            td = self.batch[index if isinstance(index, slice) else torch.as_tensor(index)]
+        non_tensor = {k: v[index] for k, v in self.non_tensor_batch.items()}
+        return Batch(batch=td, non_tensor_batch=non_tensor, meta_info=dict(self.meta_info))
+
+    @staticmethod
+    def concat(batches: Sequence[Batch]) -> Batch:
+        """Concatenate batches row-wise; ``meta_info`` is taken from the first."""
+        if not batches:
+            raise ValueError("Batch.concat needs at least one batch")
+        tds = [b.batch for b in batches]
+        td = None if any(t is None for t in tds) else torch.cat(tds, dim=0)  # type: ignore[arg-type]
+        keys = batches[0].non_tensor_batch.keys()
+        non_tensor = {k: np.concatenate([b.non_tensor_batch[k] for b in batches], axis=0) for k in keys}
+        return Batch(batch=td, non_tensor_batch=non_tensor, meta_info=dict(batches[0].meta_info))
+
+    def chunk(self, chunks: int) -> list[Batch]:
+        """Split into ``chunks`` nearly equal parts (the last ones may be one row shorter)."""
+        rows = len(self)
+        bounds = np.linspace(0, rows, chunks + 1).round().astype(int)
+        return [self[int(a):int(b)] for a, b in zip(bounds[:-1], bounds[1:])]

@@ -1,0 +1,425 @@
+"""Configuration of the ``skip`` section: dataclasses, strict validation and step sets.
+
+Every role reads the same fields (the seed's four plus stepskip's extensions). Values are
+validated when a dataclass is constructed; a bad value raises :class:`SkipConfigError` whose
+message names the key, the value given and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from stepskip.errors import SkipConfigError
+
+__all__ = [
+    "ACTIONS",
+    "SkipRoleConfig",
+    "RolloutSkipConfig",
+    "RolloutTqSkipConfig",
+    "AsyncRolloutSkipConfig",
+    "SkipManagerConfig",
+    "StepSet",
+    "select",
+]
+
+ACTIONS = ("cache", "repeat", "random", "replay", "record")
+FORMATS = ("safe", "verl")
+COMPRESS = ("auto", "none", "zstd")
+CHECK_PROMPTS = ("warn", "error", "off")
+ON_MISMATCH = ("warn", "error", "regenerate")
+
+_MISSING = object()
+_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*(?::\s*(\d+)\s*)?$")
+
+
+# --------------------------------------------------------------------------- config access
+
+
+def select(config: Any, dotted: str, default: Any = None) -> Any:
+    """Read ``a.b.c`` from an OmegaConf node, a nested mapping or an attribute object.
+
+    Missing keys (and ``None`` values) give ``default``; nothing is ever created.
+    """
+    node = config
+    for part in dotted.split("."):
+        node = _child(node, part)
+        if node is _MISSING or node is None:
+            return default
+    return node
+
+
+def _child(node: Any, key: str) -> Any:
+    if node is None:
+        return _MISSING
+    if isinstance(node, Mapping):
+        return node.get(key, _MISSING)
+    try:
+        from omegaconf import DictConfig
+
+        if isinstance(node, DictConfig):
+            return node.get(key, _MISSING)
+    except ImportError:  # pragma: no cover - omegaconf is a runtime dependency
+        pass
+    return getattr(node, key, _MISSING)
+
+
+def to_plain(node: Any) -> Any:
+    """Turn an OmegaConf node, dataclass or attribute object into plain dicts and lists."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(node, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(node, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(node, SkipRoleConfig):
+        return node
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return {f.name: getattr(node, f.name) for f in dataclasses.fields(node)}
+    if isinstance(node, Mapping):
+        return dict(node)
+    if hasattr(node, "__dict__") and not isinstance(node, (str, bytes, int, float, list, tuple)):
+        return {k: v for k, v in vars(node).items() if not k.startswith("_")}
+    return node
+
+
+# --------------------------------------------------------------------------- step sets
+
+
+class StepSet:
+    """The steps a role may skip: explicit integers, ranges, or every step.
+
+    Membership is O(1) whatever the size of the configuration: integers live in a frozenset,
+    ranges in :class:`range` objects (whose ``in`` is arithmetic), ``"all"`` in a flag.
+
+    Example:
+        >>> s = StepSet.parse([1, 2, "10-100:10"])
+        >>> 2 in s, 30 in s, 31 in s
+        (True, True, False)
+    """
+
+    __slots__ = ("_all", "_ints", "_ranges", "spec")
+
+    def __init__(self, ints: Iterable[int] = (), ranges: Iterable[range] = (), everything: bool = False,
+                 spec: Any = None) -> None:
+        self._ints = frozenset(ints)
+        self._ranges = tuple(ranges)
+        self._all = everything
+        self.spec = spec
+
+    @classmethod
+    def parse(cls, steps: Any, key: str = "steps") -> StepSet:
+        """Parse a ``steps`` value: a list of ints and range strings, or the string ``"all"``."""
+        allowed = 'a list of non-negative ints and range strings such as "1-128" or "10-100:10", or "all"'
+        if isinstance(steps, str):
+            steps = [steps]
+        if not isinstance(steps, (list, tuple)):
+            raise SkipConfigError(f"{key} = {steps!r} is not valid; expected {allowed}")
+        ints: set[int] = set()
+        ranges: list[range] = []
+        everything = False
+        for item in steps:
+            if isinstance(item, bool) or not isinstance(item, (int, str)):
+                raise SkipConfigError(f"{key} contains {item!r} ({type(item).__name__}); expected {allowed}")
+            if isinstance(item, int):
+                if item < 0:
+                    raise SkipConfigError(f"{key} contains {item!r}; steps are non-negative, expected {allowed}")
+                ints.add(item)
+            elif item.strip().lower() == "all":
+                everything = True
+            elif item.strip().isdigit():
+                ints.add(int(item))
+            else:
+                match = _RANGE.match(item)
+                if match is None:
+                    raise SkipConfigError(f"{key} contains {item!r}; expected {allowed}")
+                start, stop, stride = int(match[1]), int(match[2]), int(match[3] or 1)
+                if stop < start or stride < 1:
+                    raise SkipConfigError(
+                        f"{key} contains {item!r}: a range needs start <= end and a stride >= 1 (e.g. \"10-100:10\")"
+                    )
+                ranges.append(range(start, stop + 1, stride))
+        return cls(ints, ranges, everything, spec=list(steps))
+
+    def __contains__(self, step: object) -> bool:
+        if step in self._ints:
+            return True
+        if self._all:
+            return isinstance(step, int) and step >= 0
+        for r in self._ranges:
+            if step in r:
+                return True
+        return False
+
+    def __bool__(self) -> bool:
+        return self._all or bool(self._ints) or any(len(r) for r in self._ranges)
+
+    def __repr__(self) -> str:
+        return f"StepSet({self.spec!r})"
+
+
+# --------------------------------------------------------------------------- role configs
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        raise SkipConfigError(f"{key} = {value!r} is not valid; allowed values: {', '.join(allowed)}")
+
+
+def _boolean(key: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise SkipConfigError(f"{key} = {value!r} ({type(value).__name__}) is not valid; allowed values: true, false")
+
+
+def _str_list(key: str, value: Any) -> None:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise SkipConfigError(f"{key} = {value!r} is not valid; expected a list of strings")
+
+
+@dataclass
+class SkipRoleConfig:
+    """Fields shared by every skip role (``skip.<role>``).
+
+    Args:
+        enable: master switch of the role.
+        dump_dir: cache root, a local path (``~`` expanded) or an fsspec URL.
+        steps: steps eligible for skipping: ints, ``"a-b"`` / ``"a-b:stride"`` ranges, or ``"all"``.
+        action: ``cache`` (exact step, else generate and dump), ``repeat`` (nearest available step),
+            ``random`` (a seeded random available step), ``replay`` (exact step or
+            :class:`CacheMissError`), ``record`` (always generate and overwrite).
+        format: ``safe`` (safetensors + JSON, no pickle) or ``verl`` (verl 0.9's pickle files).
+        allow_pickle: allow reading pickle-based entries, through an allow-list unpickler.
+        verify: check file checksums when loading.
+        async_dump: encode and write dumps on a background thread.
+        compress: ``auto``, ``none`` or ``zstd``.
+        seed: seed of the ``random`` action.
+        rebind_keys: identity columns copied from the live prompts onto a replayed batch.
+        check_prompts: what to do when the replayed step saw other prompts.
+        on_mismatch: what to do when the entry's run fingerprint differs from this run's.
+        fingerprint_keys: extra config keys that identify a run.
+
+    Example:
+        >>> RolloutSkipConfig(enable=True, steps=["1-3"], action="repeat").action
+        'repeat'
+    """
+
+    section: ClassVar[str] = "skip.<role>"
+    allowed_actions: ClassVar[tuple[str, ...]] = ACTIONS
+
+    enable: bool = False
+    dump_dir: str = "~/.verl/rollout_dump"
+    steps: list[Any] = field(default_factory=list)
+    action: str = "cache"
+    format: str = "safe"
+    allow_pickle: bool = False
+    verify: bool = True
+    async_dump: bool = True
+    compress: str = "auto"
+    seed: int = 0
+    rebind_keys: list[str] = field(default_factory=lambda: ["uid"])
+    check_prompts: str = "warn"
+    on_mismatch: str = "warn"
+    fingerprint_keys: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.validate(self.section)
+
+    def validate(self, where: str) -> None:
+        """Check every field; raise :class:`SkipConfigError` naming ``where.<key>`` on failure."""
+        _boolean(f"{where}.enable", self.enable)
+        if not isinstance(self.dump_dir, str) or not self.dump_dir.strip():
+            raise SkipConfigError(
+                f"{where}.dump_dir = {self.dump_dir!r} is not valid; expected a non-empty path or fsspec URL string"
+            )
+        self.step_set = StepSet.parse(self.steps, f"{where}.steps")
+        _choice(f"{where}.action", self.action, self.allowed_actions)
+        _choice(f"{where}.format", self.format, FORMATS)
+        _boolean(f"{where}.allow_pickle", self.allow_pickle)
+        _boolean(f"{where}.verify", self.verify)
+        _boolean(f"{where}.async_dump", self.async_dump)
+        _choice(f"{where}.compress", self.compress, COMPRESS)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise SkipConfigError(f"{where}.seed = {self.seed!r} is not valid; expected an int")
+        _str_list(f"{where}.rebind_keys", self.rebind_keys)
+        _choice(f"{where}.check_prompts", self.check_prompts, CHECK_PROMPTS)
+        _choice(f"{where}.on_mismatch", self.on_mismatch, ON_MISMATCH)
+        _str_list(f"{where}.fingerprint_keys", self.fingerprint_keys)
+        if self.format == "verl" and not self.allow_pickle:
+            raise SkipConfigError(
+                f"{where}.format = 'verl' writes pickle files that can only be read back with "
+                f"{where}.allow_pickle = true; set it, or keep the default format 'safe' "
+                "(use `stepskip convert --to verl` to export a cache for verl)"
+            )
+
+    @classmethod
+    def from_mapping(cls, section: Any, where: str | None = None) -> SkipRoleConfig:
+        """Build from a mapping, rejecting unknown keys with the list of known ones."""
+        where = where or cls.section
+        if isinstance(section, cls):
+            section.validate(where)
+            return section
+        if isinstance(section, SkipRoleConfig):
+            section = {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+        section = to_plain(section)
+        if section is None:
+            section = {}
+        if not isinstance(section, Mapping):
+            raise SkipConfigError(f"{where} = {section!r} is not valid; expected a mapping of role settings")
+        known = [f.name for f in dataclasses.fields(cls) if f.init]
+        unknown = sorted(set(section) - set(known))
+        if unknown:
+            raise SkipConfigError(
+                f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; known keys: {', '.join(known)}"
+            )
+        values = {k: to_plain(v) for k, v in section.items()}
+        try:
+            return cls(**values)
+        except SkipConfigError as err:
+            if where != cls.section:
+                raise SkipConfigError(str(err).replace(cls.section, where)) from None
+            raise
+
+
+@dataclass
+class RolloutSkipConfig(SkipRoleConfig):
+    """``skip.rollout``: the colocated trainer's ``generate_sequences``."""
+
+    section: ClassVar[str] = "skip.rollout"
+
+
+@dataclass
+class RolloutTqSkipConfig(SkipRoleConfig):
+    """``skip.rollout_tq``: the V1 trainer over TransferQueue (submit / sample phases)."""
+
+    section: ClassVar[str] = "skip.rollout_tq"
+
+
+@dataclass
+class AsyncRolloutSkipConfig(SkipRoleConfig):
+    """``skip.async_rollout``: the fully async rollouter; steps are feed indices."""
+
+    section: ClassVar[str] = "skip.async_rollout"
+
+
+@dataclass
+class SkipManagerConfig:
+    """The whole ``skip`` section: the three built-in roles plus any registered role.
+
+    Roles other than the three built-ins live in ``extra`` and are reachable as attributes
+    (``cfg.my_role``).
+
+    Example:
+        >>> cfg = SkipManagerConfig.from_section({"rollout": {"enable": True, "steps": [1, 2]}})
+        >>> cfg.rollout.enable, cfg.async_rollout.enable
+        (True, False)
+    """
+
+    rollout: RolloutSkipConfig = field(default_factory=RolloutSkipConfig)
+    rollout_tq: RolloutTqSkipConfig = field(default_factory=RolloutTqSkipConfig)
+    async_rollout: AsyncRolloutSkipConfig = field(default_factory=AsyncRolloutSkipConfig)
+    extra: dict[str, SkipRoleConfig] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        extra = self.__dict__.get("extra", {})
+        if name in extra:
+            return extra[name]
+        raise AttributeError(name)
+
+    def role(self, name: str) -> SkipRoleConfig | None:
+        """The configuration of role ``name``, or None when the section does not know it."""
+        if name in ("rollout", "rollout_tq", "async_rollout"):
+            return getattr(self, name)
+        return self.extra.get(name)
+
+    @classmethod
+    def from_section(cls, section: Any, config_classes: Mapping[str, type[SkipRoleConfig]] | None = None,
+                     ) -> SkipManagerConfig:
+        """Build from the ``skip`` section of a training config.
+
+        Args:
+            section: ``config.skip`` as an OmegaConf node, mapping, dataclass or None.
+            config_classes: config dataclass per role name for roles beyond the built-ins
+                (from the registered skip classes' ``config_class``). Names that are neither
+                built-in nor listed here are rejected, except ``kind: stage`` sections.
+
+        Returns:
+            The validated configuration.
+        """
+        if isinstance(section, SkipManagerConfig):
+            return section
+        plain = to_plain(section) if section is not None else {}
+        if plain is None:
+            plain = {}
+        if not isinstance(plain, Mapping):
+            raise SkipConfigError(f"skip = {section!r} is not valid; expected a mapping of roles")
+        classes: dict[str, type[SkipRoleConfig]] = {
+            "rollout": RolloutSkipConfig,
+            "rollout_tq": RolloutTqSkipConfig,
+            "async_rollout": AsyncRolloutSkipConfig,
+        }
+        classes.update(config_classes or {})
+        built: dict[str, SkipRoleConfig] = {}
+        for name, body in plain.items():
+            if name.startswith("_"):  # Hydra's _target_ and friends
+                continue
+            config_class = classes.get(name)
+            if config_class is None:
+                body_plain = to_plain(body)
+                kind = body_plain.get("kind") if isinstance(body_plain, Mapping) else None
+                if kind == "stage":
+                    config_class = _stage_config_class()
+                else:
+                    raise SkipConfigError(
+                        f"skip.{name} is not a known skip role; known roles: {', '.join(sorted(classes))} "
+                        "(register a new role with @register_skip, or declare a generic stage with `kind: stage`)"
+                    )
+            built[name] = config_class.from_mapping(body, f"skip.{name}")
+        extra = {k: v for k, v in built.items() if k not in ("rollout", "rollout_tq", "async_rollout")}
+        return cls(
+            rollout=built.get("rollout", RolloutSkipConfig()),  # type: ignore[arg-type]
+            rollout_tq=built.get("rollout_tq", RolloutTqSkipConfig()),  # type: ignore[arg-type]
+            async_rollout=built.get("async_rollout", AsyncRolloutSkipConfig()),  # type: ignore[arg-type]
+            extra=extra,
+        )
+
+
+def _stage_config_class() -> type[SkipRoleConfig]:
+    from stepskip.roles.stage import StageSkipConfig
+
+    return StageSkipConfig
+
+
+# --------------------------------------------------------------------------- legacy flag
+
+
+def disable_legacy_flag(config: Any, skip_config: SkipManagerConfig) -> None:
+    """Seed §2.7: when both skip mechanisms are on, warn and turn the legacy one off in place."""
+    if not skip_config.rollout.enable:
+        return
+    legacy = select(config, "actor_rollout_ref.rollout.skip")
+    if legacy is None or select(legacy, "enable", False) is not True:
+        return
+    warnings.warn(
+        "actor_rollout_ref.rollout.skip.enable and skip.rollout.enable are both true; the legacy "
+        "flag is deprecated and has been set to False so that only skip.rollout runs",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    try:
+        from omegaconf import DictConfig, read_write
+
+        if isinstance(legacy, DictConfig):
+            with read_write(legacy):
+                legacy.enable = False
+            return
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(legacy, dict):
+        legacy["enable"] = False
+    else:
+        legacy.enable = False

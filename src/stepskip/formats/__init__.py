@@ -1,0 +1,35 @@
+"""Storage formats: how a value becomes the files of an entry and back."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from stepskip.formats.safe import SafeFormat
+from stepskip.formats.verl import VerlFormat
+
+__all__ = ["Format", "get_format", "SafeFormat", "VerlFormat"]
+
+
+class Format(Protocol):
+    """What the store needs from a format."""
+
+    name: str
+    uses_pickle: bool
+    files: tuple[str, ...]
+
+    def freeze(self, value: Any, copy: bool) -> Any: ...
+
+    def encode(self, frozen: Any) -> dict[str, bytes]: ...
+
+    def decode(self, files: Any) -> Any: ...
+
+
+_FORMATS: dict[str, Format] = {"safe": SafeFormat(), "verl": VerlFormat()}
+
+
+def get_format(name: str) -> Format:
+    """The format registered as ``name``; the error lists the known ones."""
+    try:
+        return _FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown format {name!r}; known formats: {', '.join(_FORMATS)}") from None

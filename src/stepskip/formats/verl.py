@@ -1,0 +1,180 @@
+"""``format: verl``: the pickle files verl 0.9 writes and reads, without verl and without trust.
+
+verl saves a rollout as ``pickle.dump(DataProto)``, whose state is ``(torch.save bytes of the
+TensorDict, non_tensor_batch, meta_info)``. Writing: a pure-Python pickler emits the global
+``verl.protocol.DataProto`` by name, so verl need not be installed, and the TensorDict is saved
+unconsolidated (a consolidated TensorDict with jagged tensors does not load under verl's
+tensordict 0.10). Reading: an allow-list unpickler accepts only the globals such a file
+contains; the TensorDict bytes go through ``torch.load(weights_only=True)``. Anything else (a
+pickle reaching for ``os.system``, say) is refused before it runs.
+"""
+
+from __future__ import annotations
+
+import copy as copylib
+import copyreg
+import io
+import pickle
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from stepskip.batch import Batch
+from stepskip.errors import CorruptEntryError, UnstorableValueError
+
+__all__ = ["VerlFormat", "dumps_dataproto", "loads_dataproto", "restricted_loads"]
+
+GEN_BATCH_FILE = "gen_batch.dp"
+PICKLE_PROTOCOL = 4  # pickle.DEFAULT_PROTOCOL of the Pythons verl 0.9 runs on
+
+
+class _DataProtoStandIn:
+    """Takes the place of ``verl.protocol.DataProto`` on both sides of the pickle."""
+
+    def __init__(self, state: tuple[bytes, dict[str, np.ndarray], dict[str, Any]] | None = None) -> None:
+        self.state = state
+
+    def __reduce_ex__(self, protocol: int) -> tuple[Any, ...]:
+        return copyreg.__newobj__, (type(self),), self.state
+
+    def __setstate__(self, state: tuple[bytes, dict[str, np.ndarray], dict[str, Any]]) -> None:
+        self.state = state
+
+
+class _VerlPickler(pickle._Pickler):  # type: ignore[name-defined]
+    """The pure-Python pickler: unlike the C one, it lets a class be written under another name."""
+
+    def save_global(self, obj: Any, name: str | None = None) -> None:
+        if obj is not _DataProtoStandIn:
+            return super().save_global(obj, name)
+        self.save("verl.protocol")
+        self.save("DataProto")
+        self.write(pickle.STACK_GLOBAL)
+        self.memoize(obj)
+        return None
+
+
+def _numpy_reconstruct() -> Any:
+    return np._core.multiarray._reconstruct  # type: ignore[attr-defined]
+
+
+def _numpy_scalar() -> Any:
+    return np._core.multiarray.scalar  # type: ignore[attr-defined]
+
+
+_ALLOWED: dict[tuple[str, str], Any] = {
+    ("verl.protocol", "DataProto"): _DataProtoStandIn,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("numpy.core.multiarray", "_reconstruct"): _numpy_reconstruct(),
+    ("numpy._core.multiarray", "_reconstruct"): _numpy_reconstruct(),
+    ("numpy.core.multiarray", "scalar"): _numpy_scalar(),
+    ("numpy._core.multiarray", "scalar"): _numpy_scalar(),
+    ("collections", "OrderedDict"): OrderedDict,
+    ("builtins", "complex"): complex,
+}
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        found = _ALLOWED.get((module, name))
+        if found is None and module == "numpy.dtypes" and name.endswith("DType"):
+            found = getattr(np.dtypes, name, None)
+        if found is None:
+            raise pickle.UnpicklingError(
+                f"refusing to load global {module}.{name}: not one of the data types a verl cache holds"
+            )
+        return found
+
+
+def restricted_loads(data: bytes) -> Any:
+    """Unpickle ``data`` allowing only the globals a verl ``gen_batch.dp`` contains.
+
+    Raises:
+        pickle.UnpicklingError: the pickle names any other global; nothing of it was executed.
+    """
+    return _RestrictedUnpickler(io.BytesIO(data)).load()
+
+
+def dumps_dataproto(batch: TensorDictBase | None, non_tensor_batch: Mapping[str, np.ndarray],
+                    meta_info: Mapping[str, Any]) -> bytes:
+    """The bytes ``DataProto.save_to_disk`` would write for these three parts (verl not needed)."""
+    buffer = io.BytesIO()
+    torch.save(batch.contiguous() if batch is not None else None, buffer)
+    state = (buffer.getvalue(), dict(non_tensor_batch), dict(meta_info))
+    out = io.BytesIO()
+    _VerlPickler(out, protocol=PICKLE_PROTOCOL).dump(_DataProtoStandIn(state))
+    return out.getvalue()
+
+
+def loads_dataproto(data: bytes) -> tuple[TensorDictBase | None, dict[str, np.ndarray], dict[str, Any]]:
+    """Read a verl ``gen_batch.dp`` through the allow-list; returns ``(batch, non_tensor_batch, meta_info)``.
+
+    Raises:
+        pickle.UnpicklingError: the file holds something other than a verl DataProto.
+    """
+    obj = restricted_loads(data)
+    if not isinstance(obj, _DataProtoStandIn) or not isinstance(obj.state, tuple) or len(obj.state) != 3:
+        raise pickle.UnpicklingError("the pickle does not hold a verl DataProto")
+    tensor_bytes, non_tensor_batch, meta_info = obj.state
+    batch = None
+    if tensor_bytes is not None:
+        batch = torch.load(io.BytesIO(tensor_bytes), weights_only=True, map_location="cpu")
+    return batch, dict(non_tensor_batch or {}), dict(meta_info or {})
+
+
+@dataclass
+class _FrozenDataProto:
+    batch: TensorDictBase | None
+    non_tensor_batch: dict[str, np.ndarray]
+    meta_info: dict[str, Any]
+
+
+class VerlFormat:
+    """Encode and decode verl 0.9's ``gen_batch.dp`` files (pickle; read only with ``allow_pickle``)."""
+
+    name = "verl"
+    uses_pickle = True
+    files = (GEN_BATCH_FILE,)
+
+    def freeze(self, value: Any, copy: bool) -> _FrozenDataProto:
+        """Snapshot a DataProto-like value (``batch``, ``non_tensor_batch``, ``meta_info``)."""
+        if not all(hasattr(value, a) for a in ("batch", "non_tensor_batch", "meta_info")):
+            raise UnstorableValueError(
+                f"result: format 'verl' stores DataProto-like batches only, got {type(value).__qualname__}; "
+                "use format: safe for other values"
+            )
+        batch = value.batch
+        non_tensor = dict(value.non_tensor_batch)
+        meta = dict(value.meta_info)
+        if copy:
+            batch = None if batch is None else batch.clone()
+            non_tensor = copylib.deepcopy(non_tensor)
+            meta = copylib.deepcopy(meta)
+        return _FrozenDataProto(batch, non_tensor, meta)
+
+    def encode(self, frozen: _FrozenDataProto) -> dict[str, bytes]:
+        return {GEN_BATCH_FILE: dumps_dataproto(frozen.batch, frozen.non_tensor_batch, frozen.meta_info)}
+
+    def decode(self, files: Mapping[str, bytes]) -> Any:
+        """Rebuild the batch: verl's ``DataProto`` when verl is importable, else :class:`~stepskip.Batch`.
+
+        Raises:
+            CorruptEntryError: unreadable bytes, or a pickle that names a global outside the allow-list.
+        """
+        try:
+            batch, non_tensor, meta = loads_dataproto(files[GEN_BATCH_FILE])
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, RuntimeError,
+                AttributeError, IndexError) as err:
+            raise CorruptEntryError(f"cannot read {GEN_BATCH_FILE}: {err}") from err
+        try:
+            from verl.protocol import DataProto  # type: ignore[import-not-found]
+
+            return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+        except ImportError:
+            return Batch(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)

@@ -1,0 +1,101 @@
+"""Every path of a cache, built in one place and parsed back in the same place.
+
+``{dump_dir}/{experiment_name}_{project_name}/GBS{gbs}_N{n}_in{prompt_len}_out{response_len}/{step}/``
+as verl writes it (seed §2.5); V1 entries add ``{inner_idx}/``, generic stage roles put their
+steps under ``{name}/``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from stepskip.config import select
+
+__all__ = ["Layout", "safe_component"]
+
+_UNSAFE = re.compile(r"[/\\\x00]")
+RUN_DIR = re.compile(r"^GBS(-?\d+)_N(-?\d+)_in(-?\d+)_out(-?\d+)$")
+
+
+def safe_component(name: str) -> str:
+    """Make ``name`` usable as one path component that cannot leave its parent directory."""
+    name = _UNSAFE.sub("_", str(name)).replace("..", "__")
+    return name if name not in ("", ".") else "_"
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def is_url(path: str) -> bool:
+    """True for fsspec URLs such as ``s3://bucket/prefix`` (not for ``file://``-less local paths)."""
+    return "://" in path
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths of one role's cache for one run shape.
+
+    Example:
+        >>> lay = Layout("/tmp/dump", "exp", "proj", gbs=64, n=8, prompt_len=512, response_len=1024)
+        >>> lay.step_dir(3)
+        '/tmp/dump/exp_proj/GBS64_N8_in512_out1024/3'
+    """
+
+    dump_dir: str
+    experiment_name: str = "default_experiment_name"
+    project_name: str = "default_project_name"
+    gbs: int = 0
+    n: int = 0
+    prompt_len: int = 0
+    response_len: int = 0
+    subdir: str | None = None
+
+    @classmethod
+    def from_config(cls, dump_dir: str, config: Any, subdir: str | None = None) -> Layout:
+        """Read the run shape from the training config as the seed §2.5 says."""
+        gbs = select(config, "data.gen_batch_size")
+        if gbs is None:
+            gbs = select(config, "data.train_batch_size", 0)
+        if dump_dir.startswith("file://"):
+            dump_dir = dump_dir[len("file://"):]
+        root = dump_dir if is_url(dump_dir) else os.path.abspath(os.path.expanduser(dump_dir))
+        return cls(
+            dump_dir=root.rstrip("/") or "/",
+            experiment_name=str(select(config, "trainer.experiment_name", "default_experiment_name")),
+            project_name=str(select(config, "trainer.project_name", "default_project_name")),
+            gbs=_int(gbs),
+            n=_int(select(config, "actor_rollout_ref.rollout.n", 0)),
+            prompt_len=_int(select(config, "data.max_prompt_length", 0)),
+            response_len=_int(select(config, "data.max_response_length", 0)),
+            subdir=subdir,
+        )
+
+    @property
+    def run_name(self) -> str:
+        return f"GBS{self.gbs}_N{self.n}_in{self.prompt_len}_out{self.response_len}"
+
+    @property
+    def project_dir(self) -> str:
+        """The directory holding one directory per step."""
+        parts = [self.dump_dir, safe_component(f"{self.experiment_name}_{self.project_name}"), self.run_name]
+        if self.subdir:
+            parts.append(safe_component(self.subdir))
+        return "/".join(parts)
+
+    def step_dir(self, step: int) -> str:
+        return f"{self.project_dir}/{int(step)}"
+
+    def inner_dir(self, step: int, inner_idx: int) -> str:
+        return f"{self.step_dir(step)}/{int(inner_idx)}"
+
+    @staticmethod
+    def parse_step(name: str) -> int | None:
+        """The step a directory name stands for, or None for anything else (temp dirs included)."""
+        return int(name) if name.isdigit() else None

@@ -1,0 +1,10 @@
+"""Skip roles: the base protocol and the built-in roles (importing this registers them)."""
+
+from stepskip.roles.base import SKIP_REGISTRY, BaseSkip, SkipAction, register_skip
+from stepskip.roles.rollout import AsyncRolloutSkip, RolloutSkip, parse_async_rollout_sample_step
+from stepskip.roles.stage import StageSkip, StageSkipConfig
+
+__all__ = [
+    "SKIP_REGISTRY", "BaseSkip", "SkipAction", "register_skip", "RolloutSkip", "AsyncRolloutSkip",
+    "parse_async_rollout_sample_step", "StageSkip", "StageSkipConfig",
+]

@@ -1,0 +1,326 @@
+"""Generation caching for the colocated trainer (``rollout``) and the fully async one (``async_rollout``)."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from stepskip._version import __version__
+from stepskip.config import AsyncRolloutSkipConfig, RolloutSkipConfig
+from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError, UnstorableValueError
+from stepskip.formats import get_format
+from stepskip.formats.verl import GEN_BATCH_FILE
+from stepskip.layout import Layout
+from stepskip.roles.base import BaseSkip, SkipAction, register_skip
+from stepskip.stats import RoleStats
+from stepskip.store import EntryState, open_store
+from stepskip.worker import default_worker
+
+__all__ = ["RolloutSkip", "AsyncRolloutSkip", "parse_async_rollout_sample_step", "GENERATION_SECONDS"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds the decorated function took on a miss; set by SkipManager around ``prepare_data`` so
+#: the signature ``prepare_data(step, result, *args, **kwargs)`` stays verl's.
+GENERATION_SECONDS: contextvars.ContextVar[float | None] = contextvars.ContextVar("generation_seconds", default=None)
+
+ALL_ACTIONS = [SkipAction.CACHE, SkipAction.REPEAT, SkipAction.RANDOM, SkipAction.REPLAY, SkipAction.RECORD]
+
+
+def _prompts_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    prompts = kwargs.get("prompts")
+    if prompts is not None:
+        return prompts
+    if len(args) > 1:
+        return args[1]
+    if len(args) == 1 and hasattr(args[0], "meta_info"):
+        return args[0]
+    return None
+
+
+@register_skip("rollout")
+class RolloutSkip(BaseSkip):
+    """Caches the whole output of ``generate_sequences(self, prompts)`` per trainer step.
+
+    The step comes from ``SkipManager.set_step``. Entries live in
+    ``{dump_dir}/{experiment}_{project}/GBS{gbs}_N{n}_in{p}_out{r}/{step}/``.
+
+    Example:
+        >>> from stepskip import SkipManager
+        >>> SkipManager.init({"skip": {"rollout": {"enable": True, "steps": [1], "dump_dir": "/tmp/d"}}})
+        >>> SkipManager.skip_instances["rollout"].step_dump_dir(1)
+        '/tmp/d/default_experiment_name_default_project_name/GBS0_N0_in0_out0/1'
+        >>> SkipManager.reset()
+    """
+
+    support_actions = ALL_ACTIONS
+    config_class = RolloutSkipConfig
+    #: Data files verl itself writes for this role (its entries list no files in meta.json).
+    legacy_files: tuple[str, ...] = (GEN_BATCH_FILE,)
+
+    def __init__(self, local_config: Any, global_config: Any) -> None:
+        super().__init__(local_config, global_config)
+        self.format = get_format(getattr(local_config, "format", "safe"))
+        self.allow_pickle = bool(getattr(local_config, "allow_pickle", False))
+        self.verify = bool(getattr(local_config, "verify", True))
+        self.async_dump = bool(getattr(local_config, "async_dump", True))
+        self.seed = int(getattr(local_config, "seed", 0))
+        self.rebind_keys = list(getattr(local_config, "rebind_keys", ["uid"]))
+        self.layout = Layout.from_config(self.dump_dir, global_config, subdir=self._subdir())
+        self.store = open_store(self.layout.dump_dir)
+        self.stats = RoleStats()
+        if self.enable:
+            self.store.remove_leftovers(self.layout.project_dir)
+
+    def _subdir(self) -> str | None:
+        return None
+
+    # ------------------------------------------------------------------ paths and lookups
+
+    @property
+    def project_dump_dir(self) -> str:
+        """The directory holding this role's step entries."""
+        return self.layout.project_dir
+
+    def step_dump_dir(self, step: int) -> str:
+        """The entry directory of ``step``."""
+        return self.layout.step_dir(step)
+
+    def available_steps(self) -> list[int]:
+        """Steps with a valid entry, sorted (damaged entries and temporaries are left out)."""
+        steps = []
+        for name in self.store.list_dir(self.project_dump_dir):
+            step = Layout.parse_step(name)
+            if step is not None and self._probe(step).state is EntryState.PRESENT:
+                steps.append(step)
+        return sorted(steps)
+
+    def resolve_load_step(self, step: int) -> int:
+        """The step this role's action would load for a call at ``step``; -1 for none.
+
+        ``cache``/``replay``: ``step`` itself. ``repeat``: ``step``, else the largest smaller
+        available step, else the smallest larger one (seed §2.3). ``random``: an available step
+        drawn reproducibly from ``seed`` and ``step``. ``record``: never loads.
+        """
+        action = self.action
+        if action is SkipAction.RECORD:
+            return -1
+        if action in (SkipAction.CACHE, SkipAction.REPLAY):
+            return step if self._probe(step).state is EntryState.PRESENT else -1
+        if action is SkipAction.REPEAT and self._probe(step).state is EntryState.PRESENT:
+            return step
+        available = self.available_steps()
+        if not available:
+            return -1
+        if action is SkipAction.RANDOM:
+            return random.Random(f"{self.seed}:{step}").choice(available)
+        smaller = [s for s in available if s < step]
+        return smaller[-1] if smaller else next((s for s in available if s > step), -1)
+
+    def would_replay(self, step: int) -> bool:
+        return step in self.steps and self.resolve_load_step(step) != -1
+
+    def _probe(self, step: int) -> Any:
+        return self.store.probe(self.step_dump_dir(step), self.legacy_files)
+
+    # ------------------------------------------------------------------ the role protocol
+
+    def meet_precondition(self, step: int, func: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> bool:
+        action = self.action
+        if action is SkipAction.RECORD:
+            return False
+        if action is SkipAction.REPLAY:
+            return True  # warp_function raises CacheMissError when there is nothing to load
+        if action is SkipAction.CACHE:
+            probe = self._probe(step)
+            if probe.state is EntryState.DAMAGED:
+                self._report_corrupt(step, self.step_dump_dir(step), probe.reason)
+            hit = probe.state is EntryState.PRESENT
+        else:
+            hit = self.resolve_load_step(step) != -1
+        if not hit:
+            self.stats.add(misses=1)
+            logger.info("%s miss: step %d has no usable entry under %s; generating and dumping it",
+                        self.name, step, self.project_dump_dir)
+        return hit
+
+    def warp_function(self, step: int, func: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
+        """Load the entry the action resolves for ``step`` and rebind identity columns.
+
+        Raises:
+            CacheMissError: nothing to load (``replay`` on a missing step).
+            CorruptEntryError: the entry is damaged.
+            SkipConfigError: the entry is a pickle and ``allow_pickle`` is false.
+        """
+        load_step = self.resolve_load_step(step)
+        if load_step == -1:
+            path = self.step_dump_dir(step)
+            probe = self._probe(step)
+            if probe.state is EntryState.DAMAGED:
+                self._report_corrupt(step, path, probe.reason)
+                raise CorruptEntryError(f"{self.name}: entry for step {step} at {path} is damaged: {probe.reason}")
+            raise CacheMissError(
+                f"{self.name}: no entry for step {step} under {self.project_dump_dir} (action {self.action.value!r}); "
+                "record it first with action 'cache' or 'record', or check dump_dir and the run shape "
+                "(GBS/N/in/out) in the directory name"
+            )
+        value, meta, seconds, nbytes = self.load_entry(load_step, step)
+        self._rebind(value, _prompts_of(args, kwargs))
+        saved = float(meta.get("generation_seconds") or 0.0)
+        self.stats.add(hits=1, load_seconds=seconds, bytes_read=nbytes, saved_seconds=saved)
+        logger.info("%s hit: step %d replayed from step %d at %s (%d bytes, %.3fs)",
+                    self.name, step, load_step, self.step_dump_dir(load_step), nbytes, seconds)
+        return value
+
+    def prepare_data(self, step: int, result: Any, *args: Any, **kwargs: Any) -> None:
+        """Snapshot ``result`` and write it as the entry of ``step`` (in the background with ``async_dump``).
+
+        Failures are logged and counted in ``dump_failures``; they never reach the caller.
+        """
+        generation_seconds = GENERATION_SECONDS.get()
+        try:
+            frozen = self.format.freeze(result, copy=self.async_dump)
+        except UnstorableValueError as err:
+            self.stats.add(dump_failures=1)
+            logger.error("%s dump failed: step %d not written to %s: %s", self.name, step, self.step_dump_dir(step), err)
+            return
+        meta = {
+            "global_steps": int(step),
+            "role": self.name,
+            "format": self.format.name,
+            "stepskip_version": __version__,
+            "run_id": self.run_id,
+            "created_unix": time.time(),
+            "generation_seconds": generation_seconds,
+        }
+        job = lambda: self._write(step, frozen, meta)  # noqa: E731
+        if self.async_dump:
+            default_worker().submit(job)
+        else:
+            job()
+
+    def _write(self, step: int, frozen: Any, meta: dict[str, Any]) -> None:
+        path = self.step_dump_dir(step)
+        start = time.perf_counter()
+        try:
+            files = self.format.encode(frozen)
+            written = self.store.write_entry(path, files, meta)
+        except Exception as err:  # the dump boundary: no storage error may stop the training run
+            self.stats.add(dump_failures=1)
+            logger.error("%s dump failed: step %d not written to %s: %s: %s",
+                         self.name, step, path, type(err).__name__, err)
+            return
+        seconds = time.perf_counter() - start
+        self.stats.add(dumps=1, dump_seconds=seconds, bytes_written=written)
+        logger.info("%s dump: step %d written to %s (%d bytes, %.3fs)", self.name, step, path, written, seconds)
+
+    # ------------------------------------------------------------------ loading
+
+    def load_entry(self, load_step: int, step: int | None = None) -> tuple[Any, dict[str, Any], float, int]:
+        """Read and decode the entry of ``load_step``: ``(value, meta, seconds, bytes)``.
+
+        Raises:
+            CorruptEntryError: damaged entry (logged and counted).
+            SkipConfigError: a pickle-based entry while ``allow_pickle`` is false.
+        """
+        path = self.step_dump_dir(load_step)
+        start = time.perf_counter()
+        probe = self._probe(load_step)
+        try:
+            if probe.state is not EntryState.PRESENT:
+                raise CorruptEntryError(f"{path}: {probe.reason or 'entry vanished'}")
+            meta = probe.meta or {}
+            fmt = get_format(meta.get("format", "verl"))
+            if fmt.uses_pickle and not self.allow_pickle:
+                raise SkipConfigError(
+                    f"{path} holds a pickle-based entry (format {fmt.name!r}, as verl writes it) and "
+                    f"skip.{self.name}.allow_pickle is false. Either set skip.{self.name}.allow_pickle=true "
+                    "(read through an allow-list unpickler), or convert the cache once with "
+                    "`stepskip convert SRC DST --to safe --allow-pickle`. The entry was left untouched."
+                )
+            files = self.store.read_files(path, meta, fmt.files, self.verify)
+            value = fmt.decode(files)
+        except CorruptEntryError as err:
+            self._report_corrupt(step if step is not None else load_step, path, str(err))
+            raise
+        except ValueError as err:
+            if isinstance(err, SkipConfigError):
+                raise
+            self._report_corrupt(step if step is not None else load_step, path, str(err))
+            raise CorruptEntryError(f"{path}: {err}") from err
+        return value, meta, time.perf_counter() - start, sum(len(b) for b in files.values())
+
+    def _report_corrupt(self, step: int, path: str, reason: str) -> None:
+        self.stats.add(corrupt=1)
+        if self.action is SkipAction.REPLAY:
+            logger.error("%s corrupt entry for step %d at %s: %s", self.name, step, path, reason)
+        else:
+            logger.warning("%s corrupt entry for step %d at %s: %s; it will be regenerated and overwritten",
+                           self.name, step, path, reason)
+
+    def _rebind(self, value: Any, prompts: Any) -> None:
+        """Copy identity columns (``rebind_keys``) row-wise from the live prompts onto a replayed batch."""
+        target = getattr(value, "non_tensor_batch", None)
+        source = getattr(prompts, "non_tensor_batch", None)
+        if not self.rebind_keys or not isinstance(target, dict) or not isinstance(source, dict):
+            return
+        for key in self.rebind_keys:
+            if key in target and key in source and len(target[key]) == len(source[key]):
+                target[key] = np.array(source[key], copy=True)
+            elif key in target and key in source:
+                logger.debug("%s: not rebinding %r: %d replayed rows vs %d live rows",
+                             self.name, key, len(target[key]), len(source[key]))
+
+
+def parse_async_rollout_sample_step(sample_id: str) -> int:
+    """The feed index in ``sample_{epoch}_{index}`` or ``uid_sample_{epoch}_{index}``.
+
+    The index is the order in which the Rollouter fed the prompt, not the trainer's step.
+
+    Raises:
+        ValueError: any other shape.
+
+    Example:
+        >>> parse_async_rollout_sample_step("uid_sample_0_42")
+        42
+    """
+    text = str(sample_id)
+    if text.startswith("uid_"):
+        text = text[4:]
+    parts = text.split("_")
+    if len(parts) != 3 or parts[0] != "sample" or not parts[1] or not parts[2].isdigit():
+        raise ValueError(
+            f"Invalid async rollout sample_id {sample_id!r}: expected sample_<epoch>_<feed_index> "
+            "or uid_sample_<epoch>_<feed_index>"
+        )
+    return int(parts[2])
+
+
+@register_skip("async_rollout")
+class AsyncRolloutSkip(RolloutSkip):
+    """Caches ``generate_sequences_single(self, prompts)`` per fed sample of the fully async rollouter.
+
+    The step of each call is the feed index parsed from ``prompts.non_tensor_batch["uid"][0]``,
+    so many samples can be in flight at once without sharing a step counter.
+    """
+
+    support_online_step = True
+    config_class = AsyncRolloutSkipConfig
+
+    def extract_step(self, *args: Any, **kwargs: Any) -> int:
+        prompts = kwargs.get("prompts")
+        if prompts is None and len(args) > 1:
+            prompts = args[1]
+        non_tensor = getattr(prompts, "non_tensor_batch", None)
+        if not isinstance(non_tensor, dict) or "uid" not in non_tensor or len(non_tensor["uid"]) == 0:
+            raise ValueError(
+                "async_rollout needs prompts (second positional argument or keyword `prompts`) whose "
+                "non_tensor_batch['uid'] holds the sample id, e.g. 'uid_sample_0_42'"
+            )
+        return parse_async_rollout_sample_step(str(non_tensor["uid"][0]))
