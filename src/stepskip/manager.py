@@ -238,6 +238,45 @@ class SkipManager:
         return decorator
 
     @classmethod
+    def annotate_tq(cls, role: str, phase: str) -> Callable[[F], F]:
+        """The two-phase decorator of the V1 trainer over TransferQueue (seed §4).
+
+        ``phase="submit"`` decorates ``_add_batch_to_generate(self)``. On an eligible step it
+        replaces the body: ``batch = self._next_train_batch()`` always runs (the dataloader stays
+        aligned), then a cached step is injected into the queue (hit: return None without
+        submitting) or ``self._submit_batch_to_rollout(batch)`` runs (miss: its value is returned).
+        ``phase="sample"`` decorates ``ReplayBuffer.sample``; after it runs, a train-partition result
+        of a step without a complete cache is saved as the step's next inner entry.
+
+        Raises:
+            ValueError: ``phase`` is neither ``"submit"`` nor ``"sample"``.
+        """
+        if phase not in ("submit", "sample"):
+            raise ValueError(f"annotate_tq phase must be 'submit' or 'sample', got {phase!r}")
+
+        def decorator(func: F) -> F:
+            @functools.wraps(func)
+            def wrapper(owner: Any, *args: Any, **kwargs: Any) -> Any:
+                skip = cls.skip_instances.get(role)
+                if skip is None or not skip.enable or cls.step not in skip.steps:
+                    return func(owner, *args, **kwargs)
+                step = cls.step
+                if phase == "submit":
+                    batch = owner._next_train_batch()
+                    if skip.maybe_load_and_inject(step, list(batch["uid"])):  # type: ignore[attr-defined]
+                        return None
+                    return owner._submit_batch_to_rollout(batch)
+                result = func(owner, *args, **kwargs)
+                sampled = result[0] if isinstance(result, tuple) else result
+                if skip.should_save(step, getattr(sampled, "partition_id", None)):  # type: ignore[attr-defined]
+                    skip.prepare_data(step=step, batch=sampled, global_steps=step)
+                return result
+
+            return wrapper  # type: ignore[return-value]
+
+        return decorator
+
+    @classmethod
     def will_replay(cls, role: str, steps: Iterable[int]) -> bool:
         """True when every step in ``steps`` would be served from the cache under the role's action.
 
@@ -271,9 +310,11 @@ class SkipManager:
     @classmethod
     def close(cls) -> None:
         """Flush pending dumps, log one summary line per enabled role, release the roles."""
-        if not cls.skip_instances or cls._closed:
+        if not cls.skip_instances:
             return
         cls.flush()
+        if cls._closed:
+            return
         cls._closed = True
         for name, skip in cls.skip_instances.items():
             stats = getattr(skip, "stats", None)

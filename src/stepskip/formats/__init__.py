@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from stepskip.formats.safe import SafeFormat
-from stepskip.formats.verl import VerlFormat
+from stepskip.formats.verl import VerlFormat, VerlTqFormat
 
-__all__ = ["Format", "get_format", "SafeFormat", "VerlFormat"]
+__all__ = ["Format", "get_format", "SafeFormat", "VerlFormat", "VerlTqFormat"]
 
 
 class Format(Protocol):
@@ -24,7 +24,7 @@ class Format(Protocol):
     def decode(self, files: Any) -> Any: ...
 
 
-_FORMATS: dict[str, Format] = {"safe": SafeFormat(), "verl": VerlFormat()}
+_FORMATS: dict[str, Format] = {"safe": SafeFormat(), "verl": VerlFormat(), "verl-tq": VerlTqFormat()}
 
 
 def get_format(name: str) -> Format:

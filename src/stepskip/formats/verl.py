@@ -178,3 +178,44 @@ class VerlFormat:
             return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
         except ImportError:
             return Batch(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+
+
+TQ_BATCH_FILE = "tq_batch.pt"
+
+
+class VerlTqFormat:
+    """verl 0.9's V1 ``tq_batch.pt``: ``torch.save({"tensordict", "tags", "keys", "global_steps"})``.
+
+    Read with ``torch.load(weights_only=True)`` (tensordict registers its own rebuild functions),
+    so only tensors, TensorDicts and plain containers can come out of it.
+    """
+
+    name = "verl-tq"
+    uses_pickle = True
+    files = (TQ_BATCH_FILE,)
+
+    def freeze(self, value: Any, copy: bool) -> dict[str, Any]:
+        if not isinstance(value, dict) or "tensordict" not in value:
+            raise UnstorableValueError("result: format 'verl' stores V1 payloads {tensordict, tags, keys, global_steps}")
+        td = value["tensordict"]
+        if copy and isinstance(td, TensorDictBase):
+            td = td.clone()
+        return {"tensordict": td, "tags": copylib.deepcopy(list(value["tags"])), "keys": list(value["keys"]),
+                "global_steps": int(value["global_steps"])}
+
+    def encode(self, frozen: dict[str, Any]) -> dict[str, bytes]:
+        td = frozen["tensordict"]
+        payload = dict(frozen, tensordict=td.contiguous() if isinstance(td, TensorDictBase) else td)
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        return {TQ_BATCH_FILE: buffer.getvalue()}
+
+    def decode(self, files: Mapping[str, bytes]) -> Any:
+        try:
+            payload = torch.load(io.BytesIO(files[TQ_BATCH_FILE]), weights_only=True, map_location="cpu")
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, RuntimeError,
+                AttributeError, IndexError) as err:
+            raise CorruptEntryError(f"cannot read {TQ_BATCH_FILE}: {err}") from err
+        if not isinstance(payload, dict) or not {"tensordict", "tags", "keys"} <= set(payload):
+            raise CorruptEntryError(f"{TQ_BATCH_FILE} does not hold a V1 payload")
+        return payload

@@ -2,9 +2,10 @@
 
 from stepskip.roles.base import SKIP_REGISTRY, BaseSkip, SkipAction, register_skip
 from stepskip.roles.rollout import AsyncRolloutSkip, RolloutSkip, parse_async_rollout_sample_step
+from stepskip.roles.rollout_tq import RolloutTqSkip
 from stepskip.roles.stage import StageSkip, StageSkipConfig
 
 __all__ = [
-    "SKIP_REGISTRY", "BaseSkip", "SkipAction", "register_skip", "RolloutSkip", "AsyncRolloutSkip",
+    "SKIP_REGISTRY", "BaseSkip", "SkipAction", "register_skip", "RolloutSkip", "RolloutTqSkip", "AsyncRolloutSkip",
     "parse_async_rollout_sample_step", "StageSkip", "StageSkipConfig",
 ]

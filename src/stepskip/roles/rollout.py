@@ -63,10 +63,13 @@ class RolloutSkip(BaseSkip):
     config_class = RolloutSkipConfig
     #: Data files verl itself writes for this role (its entries list no files in meta.json).
     legacy_files: tuple[str, ...] = (GEN_BATCH_FILE,)
+    #: The format of entries verl wrote (their meta.json names none), and of ``format: verl``.
+    verl_format = "verl"
 
     def __init__(self, local_config: Any, global_config: Any) -> None:
         super().__init__(local_config, global_config)
-        self.format = get_format(getattr(local_config, "format", "safe"))
+        configured = getattr(local_config, "format", "safe")
+        self.format = get_format(self.verl_format if configured == "verl" else configured)
         self.allow_pickle = bool(getattr(local_config, "allow_pickle", False))
         self.verify = bool(getattr(local_config, "verify", True))
         self.async_dump = bool(getattr(local_config, "async_dump", True))
@@ -97,7 +100,7 @@ class RolloutSkip(BaseSkip):
         steps = []
         for name in self.store.list_dir(self.project_dump_dir):
             step = Layout.parse_step(name)
-            if step is not None and self._probe(step).state is EntryState.PRESENT:
+            if step is not None and self._present(step):
                 steps.append(step)
         return sorted(steps)
 
@@ -112,8 +115,8 @@ class RolloutSkip(BaseSkip):
         if action is SkipAction.RECORD:
             return -1
         if action in (SkipAction.CACHE, SkipAction.REPLAY):
-            return step if self._probe(step).state is EntryState.PRESENT else -1
-        if action is SkipAction.REPEAT and self._probe(step).state is EntryState.PRESENT:
+            return step if self._present(step) else -1
+        if action is SkipAction.REPEAT and self._present(step):
             return step
         available = self.available_steps()
         if not available:
@@ -128,6 +131,10 @@ class RolloutSkip(BaseSkip):
 
     def _probe(self, step: int) -> Any:
         return self.store.probe(self.step_dump_dir(step), self.legacy_files)
+
+    def _present(self, step: int) -> bool:
+        """True when ``step`` has a complete, valid-looking entry (no data read)."""
+        return self._probe(step).state is EntryState.PRESENT
 
     # ------------------------------------------------------------------ the role protocol
 
@@ -183,14 +190,22 @@ class RolloutSkip(BaseSkip):
 
         Failures are logged and counted in ``dump_failures``; they never reach the caller.
         """
-        generation_seconds = GENERATION_SECONDS.get()
+        frozen = self._freeze(step, self.step_dump_dir(step), result, copy=self.async_dump)
+        if frozen is None:
+            return
+        meta = self._entry_meta(step, GENERATION_SECONDS.get())
+        self._submit_write(self.step_dump_dir(step), step, frozen, meta)
+
+    def _freeze(self, step: int, path: str, value: Any, copy: bool) -> Any:
         try:
-            frozen = self.format.freeze(result, copy=self.async_dump)
+            return self.format.freeze(value, copy=copy)
         except UnstorableValueError as err:
             self.stats.add(dump_failures=1)
-            logger.error("%s dump failed: step %d not written to %s: %s", self.name, step, self.step_dump_dir(step), err)
-            return
-        meta = {
+            logger.error("%s dump failed: step %d not written to %s: %s", self.name, step, path, err)
+            return None
+
+    def _entry_meta(self, step: int, generation_seconds: float | None, **extra: Any) -> dict[str, Any]:
+        return {
             "global_steps": int(step),
             "role": self.name,
             "format": self.format.name,
@@ -198,15 +213,17 @@ class RolloutSkip(BaseSkip):
             "run_id": self.run_id,
             "created_unix": time.time(),
             "generation_seconds": generation_seconds,
+            **extra,
         }
-        job = lambda: self._write(step, frozen, meta)  # noqa: E731
+
+    def _submit_write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> None:
+        job = lambda: self._write(path, step, frozen, meta)  # noqa: E731
         if self.async_dump:
             default_worker().submit(job)
         else:
             job()
 
-    def _write(self, step: int, frozen: Any, meta: dict[str, Any]) -> None:
-        path = self.step_dump_dir(step)
+    def _write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> None:
         start = time.perf_counter()
         try:
             files = self.format.encode(frozen)
@@ -229,14 +246,16 @@ class RolloutSkip(BaseSkip):
             CorruptEntryError: damaged entry (logged and counted).
             SkipConfigError: a pickle-based entry while ``allow_pickle`` is false.
         """
-        path = self.step_dump_dir(load_step)
+        return self._read_entry(self.step_dump_dir(load_step), load_step if step is None else step)
+
+    def _read_entry(self, path: str, step: int) -> tuple[Any, dict[str, Any], float, int]:
         start = time.perf_counter()
-        probe = self._probe(load_step)
+        probe = self.store.probe(path, self.legacy_files)
         try:
             if probe.state is not EntryState.PRESENT:
                 raise CorruptEntryError(f"{path}: {probe.reason or 'entry vanished'}")
             meta = probe.meta or {}
-            fmt = get_format(meta.get("format", "verl"))
+            fmt = get_format(meta.get("format", self.verl_format))
             if fmt.uses_pickle and not self.allow_pickle:
                 raise SkipConfigError(
                     f"{path} holds a pickle-based entry (format {fmt.name!r}, as verl writes it) and "
@@ -247,12 +266,12 @@ class RolloutSkip(BaseSkip):
             files = self.store.read_files(path, meta, fmt.files, self.verify)
             value = fmt.decode(files)
         except CorruptEntryError as err:
-            self._report_corrupt(step if step is not None else load_step, path, str(err))
+            self._report_corrupt(step, path, str(err))
             raise
         except ValueError as err:
             if isinstance(err, SkipConfigError):
                 raise
-            self._report_corrupt(step if step is not None else load_step, path, str(err))
+            self._report_corrupt(step, path, str(err))
             raise CorruptEntryError(f"{path}: {err}") from err
         return value, meta, time.perf_counter() - start, sum(len(b) for b in files.values())
 

@@ -1,0 +1,245 @@
+"""The V1 trainer's two-phase role over TransferQueue (``rollout_tq``, seed §4).
+
+The submit phase (``_add_batch_to_generate``) either injects a cached step into the queue or
+submits the prompts to rollout; the sample phase (``ReplayBuffer.sample``) saves what it sampled
+(every field of those keys, read back from the queue) to ``{step}/{inner_idx}/``. With
+``parameter_sync_step > 1`` one step samples several times, one inner entry each; a step is
+complete, and replayable, only when all its inner entries exist and come from one recording run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from stepskip.config import RolloutTqSkipConfig, select
+from stepskip.errors import CacheMissError, SkipConfigError
+from stepskip.formats.verl import TQ_BATCH_FILE
+from stepskip.roles.base import SkipAction, register_skip
+from stepskip.roles.rollout import RolloutSkip
+from stepskip.store import EntryState, Probe
+from stepskip.tq.rows import concat_rows, num_rows, select_rows
+
+__all__ = ["RolloutTqSkip"]
+
+logger = logging.getLogger(__name__)
+
+
+@register_skip("rollout_tq")
+class RolloutTqSkip(RolloutSkip):
+    """Caches complete V1 steps: the trajectories ``ReplayBuffer.sample`` handed to the trainer.
+
+    Wire it with ``SkipManager.annotate_tq(role="rollout_tq", phase="submit")`` on
+    ``_add_batch_to_generate`` and ``phase="sample"`` on ``ReplayBuffer.sample``. The queue client
+    is ``SkipManager.init(cfg, tq_client=...)``, or the real ``transfer_queue`` module.
+    """
+
+    config_class = RolloutTqSkipConfig
+    legacy_files = (TQ_BATCH_FILE,)
+    verl_format = "verl-tq"
+
+    def __init__(self, local_config: Any, global_config: Any) -> None:
+        super().__init__(local_config, global_config)
+        mode = select(global_config, "trainer.v1.trainer_mode")
+        sync_step = select(global_config, f"trainer.v1.{mode}.parameter_sync_step", 1) if mode else 1
+        if isinstance(sync_step, bool) or not isinstance(sync_step, int) or sync_step < 1:
+            raise SkipConfigError(
+                f"trainer.v1.{mode}.parameter_sync_step = {sync_step!r} is not valid; expected an int >= 1"
+            )
+        self.parameter_sync_step = sync_step
+        self._lock = threading.Lock()
+        self._saved: dict[int, int] = {}  # step -> inner entries this run has written or queued
+        self._clock: dict[int, float] = {}  # step -> when its rollout (or last inner sample) began
+
+    # ------------------------------------------------------------------ queue and paths
+
+    @property
+    def tq_client(self) -> Any:
+        """The TransferQueue client: ``runtime["tq_client"]`` or the ``transfer_queue`` module."""
+        client = self.runtime.get("tq_client")
+        if client is not None:
+            return client
+        try:
+            import transfer_queue  # type: ignore[import-not-found]
+        except ImportError as err:
+            raise SkipConfigError(
+                "skip.rollout_tq needs a TransferQueue client: install `transferqueue`, or pass one with "
+                "SkipManager.init(config, tq_client=...) (stepskip.tq.InProcessTQClient for an in-process queue)"
+            ) from err
+        return transfer_queue
+
+    def inner_dump_dir(self, step: int, inner_idx: int) -> str:
+        """The entry directory of one sample call of ``step``."""
+        return self.layout.inner_dir(step, inner_idx)
+
+    def _inner_probes(self, step: int) -> list[Probe]:
+        return [self.store.probe(self.inner_dump_dir(step, i), self.legacy_files)
+                for i in range(self.parameter_sync_step)]
+
+    def _present(self, step: int) -> bool:
+        probes = self._inner_probes(step)
+        if any(p.state is not EntryState.PRESENT for p in probes):
+            return False
+        runs = {(p.meta or {}).get("run_id") for p in probes}
+        return len(runs) == 1  # a step half-written by a crashed run is never completed by another
+
+    # ------------------------------------------------------------------ the seed's V1 interface
+
+    def has_v1_cache(self, step: int) -> bool:
+        """True when the action would load a complete cached step for ``step``."""
+        return self.resolve_load_step(step) != -1
+
+    def meet_precondition(self, step: int, *args: Any, **kwargs: Any) -> bool:
+        action = self.action
+        if action is SkipAction.RECORD:
+            hit = False
+        elif action is SkipAction.REPLAY:
+            return True
+        else:
+            if action is SkipAction.CACHE:
+                for i, probe in enumerate(self._inner_probes(step)):
+                    if probe.state is EntryState.DAMAGED:
+                        self._report_corrupt(step, self.inner_dump_dir(step, i), probe.reason)
+            hit = self.has_v1_cache(step)
+        if not hit:
+            self.stats.add(misses=1)
+            logger.info("%s miss: step %d has no complete entry under %s; generating and dumping it",
+                        self.name, step, self.project_dump_dir)
+        return hit
+
+    def should_save(self, step: int, partition_id: str | None = "train") -> bool:
+        """True when a train-partition sample of ``step`` must be written (no complete cache yet)."""
+        if partition_id != "train":
+            return False
+        with self._lock:
+            if self._saved.get(step, 0) >= self.parameter_sync_step:
+                return False
+        return self.action is SkipAction.RECORD or not self.has_v1_cache(step)
+
+    def maybe_load_and_inject(self, step: int, new_prompt_uids: list[str], partition_id: str = "train") -> bool:
+        """Inject the cached step into the queue under the new uids; False (a miss) when there is none.
+
+        Raises:
+            CacheMissError: under ``replay`` when the step is missing or damaged.
+        """
+        if self.meet_precondition(step):
+            try:
+                self.load_dump_data(step=step, new_prompt_uids=new_prompt_uids, n=self.layout.n,
+                                    global_steps=step, partition_id=partition_id)
+                return True
+            except CacheMissError:
+                if self.action is SkipAction.REPLAY:
+                    raise
+        with self._lock:
+            self._clock[step] = time.perf_counter()
+            self._saved.pop(step, None)
+        return False
+
+    def prepare_data(self, step: int, batch: Any = None, global_steps: int | None = None,
+                     *args: Any, **kwargs: Any) -> None:
+        """Save one sample call of ``step``: every field of ``batch.keys`` read back from the queue.
+
+        Args:
+            step: the trainer step (the entry directory).
+            batch: what ``ReplayBuffer.sample`` returned (``keys``, ``tags``, ``partition_id``).
+            global_steps: recorded in the entry; defaults to ``step``.
+        """
+        if batch is None:
+            batch = args[0] if args else kwargs.get("result")
+        global_steps = step if global_steps is None else global_steps
+        now = time.perf_counter()
+        with self._lock:
+            inner = self._saved.get(step, 0)
+            if inner >= self.parameter_sync_step:
+                return
+            self._saved[step] = inner + 1
+            started = self._clock.get(step)
+            self._clock[step] = now
+        path = self.inner_dump_dir(step, inner)
+        keys = list(batch.keys)
+        try:
+            data = self.tq_client.kv_batch_get(keys=keys, partition_id=batch.partition_id)
+        except Exception as err:  # the dump boundary: a failing read-back must not stop training
+            self.stats.add(dump_failures=1)
+            logger.error("%s dump failed: step %d inner %d: reading %d keys back from the queue failed: %s: %s",
+                         self.name, step, inner, len(keys), type(err).__name__, err)
+            return
+        payload = {"tensordict": data, "tags": [dict(t) for t in batch.tags], "keys": keys,
+                   "global_steps": int(global_steps)}
+        frozen = self._freeze(step, path, payload, copy=False)  # the read-back is already a private copy
+        if frozen is None:
+            return
+        meta = self._entry_meta(global_steps, None if started is None else now - started,
+                                num_trajectories=len(keys), inner_idx=inner,
+                                parameter_sync_step=self.parameter_sync_step)
+        self._submit_write(path, step, frozen, meta)
+
+    def load_dump_data(self, step: int, new_prompt_uids: list[str], n: int, global_steps: int,
+                       partition_id: str = "train") -> None:
+        """Load the step the action resolves, remap it onto ``new_prompt_uids`` and put it in the queue.
+
+        Trajectories are grouped by parent uid (``key.split("_")[0]``, any key order, groups in
+        order of first appearance); prompt ``i`` gets group ``i % num_groups``; session ``s`` gets
+        ``group[s % len(group)]`` under the key ``{uid}_{s}_0``. Tags get the current step as
+        ``global_steps``/``min_global_steps``/``max_global_steps`` and lose ``is_prompt``. A second
+        put marks every prompt ``finished`` so the replay buffer samples them at once.
+
+        Raises:
+            CacheMissError: no complete step to load; CorruptEntryError: a damaged inner entry.
+        """
+        load_step = self.resolve_load_step(step)
+        if load_step == -1:
+            raise CacheMissError(
+                f"{self.name}: no complete V1 entry for step {step} under {self.project_dump_dir} "
+                f"(action {self.action.value!r}, parameter_sync_step {self.parameter_sync_step})"
+            )
+        start = time.perf_counter()
+        parts, keys, tags, nbytes, saved = [], [], [], 0, 0.0
+        for inner in range(self.parameter_sync_step):
+            payload, meta, _, size = self._read_entry(self.inner_dump_dir(load_step, inner), step)
+            parts.append(payload["tensordict"])
+            keys.extend(payload["keys"])
+            tags.extend(payload["tags"])
+            nbytes += size
+            saved += float(meta.get("generation_seconds") or 0.0)
+        data = concat_rows(parts)
+        if num_rows(data) != len(keys):
+            raise CacheMissError(f"{self.name}: step {load_step} holds {num_rows(data)} rows for {len(keys)} keys")
+
+        groups: dict[str, list[int]] = {}
+        for index, key in enumerate(keys):
+            groups.setdefault(str(key).split("_")[0], []).append(index)
+        group_list = list(groups.values())
+        if not group_list:
+            raise CacheMissError(f"{self.name}: step {load_step} holds no trajectories")
+        if len(group_list) != len(new_prompt_uids):
+            logger.warning("%s: step %d cached %d prompt groups for %d prompts; %s", self.name, load_step,
+                           len(group_list), len(new_prompt_uids),
+                           "cycling through them" if len(group_list) < len(new_prompt_uids) else "using the first ones")
+        sessions = n if n > 0 else max(len(g) for g in group_list)
+        new_keys: list[str] = []
+        new_tags: list[dict[str, Any]] = []
+        rows: list[int] = []
+        for prompt_idx, uid in enumerate(new_prompt_uids):
+            group = group_list[prompt_idx % len(group_list)]
+            for session in range(sessions):
+                row = group[session % len(group)]
+                rows.append(row)
+                new_keys.append(f"{uid}_{session}_0")
+                tag = dict(tags[row])
+                tag["global_steps"] = tag["min_global_steps"] = tag["max_global_steps"] = global_steps
+                tag.pop("is_prompt", None)
+                new_tags.append(tag)
+
+        client = self.tq_client
+        client.kv_batch_put(keys=new_keys, fields=select_rows(data, rows), tags=new_tags, partition_id=partition_id)
+        client.kv_batch_put(keys=list(new_prompt_uids), partition_id=partition_id,
+                            tags=[{"is_prompt": True, "status": "finished", "global_steps": global_steps}
+                                  for _ in new_prompt_uids])
+        seconds = time.perf_counter() - start
+        self.stats.add(hits=1, load_seconds=seconds, bytes_read=nbytes, saved_seconds=saved)
+        logger.info("%s hit: step %d replayed from step %d at %s: %d trajectories for %d prompts x %d (%d bytes, %.3fs)",
+                    self.name, step, load_step, self.step_dump_dir(load_step), len(new_keys),
+                    len(new_prompt_uids), sessions, nbytes, seconds)

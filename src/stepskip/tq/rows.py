@@ -1,0 +1,147 @@
+"""Row operations on TensorDicts that keep jagged tensors jagged and non-tensor stacks as they are.
+
+``select_rows`` picks rows in any order, repeats included, without unbinding or densifying a
+nested tensor: for a jagged tensor it gathers the selected rows' values with one index
+computation and rebuilds the offsets. ``concat_rows`` joins TensorDicts row-wise the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_non_tensor
+
+__all__ = ["select_rows", "concat_rows", "num_rows"]
+
+
+def _index(indices: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(indices, dtype=torch.long).reshape(-1)
+
+
+def _select_jagged(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    if tensor._ragged_idx != 1 or tensor.lengths() is not None:
+        parts = tensor.unbind()  # rare layouts: fall back to rebuilding from the rows
+        return torch.nested.as_nested_tensor([parts[i] for i in index.tolist()], layout=torch.jagged)
+    offsets = tensor.offsets()
+    values = tensor.values()
+    starts = offsets[index]
+    lengths = offsets[index + 1] - starts
+    new_offsets = torch.zeros(index.numel() + 1, dtype=offsets.dtype)
+    torch.cumsum(lengths, 0, out=new_offsets[1:])
+    total = int(new_offsets[-1])
+    row_of = torch.repeat_interleave(torch.arange(index.numel()), lengths, output_size=total)
+    positions = torch.arange(total, dtype=offsets.dtype) - new_offsets[row_of] + starts[row_of]
+    return torch.nested.nested_tensor_from_jagged(values[positions], new_offsets)
+
+
+def _select_tensor(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    if tensor.is_nested:
+        if tensor.layout == torch.jagged:
+            return _select_jagged(tensor, index)
+        parts = tensor.unbind()
+        return torch.nested.nested_tensor([parts[i] for i in index.tolist()])
+    return tensor[index]
+
+
+def select_rows(data: Any, indices: Sequence[int] | torch.Tensor) -> Any:
+    """Rows ``indices`` (any order, repeats allowed) of a TensorDict, a mapping of columns, or a column.
+
+    Regular tensors are indexed, jagged tensors gathered without densifying, ``NonTensorStack``
+    rows picked, ``NonTensorData`` (one value for the whole batch) kept; lists and numpy arrays
+    inside a mapping are picked row-wise.
+
+    Example:
+        >>> nt = torch.nested.nested_tensor([torch.arange(2), torch.arange(3)], layout=torch.jagged)
+        >>> [r.tolist() for r in select_rows(TensorDict({"x": nt}, batch_size=[2]), [1, 1, 0])["x"].unbind()]
+        [[0, 1, 2], [0, 1, 2], [0, 1]]
+    """
+    index = _index(indices)
+    if isinstance(data, TensorDictBase):
+        out = TensorDict({}, batch_size=[index.numel()])
+        for key in data.keys():
+            item = data.get(key)
+            if is_non_tensor(item):
+                if isinstance(item, NonTensorStack):
+                    rows = item.tolist()
+                    out.set(key, NonTensorStack(*(NonTensorData(data=rows[i], batch_size=[]) for i in index.tolist()),
+                                                batch_size=[index.numel()]) if index.numel() else
+                            NonTensorStack.from_list([]))
+                else:
+                    out.set_non_tensor(key, item.data)
+            else:
+                out.set(key, select_rows(item, index))
+        return out
+    if isinstance(data, torch.Tensor):
+        return _select_tensor(data, index)
+    if isinstance(data, Mapping):
+        return {k: select_rows(v, index) for k, v in data.items()}
+    if isinstance(data, np.ndarray):
+        return data[index.numpy()]
+    if isinstance(data, (list, tuple)):
+        return [data[i] for i in index.tolist()]
+    raise TypeError(f"cannot select rows of {type(data).__qualname__}")
+
+
+def _concat_tensors(parts: list[torch.Tensor]) -> torch.Tensor:
+    if not parts[0].is_nested:
+        return torch.cat(parts, dim=0)
+    if all(p.layout == torch.jagged and p._ragged_idx == 1 and p.lengths() is None for p in parts):
+        values = torch.cat([p.values() for p in parts], dim=0)
+        lengths = torch.cat([p.offsets().diff() for p in parts])
+        offsets = torch.zeros(lengths.numel() + 1, dtype=parts[0].offsets().dtype)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        return torch.nested.nested_tensor_from_jagged(values, offsets)
+    rows = [row for p in parts for row in p.unbind()]
+    return torch.nested.as_nested_tensor(rows, layout=parts[0].layout)
+
+
+def concat_rows(parts: Sequence[Any]) -> Any:
+    """Join TensorDicts (or mappings of columns) row-wise; jagged tensors stay jagged."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    if isinstance(first, TensorDictBase):
+        out = TensorDict({}, batch_size=[sum(num_rows(p) for p in parts)])
+        for key in first.keys():
+            items = [p.get(key) for p in parts]
+            if is_non_tensor(items[0]):
+                if isinstance(items[0], NonTensorStack) or any(isinstance(i, NonTensorStack) for i in items):
+                    rows = [r for p, i in zip(parts, items) for r in _non_tensor_rows(i, num_rows(p))]
+                    out.set(key, NonTensorStack(*(NonTensorData(data=r, batch_size=[]) for r in rows),
+                                                batch_size=[len(rows)]))
+                else:
+                    out.set_non_tensor(key, items[0].data)
+            else:
+                out.set(key, concat_rows(items) if isinstance(items[0], TensorDictBase) else _concat_tensors(items))
+        return out
+    if isinstance(first, torch.Tensor):
+        return _concat_tensors(list(parts))
+    if isinstance(first, Mapping):
+        return {k: concat_rows([p[k] for p in parts]) for k in first}
+    if isinstance(first, np.ndarray):
+        return np.concatenate(parts, axis=0)
+    if isinstance(first, (list, tuple)):
+        return [x for p in parts for x in p]
+    raise TypeError(f"cannot concatenate {type(first).__qualname__}")
+
+
+def _non_tensor_rows(item: Any, rows: int) -> list[Any]:
+    if isinstance(item, NonTensorStack):
+        return item.tolist()
+    return [item.data] * rows
+
+
+def num_rows(data: Any) -> int:
+    """The row count of a TensorDict, tensor, mapping of columns, array or list."""
+    if isinstance(data, TensorDictBase):
+        return int(data.batch_size[0]) if data.batch_dims else 0
+    if isinstance(data, torch.Tensor):
+        return int(data.size(0))
+    if isinstance(data, Mapping):
+        for value in data.values():
+            return num_rows(value)
+        return 0
+    return len(data)
