@@ -52,6 +52,7 @@ class RolloutTqSkip(RolloutSkip):
         self._lock = threading.Lock()
         self._saved: dict[int, int] = {}  # step -> inner entries this run has written or queued
         self._clock: dict[int, float] = {}  # step -> when its rollout (or last inner sample) began
+        self._recording: set[int] = set()  # steps this run decided to (re)generate at submit time
 
     # ------------------------------------------------------------------ queue and paths
 
@@ -116,7 +117,9 @@ class RolloutTqSkip(RolloutSkip):
         with self._lock:
             if self._saved.get(step, 0) >= self.parameter_sync_step:
                 return False
-        return self.action is SkipAction.RECORD or not self.has_v1_cache(step)
+            if step in self._recording:
+                return True
+        return not self.has_v1_cache(step)
 
     def maybe_load_and_inject(self, step: int, new_prompt_uids: list[str], partition_id: str = "train") -> bool:
         """Inject the cached step into the queue under the new uids; False (a miss) when there is none.
@@ -135,6 +138,7 @@ class RolloutTqSkip(RolloutSkip):
         with self._lock:
             self._clock[step] = time.perf_counter()
             self._saved.pop(step, None)
+            self._recording.add(step)  # a damaged cached step must be overwritten, not kept
         return False
 
     def prepare_data(self, step: int, batch: Any = None, global_steps: int | None = None,

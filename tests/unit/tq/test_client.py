@@ -1,0 +1,52 @@
+"""The in-process queue's semantics (its parity with the real one is in tests/integration/tq)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from stepskip.tq import InProcessTQClient
+
+
+def test_rows_come_back_jagged_scalars_dense_and_objects_as_stacks():
+    tq = InProcessTQClient()
+    fields = TensorDict({"ids": torch.arange(6).reshape(2, 3), "score": torch.tensor([0.5, 1.5])}, batch_size=[2])
+    fields.set_non_tensor("meta", "shared")
+    tq.kv_batch_put(keys=["a", "b"], partition_id="train", fields=fields, tags=[{"s": 1}, {"s": 2}])
+    got = tq.kv_batch_get(keys=["b", "a"], partition_id="train")
+    assert got["ids"].is_nested and [r.tolist() for r in got["ids"].unbind()] == [[3, 4, 5], [0, 1, 2]]
+    assert not got["score"].is_nested and got["score"].tolist() == [1.5, 0.5]
+    assert got["meta"] == ["shared", "shared"]
+
+
+def test_column_wise_puts_add_fields_and_merge_tags():
+    tq = InProcessTQClient()
+    tq.kv_batch_put(keys=["a"], partition_id="p", fields={"x": torch.ones(1, 2)}, tags=[{"status": "running"}])
+    meta = tq.kv_batch_put(keys=["a"], partition_id="p", fields={"y": torch.zeros(1)}, tags=[{"status": "finished", "n": 1}])
+    assert meta.fields == ["x", "y"] and meta.tags == [{"status": "finished", "n": 1}]
+    tq.kv_batch_put(keys=["a"], partition_id="p", tags=[{"extra": True}])
+    assert tq.kv_list("p") == {"p": {"a": {"status": "finished", "n": 1, "extra": True}}}
+    assert set(tq.kv_batch_get(keys="a", partition_id="p").keys()) == {"x", "y"}
+    assert list(tq.kv_batch_get(keys="a", partition_id="p", select_fields="y").keys()) == ["y"]
+
+
+def test_partitions_are_separate_and_clear_removes_keys():
+    tq = InProcessTQClient()
+    tq.kv_batch_put(keys=["a"], partition_id="train", tags=[{"t": 1}])
+    tq.kv_batch_put(keys=["a"], partition_id="val", tags=[{"t": 2}])
+    assert tq.kv_list() == {"train": {"a": {"t": 1}}, "val": {"a": {"t": 2}}}
+    tq.kv_clear(keys=["a"], partition_id="train")
+    assert tq.kv_list("train") == {"train": {}}
+    with pytest.raises(ValueError):
+        tq.kv_batch_get(keys=["a"], partition_id="train")
+
+
+def test_bad_puts_are_refused():
+    tq = InProcessTQClient()
+    with pytest.raises(ValueError):
+        tq.kv_batch_put(keys=["a"], partition_id="p")
+    with pytest.raises(ValueError):
+        tq.kv_batch_put(keys=["a", "b"], partition_id="p", tags=[{}])
+    with pytest.raises(ValueError):
+        tq.kv_batch_put(keys=["a", "b"], partition_id="p", fields={"x": torch.ones(3)})
