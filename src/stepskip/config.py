@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
+
 from stepskip.errors import SkipConfigError
 
 __all__ = [
@@ -132,7 +134,7 @@ class StepSet:
                 ints.add(item)
             elif item.strip().lower() == "all":
                 everything = True
-            elif item.strip().isdigit():
+            elif item.strip().isascii() and item.strip().isdigit():
                 ints.add(int(item))
             else:
                 match = _RANGE.match(item)
@@ -147,10 +149,14 @@ class StepSet:
         return cls(ints, ranges, everything, spec=list(steps))
 
     def __contains__(self, step: object) -> bool:
+        if type(step) is not int:
+            if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+                return False  # floats equal to ints and other look-alikes are never steps
+            step = int(step)
         if step in self._ints:
             return True
         if self._all:
-            return isinstance(step, int) and step >= 0
+            return step >= 0
         for r in self._ranges:
             if step in r:
                 return True
@@ -278,11 +284,16 @@ class SkipRoleConfig:
             )
         values = {k: to_plain(v) for k, v in section.items()}
         try:
-            return cls(**values)
+            built = cls(**values)
         except SkipConfigError as err:
             if where != cls.section:
                 raise SkipConfigError(str(err).replace(cls.section, where)) from None
             raise
+        built.bind(where)
+        return built
+
+    def bind(self, where: str) -> None:
+        """Called once the section's place in the config (``skip.<name>``) is known."""
 
 
 @dataclass
@@ -322,7 +333,7 @@ class SkipManagerConfig:
     rollout: RolloutSkipConfig = field(default_factory=RolloutSkipConfig)
     rollout_tq: RolloutTqSkipConfig = field(default_factory=RolloutTqSkipConfig)
     async_rollout: AsyncRolloutSkipConfig = field(default_factory=AsyncRolloutSkipConfig)
-    extra: dict[str, SkipRoleConfig] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:
         extra = self.__dict__.get("extra", {})
@@ -378,7 +389,10 @@ class SkipManagerConfig:
                         f"skip.{name} is not a known skip role; known roles: {', '.join(sorted(classes))} "
                         "(register a new role with @register_skip, or declare a generic stage with `kind: stage`)"
                     )
-            built[name] = config_class.from_mapping(body, f"skip.{name}")
+            if isinstance(config_class, type) and issubclass(config_class, SkipRoleConfig):
+                built[name] = config_class.from_mapping(body, f"skip.{name}")
+            else:
+                built[name] = _plain_config(config_class, body, f"skip.{name}")
         extra = {k: v for k, v in built.items() if k not in ("rollout", "rollout_tq", "async_rollout")}
         return cls(
             rollout=built.get("rollout", RolloutSkipConfig()),  # type: ignore[arg-type]
@@ -386,6 +400,19 @@ class SkipManagerConfig:
             async_rollout=built.get("async_rollout", AsyncRolloutSkipConfig()),  # type: ignore[arg-type]
             extra=extra,
         )
+
+
+def _plain_config(config_class: type, body: Any, where: str) -> Any:
+    """A registered role's own config class that does not derive from SkipRoleConfig."""
+    plain = to_plain(body) if body is not None else {}
+    if isinstance(plain, config_class):
+        return plain
+    if not isinstance(plain, Mapping):
+        raise SkipConfigError(f"{where} = {body!r} is not valid; expected a mapping of role settings")
+    try:
+        return config_class(**{k: to_plain(v) for k, v in plain.items()})
+    except TypeError as err:
+        raise SkipConfigError(f"{where}: {err}") from err
 
 
 def _stage_config_class() -> type[SkipRoleConfig]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["SkipConfigError", "CacheMissError", "CorruptEntryError", "UnstorableValueError"]
+__all__ = [
+    "SkipConfigError", "CacheMissError", "CorruptEntryError", "UnstorableValueError",
+    "FingerprintMismatchError", "PromptMismatchError",
+]
 
 
 class SkipConfigError(ValueError):
@@ -26,3 +29,11 @@ class CorruptEntryError(CacheMissError):
 
 class UnstorableValueError(TypeError):
     """A value cannot be written by the chosen storage format; the message names the field."""
+
+
+class FingerprintMismatchError(SkipConfigError):
+    """The entry was recorded by a run whose rollout settings differ (``on_mismatch: error``)."""
+
+
+class PromptMismatchError(SkipConfigError):
+    """The replayed step saw other prompts than the live call (``check_prompts: error``)."""

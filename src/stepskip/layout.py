@@ -98,4 +98,4 @@ class Layout:
     @staticmethod
     def parse_step(name: str) -> int | None:
         """The step a directory name stands for, or None for anything else (temp dirs included)."""
-        return int(name) if name.isdigit() else None
+        return int(name) if name.isascii() and name.isdigit() else None

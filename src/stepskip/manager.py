@@ -263,7 +263,7 @@ class SkipManager:
                 step = cls.step
                 if phase == "submit":
                     batch = owner._next_train_batch()
-                    if skip.maybe_load_and_inject(step, list(batch["uid"])):  # type: ignore[attr-defined]
+                    if skip.maybe_load_and_inject(step, list(batch["uid"]), prompts=batch):  # type: ignore[attr-defined]
                         return None
                     return owner._submit_batch_to_rollout(batch)
                 result = func(owner, *args, **kwargs)

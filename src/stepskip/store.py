@@ -83,7 +83,7 @@ class LocalStore:
         except FileNotFoundError:
             return Probe(EntryState.MISSING)
         except NotADirectoryError:
-            return Probe(EntryState.DAMAGED, reason=f"{path} is not a directory")
+            return Probe(EntryState.MISSING, reason=f"{path} is not a directory")
         except OSError as err:
             return Probe(EntryState.DAMAGED, reason=f"cannot read {meta_path}: {err}")
         try:

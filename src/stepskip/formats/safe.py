@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_non_tensor
@@ -130,7 +131,8 @@ class _Encoder:
             except TypeError:
                 tensor = None
             if tensor is not None and tensor.dtype in _STORABLE_DTYPES:
-                return {"kind": "array", "dtype": array.dtype.str, "ref": self.add(tensor, path)}
+                return {"kind": "array", "dtype": array.dtype.str, "shape": list(array.shape),
+                        "ref": self.add(tensor, path)}
         return {"kind": "value", "v": self.value(array, path)}
 
     def batch_node(self, value: Any, path: str) -> dict[str, Any]:
@@ -175,7 +177,7 @@ class _Decoder:
         if kind == "batch":
             return self.batch(node)
         if kind == "array":
-            return self.tensors[node["ref"]].numpy().view(np.dtype(node["dtype"]))
+            return self.tensors[node["ref"]].numpy().view(np.dtype(node["dtype"])).reshape(node["shape"])
         if kind == "object_array":
             return decode_object_array(node["v"], self.tensor).reshape(node["shape"])
         if kind == "dict":
@@ -251,5 +253,6 @@ class SafeFormat:
             tree = json.loads(files[TREE_FILE])
             tensors = st_load(files[TENSORS_FILE])
             return _Decoder(tensors).node(tree["root"])
-        except (KeyError, ValueError, TypeError, RuntimeError, OSError) as err:
-            raise CorruptEntryError(f"cannot decode a 'safe' entry: {err}") from err
+        except (KeyError, ValueError, TypeError, RuntimeError, OSError, AttributeError, IndexError,
+                SafetensorError) as err:
+            raise CorruptEntryError(f"cannot decode a 'safe' entry: {type(err).__name__}: {err}") from err

@@ -82,13 +82,13 @@ def encode_value(value: Any, path: str, add_tensor: TensorSink = _no_tensors) ->
 
 
 def _plain_items(array: np.ndarray, path: str) -> list[Any]:
-    if array.dtype.kind in "biuf":
+    if array.dtype.kind in "biuf" and array.dtype.itemsize <= 8:
         return array.reshape(-1).tolist()
     if array.dtype.kind == "U":
         return [str(v) for v in array.reshape(-1)]
     if array.dtype.kind == "S":
         return [base64.b64encode(bytes(v)).decode("ascii") for v in array.reshape(-1)]
-    if array.dtype.kind == "c":
+    if array.dtype.kind == "c" and array.dtype.itemsize <= 16:
         return [[v.real, v.imag] for v in array.reshape(-1).tolist()]
     raise _unstorable(array, path)
 

@@ -128,6 +128,44 @@ def loads_dataproto(data: bytes) -> tuple[TensorDictBase | None, dict[str, np.nd
     return batch, dict(non_tensor_batch or {}), dict(meta_info or {})
 
 
+_READABLE_SCALARS = (str, int, float, bool, bytes, complex, type(None))
+
+
+def _check_readable(value: Any, path: str) -> None:
+    """Refuse what the allow-list reader would refuse, before writing it (the reader is the contract)."""
+    if isinstance(value, _READABLE_SCALARS):
+        return
+    if isinstance(value, (list, tuple, set, frozenset)):
+        for i, item in enumerate(value):
+            _check_readable(item, f"{path}[{i}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_readable(key, f"{path}.<key>")
+            _check_readable(item, f"{path}[{key!r}]")
+        return
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            for i, item in enumerate(value.reshape(-1)):
+                _check_readable(item, f"{path}[{i}]")
+        elif value.dtype.kind in "biufcUS":
+            return
+        else:
+            raise _unreadable(value, path)
+        return
+    if isinstance(value, np.generic) and value.dtype.kind in "biufcUS":
+        return
+    raise _unreadable(value, path)
+
+
+def _unreadable(value: Any, path: str) -> UnstorableValueError:
+    return UnstorableValueError(
+        f"{path}: a value of type {type(value).__module__}.{type(value).__qualname__} cannot be stored by "
+        "format 'verl': its pickle would name a global the allow-list reader refuses; convert it to str, "
+        "numbers, None, lists, dicts or numpy arrays"
+    )
+
+
 @dataclass
 class _FrozenDataProto:
     batch: TensorDictBase | None
@@ -152,6 +190,11 @@ class VerlFormat:
         batch = value.batch
         non_tensor = dict(value.non_tensor_batch)
         meta = dict(value.meta_info)
+        if batch is not None and not isinstance(batch, TensorDictBase):
+            raise UnstorableValueError(f"result.batch: format 'verl' stores a TensorDict, got {type(batch).__qualname__}")
+        for key, column in non_tensor.items():
+            _check_readable(column, f"result.non_tensor_batch[{key!r}]")
+        _check_readable(meta, "result.meta_info")
         if copy:
             batch = None if batch is None else batch.clone()
             non_tensor = copylib.deepcopy(non_tensor)

@@ -13,7 +13,15 @@ import numpy as np
 
 from stepskip._version import __version__
 from stepskip.config import AsyncRolloutSkipConfig, RolloutSkipConfig
-from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError, UnstorableValueError
+from stepskip.errors import (
+    CacheMissError,
+    CorruptEntryError,
+    FingerprintMismatchError,
+    PromptMismatchError,
+    SkipConfigError,
+    UnstorableValueError,
+)
+from stepskip.fidelity import fingerprint_diff, prompt_digest, run_fingerprint
 from stepskip.formats import get_format
 from stepskip.formats.verl import GEN_BATCH_FILE
 from stepskip.layout import Layout
@@ -75,6 +83,10 @@ class RolloutSkip(BaseSkip):
         self.async_dump = bool(getattr(local_config, "async_dump", True))
         self.seed = int(getattr(local_config, "seed", 0))
         self.rebind_keys = list(getattr(local_config, "rebind_keys", ["uid"]))
+        self.check_prompts = getattr(local_config, "check_prompts", "warn")
+        self.on_mismatch = getattr(local_config, "on_mismatch", "warn")
+        self.fingerprint = run_fingerprint(global_config, getattr(local_config, "fingerprint_keys", []))
+        self._warned: set[tuple[str, ...]] = set()
         self.layout = Layout.from_config(self.dump_dir, global_config, subdir=self._subdir())
         self.store = open_store(self.layout.dump_dir)
         self.stats = RoleStats()
@@ -177,8 +189,14 @@ class RolloutSkip(BaseSkip):
                 "record it first with action 'cache' or 'record', or check dump_dir and the run shape "
                 "(GBS/N/in/out) in the directory name"
             )
-        value, meta, seconds, nbytes = self.load_entry(load_step, step)
-        self._rebind(value, _prompts_of(args, kwargs))
+        prompts = _prompts_of(args, kwargs)
+        try:
+            value, meta, seconds, nbytes = self.load_entry(load_step, step, prompts=prompts)
+        except CacheMissError:
+            if self.action is not SkipAction.REPLAY:
+                self.stats.add(misses=1)  # the call is regenerated
+            raise
+        self._rebind(value, prompts)
         saved = float(meta.get("generation_seconds") or 0.0)
         self.stats.add(hits=1, load_seconds=seconds, bytes_read=nbytes, saved_seconds=saved)
         logger.info("%s hit: step %d replayed from step %d at %s (%d bytes, %.3fs)",
@@ -193,7 +211,8 @@ class RolloutSkip(BaseSkip):
         frozen = self._freeze(step, self.step_dump_dir(step), result, copy=self.async_dump)
         if frozen is None:
             return
-        meta = self._entry_meta(step, GENERATION_SECONDS.get())
+        meta = self._entry_meta(step, GENERATION_SECONDS.get(),
+                                prompt_digest=prompt_digest(_prompts_of(args, kwargs), self.rebind_keys))
         self._submit_write(self.step_dump_dir(step), step, frozen, meta)
 
     def _freeze(self, step: int, path: str, value: Any, copy: bool) -> Any:
@@ -213,6 +232,7 @@ class RolloutSkip(BaseSkip):
             "run_id": self.run_id,
             "created_unix": time.time(),
             "generation_seconds": generation_seconds,
+            "fingerprint": self.fingerprint,
             **extra,
         }
 
@@ -239,18 +259,31 @@ class RolloutSkip(BaseSkip):
 
     # ------------------------------------------------------------------ loading
 
-    def load_entry(self, load_step: int, step: int | None = None) -> tuple[Any, dict[str, Any], float, int]:
+    def load_entry(self, load_step: int, step: int | None = None,
+                   prompts: Any = None) -> tuple[Any, dict[str, Any], float, int]:
         """Read and decode the entry of ``load_step``: ``(value, meta, seconds, bytes)``.
+
+        Args:
+            load_step: the entry to read.
+            step: the step of the call being served (defaults to ``load_step``).
+            prompts: the live call's prompts, compared with the entry's prompt digest when the
+                entry's step is the call's step.
 
         Raises:
             CorruptEntryError: damaged entry (logged and counted).
-            SkipConfigError: a pickle-based entry while ``allow_pickle`` is false.
+            CacheMissError: the fingerprint differs and ``on_mismatch`` is ``regenerate``.
+            SkipConfigError: a pickle-based entry while ``allow_pickle`` is false, or a fingerprint
+                or prompt mismatch under the ``error`` policy.
         """
-        return self._read_entry(self.step_dump_dir(load_step), load_step if step is None else step)
+        step = load_step if step is None else step
+        return self._read_entry(self.step_dump_dir(load_step), step, load_step, prompts)
 
-    def _read_entry(self, path: str, step: int) -> tuple[Any, dict[str, Any], float, int]:
+    def _read_entry(self, path: str, step: int, load_step: int | None = None,
+                    prompts: Any = None) -> tuple[Any, dict[str, Any], float, int]:
         start = time.perf_counter()
         probe = self.store.probe(path, self.legacy_files)
+        if probe.state is EntryState.PRESENT:
+            self._check_fidelity(probe.meta or {}, path, step, step if load_step is None else load_step, prompts)
         try:
             if probe.state is not EntryState.PRESENT:
                 raise CorruptEntryError(f"{path}: {probe.reason or 'entry vanished'}")
@@ -274,6 +307,35 @@ class RolloutSkip(BaseSkip):
             self._report_corrupt(step, path, str(err))
             raise CorruptEntryError(f"{path}: {err}") from err
         return value, meta, time.perf_counter() - start, sum(len(b) for b in files.values())
+
+    def _check_fidelity(self, meta: dict[str, Any], path: str, step: int, load_step: int, prompts: Any) -> None:
+        """Compare the entry's run fingerprint and prompt digest with the live run and call."""
+        recorded = meta.get("fingerprint")
+        if isinstance(recorded, dict):
+            diffs = fingerprint_diff(recorded, self.fingerprint)
+            if diffs:
+                message = (f"{self.name}: the entry at {path} was recorded with other rollout settings: "
+                           + "; ".join(diffs))
+                if self.on_mismatch == "error":
+                    raise FingerprintMismatchError(message + f" (skip.{self.name}.on_mismatch = error)")
+                if self.on_mismatch == "regenerate":
+                    logger.warning("%s; regenerating step %d", message, step)
+                    raise CacheMissError(message)
+                if tuple(diffs) not in self._warned:
+                    self._warned.add(tuple(diffs))
+                    logger.warning("%s; replaying it anyway (set skip.%s.on_mismatch to error or regenerate)",
+                                   message, self.name)
+        recorded_digest = meta.get("prompt_digest")
+        if self.check_prompts == "off" or load_step != step or prompts is None or not recorded_digest:
+            return
+        digest = prompt_digest(prompts, self.rebind_keys)
+        if digest is None or digest == recorded_digest:
+            return
+        message = (f"{self.name}: step {step} was recorded for other prompts than this call's (entry {path}); "
+                   "the data order or dataset changed since it was recorded (e.g. another shuffle seed)")
+        if self.check_prompts == "error":
+            raise PromptMismatchError(message + f" (skip.{self.name}.check_prompts = error)")
+        logger.warning("%s; replaying it anyway (set skip.%s.check_prompts to error or off)", message, self.name)
 
     def _report_corrupt(self, step: int, path: str, reason: str) -> None:
         self.stats.add(corrupt=1)
@@ -313,7 +375,7 @@ def parse_async_rollout_sample_step(sample_id: str) -> int:
     if text.startswith("uid_"):
         text = text[4:]
     parts = text.split("_")
-    if len(parts) != 3 or parts[0] != "sample" or not parts[1] or not parts[2].isdigit():
+    if len(parts) != 3 or parts[0] != "sample" or not parts[1] or not (parts[2].isascii() and parts[2].isdigit()):
         raise ValueError(
             f"Invalid async rollout sample_id {sample_id!r}: expected sample_<epoch>_<feed_index> "
             "or uid_sample_<epoch>_<feed_index>"

@@ -16,6 +16,7 @@ from typing import Any
 
 from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, SkipConfigError
+from stepskip.fidelity import prompt_digest
 from stepskip.formats.verl import TQ_BATCH_FILE
 from stepskip.roles.base import SkipAction, register_skip
 from stepskip.roles.rollout import RolloutSkip
@@ -53,6 +54,7 @@ class RolloutTqSkip(RolloutSkip):
         self._saved: dict[int, int] = {}  # step -> inner entries this run has written or queued
         self._clock: dict[int, float] = {}  # step -> when its rollout (or last inner sample) began
         self._recording: set[int] = set()  # steps this run decided to (re)generate at submit time
+        self._digests: dict[int, str | None] = {}  # step -> digest of the prompts submitted
 
     # ------------------------------------------------------------------ queue and paths
 
@@ -121,8 +123,15 @@ class RolloutTqSkip(RolloutSkip):
                 return True
         return not self.has_v1_cache(step)
 
-    def maybe_load_and_inject(self, step: int, new_prompt_uids: list[str], partition_id: str = "train") -> bool:
+    def maybe_load_and_inject(self, step: int, new_prompt_uids: list[str], partition_id: str = "train",
+                              prompts: Any = None) -> bool:
         """Inject the cached step into the queue under the new uids; False (a miss) when there is none.
+
+        Args:
+            step: the trainer step.
+            new_prompt_uids: the uids ``_next_train_batch`` just assigned.
+            partition_id: the queue partition.
+            prompts: the batch itself, for the prompt-alignment check and the recorded digest.
 
         Raises:
             CacheMissError: under ``replay`` when the step is missing or damaged.
@@ -130,15 +139,18 @@ class RolloutTqSkip(RolloutSkip):
         if self.meet_precondition(step):
             try:
                 self.load_dump_data(step=step, new_prompt_uids=new_prompt_uids, n=self.layout.n,
-                                    global_steps=step, partition_id=partition_id)
+                                    global_steps=step, partition_id=partition_id, prompts=prompts)
                 return True
             except CacheMissError:
                 if self.action is SkipAction.REPLAY:
                     raise
+                self.stats.add(misses=1)
+        digest = prompt_digest(prompts, self.rebind_keys) if prompts is not None else None
         with self._lock:
             self._clock[step] = time.perf_counter()
             self._saved.pop(step, None)
             self._recording.add(step)  # a damaged cached step must be overwritten, not kept
+            self._digests[step] = digest
         return False
 
     def prepare_data(self, step: int, batch: Any = None, global_steps: int | None = None,
@@ -161,6 +173,7 @@ class RolloutTqSkip(RolloutSkip):
             self._saved[step] = inner + 1
             started = self._clock.get(step)
             self._clock[step] = now
+            digest = self._digests.get(step)
         path = self.inner_dump_dir(step, inner)
         keys = list(batch.keys)
         try:
@@ -176,12 +189,12 @@ class RolloutTqSkip(RolloutSkip):
         if frozen is None:
             return
         meta = self._entry_meta(global_steps, None if started is None else now - started,
-                                num_trajectories=len(keys), inner_idx=inner,
+                                num_trajectories=len(keys), inner_idx=inner, prompt_digest=digest,
                                 parameter_sync_step=self.parameter_sync_step)
         self._submit_write(path, step, frozen, meta)
 
     def load_dump_data(self, step: int, new_prompt_uids: list[str], n: int, global_steps: int,
-                       partition_id: str = "train") -> None:
+                       partition_id: str = "train", prompts: Any = None) -> None:
         """Load the step the action resolves, remap it onto ``new_prompt_uids`` and put it in the queue.
 
         Trajectories are grouped by parent uid (``key.split("_")[0]``, any key order, groups in
@@ -202,7 +215,8 @@ class RolloutTqSkip(RolloutSkip):
         start = time.perf_counter()
         parts, keys, tags, nbytes, saved = [], [], [], 0, 0.0
         for inner in range(self.parameter_sync_step):
-            payload, meta, _, size = self._read_entry(self.inner_dump_dir(load_step, inner), step)
+            payload, meta, _, size = self._read_entry(self.inner_dump_dir(load_step, inner), step, load_step,
+                                                      prompts if inner == 0 else None)
             parts.append(payload["tensordict"])
             keys.extend(payload["keys"])
             tags.extend(payload["tags"])

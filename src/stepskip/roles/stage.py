@@ -30,6 +30,8 @@ class StageSkipConfig(SkipRoleConfig):
         super().validate(where)
         if self.kind != "stage":
             raise SkipConfigError(f"{where}.kind = {self.kind!r} is not valid; allowed values: stage")
+
+    def bind(self, where: str) -> None:
         if where.startswith("skip.") and where != self.section:
             self.role_name = where[len("skip."):]
 
