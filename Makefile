@@ -6,8 +6,17 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.stepskip-installed
+# verl 0.9.1's own environment (tensordict 0.10), used only to prove that verl loads what
+# `format: verl` writes; `make test VERL_ENV=0` skips building it (those tests then skip).
+VERL_ENV ?= 1
+VERL_VENV := .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+TEST_DEPS := $(STAMP)
+ifeq ($(VERL_ENV),1)
+TEST_DEPS += $(VERL_STAMP)
+endif
 
-.PHONY: demo test venv clean
+.PHONY: demo test venv verl-env clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,13 +25,24 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
+$(VERL_STAMP):
+	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install --quiet $(TORCH_PIN)
+	$(VERL_VENV)/bin/pip install --quiet --no-deps verl==0.9.1 tensordict==0.10.0
+	$(VERL_VENV)/bin/pip install --quiet numpy packaging cloudpickle importlib_metadata orjson \
+		"pyvers>=0.1.0,<0.2.0" ray==2.60.0 omegaconf==2.3.1 "transformers>=5.5.3,<5.11,!=5.6.0"
+	$(VERL_VENV)/bin/python -c "from verl.protocol import DataProto"
+	touch $(VERL_STAMP)
+
 venv: $(STAMP)
+
+verl-env: $(VERL_STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/quickstart.py
 
-test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+test: $(TEST_DEPS)
+	STEPSKIP_VERL_PYTHON=$(abspath $(VERL_VENV))/bin/python $(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(VERL_VENV) build dist src/*.egg-info .pytest_cache

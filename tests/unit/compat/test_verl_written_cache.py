@@ -1,0 +1,108 @@
+"""Caches written by verl 0.9.1's own code (tests/fixtures/verl) read back without verl installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from stepskip import Batch, SkipConfigError, SkipManager
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "verl"
+RUN = Path("fx_verl") / "GBS4_N2_in8_out6"
+
+
+def load_check_module():
+    spec = importlib.util.spec_from_file_location("verl_check_load", FIXTURES / "check_load.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def comparable(summary):
+    """Drop what legitimately differs between verl's and our in-memory TensorDicts."""
+    summary = json.loads(json.dumps(summary))
+    for td in (summary.get("batch"), summary.get("tensordict")):
+        if td:
+            td.pop("is_consolidated", None)
+            td.pop("type", None)
+    return summary
+
+
+def config(dump_dir, **skip):
+    return {
+        "trainer": {"experiment_name": "fx", "project_name": "verl"},
+        "data": {"train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 6},
+        "actor_rollout_ref": {"rollout": {"n": 2}},
+        "skip": {"rollout": {"enable": True, "steps": [1, 2], "dump_dir": str(dump_dir), "rebind_keys": [], **skip}},
+    }
+
+
+class Loop:
+    def __init__(self):
+        self.calls = 0
+
+    @SkipManager.annotate(role="rollout")
+    def generate_sequences(self, prompts):
+        self.calls += 1
+        return prompts
+
+
+@pytest.fixture
+def verl_cache(tmp_path):
+    shutil.copytree(FIXTURES / "cache" / RUN, tmp_path / RUN)
+    return tmp_path
+
+
+def test_verl_is_not_installed_here():
+    assert "verl" not in sys.modules and importlib.util.find_spec("verl") is None
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_gen_batch_written_by_verl_replays_exactly(verl_cache, step):
+    SkipManager.init(config(verl_cache, allow_pickle=True, action="replay"))
+    SkipManager.set_step(step)
+    loop = Loop()
+    out = loop.generate_sequences(Batch.from_dict(non_tensors={"uid": ["x"] * 8}))
+    assert loop.calls == 0
+    assert isinstance(out, Batch)
+    expected = json.loads((FIXTURES / "expected" / f"gen_batch_step{step}.json").read_text())["summary"]
+    assert comparable(load_check_module().summarise(out)) == comparable(expected)
+
+
+def test_pickle_entry_is_refused_without_allow_pickle_and_left_untouched(verl_cache):
+    data = verl_cache / RUN / "1" / "gen_batch.dp"
+    before = data.read_bytes()
+    SkipManager.init(config(verl_cache))
+    SkipManager.set_step(1)
+    loop = Loop()
+    with pytest.raises(SkipConfigError) as err:
+        loop.generate_sequences(Batch.from_dict(non_tensors={"uid": ["x"] * 8}))
+    assert "allow_pickle" in str(err.value) and "stepskip convert" in str(err.value)
+    SkipManager.flush()
+    assert loop.calls == 0
+    assert data.read_bytes() == before
+
+
+def test_record_overwrites_a_verl_entry_with_a_safe_one(verl_cache):
+    SkipManager.init(config(verl_cache, action="record"))
+    SkipManager.set_step(1)
+    loop = Loop()
+    loop.generate_sequences(Batch.from_dict(non_tensors={"uid": ["x"] * 8}))
+    SkipManager.flush()
+    assert loop.calls == 1
+    entry = verl_cache / RUN / "1"
+    assert sorted(p.name for p in entry.iterdir()) == ["data.json", "data.safetensors", "meta.json"]
+
+
+def test_tq_batch_written_by_verl_loads_through_the_allow_list(verl_cache):
+    from stepskip.formats import get_format
+
+    files = {"tq_batch.pt": (verl_cache / RUN / "3" / "0" / "tq_batch.pt").read_bytes()}
+    payload = get_format("verl-tq").decode(files)
+    expected = json.loads((FIXTURES / "expected" / "tq_batch_step3.json").read_text())["summary"]
+    assert comparable(load_check_module().summarise(payload)) == comparable(expected)
