@@ -147,7 +147,6 @@ class SkipManager:
         Raises:
             SkipConfigError: a bad value or an unknown role under ``skip``.
         """
-        cls.close()
         extra_classes: dict[str, type[SkipRoleConfig]] = {
             name: getattr(skip_cls, "config_class", SkipRoleConfig)
             for name, skip_cls in SKIP_REGISTRY.items() if name not in _BUILTIN_ROLES
@@ -164,6 +163,7 @@ class SkipManager:
                 from stepskip.roles.stage import StageSkip
 
                 instances[name] = cls._build(name, StageSkip, local, config, run_id, runtime)
+        cls.close()  # only now: a bad new config leaves the previous run untouched
         cls.config = skip_config
         cls.step = -1
         cls.run_id = run_id

@@ -9,6 +9,7 @@ check both. Leftover temporaries are never parsed as steps and are removed once 
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import errno
 import json
@@ -54,6 +55,41 @@ def checksum(data: bytes | memoryview) -> str:
     return "xxh3_64:" + xxhash.xxh3_64_hexdigest(data)
 
 
+def _load_renameat2() -> Any:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _load_renameat2()
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two existing paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    Returns False where the call or the filesystem does not support it.
+    """
+    global _RENAMEAT2
+    if _RENAMEAT2 is None:
+        return False
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        _RENAMEAT2 = None  # remember: not supported here
+        return False
+    if err == errno.ENOENT:
+        return False  # the old entry vanished meanwhile: a plain rename will do
+    raise OSError(err, os.strerror(err), b)
+
+
 def _fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -83,7 +119,9 @@ class LocalStore:
         except FileNotFoundError:
             return Probe(EntryState.MISSING)
         except NotADirectoryError:
-            return Probe(EntryState.MISSING, reason=f"{path} is not a directory")
+            if os.path.isfile(path):
+                return Probe(EntryState.DAMAGED, reason=f"{path} is a file, not an entry directory")
+            return Probe(EntryState.MISSING)  # a parent is a file: no entry can exist there
         except OSError as err:
             return Probe(EntryState.DAMAGED, reason=f"cannot read {meta_path}: {err}")
         try:
@@ -176,8 +214,7 @@ class LocalStore:
             fh.flush()
             os.fsync(fh.fileno())
 
-    @staticmethod
-    def _publish(tmp: str, path: str, overwrite: bool) -> bool:
+    def _publish(self, tmp: str, path: str, overwrite: bool) -> bool:
         parent, name = os.path.split(path.rstrip("/"))
         for _ in range(16):
             try:
@@ -188,15 +225,15 @@ class LocalStore:
                     raise
             if not overwrite:
                 return False
+            if _exchange(tmp, path):  # readers see the old entry, then the new one, never a gap
+                self.remove(tmp)
+                return True
             trash = f"{parent}/{TRASH_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
             try:
                 os.rename(path, trash)
             except FileNotFoundError:
                 continue  # another writer moved it away first; try again
-            if os.path.isdir(trash):
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                os.remove(trash)
+            self.remove(trash)
         raise OSError(errno.EBUSY, f"could not publish {path}: too many concurrent writers")
 
     def list_dir(self, path: str) -> list[str]:
@@ -206,7 +243,13 @@ class LocalStore:
             return []
 
     def remove(self, path: str) -> None:
-        shutil.rmtree(path, ignore_errors=True)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
 
     def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS) -> list[str]:
         """Delete temporaries and trash under ``path`` (one level) older than ``older_than`` seconds."""

@@ -122,10 +122,12 @@ def loads_dataproto(data: bytes) -> tuple[TensorDictBase | None, dict[str, np.nd
     if not isinstance(obj, _DataProtoStandIn) or not isinstance(obj.state, tuple) or len(obj.state) != 3:
         raise pickle.UnpicklingError("the pickle does not hold a verl DataProto")
     tensor_bytes, non_tensor_batch, meta_info = obj.state
-    batch = None
-    if tensor_bytes is not None:
-        batch = torch.load(io.BytesIO(tensor_bytes), weights_only=True, map_location="cpu")
-    return batch, dict(non_tensor_batch or {}), dict(meta_info or {})
+    if not isinstance(tensor_bytes, bytes) or not isinstance(non_tensor_batch, dict) or not isinstance(meta_info, dict):
+        raise pickle.UnpicklingError("the DataProto state is not (bytes, dict, dict)")
+    batch = torch.load(io.BytesIO(tensor_bytes), weights_only=True, map_location="cpu")
+    if batch is not None and not isinstance(batch, TensorDictBase):
+        raise pickle.UnpicklingError(f"the DataProto batch is a {type(batch).__qualname__}, not a TensorDict")
+    return batch, non_tensor_batch, meta_info
 
 
 _READABLE_SCALARS = (str, int, float, bool, bytes, complex, type(None))
@@ -212,9 +214,8 @@ class VerlFormat:
         """
         try:
             batch, non_tensor, meta = loads_dataproto(files[GEN_BATCH_FILE])
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, RuntimeError,
-                AttributeError, IndexError) as err:
-            raise CorruptEntryError(f"cannot read {GEN_BATCH_FILE}: {err}") from err
+        except Exception as err:  # the decode boundary: any failure to parse these bytes is a damaged entry
+            raise CorruptEntryError(f"cannot read {GEN_BATCH_FILE}: {type(err).__name__}: {err}") from err
         try:
             from verl.protocol import DataProto  # type: ignore[import-not-found]
 
@@ -256,9 +257,8 @@ class VerlTqFormat:
     def decode(self, files: Mapping[str, bytes]) -> Any:
         try:
             payload = torch.load(io.BytesIO(files[TQ_BATCH_FILE]), weights_only=True, map_location="cpu")
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, RuntimeError,
-                AttributeError, IndexError) as err:
-            raise CorruptEntryError(f"cannot read {TQ_BATCH_FILE}: {err}") from err
+        except Exception as err:  # the decode boundary: any failure to parse these bytes is a damaged entry
+            raise CorruptEntryError(f"cannot read {TQ_BATCH_FILE}: {type(err).__name__}: {err}") from err
         if not isinstance(payload, dict) or not {"tensordict", "tags", "keys"} <= set(payload):
             raise CorruptEntryError(f"{TQ_BATCH_FILE} does not hold a V1 payload")
         return payload

@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 #: the signature ``prepare_data(step, result, *args, **kwargs)`` stays verl's.
 GENERATION_SECONDS: contextvars.ContextVar[float | None] = contextvars.ContextVar("generation_seconds", default=None)
 
+_RETRY_SECONDS = 0.05
+
 ALL_ACTIONS = [SkipAction.CACHE, SkipAction.REPEAT, SkipAction.RANDOM, SkipAction.REPLAY, SkipAction.RECORD]
 
 
@@ -139,10 +141,33 @@ class RolloutSkip(BaseSkip):
         return smaller[-1] if smaller else next((s for s in available if s > step), -1)
 
     def would_replay(self, step: int) -> bool:
-        return step in self.steps and self.resolve_load_step(step) != -1
+        if step not in self.steps:
+            return False
+        load_step = self.resolve_load_step(step)
+        return load_step != -1 and self._servable(self._probe(load_step).meta or {})
+
+    def _servable(self, meta: dict[str, Any]) -> bool:
+        """False when an entry's meta alone shows a call would not be served from it."""
+        try:
+            fmt = get_format(meta.get("format", self.verl_format))
+        except ValueError:
+            return False
+        if fmt.uses_pickle and not self.allow_pickle:
+            return False
+        recorded = meta.get("fingerprint")
+        return not (self.on_mismatch == "regenerate" and isinstance(recorded, dict)
+                    and fingerprint_diff(recorded, self.fingerprint))
 
     def _probe(self, step: int) -> Any:
         return self.store.probe(self.step_dump_dir(step), self.legacy_files)
+
+    def _probe_settled(self, step: int) -> Any:
+        """Probe, looking twice before calling an entry damaged (it may be mid-replacement)."""
+        probe = self._probe(step)
+        if probe.state is EntryState.DAMAGED:
+            time.sleep(_RETRY_SECONDS)
+            probe = self._probe(step)
+        return probe
 
     def _present(self, step: int) -> bool:
         """True when ``step`` has a complete, valid-looking entry (no data read)."""
@@ -157,7 +182,7 @@ class RolloutSkip(BaseSkip):
         if action is SkipAction.REPLAY:
             return True  # warp_function raises CacheMissError when there is nothing to load
         if action is SkipAction.CACHE:
-            probe = self._probe(step)
+            probe = self._probe_settled(step)
             if probe.state is EntryState.DAMAGED:
                 self._report_corrupt(step, self.step_dump_dir(step), probe.reason)
             hit = probe.state is EntryState.PRESENT
@@ -178,10 +203,12 @@ class RolloutSkip(BaseSkip):
             SkipConfigError: the entry is a pickle and ``allow_pickle`` is false.
         """
         load_step = self.resolve_load_step(step)
+        probe = self._probe_settled(step) if load_step == -1 else None
+        if probe is not None and probe.state is EntryState.PRESENT and self.action is not SkipAction.RECORD:
+            load_step = step  # it appeared, or was being replaced, while we looked
         if load_step == -1:
             path = self.step_dump_dir(step)
-            probe = self._probe(step)
-            if probe.state is EntryState.DAMAGED:
+            if probe is not None and probe.state is EntryState.DAMAGED:
                 self._report_corrupt(step, path, probe.reason)
                 raise CorruptEntryError(f"{self.name}: entry for step {step} at {path} is damaged: {probe.reason}")
             raise CacheMissError(
@@ -281,32 +308,37 @@ class RolloutSkip(BaseSkip):
     def _read_entry(self, path: str, step: int, load_step: int | None = None,
                     prompts: Any = None) -> tuple[Any, dict[str, Any], float, int]:
         start = time.perf_counter()
+        for attempt in range(2):
+            try:
+                value, meta, nbytes = self._read_entry_once(path, step, load_step, prompts)
+                return value, meta, time.perf_counter() - start, nbytes
+            except CorruptEntryError as err:
+                if attempt:
+                    self._report_corrupt(step, path, str(err))
+                    raise
+                time.sleep(_RETRY_SECONDS)  # a concurrent writer may be replacing the entry: look again
+        raise AssertionError("unreachable")
+
+    def _read_entry_once(self, path: str, step: int, load_step: int | None,
+                         prompts: Any) -> tuple[Any, dict[str, Any], int]:
         probe = self.store.probe(path, self.legacy_files)
-        if probe.state is EntryState.PRESENT:
-            self._check_fidelity(probe.meta or {}, path, step, step if load_step is None else load_step, prompts)
+        if probe.state is not EntryState.PRESENT:
+            raise CorruptEntryError(f"{path}: {probe.reason or 'entry vanished'}")
+        meta = probe.meta or {}
+        self._check_fidelity(meta, path, step, step if load_step is None else load_step, prompts)
         try:
-            if probe.state is not EntryState.PRESENT:
-                raise CorruptEntryError(f"{path}: {probe.reason or 'entry vanished'}")
-            meta = probe.meta or {}
             fmt = get_format(meta.get("format", self.verl_format))
-            if fmt.uses_pickle and not self.allow_pickle:
-                raise SkipConfigError(
-                    f"{path} holds a pickle-based entry (format {fmt.name!r}, as verl writes it) and "
-                    f"skip.{self.name}.allow_pickle is false. Either set skip.{self.name}.allow_pickle=true "
-                    "(read through an allow-list unpickler), or convert the cache once with "
-                    "`stepskip convert SRC DST --to safe --allow-pickle`. The entry was left untouched."
-                )
-            files = self.store.read_files(path, meta, fmt.files, self.verify)
-            value = fmt.decode(files)
-        except CorruptEntryError as err:
-            self._report_corrupt(step, path, str(err))
-            raise
         except ValueError as err:
-            if isinstance(err, SkipConfigError):
-                raise
-            self._report_corrupt(step, path, str(err))
             raise CorruptEntryError(f"{path}: {err}") from err
-        return value, meta, time.perf_counter() - start, sum(len(b) for b in files.values())
+        if fmt.uses_pickle and not self.allow_pickle:
+            raise SkipConfigError(
+                f"{path} holds a pickle-based entry (format {fmt.name!r}, as verl writes it) and "
+                f"skip.{self.name}.allow_pickle is false. Either set skip.{self.name}.allow_pickle=true "
+                "(read through an allow-list unpickler), or convert the cache once with "
+                "`stepskip convert SRC DST --to safe --allow-pickle`. The entry was left untouched."
+            )
+        files = self.store.read_files(path, meta, fmt.files, self.verify)
+        return fmt.decode(files), meta, sum(len(b) for b in files.values())
 
     def _check_fidelity(self, meta: dict[str, Any], path: str, step: int, load_step: int, prompts: Any) -> None:
         """Compare the entry's run fingerprint and prompt digest with the live run and call."""

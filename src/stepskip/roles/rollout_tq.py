@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from stepskip.config import RolloutTqSkipConfig, select
-from stepskip.errors import CacheMissError, SkipConfigError
+from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 from stepskip.fidelity import prompt_digest
 from stepskip.formats.verl import TQ_BATCH_FILE
 from stepskip.roles.base import SkipAction, register_skip
@@ -90,6 +90,12 @@ class RolloutTqSkip(RolloutSkip):
 
     # ------------------------------------------------------------------ the seed's V1 interface
 
+    def would_replay(self, step: int) -> bool:
+        if step not in self.steps:
+            return False
+        load_step = self.resolve_load_step(step)
+        return load_step != -1 and all(self._servable(p.meta or {}) for p in self._inner_probes(load_step))
+
     def has_v1_cache(self, step: int) -> bool:
         """True when the action would load a complete cached step for ``step``."""
         return self.resolve_load_step(step) != -1
@@ -141,10 +147,11 @@ class RolloutTqSkip(RolloutSkip):
                 self.load_dump_data(step=step, new_prompt_uids=new_prompt_uids, n=self.layout.n,
                                     global_steps=step, partition_id=partition_id, prompts=prompts)
                 return True
-            except CacheMissError:
+            except CacheMissError as err:
                 if self.action is SkipAction.REPLAY:
                     raise
                 self.stats.add(misses=1)
+                logger.warning("%s: step %d could not be replayed (%s); generating and dumping it", self.name, step, err)
         digest = prompt_digest(prompts, self.rebind_keys) if prompts is not None else None
         with self._lock:
             self._clock[step] = time.perf_counter()
@@ -178,6 +185,8 @@ class RolloutTqSkip(RolloutSkip):
         keys = list(batch.keys)
         try:
             data = self.tq_client.kv_batch_get(keys=keys, partition_id=batch.partition_id)
+            if num_rows(data) != len(keys):
+                raise ValueError(f"the queue returned {num_rows(data)} rows for {len(keys)} keys")
         except Exception as err:  # the dump boundary: a failing read-back must not stop training
             self.stats.add(dump_failures=1)
             logger.error("%s dump failed: step %d inner %d: reading %d keys back from the queue failed: %s: %s",
@@ -224,7 +233,9 @@ class RolloutTqSkip(RolloutSkip):
             saved += float(meta.get("generation_seconds") or 0.0)
         data = concat_rows(parts)
         if num_rows(data) != len(keys):
-            raise CacheMissError(f"{self.name}: step {load_step} holds {num_rows(data)} rows for {len(keys)} keys")
+            reason = f"step {load_step} holds {num_rows(data)} rows for {len(keys)} keys"
+            self._report_corrupt(step, self.step_dump_dir(load_step), reason)
+            raise CorruptEntryError(f"{self.name}: {reason}")
 
         groups: dict[str, list[int]] = {}
         for index, key in enumerate(keys):

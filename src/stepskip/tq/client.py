@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +20,8 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_non_tensor
 
 __all__ = ["InProcessTQClient", "KVBatchMeta"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -29,28 +32,41 @@ class KVBatchMeta:
     tags: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     partition_id: str | None = None
     fields: list[str] | None = None
+    extra_info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.keys) != len(self.tags):
             raise ValueError(f"keys and tags must have the same length, got {len(self.keys)} and {len(self.tags)}")
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError("Got duplicated keys.")
+
+    @property
+    def size(self) -> int:
+        return len(self.keys)
 
     def __len__(self) -> int:
         return len(self.keys)
 
 
-def _as_list(keys: Sequence[str] | str) -> list[str]:
-    return [keys] if isinstance(keys, str) else list(keys)
+def _keys(keys: Any) -> list[str]:
+    if isinstance(keys, str):
+        return [keys]
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise TypeError("Only string or list of strings are allowed as `keys`.")
+    if not keys:
+        raise ValueError("Received an empty list as keys.")
+    return list(keys)
 
 
 def _rows_of(name: str, value: Any, count: int) -> list[Any]:
     if is_non_tensor(value):
-        return list(value.tolist()) if isinstance(value, NonTensorStack) else [value.data] * count
+        if not isinstance(value, NonTensorStack):
+            raise TypeError(f"field {name!r}: a batch-wide NonTensorData cannot be stored per key; "
+                            "give one value per row (NonTensorStack)")
+        return list(value.tolist())
     if isinstance(value, TensorDictBase):
         raise ValueError(f"field {name!r}: nested TensorDicts are not supported by the queue")
-    if isinstance(value, torch.Tensor):
-        rows = list(value.unbind(0))
-    else:
-        rows = list(value)
+    rows = list(value.unbind(0))
     if len(rows) != count:
         raise ValueError(f"field {name!r} has {len(rows)} rows for {count} keys")
     return rows
@@ -64,8 +80,22 @@ def _column(rows: list[Any]) -> Any:
     return NonTensorStack(*(NonTensorData(data=r, batch_size=[]) for r in rows), batch_size=[len(rows)])
 
 
+def _common_fields(records: list[dict[str, Any]]) -> list[str]:
+    if not records:
+        return []
+    common = set(records[0])
+    for record in records[1:]:
+        common &= set(record)
+    return sorted(common)
+
+
 class InProcessTQClient:
     """``kv_batch_put`` / ``kv_batch_get`` / ``kv_list`` / ``kv_clear`` over in-memory partitions.
+
+    Matches transfer_queue 0.1.11 where the two were compared (tests/integration/tq): fields must
+    be a TensorDict of per-row values, keys a str or a list of str; a get without
+    ``select_fields`` returns the fields every key holds; missing keys are skipped with a warning.
+    Unlike the real queue, a put that fails leaves nothing behind.
 
     Example:
         >>> tq = InProcessTQClient()
@@ -80,18 +110,21 @@ class InProcessTQClient:
         # partition -> key -> {"fields": {name: row}, "tags": {...}}
         self._partitions: dict[str, dict[str, dict[str, Any]]] = {}
 
-    def kv_batch_put(self, keys: Sequence[str], partition_id: str, fields: Any = None,
+    def kv_batch_put(self, keys: list[str], partition_id: str, fields: TensorDictBase | None = None,
                      tags: Sequence[dict[str, Any]] | None = None) -> KVBatchMeta:
-        keys = _as_list(keys)
+        keys = _keys(keys)
+        if len(set(keys)) != len(keys):
+            raise ValueError("Got duplicated keys.")
         if fields is None and not tags:
             raise ValueError("kv_batch_put needs fields or tags")
         if tags is not None and len(tags) != len(keys):
             raise ValueError(f"tags has {len(tags)} entries for {len(keys)} keys")
         columns: dict[str, list[Any]] = {}
         if fields is not None:
-            items = fields.items() if not isinstance(fields, TensorDictBase) else ((k, fields.get(k)) for k in fields.keys())
-            for name, value in items:
-                columns[name] = _rows_of(name, value, len(keys))
+            if not isinstance(fields, TensorDictBase):
+                raise TypeError(f"fields must be a TensorDict with batch_size [{len(keys)}], got {type(fields).__name__}")
+            for name in fields.keys():
+                columns[name] = _rows_of(name, fields.get(name), len(keys))
         with self._lock:
             partition = self._partitions.setdefault(partition_id, {})
             for i, key in enumerate(keys):
@@ -101,35 +134,45 @@ class InProcessTQClient:
                 if tags is not None:
                     record["tags"].update(copy.deepcopy(tags[i]))
             out_tags = [copy.deepcopy(partition[k]["tags"]) for k in keys]
-            field_names = sorted({n for k in keys for n in partition[k]["fields"]})
+            field_names = _common_fields([partition[k]["fields"] for k in keys])
         return KVBatchMeta(keys=keys, tags=out_tags, partition_id=partition_id, fields=field_names)
 
-    def kv_batch_get(self, keys: Sequence[str] | str, partition_id: str,
+    def kv_batch_get(self, keys: list[str] | str, partition_id: str,
                      select_fields: Sequence[str] | str | None = None) -> TensorDict:
-        keys = _as_list(keys)
+        """Rows of ``keys``; keys the partition lacks are skipped with a warning, as the real queue does."""
+        keys = _keys(keys)
         with self._lock:
-            partition = self._partitions.get(partition_id)
-            if partition is None:
-                raise ValueError(f"partition {partition_id!r} not found")
-            missing = [k for k in keys if k not in partition]
-            if missing:
-                raise ValueError(f"keys not found in partition {partition_id!r}: {missing[:5]}")
-            records = [partition[k]["fields"] for k in keys]
-        names = _as_list(select_fields) if select_fields is not None else sorted({n for r in records for n in r})
-        out = TensorDict({}, batch_size=[len(keys)])
+            partition = self._partitions.get(partition_id, {})
+            found = [k for k in keys if k in partition]
+            records = [partition[k]["fields"] for k in found]
+        if not found:
+            raise ValueError(f"keys or partition were not found! (partition {partition_id!r})")
+        if len(found) < len(keys):
+            logger.warning("kv_batch_get: %d of %d keys not found in partition %r", len(keys) - len(found),
+                           len(keys), partition_id)
+        if select_fields is None:
+            names = _common_fields(records)
+            if not names:
+                raise ValueError("Some fields are not ready in all the requested keys!")
+        else:
+            names = [select_fields] if isinstance(select_fields, str) else list(select_fields)
+            if any(name not in r for r in records for name in names):
+                logger.warning("kv_batch_get: a selected field is missing for some keys; returning nothing")
+                return TensorDict({}, batch_size=[0])
+        out = TensorDict({}, batch_size=[len(found)])
         for name in names:
-            if any(name not in r for r in records):
-                raise ValueError(f"field {name!r} is empty for some of the requested keys")
             out.set(name, _column([r[name] for r in records]))
         return out
 
     def kv_list(self, partition_id: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:
         with self._lock:
             chosen = [partition_id] if partition_id is not None else list(self._partitions)
-            return {p: {k: copy.deepcopy(v["tags"]) for k, v in self._partitions.get(p, {}).items()} for p in chosen}
+            return {p: {k: copy.deepcopy(v["tags"]) for k, v in self._partitions[p].items()}
+                    for p in chosen if p in self._partitions}
 
-    def kv_clear(self, keys: Sequence[str] | str, partition_id: str) -> None:
+    def kv_clear(self, keys: list[str] | str, partition_id: str) -> None:
+        keys = _keys(keys)
         with self._lock:
             partition = self._partitions.get(partition_id, {})
-            for key in _as_list(keys):
+            for key in keys:
                 partition.pop(key, None)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensordict import TensorDict
 from v1_harness import ReplayBuffer, V1Trainer
 
 from stepskip import CacheMissError, CorruptEntryError, SkipManager
@@ -160,7 +161,8 @@ def test_validation_partition_is_never_saved(tmp_path):
     client = InProcessTQClient()
     SkipManager.init(make_config(tmp_path, steps=[1]), tq_client=client)
     SkipManager.set_step(1)
-    client.kv_batch_put(keys=["u_0_0"], partition_id="val", fields={"x": torch.ones(1, 2)}, tags=[{"global_steps": 1}])
+    client.kv_batch_put(keys=["u_0_0"], partition_id="val", fields=TensorDict({"x": torch.ones(1, 2)}, batch_size=[1]),
+                        tags=[{"global_steps": 1}])
     client.kv_batch_put(keys=["u"], partition_id="val", tags=[{"is_prompt": True, "status": "finished"}])
     meta, _ = ReplayBuffer(client).sample(1, "val", 1)
     assert meta.keys == ["u_0_0"]

@@ -1,0 +1,108 @@
+"""A real TransferQueue (``transferqueue`` 0.1.11 on a local Ray cluster) for the tests in this folder.
+
+Ray + TransferQueue take ~10 s and ~1.5 GiB to start, so they start once per test module
+(module scope: shut down after the module's last test, so nothing keeps running while the rest of
+the suite does) and every test starts and ends with an empty queue (``real_tq``).
+
+Facts this relies on (see /work/shared/NOTES.md):
+- ``tq.init()`` waits forever on a 2-CPU Ray cluster with its default two storage units (controller
+  and each unit reserve one CPU): we start exactly one storage unit, which fits ``num_cpus=2``.
+- Ray 2.60 turns token auth on by default and writes ``~/.ray/auth_token``: ``RAY_AUTH_MODE=disabled``,
+  and ``RAY_TMPDIR`` points at a temporary directory (short, under /tmp: Ray's socket paths must
+  stay under ~107 characters) that is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+# The V1 trainer + replay buffer harness lives with the unit tests; make `import v1_harness` work
+# here whichever order pytest collects the folders in.
+_HARNESS_DIR = str(Path(__file__).resolve().parents[2] / "unit" / "tq")
+if _HARNESS_DIR not in sys.path:
+    sys.path.insert(0, _HARNESS_DIR)
+
+TQ_INIT_TIMEOUT_S = 120.0
+
+
+
+def _import_error() -> str | None:
+    """Why ``ray`` / ``transfer_queue`` cannot be imported here, or None when both can."""
+    try:
+        import ray  # noqa: F401
+        import transfer_queue  # noqa: F401
+    except ImportError as err:
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def _clear_everything(tq) -> None:
+    for partition, listing in tq.kv_list().items():
+        if listing:
+            tq.kv_clear(keys=list(listing), partition_id=partition)
+
+
+@pytest.fixture(scope="module")
+def tq_module():
+    """Start Ray (2 CPUs, no dashboard, no auth) and TransferQueue with one storage unit; yield ``transfer_queue``."""
+    error = _import_error()
+    if error is not None:
+        pytest.skip(f"transfer_queue (or ray) is not importable ({error}): install `transferqueue` and "
+                    "`ray[default]` to run the real-TransferQueue integration tests")
+    ray_tmp = tempfile.mkdtemp(prefix="ssray", dir="/tmp" if os.path.isdir("/tmp") else None)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_AUTH_MODE", "disabled")
+        env.setenv("RAY_TMPDIR", ray_tmp)
+        env.delenv("RAY_ADDRESS", raising=False)  # never attach to a cluster outside this test run
+        import ray
+        from omegaconf import OmegaConf
+
+        import transfer_queue as tq
+
+        if ray.is_initialized():
+            shutil.rmtree(ray_tmp, ignore_errors=True)
+            pytest.skip("a Ray cluster is already initialised in this process; these tests start their own")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 logging_level="WARNING")
+        try:
+            # tq.init blocks forever when Ray lacks the CPUs its actors reserve: bound the wait.
+            errors: list[BaseException] = []
+
+            def _init() -> None:
+                try:
+                    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+                except BaseException as err:  # handed to the main thread
+                    errors.append(err)
+
+            thread = threading.Thread(target=_init, name="tq-init", daemon=True)
+            thread.start()
+            thread.join(TQ_INIT_TIMEOUT_S)
+            if thread.is_alive():
+                raise RuntimeError(
+                    f"transfer_queue.init() did not return within {TQ_INIT_TIMEOUT_S:.0f}s on a Ray cluster with "
+                    f"{ray.cluster_resources().get('CPU')} CPUs (its controller and storage unit reserve one CPU "
+                    f"each); available now: {ray.available_resources()}")
+            if errors:
+                raise errors[0]
+            yield tq
+        finally:
+            try:
+                tq.close()
+            finally:
+                ray.shutdown()
+                shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def real_tq(tq_module):
+    """The ``transfer_queue`` module, every partition empty before and after the test."""
+    _clear_everything(tq_module)
+    yield tq_module
+    _clear_everything(tq_module)
