@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -325,3 +326,19 @@ def test_cache_written_by_verl_itself_is_injected(tmp_path):
     expected = json.loads((FIXTURES / "expected" / "tq_batch_step3.json").read_text())
     assert len(got["responses"].unbind()) == 3
     assert set(expected["keys"]) and got["reward_score"].dtype == torch.float32
+
+
+def test_misaligned_prompts_are_reported(tmp_path, caplog):
+    config = make_config(tmp_path, steps=[1])
+    V1Trainer(config, InProcessTQClient()).fit(1)
+    SkipManager.reset()
+    caplog.set_level(logging.WARNING, logger="stepskip")
+    aligned = V1Trainer(config, InProcessTQClient())
+    aligned.fit(1)
+    assert aligned.agent_loop.calls == 0 and "other prompts" not in caplog.text
+    SkipManager.reset()
+    shifted = V1Trainer(config, InProcessTQClient())
+    shifted.next_prompt = 100  # another data order
+    shifted.fit(1)
+    assert shifted.agent_loop.calls == 0
+    assert "recorded for other prompts" in caplog.text
