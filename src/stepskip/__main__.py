@@ -1,0 +1,5 @@
+"""``python -m stepskip``: the command line."""
+
+from stepskip.cli import main
+
+raise SystemExit(main())
