@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+# Shared test helpers (e.g. the V1 trainer harness) import as top-level modules.
+sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 from stepskip import SkipManager
 

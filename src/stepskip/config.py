@@ -208,6 +208,7 @@ class SkipRoleConfig:
         check_prompts: what to do when the replayed step saw other prompts.
         on_mismatch: what to do when the entry's run fingerprint differs from this run's.
         fingerprint_keys: extra config keys that identify a run.
+        storage_options: options for the fsspec filesystem of a ``dump_dir`` URL.
 
     Example:
         >>> RolloutSkipConfig(enable=True, steps=["1-3"], action="repeat").action
@@ -231,6 +232,7 @@ class SkipRoleConfig:
     check_prompts: str = "warn"
     on_mismatch: str = "warn"
     fingerprint_keys: list[str] = field(default_factory=list)
+    storage_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.validate(self.section)
@@ -255,6 +257,11 @@ class SkipRoleConfig:
         _choice(f"{where}.check_prompts", self.check_prompts, CHECK_PROMPTS)
         _choice(f"{where}.on_mismatch", self.on_mismatch, ON_MISMATCH)
         _str_list(f"{where}.fingerprint_keys", self.fingerprint_keys)
+        if not isinstance(self.storage_options, Mapping) or not all(isinstance(k, str) for k in self.storage_options):
+            raise SkipConfigError(
+                f"{where}.storage_options = {self.storage_options!r} is not valid; expected a mapping of "
+                "fsspec filesystem options (e.g. {{client_kwargs: {{endpoint_url: ...}}}})"
+            )
         if self.format == "verl" and not self.allow_pickle:
             raise SkipConfigError(
                 f"{where}.format = 'verl' writes pickle files that can only be read back with "

@@ -103,8 +103,35 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-class LocalStore:
-    """Entries on a local (or locally mounted shared) filesystem."""
+class _EntryStore:
+    """All entry logic (probe, verified reads), written against a few filesystem primitives."""
+
+    def _read(self, path: str) -> bytes:  # raises FileNotFoundError / NotADirectoryError / OSError
+        raise NotImplementedError
+
+    def _size(self, path: str) -> int:
+        raise NotImplementedError
+
+    def _isfile(self, path: str) -> bool:
+        raise NotImplementedError
+
+    def list_dir(self, path: str) -> list[str]:
+        """Names (not paths) directly under ``path``; empty when it does not exist."""
+        raise NotImplementedError
+
+    def remove(self, path: str) -> None:
+        """Delete a file or a whole directory; a missing path is fine."""
+        raise NotImplementedError
+
+    def write_entry(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any], overwrite: bool = True) -> int:
+        raise NotImplementedError
+
+    def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS) -> list[str]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _object(name: str, info: Mapping[str, Any]) -> str:
+        return str(info.get("object") or name)
 
     def probe(self, path: str, legacy_files: Iterable[str] = ()) -> Probe:
         """Classify the entry at ``path`` as missing, present or damaged without reading its data.
@@ -114,12 +141,11 @@ class LocalStore:
         """
         meta_path = f"{path}/{META_FILE}"
         try:
-            with open(meta_path, "rb") as fh:
-                raw = fh.read()
+            raw = self._read(meta_path)
         except FileNotFoundError:
             return Probe(EntryState.MISSING)
         except NotADirectoryError:
-            if os.path.isfile(path):
+            if self._isfile(path):
                 return Probe(EntryState.DAMAGED, reason=f"{path} is a file, not an entry directory")
             return Probe(EntryState.MISSING)  # a parent is a file: no entry can exist there
         except OSError as err:
@@ -132,14 +158,14 @@ class LocalStore:
             return Probe(EntryState.DAMAGED, reason=f"{META_FILE} lacks global_steps")
         files = meta.get("files")
         if files is None:
-            if any(os.path.isfile(f"{path}/{name}") for name in legacy_files):
+            if any(self._isfile(f"{path}/{name}") for name in legacy_files):
                 return Probe(EntryState.PRESENT, meta)
             return Probe(EntryState.DAMAGED, meta, reason="no data file beside meta.json")
-        if not isinstance(files, dict):
+        if not isinstance(files, dict) or not all(isinstance(i, dict) for i in files.values()):
             return Probe(EntryState.DAMAGED, meta, reason=f"{META_FILE} has a malformed file list")
         for name, info in files.items():
             try:
-                size = os.path.getsize(f"{path}/{name}")
+                size = self._size(f"{path}/{self._object(name, info)}")
             except OSError:
                 return Probe(EntryState.DAMAGED, meta, reason=f"missing data file {name}")
             if size != info.get("bytes"):
@@ -155,10 +181,12 @@ class LocalStore:
         listed = meta.get("files")
         out: dict[str, bytes] = {}
         for name in names:
-            file_path = f"{path}/{name}"
+            info = listed.get(name) if listed is not None else {}
+            if info is None:
+                raise CorruptEntryError(f"{path}/{name} is not listed in {META_FILE}")
+            file_path = f"{path}/{self._object(name, info)}"
             try:
-                with open(file_path, "rb") as fh:
-                    data = fh.read()
+                data = self._read(file_path)
             except FileNotFoundError:
                 if listed is None:
                     continue
@@ -166,15 +194,32 @@ class LocalStore:
             except OSError as err:
                 raise CorruptEntryError(f"cannot read {file_path}: {err}") from err
             if listed is not None:
-                info = listed.get(name)
-                if info is None:
-                    raise CorruptEntryError(f"{file_path} is not listed in {META_FILE}")
                 if len(data) != info.get("bytes"):
                     raise CorruptEntryError(f"{file_path} has {len(data)} bytes, {META_FILE} says {info.get('bytes')}")
                 if verify and checksum(data) != info.get("checksum"):
                     raise CorruptEntryError(f"{file_path} does not match its checksum in {META_FILE}")
             out[name] = data
         return out
+
+
+def _meta_bytes(meta: Mapping[str, Any], listing: Mapping[str, Any]) -> bytes:
+    body = dict(meta)
+    body["files"] = dict(listing)
+    return json.dumps(body, indent=1, sort_keys=True).encode("utf-8")
+
+
+class LocalStore(_EntryStore):
+    """Entries on a local (or locally mounted shared) filesystem, published by directory rename."""
+
+    def _read(self, path: str) -> bytes:
+        with open(path, "rb") as fh:
+            return fh.read()
+
+    def _size(self, path: str) -> int:
+        return os.path.getsize(path)
+
+    def _isfile(self, path: str) -> bool:
+        return os.path.isfile(path)
 
     def write_entry(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any], overwrite: bool = True) -> int:
         """Publish an entry atomically; returns the bytes written (0 if another writer won and
@@ -194,9 +239,7 @@ class LocalStore:
                 self._write_file(f"{tmp}/{file_name}", data)
                 listing[file_name] = {"bytes": len(data), "checksum": checksum(data)}
                 total += len(data)
-            body = dict(meta)
-            body["files"] = listing
-            meta_bytes = json.dumps(body, indent=1, sort_keys=True).encode("utf-8")
+            meta_bytes = _meta_bytes(meta, listing)
             self._write_file(f"{tmp}/{META_FILE}", meta_bytes)
             _fsync_dir(tmp)
             if not self._publish(tmp, path, overwrite):
@@ -269,11 +312,133 @@ class LocalStore:
         return removed
 
 
-def open_store(dump_dir: str) -> LocalStore:
-    """The store for ``dump_dir``."""
-    if "://" in dump_dir and not dump_dir.startswith("file://"):
+class FsspecStore(_EntryStore):
+    """Entries on any fsspec filesystem (``s3://``, ``gs://``, ``memory://`` ...), shared by many nodes.
+
+    Object stores have no directory rename, so a commit is: write each data object under a name
+    unique to this writer (``data.<token>.safetensors``), then ``meta.json`` — one atomic PUT that
+    names exactly those objects — then delete the objects the replaced ``meta.json`` named. A
+    reader follows ``meta.json``, so it never mixes two writers' files; objects no ``meta.json``
+    names are leftovers, removed once stale.
+    """
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+
+    def _p(self, path: str) -> str:
+        return self.fs._strip_protocol(path)
+
+    def _read(self, path: str) -> bytes:
+        try:
+            return self.fs.cat_file(self._p(path))
+        except IsADirectoryError as err:
+            raise FileNotFoundError(path) from err
+
+    def _size(self, path: str) -> int:
+        return int(self.fs.size(self._p(path)))
+
+    def _isfile(self, path: str) -> bool:
+        return bool(self.fs.isfile(self._p(path)))
+
+    def list_dir(self, path: str) -> list[str]:
+        try:
+            entries = self.fs.ls(self._p(path), detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        root = self._p(path).rstrip("/")
+        return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != root})
+
+    def remove(self, path: str) -> None:
+        try:
+            self.fs.rm(self._p(path), recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def write_entry(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any], overwrite: bool = True) -> int:
+        """Publish an entry: unique data objects first, ``meta.json`` last (see the class docstring)."""
+        previous = self.probe(path)
+        if previous.state is EntryState.PRESENT and not overwrite:
+            return 0
+        token = uuid.uuid4().hex[:12]
+        listing: dict[str, dict[str, Any]] = {}
+        written: list[str] = []
+        try:
+            for name, data in files.items():
+                stem, dot, suffix = name.partition(".")
+                obj = f"{stem}.{token}{dot}{suffix}"
+                self.fs.pipe_file(self._p(f"{path}/{obj}"), data)
+                written.append(obj)
+                listing[name] = {"bytes": len(data), "checksum": checksum(data), "object": obj}
+            meta_bytes = _meta_bytes(meta, listing)
+            self.fs.pipe_file(self._p(f"{path}/{META_FILE}"), meta_bytes)
+        except BaseException:
+            for obj in written:  # nothing names them: remove what we can, leftovers handle the rest
+                try:
+                    self.remove(f"{path}/{obj}")
+                except OSError:
+                    pass
+            raise
+        old = (previous.meta or {}).get("files") if previous.meta else None
+        if isinstance(old, dict):
+            keep = {info["object"] for info in listing.values()}
+            for name, info in old.items():
+                obj = self._object(name, info) if isinstance(info, dict) else name
+                if obj not in keep:
+                    self.remove(f"{path}/{obj}")
+        return sum(len(d) for d in files.values()) + len(meta_bytes)
+
+    def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS) -> list[str]:
+        """Delete stale objects of the entries under ``path`` that their ``meta.json`` does not name."""
+        removed = []
+        now = time.time()
+        for step in self.list_dir(path):
+            entry = f"{path}/{step}"
+            probe = self.probe(entry)
+            if probe.state is not EntryState.PRESENT or not isinstance((probe.meta or {}).get("files"), dict):
+                continue
+            named = {self._object(n, i) for n, i in probe.meta["files"].items()} | {META_FILE}
+            for name in self.list_dir(entry):
+                if name in named:
+                    continue
+                modified = self._modified(f"{entry}/{name}")
+                if modified is not None and now - modified >= older_than:
+                    self.remove(f"{entry}/{name}")
+                    removed.append(f"{entry}/{name}")
+        return removed
+
+    def _modified(self, path: str) -> float | None:
+        try:
+            info = self.fs.info(self._p(path))
+        except OSError:
+            return None
+        for key in ("mtime", "LastModified", "created", "updated"):
+            value = info.get(key)
+            if value is None:
+                continue
+            if hasattr(value, "timestamp"):
+                return float(value.timestamp())
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                continue
+        return None
+
+
+def open_store(dump_dir: str, storage_options: Mapping[str, Any] | None = None) -> _EntryStore:
+    """The store for ``dump_dir``: local paths get :class:`LocalStore`, URLs :class:`FsspecStore`.
+
+    Raises:
+        SkipConfigError: the URL's filesystem is not installed or not known to fsspec.
+    """
+    if "://" not in dump_dir or dump_dir.startswith("file://"):
+        return LocalStore()
+    try:
+        import fsspec
+
+        fs, _ = fsspec.core.url_to_fs(dump_dir, **dict(storage_options or {}))
+    except (ImportError, ValueError) as err:
         raise SkipConfigError(
-            f"dump_dir = {dump_dir!r}: object-store URLs are not supported by this version of stepskip; "
-            "use a local or mounted path"
-        )
-    return LocalStore()
+            f"dump_dir = {dump_dir!r}: cannot open this URL ({err}); install the filesystem's package "
+            "(e.g. `pip install stepskip[s3]` for s3://) or use a local path"
+        ) from err
+    return FsspecStore(fs)

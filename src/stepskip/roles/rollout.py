@@ -90,7 +90,7 @@ class RolloutSkip(BaseSkip):
         self.fingerprint = run_fingerprint(global_config, getattr(local_config, "fingerprint_keys", []))
         self._warned: set[tuple[str, ...]] = set()
         self.layout = Layout.from_config(self.dump_dir, global_config, subdir=self._subdir())
-        self.store = open_store(self.layout.dump_dir)
+        self.store = open_store(self.layout.dump_dir, getattr(local_config, "storage_options", None))
         self.stats = RoleStats()
         if self.enable:
             self.store.remove_leftovers(self.layout.project_dir)

@@ -16,18 +16,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 
-# The V1 trainer + replay buffer harness lives with the unit tests; make `import v1_harness` work
-# here whichever order pytest collects the folders in.
-_HARNESS_DIR = str(Path(__file__).resolve().parents[2] / "unit" / "tq")
-if _HARNESS_DIR not in sys.path:
-    sys.path.insert(0, _HARNESS_DIR)
 
 TQ_INIT_TIMEOUT_S = 120.0
 

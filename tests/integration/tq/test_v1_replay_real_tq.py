@@ -1,7 +1,7 @@
 """rollout_tq (SPEC §4) over the REAL ``transfer_queue``, driven by the V1 harness of the unit tests.
 
 Run 1 records steps through ``annotate_tq`` (submit + sample phases) while a small V1 trainer,
-agent loop and replay buffer (tests/unit/tq/v1_harness.py) move trajectories through the real
+agent loop and replay buffer (tests/support/v1_harness.py) move trajectories through the real
 queue; a fresh run (new ``SkipManager.init``, new trainer, queue emptied) replays them. What the
 trainer reads back from the queue on a replayed step must be the recorded trajectories under the
 new run's keys ``{new_uid}_{session}_0``: row for row as SPEC §4 maps them (prompt ``i`` of the new

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from stepskip import CorruptEntryError, SkipConfigError
 from stepskip.layout import Layout, safe_component
-from stepskip.store import META_FILE, EntryState, LocalStore, checksum, open_store
+from stepskip.store import FsspecStore, META_FILE, EntryState, LocalStore, checksum, open_store
 
 STORE = LocalStore()
 FILES = {"data.safetensors": b"\x00\x01tensors" * 50, "data.json": b'{"root": 1}'}
@@ -542,8 +542,9 @@ def test_open_store() -> None:
     assert isinstance(open_store("/tmp/x"), LocalStore)
     assert isinstance(open_store("file:///tmp/x"), LocalStore)
     assert isinstance(open_store("~/x"), LocalStore)
-    with pytest.raises(SkipConfigError, match="s3://bucket"):
-        open_store("s3://bucket/prefix")
+    assert isinstance(open_store("memory://bucket/prefix"), FsspecStore)
+    with pytest.raises(SkipConfigError, match="nosuchfs://bucket"):
+        open_store("nosuchfs://bucket/prefix")
 
 
 # --------------------------------------------------------------------------- Layout

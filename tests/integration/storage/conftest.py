@@ -1,0 +1,54 @@
+"""Storage backends for the shared suite: a local directory, fsspec's memory://, and a real
+S3-compatible server (moto in server mode) started on 127.0.0.1 for the session."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+
+@dataclass
+class Backend:
+    name: str
+    dump_dir: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(params=["local", "memory", "s3"])
+def backend(request, tmp_path) -> Backend:
+    if request.param == "local":
+        return Backend("local", str(tmp_path / "dump"))
+    if request.param == "memory":
+        return Backend("memory", f"memory://stepskip-{uuid.uuid4().hex[:8]}/dump")
+    endpoint = request.getfixturevalue("s3_server")
+    import s3fs
+
+    options = {"client_kwargs": {"endpoint_url": endpoint}, "skip_instance_cache": True}
+    bucket = f"stepskip-{uuid.uuid4().hex[:8]}"
+    s3fs.S3FileSystem(**options).mkdir(bucket)
+    return Backend("s3", f"s3://{bucket}/dump", options)
