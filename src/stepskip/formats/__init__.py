@@ -27,9 +27,15 @@ class Format(Protocol):
 _FORMATS: dict[str, Format] = {"safe": SafeFormat(), "verl": VerlFormat(), "verl-tq": VerlTqFormat()}
 
 
-def get_format(name: str) -> Format:
-    """The format registered as ``name``; the error lists the known ones."""
+def get_format(name: str, compress: str | None = None) -> Format:
+    """The format registered as ``name``; the error lists the known ones.
+
+    ``compress`` (``auto``, ``none``, ``zstd``) configures how ``safe`` writes; reading never needs it.
+    """
     try:
-        return _FORMATS[name]
+        fmt = _FORMATS[name]
     except KeyError:
         raise ValueError(f"unknown format {name!r}; known formats: {', '.join(_FORMATS)}") from None
+    if compress is not None and isinstance(fmt, SafeFormat) and compress != fmt.compress:
+        return SafeFormat(compress)
+    return fmt

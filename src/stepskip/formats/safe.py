@@ -10,7 +10,9 @@ non-tensor entries, dicts, tensors, numpy arrays and JSON-like values.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +24,8 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from stepskip.batch import Batch
 from stepskip.errors import CorruptEntryError, UnstorableValueError
-from stepskip.formats.values import decode_object_array, decode_value, encode_object_array, encode_value
+from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, pack, unpack
+from stepskip.formats.values import decode_object_array, decode_value, encode_object_array, encode_value, is_plain
 
 __all__ = ["SafeFormat"]
 
@@ -122,8 +125,8 @@ class _Encoder:
 
     def array_node(self, array: np.ndarray, path: str) -> dict[str, Any]:
         if array.dtype.hasobject:
-            return {"kind": "object_array", "shape": list(array.shape),
-                    "v": encode_object_array(array.reshape(-1), path, lambda t: self.add(t, path))}
+            items = encode_object_array(array.reshape(-1), path, lambda t: self.add(t, path))
+            return {"kind": "object_array", "shape": list(array.shape), "v": items, "plain": is_plain(items)}
         if array.dtype.kind in "biuf" and array.dtype.isnative:
             try:
                 tensor = torch.from_numpy(np.ascontiguousarray(array))
@@ -148,26 +151,41 @@ class _Encoder:
         }
 
 
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="stepskip-decode")
+    return _POOL
+
+
 def _is_dataproto_like(value: Any) -> bool:
     return hasattr(value, "non_tensor_batch") and hasattr(value, "meta_info") and hasattr(value, "batch")
 
 
 class _Decoder:
-    def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
+    def __init__(self, tensors: Mapping[str, torch.Tensor], packed: Mapping[str, Any] | None = None) -> None:
         self.tensors = tensors
+        self.packed = packed or {}
 
     def tensor(self, ref: str) -> torch.Tensor:
-        return self.tensors[ref]
+        info = self.packed.get(ref)
+        return self.tensors[ref] if info is None else unpack(self.tensors[ref], info)
 
-    def node(self, node: dict[str, Any]) -> Any:
+    def part(self, ref: str | dict[str, Any]) -> torch.Tensor:
+        return self.tensor(ref) if isinstance(ref, str) else self.node(ref)
+
+    def node(self, node: dict[str, Any], sibling: Any = None) -> Any:
         kind = node["kind"]
         if kind == "tensor":
-            return self.tensors[node["ref"]]
+            return decode_tensor(node, self.tensor, sibling)
         if kind == "jagged":
             lengths = node.get("lengths")
             return torch.nested.nested_tensor_from_jagged(
-                self.tensors[node["values"]], self.tensors[node["offsets"]],
-                lengths=None if lengths is None else self.tensors[lengths], jagged_dim=node["ragged_idx"],
+                self.part(node["values"]), self.part(node["offsets"]),
+                lengths=None if lengths is None else self.part(lengths), jagged_dim=node["ragged_idx"],
             )
         if kind == "nested":
             return torch.nested.nested_tensor([self.tensors[r] for r in node["parts"]])
@@ -176,9 +194,9 @@ class _Decoder:
         if kind == "batch":
             return self.batch(node)
         if kind == "array":
-            return self.tensors[node["ref"]].numpy().view(np.dtype(node["dtype"])).reshape(node["shape"])
+            return self.tensor(node["ref"]).numpy().view(np.dtype(node["dtype"])).reshape(node["shape"])
         if kind == "object_array":
-            return decode_object_array(node["v"], self.tensor).reshape(node["shape"])
+            return decode_object_array(node["v"], self.tensor, node.get("plain", False)).reshape(node["shape"])
         if kind == "dict":
             return {k: self.node(v) for k, v in node["entries"].items()}
         if kind == "value":
@@ -187,7 +205,17 @@ class _Decoder:
 
     def tensordict(self, node: dict[str, Any]) -> TensorDict:
         td = TensorDict({}, batch_size=node["batch_size"])
-        for key, child in node["entries"].items():
+        entries = node["entries"]
+        decoded: dict[str, Any] = {}
+        dense = [k for k, c in entries.items() if c["kind"] == "tensor" and c.get("enc") not in (None, "concat")]
+        if len(dense) > 1:  # torch and zstd release the GIL: decode the big tensors side by side
+            decoded.update(zip(dense, _pool().map(lambda k: self.node(entries[k]), dense)))
+        # entries stored as a concatenation of siblings decode after those siblings
+        order = sorted((k for k in entries if k not in decoded), key=lambda k: entries[k].get("enc") == "concat")
+        for key in decoded:
+            td.set(key, decoded[key])
+        for key in order:
+            child = entries[key]
             kind = child["kind"]
             if kind == "non_tensor_data":
                 td.set(key, NonTensorData(data=decode_value(child["v"], self.tensor), batch_size=child["batch_size"]))
@@ -196,8 +224,10 @@ class _Decoder:
                 stack = NonTensorStack(*(NonTensorData(data=r, batch_size=child["batch_size"][1:]) for r in rows))
                 td.set(key, stack)
             else:
-                td.set(key, self.node(child))
-        return td
+                decoded[key] = self.node(child, decoded.__getitem__)
+                td.set(key, decoded[key])
+        # keep the recorded key order
+        return td.select(*entries.keys()) if list(td.keys()) != list(entries.keys()) else td
 
     def batch(self, node: dict[str, Any]) -> Any:
         td = None if node["batch"] is None else self.tensordict(node["batch"])
@@ -227,6 +257,9 @@ class SafeFormat:
     uses_pickle = False
     files = (TENSORS_FILE, TREE_FILE)
 
+    def __init__(self, compress: str = "auto") -> None:
+        self.compress = compress
+
     def freeze(self, value: Any, copy: bool) -> Frozen:
         """Take a snapshot of ``value``; with ``copy`` it shares no memory with the caller's objects.
 
@@ -238,9 +271,19 @@ class SafeFormat:
         return Frozen(tensors=encoder.tensors, tree={"format": self.name, "version": VERSION, "root": root})
 
     def encode(self, frozen: Frozen) -> dict[str, bytes]:
-        """Serialise a snapshot into the entry's files."""
-        tree = json.dumps(frozen.tree, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        return {TENSORS_FILE: st_save(frozen.tensors), TREE_FILE: tree}
+        """Serialise a snapshot into the entry's files, in the compact encodings unless ``compress`` is none."""
+        tree, tensors = frozen.tree, frozen.tensors
+        if self.compress != "none":
+            tree, tensors = _compact(tree, tensors)
+            packed: dict[str, Any] = {}
+            for ref, tensor in list(tensors.items()):
+                tensors[ref], info = pack(tensor, self.compress)
+                if info is not None:
+                    packed[ref] = info
+            if packed:
+                tree = dict(tree, packed=packed)
+        text = json.dumps(tree, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        return {TENSORS_FILE: st_save(tensors), TREE_FILE: text}
 
     def decode(self, files: Mapping[str, bytes]) -> Any:
         """Rebuild the value from the entry's files.
@@ -251,6 +294,54 @@ class SafeFormat:
         try:
             tree = json.loads(files[TREE_FILE])
             tensors = st_load(files[TENSORS_FILE])
-            return _Decoder(tensors).node(tree["root"])
+            return _Decoder(tensors, tree.get("packed", {})).node(tree["root"])
         except Exception as err:  # the decode boundary: any failure to parse these bytes is a damaged entry
             raise CorruptEntryError(f"cannot decode a 'safe' entry: {type(err).__name__}: {err}") from err
+
+
+def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Rewrite plain tensor nodes into compact encodings; other references stay valid."""
+    table = dict(tensors)
+    counter = iter(range(1 << 62))
+
+    def add(tensor: torch.Tensor) -> str:
+        ref = f"c{next(counter)}"
+        table[ref] = tensor.contiguous()
+        return ref
+
+    def dense(node: dict[str, Any]) -> dict[str, Any]:
+        return encode_tensor(table.pop(node["ref"]), add)
+
+    def walk(node: Any) -> Any:
+        if not isinstance(node, dict) or "kind" not in node:
+            return node
+        kind = node["kind"]
+        if kind == "tensor" and "enc" not in node:
+            return dense(node)
+        if kind == "jagged":
+            out = dict(node)
+            for part in ("values", "offsets", "lengths"):
+                if isinstance(node.get(part), str):
+                    out[part] = dense({"ref": node[part]})
+            return out
+        if kind == "tensordict":
+            entries = node["entries"]
+            plain = {k: table[v["ref"]] for k, v in entries.items() if v["kind"] == "tensor" and "enc" not in v}
+            joined = find_concat(plain)
+            out_entries = {}
+            for key, child in entries.items():
+                if key in joined:
+                    table.pop(child["ref"])
+                    out_entries[key] = {"kind": "tensor", "enc": "concat", "dtype": str(plain[key].dtype)[6:],
+                                        "parts": joined[key]}
+                else:
+                    out_entries[key] = walk(child)
+            return dict(node, entries=out_entries)
+        if kind == "batch":
+            return dict(node, batch=walk(node["batch"]),
+                        non_tensor_batch={k: walk(v) for k, v in node["non_tensor_batch"].items()})
+        if kind == "dict":
+            return dict(node, entries={k: walk(v) for k, v in node["entries"].items()})
+        return node
+
+    return dict(tree, root=walk(tree["root"])), table

@@ -110,6 +110,16 @@ def encode_object_array(flat: np.ndarray, path: str, add_tensor: TensorSink = _n
     return [encode_value(v, f"{path}[{i}]", add_tensor) for i, v in enumerate(items)]
 
 
+def is_plain(data: Any) -> bool:
+    """True when encoded data holds no tagged value, so decoding it is the identity."""
+    kind = type(data)
+    if kind is list:
+        return all(is_plain(v) for v in data)
+    if kind is dict:
+        return TAG not in data and all(is_plain(v) for v in data.values())
+    return True
+
+
 def _no_source(ref: str) -> torch.Tensor:
     raise KeyError(ref)
 
@@ -155,9 +165,16 @@ def _array_from_items(items: list[Any], dtype: np.dtype) -> np.ndarray:
     return np.array(items, dtype=dtype)
 
 
-def decode_object_array(items: list[Any], get_tensor: TensorSource = _no_source) -> np.ndarray:
-    """A 1-D object array holding the decoded items (never a 2-D array of nested lists)."""
+def decode_object_array(items: list[Any], get_tensor: TensorSource = _no_source, plain: bool = False) -> np.ndarray:
+    """A 1-D object array holding the decoded items (never a 2-D array of nested lists).
+
+    ``plain`` (from :func:`is_plain` at encode time) skips decoding: the items are final.
+    """
     out = np.empty(len(items), dtype=object)
+    if plain:
+        for i, v in enumerate(items):
+            out[i] = v
+        return out
     for i, v in enumerate(items):
         out[i] = decode_value(v, get_tensor)
     return out

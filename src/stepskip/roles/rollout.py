@@ -79,7 +79,8 @@ class RolloutSkip(BaseSkip):
     def __init__(self, local_config: Any, global_config: Any) -> None:
         super().__init__(local_config, global_config)
         configured = getattr(local_config, "format", "safe")
-        self.format = get_format(self.verl_format if configured == "verl" else configured)
+        self.format = get_format(self.verl_format if configured == "verl" else configured,
+                                 compress=getattr(local_config, "compress", "auto"))
         self.allow_pickle = bool(getattr(local_config, "allow_pickle", False))
         self.verify = bool(getattr(local_config, "verify", True))
         self.async_dump = bool(getattr(local_config, "async_dump", True))

@@ -1,0 +1,390 @@
+"""What an entry holds: its decoded value, its fields, response-length and reward statistics, sample rows.
+
+Values are read with :meth:`LocalStore.read_files` (checksums checked) and decoded by the entry's
+format (:func:`stepskip.formats.get_format`); pickle-based formats are read only when the caller
+allows it. A V1 step's inner entries are merged row-wise, as ``rollout_tq`` replays them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDictBase, is_non_tensor
+
+from stepskip.cli.errors import PickleRefusedError
+from stepskip.cli.scan import EntryRecord, StepDir, StepKind
+from stepskip.errors import CorruptEntryError
+from stepskip.formats import get_format
+from stepskip.store import LocalStore
+from stepskip.tq.rows import concat_rows
+
+__all__ = [
+    "FieldInfo", "SampleRow", "Stat", "describe_fields", "read_entry", "read_step", "response_lengths",
+    "rewards", "row_count", "sample_rows",
+]
+
+#: Per-row reward columns, most specific first; 2-D ones (token level) are summed over the last dimension.
+REWARD_KEYS = ("token_level_scores", "token_level_rewards", "rm_scores", "reward_score", "reward", "rewards",
+               "score", "scores", "acc")
+#: Columns that hold the prompt as text when no token ids are stored.
+PROMPT_TEXT_KEYS = ("raw_prompt", "messages", "prompt")
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_entry(store: LocalStore, entry: EntryRecord, allow_pickle: bool, verify: bool = True) -> Any:
+    """Decode one entry.
+
+    Args:
+        store: the store holding it.
+        entry: a present entry.
+        allow_pickle: read pickle-based formats (through the allow-list readers of ``stepskip.formats``).
+        verify: check the files' checksums.
+
+    Returns:
+        The value as the role would replay it (a Batch, a V1 payload dict, a TensorDict ...).
+
+    Raises:
+        PickleRefusedError: a pickle-based entry and ``allow_pickle`` is false.
+        CorruptEntryError: the entry is damaged, its checksums do not match, or it does not decode.
+    """
+    if not entry.valid or entry.meta is None:
+        raise CorruptEntryError(f"{entry.path}: {entry.reason or 'not a complete entry'}")
+    try:
+        fmt = get_format(entry.format or "")
+    except ValueError as err:
+        raise CorruptEntryError(f"{entry.path}: {err}") from err
+    if fmt.uses_pickle and not allow_pickle:
+        raise PickleRefusedError(entry.path, fmt.name)
+    files = store.read_files(entry.path, entry.meta, fmt.files, verify)
+    return fmt.decode(files)
+
+
+def read_step(store: LocalStore, step: StepDir, allow_pickle: bool, inner: EntryRecord | None = None) -> Any:
+    """Decode a step: its one entry, one V1 inner entry, or all inner entries merged row-wise.
+
+    Raises:
+        PickleRefusedError, CorruptEntryError: as :func:`read_entry`.
+    """
+    if inner is not None:
+        return read_entry(store, inner, allow_pickle)
+    if step.kind is StepKind.ENTRY:
+        return read_entry(store, step.entries[0], allow_pickle)
+    if step.kind is StepKind.HALF_WRITTEN or not step.entries:
+        raise CorruptEntryError(f"{step.path}: no entry in this step directory")
+    payloads = [read_entry(store, e, allow_pickle) for e in step.entries]
+    if not all(isinstance(p, Mapping) and "tensordict" in p for p in payloads):
+        return payloads[0]
+    return {
+        "tensordict": concat_rows([p["tensordict"] for p in payloads]),
+        "tags": [t for p in payloads for t in p.get("tags", [])],
+        "keys": [k for p in payloads for k in p.get("keys", [])],
+        "global_steps": payloads[0].get("global_steps"),
+    }
+
+
+# --------------------------------------------------------------------------- fields
+
+
+@dataclass(frozen=True)
+class FieldInfo:
+    """One column of a value.
+
+    Args:
+        name: the column name (dotted for nested TensorDicts).
+        kind: ``tensor``, ``jagged`` (rows of different lengths), ``non-tensor`` or ``value``.
+        dtype: the element type (``object`` for non-tensor columns).
+        shape: the dimensions; a ragged dimension is written ``"min..max"``.
+        bytes: bytes of the tensor data (None for non-tensor columns).
+    """
+
+    name: str
+    kind: str
+    dtype: str
+    shape: list[int | str]
+    bytes: int | None
+
+
+def _parts(value: Any) -> tuple[TensorDictBase | Mapping[str, Any] | None, Mapping[str, Any]]:
+    """The tensor part and the per-row non-tensor columns of a value."""
+    if _is_batch(value):
+        return value.batch, value.non_tensor_batch
+    if isinstance(value, Mapping) and "tensordict" in value and "keys" in value:
+        return value["tensordict"], {}
+    if isinstance(value, (TensorDictBase, Mapping)):
+        return value, {}
+    if isinstance(value, torch.Tensor):
+        return {"value": value}, {}
+    return None, {}
+
+
+def _is_batch(value: Any) -> bool:
+    return all(hasattr(value, a) for a in ("batch", "non_tensor_batch", "meta_info"))
+
+
+def _tensor_info(name: str, t: torch.Tensor) -> FieldInfo:
+    dtype = str(t.dtype).replace("torch.", "")
+    if t.is_nested:
+        lengths = _jagged_lengths(t)
+        ragged = f"{min(lengths)}..{max(lengths)}" if lengths else "0"
+        values = t.values() if t.layout == torch.jagged else None
+        nbytes = (values.numel() * values.element_size() + t.offsets().numel() * t.offsets().element_size()
+                  if values is not None else sum(p.numel() * p.element_size() for p in t.unbind()))
+        tail = list(t.values().shape[1:]) if values is not None else []
+        return FieldInfo(name, "jagged", dtype, [len(lengths), ragged, *tail], nbytes)
+    return FieldInfo(name, "tensor", dtype, list(t.shape), t.numel() * t.element_size())
+
+
+def _jagged_lengths(t: torch.Tensor) -> list[int]:
+    if t.layout == torch.jagged and t.lengths() is None:
+        return t.offsets().diff().tolist()
+    return [p.shape[0] if p.dim() else 1 for p in t.unbind()]
+
+
+def describe_fields(value: Any) -> list[FieldInfo]:
+    """The columns of a decoded value, tensors first.
+
+    Example:
+        >>> from stepskip import Batch
+        >>> [f.name for f in describe_fields(Batch.from_dict({"ids": torch.zeros(2, 3)}, {"uid": ["a", "b"]}))]
+        ['ids', 'uid']
+    """
+    tensors, non_tensors = _parts(value)
+    out: list[FieldInfo] = []
+    if tensors is None:
+        return [FieldInfo("value", "value", type(value).__name__, [], None)]
+    _collect(tensors, "", out)
+    for key, column in non_tensors.items():
+        array = np.asarray(column) if not isinstance(column, np.ndarray) else column
+        out.append(FieldInfo(str(key), "non-tensor", str(array.dtype), list(array.shape), None))
+    return out
+
+
+def _collect(node: Any, prefix: str, out: list[FieldInfo]) -> None:
+    keys = list(node.keys())
+    for key in keys:
+        item = node.get(key) if isinstance(node, TensorDictBase) else node[key]
+        name = f"{prefix}{key}"
+        if isinstance(item, (NonTensorStack, NonTensorData)) or (isinstance(item, TensorDictBase) and is_non_tensor(item)):
+            out.append(FieldInfo(name, "non-tensor", "object", list(item.batch_size), None))
+        elif isinstance(item, (TensorDictBase, Mapping)):
+            _collect(item, f"{name}.", out)
+        elif isinstance(item, torch.Tensor):
+            out.append(_tensor_info(name, item))
+        elif isinstance(item, np.ndarray):
+            out.append(FieldInfo(name, "non-tensor" if item.dtype.hasobject else "tensor", str(item.dtype),
+                                 list(item.shape), None if item.dtype.hasobject else item.nbytes))
+        else:
+            out.append(FieldInfo(name, "value", type(item).__name__, [], None))
+
+
+def row_count(value: Any) -> int | None:
+    """Rows (trajectories) of a value, when it has rows."""
+    if _is_batch(value):
+        try:
+            return len(value)
+        except TypeError:
+            return None
+    tensors, _ = _parts(value)
+    if isinstance(tensors, TensorDictBase):
+        return int(tensors.batch_size[0]) if tensors.batch_dims else None
+    if isinstance(tensors, Mapping):
+        for item in tensors.values():
+            if isinstance(item, torch.Tensor) and item.dim():
+                return int(item.size(0))
+    return None
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Summary of one per-row quantity.
+
+    Args:
+        name: what was measured (``response_length``, ``reward``).
+        source: the column it was computed from.
+        count, min, mean, max: over the rows.
+    """
+
+    name: str
+    source: str
+    count: int
+    min: float
+    mean: float
+    max: float
+
+    @classmethod
+    def of(cls, name: str, source: str, values: Sequence[float]) -> Stat | None:
+        finite = [float(v) for v in values if math.isfinite(float(v))]
+        if not finite:
+            return None
+        return cls(name, source, len(finite), min(finite), sum(finite) / len(finite), max(finite))
+
+
+def _get(node: Any, key: str) -> Any:
+    if node is None:
+        return None
+    try:
+        if key in node.keys():
+            return node.get(key) if isinstance(node, TensorDictBase) else node[key]
+    except (AttributeError, TypeError):
+        return None
+    return None
+
+
+def response_lengths(value: Any) -> tuple[str, list[int]] | None:
+    """Per-row response lengths and the column they come from, when the value has responses.
+
+    ``response_mask`` (summed), else the response part of ``attention_mask``, else the row lengths
+    of jagged ``responses``.
+    """
+    tensors, _ = _parts(value)
+    mask = _get(tensors, "response_mask")
+    if isinstance(mask, torch.Tensor) and not mask.is_nested and mask.dim() == 2:
+        return "response_mask", mask.to(torch.int64).sum(-1).tolist()
+    responses = _get(tensors, "responses")
+    if not isinstance(responses, torch.Tensor):
+        return None
+    if responses.is_nested:
+        return "responses", _jagged_lengths(responses)
+    attention = _get(tensors, "attention_mask")
+    if isinstance(attention, torch.Tensor) and not attention.is_nested and responses.dim() == 2:
+        width = responses.size(-1)
+        return "attention_mask", attention[:, -width:].to(torch.int64).sum(-1).tolist()
+    return None
+
+
+def rewards(value: Any) -> tuple[str, list[float]] | None:
+    """Per-row rewards and the column they come from (see :data:`REWARD_KEYS`)."""
+    tensors, non_tensors = _parts(value)
+    for key in REWARD_KEYS:
+        item = _get(tensors, key)
+        if isinstance(item, torch.Tensor) and not item.is_nested and item.numel():
+            rows = item.float()
+            if rows.dim() >= 2:
+                rows = rows.reshape(rows.size(0), -1).sum(-1)
+            if rows.dim() == 1:
+                return key, rows.tolist()
+        column = non_tensors.get(key)
+        if column is not None:
+            try:
+                return key, [float(v) for v in column]
+            except (TypeError, ValueError):
+                continue
+    return None
+
+
+def statistics(value: Any) -> list[Stat]:
+    """Response-length and reward statistics, when the value holds them."""
+    out: list[Stat] = []
+    lengths = response_lengths(value)
+    if lengths is not None and (stat := Stat.of("response_length", *lengths)) is not None:
+        out.append(stat)
+    reward = rewards(value)
+    if reward is not None and (stat := Stat.of("reward", *reward)) is not None:
+        out.append(stat)
+    return out
+
+
+# --------------------------------------------------------------------------- sample rows
+
+
+@dataclass
+class SampleRow:
+    """One trajectory for ``stepskip show``.
+
+    Args:
+        index: the row.
+        id: ``uid`` (rollout) or the queue key (V1), when present.
+        prompt: prompt token ids (padding removed), or None.
+        response: response token ids (padding removed), or None.
+        prompt_text: the prompt as stored text (``raw_prompt``/``messages``) when there are no ids.
+        reward: the row's reward, when present.
+        extra: other short per-row values (``data_source`` ...).
+    """
+
+    index: int
+    id: str | None = None
+    prompt: list[int] | None = None
+    response: list[int] | None = None
+    prompt_text: str | None = None
+    reward: float | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _row_tokens(column: Any, row: int, mask: Any, left: bool) -> list[int] | None:
+    if not isinstance(column, torch.Tensor):
+        return None
+    if column.is_nested:
+        return column.unbind()[row].reshape(-1).tolist()
+    ids = column[row]
+    if ids.dim() != 1:
+        return ids.reshape(-1).tolist()
+    if isinstance(mask, torch.Tensor) and not mask.is_nested and mask.shape[-1] >= ids.shape[0]:
+        part = mask[row, :ids.shape[0]] if left else mask[row, -ids.shape[0]:]
+        return ids[part.bool()].tolist()
+    return ids.tolist()
+
+
+def _non_tensor_row(column: Any, row: int) -> Any:
+    if isinstance(column, (NonTensorStack, NonTensorData)):
+        return column.tolist()[row] if isinstance(column, NonTensorStack) else column.data
+    return column[row]
+
+
+def sample_rows(value: Any, rows: int) -> list[SampleRow]:
+    """The first ``rows`` trajectories of a value: prompt, response, reward.
+
+    Example:
+        >>> from stepskip import Batch
+        >>> b = Batch.from_dict({"prompts": torch.tensor([[0, 5, 6]]), "responses": torch.tensor([[7, 0]]),
+        ...                      "attention_mask": torch.tensor([[0, 1, 1, 1, 0]])}, {"uid": ["u0"]})
+        >>> r = sample_rows(b, 1)[0]
+        >>> r.id, r.prompt, r.response
+        ('u0', [5, 6], [7])
+    """
+    tensors, non_tensors = _parts(value)
+    total = row_count(value) or 0
+    keys = value.get("keys") if isinstance(value, Mapping) and "tensordict" in value else None
+    prompts, responses = _get(tensors, "prompts"), _get(tensors, "responses")
+    attention, response_mask = _get(tensors, "attention_mask"), _get(tensors, "response_mask")
+    reward = rewards(value)
+    out = []
+    for row in range(min(rows, total)):
+        sample = SampleRow(index=row)
+        if keys is not None and row < len(keys):
+            sample.id = str(keys[row])
+        elif "uid" in non_tensors:
+            sample.id = str(non_tensors["uid"][row])
+        elif _get(tensors, "uid") is not None:
+            sample.id = str(_non_tensor_row(_get(tensors, "uid"), row))
+        sample.prompt = _row_tokens(prompts, row, attention, left=True)
+        if isinstance(responses, torch.Tensor):
+            mask = response_mask if isinstance(response_mask, torch.Tensor) else attention
+            sample.response = _row_tokens(responses, row, mask, left=False)
+        if sample.prompt is None:
+            for key in PROMPT_TEXT_KEYS:
+                column = non_tensors.get(key) if key in non_tensors else _get(tensors, key)
+                if column is not None:
+                    sample.prompt_text = _short(_non_tensor_row(column, row), 2000)
+                    break
+        if reward is not None and row < len(reward[1]):
+            sample.reward = reward[1][row]
+        for key in ("data_source",):
+            if key in non_tensors:
+                sample.extra[key] = _short(non_tensors[key][row], 200)
+        out.append(sample)
+    return out
+
+
+def _short(value: Any, limit: int) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"

@@ -1,0 +1,98 @@
+"""``stepskip info``: everything known about one entry or step, as data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepskip.cli.content import FieldInfo, Stat, describe_fields, read_step, row_count, statistics
+from stepskip.cli.errors import PickleRefusedError
+from stepskip.cli.scan import EntryRecord, Issue, IssueKind, StepDir, resolve_target
+from stepskip.errors import CorruptEntryError
+from stepskip.store import open_store
+
+__all__ = ["EntryInfo", "describe_entry"]
+
+
+@dataclass
+class EntryInfo:
+    """One entry (or a whole V1 step) described.
+
+    Args:
+        path: the step directory, or the V1 inner entry asked for.
+        step: the step.
+        role: the role that wrote it.
+        kind: ``entry``, ``v1`` or ``half-written``.
+        entries: the entry directories it is made of (one, or a V1 step's inner entries).
+        meta: ``meta.json`` of the (first) entry.
+        issues: what is wrong with it (empty when it is valid).
+        rows: trajectories (rows) in it, when decoded.
+        fields: its columns, when decoded.
+        stats: response-length and reward statistics, when decoded and present.
+        meta_info: the batch's ``meta_info``, when it has one.
+        note: why the content was not decoded (a pickle without ``--allow-pickle``, damage).
+    """
+
+    path: str
+    step: int
+    role: str | None
+    kind: str
+    entries: list[EntryRecord]
+    meta: dict[str, Any] | None
+    issues: list[Issue] = field(default_factory=list)
+    rows: int | None = None
+    fields: list[FieldInfo] | None = None
+    stats: list[Stat] = field(default_factory=list)
+    meta_info: dict[str, Any] | None = None
+    note: str | None = None
+
+
+def describe_entry(path: str, step: int | None = None, allow_pickle: bool = False) -> EntryInfo:
+    """Describe the entry at ``path`` (or ``path/step``): meta, files, fields, statistics.
+
+    Args:
+        path: a step directory, a V1 inner entry, or a run directory with ``step``.
+        step: the step inside ``path``.
+        allow_pickle: decode pickle-based entries (otherwise their fields are not shown).
+
+    Returns:
+        The description; ``issues`` lists damage, ``note`` says why fields are missing.
+
+    Raises:
+        CliError: ``path`` is not an entry.
+
+    Example:
+        >>> info = describe_entry("/tmp/dump/exp_proj/GBS4_N2_in8_out6", step=3)  # doctest: +SKIP
+        >>> [f.name for f in info.fields]  # doctest: +SKIP
+        ['prompts', 'responses', 'uid']
+    """
+    step_dir, inner = resolve_target(path, step)
+    entries = [inner] if inner is not None else step_dir.entries
+    issues = [i for i in step_dir.issues() if inner is None or i.path == inner.path]
+    meta = entries[0].meta if entries else None
+    info = EntryInfo(path=inner.path if inner is not None else step_dir.path, step=step_dir.step,
+                     role=step_dir.role, kind="v1-inner" if inner is not None else step_dir.kind.value,
+                     entries=list(entries), meta=meta, issues=issues)
+    if issues:
+        info.note = "content not decoded: the entry is not valid (see issues)"
+        return info
+    _decode_into(info, step_dir, inner, allow_pickle)
+    return info
+
+
+def _decode_into(info: EntryInfo, step_dir: StepDir, inner: EntryRecord | None, allow_pickle: bool) -> None:
+    try:
+        value = read_step(open_store(step_dir.path), step_dir, allow_pickle, inner)
+    except PickleRefusedError:
+        info.note = ("fields not shown: a pickle-based entry (as verl writes it); pass --allow-pickle to read it "
+                     "through the allow-list unpickler")
+        return
+    except CorruptEntryError as err:
+        info.issues.append(Issue(IssueKind.DAMAGED, info.path, str(err)))
+        info.note = "content not decoded: the entry is damaged (see issues)"
+        return
+    info.rows = row_count(value)
+    info.fields = describe_fields(value)
+    info.stats = statistics(value)
+    meta_info = getattr(value, "meta_info", None)
+    info.meta_info = dict(meta_info) if isinstance(meta_info, dict) else None

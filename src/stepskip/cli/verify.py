@@ -1,0 +1,204 @@
+"""``stepskip verify``: checksums and completeness of every entry, leftovers, half-written directories.
+
+A problem names the path ``--repair`` would remove: the damaged entry, the whole V1 step (its
+inner entries can never be completed by another run), the half-written directory or the
+leftover. Valid entries are never targets. Things a writer may still be working on (leftovers,
+half-written directories, incomplete V1 steps) are left alone while they are younger than the
+grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from stepskip.cli.content import read_entry
+from stepskip.cli.errors import PickleRefusedError
+from stepskip.cli.removal import retire
+from stepskip.cli.scan import EntryRecord, Issue, IssueKind, RunDir, StepKind
+from stepskip.errors import CorruptEntryError
+from stepskip.formats import get_format
+from stepskip.store import LocalStore, open_store
+
+__all__ = ["Problem", "RepairResult", "VerifyReport", "count_entries", "repair", "verify_runs"]
+
+#: Kinds of damage a live writer may be in the middle of producing (protected by the grace period).
+IN_PROGRESS_KINDS = frozenset({IssueKind.LEFTOVER, IssueKind.HALF_WRITTEN, IssueKind.INCOMPLETE,
+                               IssueKind.MIXED_RUNS})
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong, and what ``--repair`` would do about it.
+
+    Args:
+        kind: what is wrong.
+        path: where.
+        detail: why, in words.
+        remove: the path ``--repair`` removes (an entry, a whole V1 step, a leftover).
+        recent: modified within the grace period, so possibly a write in progress: ``--repair`` keeps it.
+    """
+
+    kind: IssueKind
+    path: str
+    detail: str
+    remove: str
+    recent: bool = False
+
+
+@dataclass
+class VerifyReport:
+    """What ``verify`` found.
+
+    Args:
+        runs: run directories checked.
+        entries: entry directories checked.
+        checksummed: entries whose files were checked against their checksums.
+        decoded: entries decoded (``--deep``).
+        unverified: entries without checksums (written by verl) that were not decoded.
+        problems: everything wrong.
+        others: paths that are no part of a cache's layout (left alone).
+    """
+
+    runs: int = 0
+    entries: int = 0
+    checksummed: int = 0
+    decoded: int = 0
+    unverified: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    others: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class RepairResult:
+    """What ``--repair`` did: removed paths, and problems left because they may be in progress."""
+
+    removed: list[str] = field(default_factory=list)
+    kept: list[Problem] = field(default_factory=list)
+
+
+def count_entries(runs: list[RunDir]) -> int:
+    """How many entry directories ``verify_runs`` will check (for a progress bar)."""
+    return sum(len(s.entries) for r in runs for s in r.steps)
+
+
+def _check_entry(store: LocalStore, entry: EntryRecord, deep: bool, allow_pickle: bool,
+                 report: VerifyReport) -> tuple[IssueKind, str] | None:
+    """Checksums (and, when ``deep``, decoding) of one present entry; the problem found, if any."""
+    try:
+        fmt = get_format(entry.format or "")
+    except ValueError as err:
+        return IssueKind.DAMAGED, str(err)
+    if entry.has_checksums:
+        for name in (entry.meta or {})["files"]:
+            try:
+                store.read_files(entry.path, entry.meta or {}, [name], verify=True)  # one file in memory at a time
+            except CorruptEntryError as err:
+                return IssueKind.CHECKSUM, str(err)
+        report.checksummed += 1
+    if deep and (allow_pickle or not fmt.uses_pickle):
+        try:
+            read_entry(store, entry, allow_pickle=allow_pickle, verify=False)
+        except CorruptEntryError as err:
+            return IssueKind.UNDECODABLE, str(err)
+        except PickleRefusedError:  # pragma: no cover - excluded above
+            pass
+        report.decoded += 1
+    elif not entry.has_checksums:
+        report.unverified.append(entry.path)
+    return None
+
+
+def _age_mtime(path: str) -> float:
+    newest = 0.0
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in [*dirnames, *filenames, ""]:
+            try:
+                newest = max(newest, os.stat(os.path.join(dirpath, name), follow_symlinks=False).st_mtime)
+            except OSError:
+                continue
+    if not newest:
+        try:
+            newest = os.stat(path, follow_symlinks=False).st_mtime
+        except OSError:
+            pass
+    return newest
+
+
+def verify_runs(runs: list[RunDir], deep: bool = False, allow_pickle: bool = False, grace: float = 3600.0,
+                now: float | None = None, on_entry: Callable[[EntryRecord], None] | None = None) -> VerifyReport:
+    """Check every entry of ``runs``.
+
+    Args:
+        runs: from :func:`stepskip.cli.scan.scan_cache`.
+        deep: also decode every entry (pickle-based ones only with ``allow_pickle``).
+        allow_pickle: decode pickle-based entries when ``deep``.
+        grace: seconds during which a leftover, half-written directory or incomplete V1 step counts
+            as possibly in progress (reported, not repaired).
+        now: the current time (tests).
+        on_entry: called after each entry is checked (progress).
+
+    Returns:
+        The report.
+
+    Example:
+        >>> from stepskip.cli.scan import scan_cache
+        >>> verify_runs(scan_cache("~/.verl/rollout_dump")).clean  # doctest: +SKIP
+        True
+    """
+    now = time.time() if now is None else now
+    report = VerifyReport(runs=len(runs))
+    for run in runs:
+        store = open_store(run.path)
+        report.others += run.others
+        for step in run.steps:
+            issues = step.issues()
+            for entry in step.entries:
+                if entry.valid:
+                    report.entries += 1
+                    found = _check_entry(store, entry, deep, allow_pickle, report)
+                    if found is not None:
+                        issues.append(Issue(found[0], entry.path, found[1]))
+                if on_entry is not None:
+                    on_entry(entry)
+            # A flat entry is its step directory; a V1 step is replayed whole or not at all, so it goes whole.
+            target = step.path
+            recent = now - step.mtime < grace
+            for issue in issues:
+                in_progress = issue.kind in IN_PROGRESS_KINDS or step.kind is not StepKind.ENTRY
+                report.problems.append(Problem(issue.kind, issue.path, issue.detail, target,
+                                               recent=recent and in_progress))
+            for leftover in step.leftovers:
+                report.problems.append(Problem(IssueKind.LEFTOVER, leftover, "leftover of an interrupted write",
+                                               leftover, recent=now - _age_mtime(leftover) < grace))
+        for leftover in run.leftovers:
+            report.problems.append(Problem(IssueKind.LEFTOVER, leftover,
+                                           "leftover of an interrupted write or replacement", leftover,
+                                           recent=now - _age_mtime(leftover) < grace))
+    return report
+
+
+def repair(report: VerifyReport) -> RepairResult:
+    """Remove what can never become a valid entry; keep what may still be in progress.
+
+    Returns:
+        The removed paths and the problems kept (``recent``).
+    """
+    result = RepairResult()
+    recent_targets = {p.remove for p in report.problems if p.recent}
+    targets = sorted({p.remove for p in report.problems if p.remove not in recent_targets}, key=len)
+    for target in targets:
+        if any(target == r or target.startswith(r + "/") for r in result.removed):
+            continue
+        if any(t.startswith(target + "/") for t in recent_targets):
+            continue  # something inside may be in progress
+        retire(open_store(target), target)
+        result.removed.append(target)
+    result.kept = [p for p in report.problems if p.remove in recent_targets]
+    return result

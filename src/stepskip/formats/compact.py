@@ -1,0 +1,190 @@
+"""Lossless compact encodings of rollout tensors, chosen per tensor.
+
+Rollout batches are mostly padding: prompts padded on the left, responses on the right, masks
+that are runs of 0 and 1, position ids that stop counting in the padding, int64 token ids that
+fit in 32 bits, and ``input_ids`` that repeat ``prompts`` next to ``responses``. Three encodings
+exploit that, each exact to the bit (floats are compared through their integer bit patterns, so
+``-0.0`` and NaN payloads survive):
+
+- ``trim``: per row, the run of the row's first value at its start and the run of its last value
+  at its end are stored as counts and values; only the middle is kept.
+- ``narrow``: integers stored in the smallest dtype that holds their range.
+- ``concat``: a 2-D tensor equal to two sibling tensors side by side is stored as a reference.
+
+The whole tensor file may then be compressed with zstd. Decoding restores dtype and shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["encode_tensor", "decode_tensor", "find_concat", "narrow", "pack", "unpack", "compress_bytes",
+           "decompress_bytes"]
+
+_BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
+         torch.bfloat16: torch.int16, torch.bool: torch.uint8}
+_NARROW = (torch.uint8, torch.int8, torch.int16, torch.int32)
+_INTS = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64}
+MIN_TRIM_GAIN = 0.9  # trim only when it keeps at most this share of the elements
+ZSTD_LEVEL = 3
+
+Sink = Callable[[torch.Tensor], str]
+Source = Callable[[str], torch.Tensor]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """An integer view with the same bits (floats and bools), or the tensor itself."""
+    target = _BITS.get(tensor.dtype)
+    return tensor.view(target) if target is not None else tensor
+
+
+def narrow(tensor: torch.Tensor) -> torch.Tensor:
+    """The smallest integer dtype that holds ``tensor``'s values exactly (itself if none is smaller)."""
+    if tensor.dtype not in _INTS or tensor.numel() == 0 or tensor.dtype in (torch.uint64, torch.uint32):
+        return tensor
+    low, high = int(tensor.min()), int(tensor.max())
+    for dtype in _NARROW:
+        info = torch.iinfo(dtype)
+        if info.min <= low and high <= info.max:
+            return tensor.to(dtype) if dtype.itemsize < tensor.dtype.itemsize else tensor
+    return tensor
+
+
+def _trim(bits: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+    """Split a [B, L] integer tensor into (middle values, left counts, right counts, left values, right values)."""
+    rows, width = bits.shape
+    if rows == 0 or width < 2:
+        return None
+    lval, rval = bits[:, 0], bits[:, -1]
+    same_left = bits == lval[:, None]
+    left = torch.where(same_left.all(1), width, (~same_left).to(torch.uint8).argmax(1))
+    same_right = (bits == rval[:, None]).flip(1)
+    right = torch.where(same_right.all(1), width, (~same_right).to(torch.uint8).argmax(1))
+    right = torch.minimum(right, width - left)
+    kept = int((width - left - right).sum())
+    if kept > MIN_TRIM_GAIN * rows * width:
+        return None
+    columns = torch.arange(width)
+    keep = (columns >= left[:, None]) & (columns < (width - right)[:, None])
+    return bits[keep], left.to(torch.int32), right.to(torch.int32), lval, rval
+
+
+def encode_tensor(tensor: torch.Tensor, add: Sink) -> dict[str, Any]:
+    """The node of one dense tensor in its most compact exact encoding; ``add`` stores a part."""
+    if tensor.dim() == 2 and tensor.dtype in _INTS | set(_BITS):
+        parts = _trim(_bits(tensor))
+        if parts is not None:
+            values, left, right, lval, rval = parts
+            return {
+                "kind": "tensor", "enc": "trim", "dtype": _dtype_name(tensor.dtype), "shape": list(tensor.shape),
+                "bits": _dtype_name(values.dtype),
+                "values": add(narrow(values)), "left": add(narrow(left)), "right": add(narrow(right)),
+                "lval": add(narrow(lval)), "rval": add(narrow(rval)),
+            }
+    narrowed = narrow(tensor)
+    if narrowed is not tensor:
+        return {"kind": "tensor", "enc": "narrow", "dtype": _dtype_name(tensor.dtype), "ref": add(narrowed)}
+    return {"kind": "tensor", "ref": add(tensor)}
+
+
+def decode_tensor(node: Mapping[str, Any], get: Source, sibling: Callable[[str], torch.Tensor]) -> torch.Tensor:
+    """Invert :func:`encode_tensor` (and ``concat`` nodes, whose parts come from ``sibling``)."""
+    enc = node.get("enc")
+    if enc is None:
+        return get(node["ref"])
+    dtype = _dtype(node["dtype"])
+    if enc == "narrow":
+        return get(node["ref"]).to(dtype)
+    if enc == "concat":
+        return torch.cat([sibling(key) for key in node["parts"]], dim=1)
+    if enc == "trim":
+        rows, width = node["shape"]
+        bits_dtype = _dtype(node["bits"])
+        left = get(node["left"]).to(torch.int64)[:, None]
+        right = get(node["right"]).to(torch.int64)[:, None]
+        columns = torch.arange(width)
+        out = torch.where(columns < left, get(node["lval"]).to(bits_dtype)[:, None],
+                          get(node["rval"]).to(bits_dtype)[:, None])
+        values = get(node["values"])
+        if values.numel():  # masks are all runs: nothing in the middle
+            keep = (columns >= left) & (columns < width - right)
+            out.numpy()[keep.numpy()] = values.numpy()  # numpy's masked assignment is the fastest here
+        return out.view(dtype) if dtype in _BITS else out
+    raise ValueError(f"unknown tensor encoding {enc!r}")
+
+
+def find_concat(tensors: Mapping[str, torch.Tensor]) -> dict[str, list[str]]:
+    """Map each 2-D integer tensor equal to two siblings side by side to those siblings' keys.
+
+    A sibling used as a part is never itself stored as a concatenation, so parts always decode
+    on their own.
+    """
+    two_d = {k: t for k, t in tensors.items() if t.dim() == 2 and t.dtype in _INTS and not t.is_nested}
+    found: dict[str, list[str]] = {}
+    parts: set[str] = set()
+    for key, whole in two_d.items():
+        if key in parts:
+            continue
+        for a_key, a in two_d.items():
+            if a_key == key or a_key in found or a.shape[0] != whole.shape[0] or a.dtype != whole.dtype:
+                continue
+            rest = whole.shape[1] - a.shape[1]
+            if rest <= 0 or not torch.equal(whole[:, : a.shape[1]], a):
+                continue
+            b_key = next((k for k, b in two_d.items() if k not in (key, a_key) and k not in found
+                          and b.shape == (whole.shape[0], rest) and b.dtype == whole.dtype
+                          and torch.equal(whole[:, a.shape[1]:], b)), None)
+            if b_key is not None:
+                found[key] = [a_key, b_key]
+                parts.update((a_key, b_key))
+                break
+    return found
+
+
+ZSTD_MIN_BYTES = 1 << 16
+ZSTD_MAX_RATIO = 0.5  # keep a tensor zstd-compressed only when that halves it: decompression costs load time
+
+
+def pack(tensor: torch.Tensor, mode: str) -> tuple[torch.Tensor, dict[str, Any] | None]:
+    """Compress one stored tensor with zstd when ``mode`` asks for it and it pays.
+
+    Returns the tensor to store and, when compressed, the info :func:`unpack` needs.
+    """
+    if mode == "none" or tensor.numel() * tensor.element_size() < ZSTD_MIN_BYTES:
+        return tensor, None
+    raw = tensor.contiguous().view(torch.uint8).numpy().tobytes() if tensor.dtype != torch.bool else \
+        tensor.contiguous().numpy().tobytes()
+    packed = compress_bytes(raw)
+    if mode == "auto" and len(packed) > ZSTD_MAX_RATIO * len(raw):
+        return tensor, None
+    info = {"codec": "zstd", "dtype": _dtype_name(tensor.dtype), "shape": list(tensor.shape)}
+    return torch.frombuffer(bytearray(packed), dtype=torch.uint8), info
+
+
+def unpack(stored: torch.Tensor, info: Mapping[str, Any]) -> torch.Tensor:
+    """Invert :func:`pack`."""
+    raw = decompress_bytes(stored.numpy().tobytes())
+    return torch.frombuffer(bytearray(raw), dtype=_dtype(info["dtype"])).reshape(info["shape"])
+
+
+def compress_bytes(data: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
+
+
+def decompress_bytes(data: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdDecompressor().decompress(data)

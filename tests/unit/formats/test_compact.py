@@ -1,0 +1,127 @@
+"""The compact encodings are exact to the bit and actually compact on rollout-shaped data."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stepskip.formats import get_format
+from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, narrow, pack, unpack
+from stepskip.testing import make_rollout_batch
+
+DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+          torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return {torch.float32: lambda: t.view(torch.int32), torch.float64: lambda: t.view(torch.int64),
+            torch.float16: lambda: t.view(torch.int16), torch.bfloat16: lambda: t.view(torch.int16),
+            torch.bool: lambda: t.view(torch.uint8)}.get(t.dtype, lambda: t)()
+
+
+def round_trip(t: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    table: dict[str, torch.Tensor] = {}
+
+    def add(part):
+        table[f"r{len(table)}"] = part
+        return f"r{len(table) - 1}"
+
+    node = encode_tensor(t, add)
+    return decode_tensor(json.loads(json.dumps(node)), table.__getitem__, None), node
+
+
+def padded(rows, width, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    left = torch.randint(0, width + 1, (rows,), generator=gen)
+    right = torch.minimum(torch.randint(0, width + 1, (rows,), generator=gen), width - left)
+    columns = torch.arange(width)
+    body = torch.randint(-100, 100, (rows, width), generator=gen)
+    out = torch.where(columns < left[:, None], 7, torch.where(columns >= (width - right)[:, None], -3, body))
+    if dtype == torch.bool:
+        return out > 0
+    if dtype.is_floating_point:
+        out = out.to(dtype) / 3
+        out[out == 0] = -0.0  # the sign of zero must survive
+        return out
+    return out.clamp(torch.iinfo(dtype).min, torch.iinfo(dtype).max).to(dtype)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.integers(0, 12), width=st.integers(0, 40), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 10**6))
+def test_round_trip_is_bit_exact(rows, width, dtype, seed):
+    t = padded(rows, width, dtype, seed)
+    out, _ = round_trip(t)
+    assert out.dtype == t.dtype and out.shape == t.shape
+    assert torch.equal(bits(out), bits(t))
+
+
+def test_nan_payloads_and_negative_zero_survive():
+    t = torch.zeros(3, 6)
+    t[0, 2:] = float("nan")
+    t[1] = -0.0
+    t[2, :3] = torch.tensor([1.0, -0.0, 0.0])
+    nan_payload = torch.tensor([0x7FC00001], dtype=torch.int32).view(torch.float32)
+    t[0, 0] = nan_payload
+    out, _ = round_trip(t)
+    assert torch.equal(bits(out), bits(t))
+
+
+def test_padded_rows_are_trimmed_and_narrowed():
+    t = torch.full((4, 100), 151643, dtype=torch.int64)
+    t[:, 60:] = torch.arange(40) + 1000
+    out, node = round_trip(t)
+    assert node["enc"] == "trim" and torch.equal(out, t)
+    masks = (torch.arange(100)[None, :] < torch.tensor([[10], [50], [99], [100]])).to(torch.int64)
+    out, node = round_trip(masks)
+    assert node["enc"] == "trim" and torch.equal(out, masks)
+
+
+def test_narrow_keeps_values_and_picks_the_smallest_dtype():
+    assert narrow(torch.tensor([0, 255], dtype=torch.int64)).dtype == torch.uint8
+    assert narrow(torch.tensor([-1, 100], dtype=torch.int64)).dtype == torch.int8
+    assert narrow(torch.tensor([0, 151_936], dtype=torch.int64)).dtype == torch.int32
+    big = torch.tensor([0, 2**40])
+    assert narrow(big) is big
+    floats = torch.tensor([1.5])
+    assert narrow(floats) is floats
+
+
+def test_find_concat_names_the_two_sides_and_never_chains():
+    a, b = torch.arange(6).reshape(2, 3), torch.arange(4).reshape(2, 2) + 10
+    found = find_concat({"a": a, "b": b, "ab": torch.cat([a, b], 1), "other": torch.cat([b, a], 1)})
+    assert found["ab"] == ["a", "b"] and found["other"] == ["b", "a"]
+    assert find_concat({"a": a, "b": b, "ab": torch.cat([a, b + 1], 1)}) == {}
+
+
+@pytest.mark.parametrize("mode", ["auto", "zstd"])
+def test_pack_round_trip(mode):
+    t = torch.arange(100_000, dtype=torch.int64) % 7
+    stored, info = pack(t, mode)
+    assert info is not None and stored.numel() < t.numel()
+    assert torch.equal(unpack(stored, json.loads(json.dumps(info))), t)
+    random = torch.randint(0, 2**31 - 1, (40_000,), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    assert pack(random, "auto")[1] is None  # does not halve: kept raw, loads faster
+    assert pack(t, "none")[1] is None
+
+
+@pytest.mark.parametrize("compress", ["auto", "zstd", "none"])
+def test_rollout_batch_round_trip_and_size(compress):
+    batch = make_rollout_batch(64, 96, 160, n=8, seed=3)
+    fmt = get_format("safe", compress=compress)
+    files = fmt.encode(fmt.freeze(batch, copy=True))
+    out = fmt.decode(files)
+    for key in batch.batch.keys():
+        assert out.batch[key].dtype == batch.batch[key].dtype
+        assert torch.equal(bits(out.batch[key]), bits(batch.batch[key])), key
+    assert out.non_tensor_batch["messages"].tolist() == batch.non_tensor_batch["messages"].tolist()
+    assert out.meta_info == batch.meta_info
+    size = sum(len(v) for v in files.values())
+    in_memory = sum(t.numel() * t.element_size() for t in batch.batch.values())
+    if compress == "none":
+        assert size > in_memory
+    else:
+        assert size < 0.2 * in_memory
