@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -161,6 +162,21 @@ class StepSet:
             if step in r:
                 return True
         return False
+
+    def fast(self) -> Any:
+        """An equivalent container whose ``in`` runs in C for int steps (frozenset or range), else self.
+
+        Only valid for int lookups (``SkipManager.set_step`` and ``extract_step`` give ints).
+        """
+        if self._all:
+            return range(0, sys.maxsize)
+        if not self._ranges:
+            return self._ints
+        if not self._ints and len(self._ranges) == 1:
+            return self._ranges[0]
+        if sum(len(r) for r in self._ranges) <= 200_000:
+            return frozenset(self._ints.union(*self._ranges))
+        return self
 
     def __bool__(self) -> bool:
         return self._all or bool(self._ints) or any(len(r) for r in self._ranges)

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import operator
 import time
 import uuid
 from collections.abc import Callable, Generator, Iterable
@@ -184,21 +185,29 @@ class SkipManager:
 
     @classmethod
     def set_step(cls, step: int) -> None:
-        """Set the trainer's ``global_steps``, shared by every role without online steps."""
-        cls.step = step
+        """Set the trainer's ``global_steps``, shared by every role without online steps.
+
+        Raises:
+            TypeError: ``step`` is not an integer (numpy integers are accepted).
+        """
+        cls.step = operator.index(step)
 
     @classmethod
-    def _route(cls, role: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[BaseSkip, int] | None:
-        """The role and step a call is subject to, or None to pass it through untouched."""
-        skip = cls.skip_instances.get(role)
-        if skip is None or not skip.enable:
+    def _route(cls, skip: BaseSkip, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+        """The step an enabled role's call is subject to, or None to pass the call through.
+
+        Offline roles test the (cheap) step first; online roles must not parse a step out of a
+        validation batch, so they test the validation flag first.
+        """
+        if skip.support_online_step:
+            if _is_validation(args, kwargs):
+                return None
+            step = skip.extract_step(*args, **kwargs)
+            return step if step in skip.steps else None
+        step = cls.step
+        if step not in skip.steps or _is_validation(args, kwargs):
             return None
-        if _is_validation(args, kwargs):
-            return None
-        step = skip.extract_step(*args, **kwargs) if skip.support_online_step else cls.step
-        if step not in skip.steps:
-            return None
-        return skip, step
+        return step
 
     @classmethod
     def annotate(cls, role: str, **_: Any) -> Callable[[F], F]:
@@ -219,19 +228,28 @@ class SkipManager:
 
                 @functools.wraps(func)
                 async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                    route = cls._route(role, args, kwargs)
-                    if route is None:
+                    skip = cls.skip_instances.get(role)
+                    if skip is None or not skip.enable:
                         return await func(*args, **kwargs)
-                    return await _drive_async(_plan(*route, func, args, kwargs), func, args, kwargs)
+                    step = cls._route(skip, args, kwargs)
+                    if step is None:
+                        return await func(*args, **kwargs)
+                    return await _drive_async(_plan(skip, step, func, args, kwargs), func, args, kwargs)
 
                 return async_wrapper  # type: ignore[return-value]
 
+            # The pass-through path is inlined: it runs on every call of the trainer's hot function.
             @functools.wraps(func)
             def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-                route = cls._route(role, args, kwargs)
-                if route is None:
+                skip = cls.skip_instances.get(role)
+                if skip is None or not skip.enable:
                     return func(*args, **kwargs)
-                return _drive_sync(_plan(*route, func, args, kwargs), func, args, kwargs)
+                if not skip.support_online_step and cls.step not in skip.steps:
+                    return func(*args, **kwargs)
+                step = cls._route(skip, args, kwargs)
+                if step is None:
+                    return func(*args, **kwargs)
+                return _drive_sync(_plan(skip, step, func, args, kwargs), func, args, kwargs)
 
             return sync_wrapper  # type: ignore[return-value]
 

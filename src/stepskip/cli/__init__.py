@@ -1,13 +1,41 @@
-"""The ``stepskip`` command line (being built: see issue 6)."""
+"""The ``stepskip`` command line: ``ls``, ``info``, ``verify``, ``prune``, ``convert``, ``show``, ``demo``.
+
+The typer layer (:mod:`stepskip.cli.app`) parses arguments and renders; the work is done by small
+library modules that return data classes and can be used on their own:
+
+* :mod:`stepskip.cli.scan` — runs, roles, step directories and entries of a cache (no data read);
+* :mod:`stepskip.cli.content` — decoded values: fields, statistics, sample rows;
+* :mod:`stepskip.cli.describe` — one entry described (``info``);
+* :mod:`stepskip.cli.verify` — checksums, completeness, leftovers and repair;
+* :mod:`stepskip.cli.prune` — choosing and removing steps;
+* :mod:`stepskip.cli.convert` — re-encoding a cache in another format.
+"""
 
 from __future__ import annotations
-
-import sys
 
 __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``stepskip`` console script."""
-    print("stepskip: the command line is not built yet", file=sys.stderr)
-    return 2
+    """Entry point of the ``stepskip`` console script and of ``python -m stepskip``.
+
+    Args:
+        argv: the arguments (without the program name); ``sys.argv[1:]`` when None.
+
+    Returns:
+        The exit code: 0 success, 1 problems found (``verify``, ``info``, ``convert``), 2 usage errors.
+
+    Example:
+        >>> main(["ls", "/tmp/rollout_dump", "--json"])  # doctest: +SKIP
+        0
+    """
+    from stepskip.cli.app import app
+
+    try:
+        app(args=argv, prog_name="stepskip")
+    except SystemExit as done:
+        code = done.code
+        if code is None:
+            return 0
+        return code if isinstance(code, int) else 1
+    return 0

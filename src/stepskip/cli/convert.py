@@ -18,12 +18,12 @@ from typing import Any
 from stepskip._version import __version__
 from stepskip.cli.content import describe_fields, read_entry, row_count
 from stepskip.cli.errors import CliError
-from stepskip.cli.scan import EntryRecord, Issue, scan_cache, scan_entry
+from stepskip.cli.scan import EntryRecord, Issue, local_store, scan_cache, scan_entry
 from stepskip.errors import CorruptEntryError, UnstorableValueError
 from stepskip.formats import Format, get_format
 from stepskip.roles.rollout import RolloutSkip
 from stepskip.roles.rollout_tq import RolloutTqSkip
-from stepskip.store import EntryState, open_store
+from stepskip.store import EntryState
 
 __all__ = ["ConvertReport", "ConvertedEntry", "TARGETS", "convert_cache", "plan_convert"]
 
@@ -150,9 +150,9 @@ def _new_meta(entry: EntryRecord, target: Format) -> dict[str, Any]:
 def _convert_one(job: _Job, allow_pickle: bool) -> ConvertedEntry:
     entry, target = job.entry, job.target
     result = ConvertedEntry(entry.path, job.dest, entry.format or "?", target.name)
-    store = open_store(os.path.dirname(job.dest))
+    store = local_store(os.path.dirname(job.dest))
     try:
-        value = read_entry(open_store(entry.path), entry, allow_pickle=allow_pickle)
+        value = read_entry(local_store(entry.path), entry, allow_pickle=allow_pickle)
         files = target.encode(target.freeze(value, copy=False))
         result.bytes = store.write_entry(job.dest, files, _new_meta(entry, target))
         written = scan_entry(store, job.dest, entry.step, entry.inner, entry.role)

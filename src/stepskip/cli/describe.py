@@ -7,9 +7,8 @@ from typing import Any
 
 from stepskip.cli.content import FieldInfo, Stat, describe_fields, read_step, row_count, statistics
 from stepskip.cli.errors import PickleRefusedError
-from stepskip.cli.scan import EntryRecord, Issue, IssueKind, StepDir, resolve_target
+from stepskip.cli.scan import EntryRecord, Issue, IssueKind, StepDir, local_store, resolve_target
 from stepskip.errors import CorruptEntryError
-from stepskip.store import open_store
 
 __all__ = ["EntryInfo", "describe_entry"]
 
@@ -82,7 +81,7 @@ def describe_entry(path: str, step: int | None = None, allow_pickle: bool = Fals
 
 def _decode_into(info: EntryInfo, step_dir: StepDir, inner: EntryRecord | None, allow_pickle: bool) -> None:
     try:
-        value = read_step(open_store(step_dir.path), step_dir, allow_pickle, inner)
+        value = read_step(local_store(step_dir.path), step_dir, allow_pickle, inner)
     except PickleRefusedError:
         info.note = ("fields not shown: a pickle-based entry (as verl writes it); pass --allow-pickle to read it "
                      "through the allow-list unpickler")

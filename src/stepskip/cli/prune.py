@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 
 from stepskip.cli.errors import CliError
 from stepskip.cli.removal import retire
-from stepskip.cli.scan import RunDir, StepDir, scan_run
+from stepskip.cli.scan import RunDir, StepDir, local_store, scan_run
 from stepskip.config import StepSet
 from stepskip.errors import SkipConfigError
 from stepskip.layout import RUN_DIR
-from stepskip.store import open_store
 
 __all__ = ["PrunePlan", "apply_prune", "parse_duration", "parse_steps", "plan_prune"]
 
@@ -138,7 +137,7 @@ def plan_prune(path: str, keep_last: int | None = None, older_than: float | None
 
 def apply_prune(plan: PrunePlan) -> list[str]:
     """Remove the planned step directories (each vanishes at once: see :func:`retire`); returns their paths."""
-    store = open_store(plan.run.path)
+    store = local_store(plan.run.path)
     for step in plan.remove:
         retire(store, step.path)
     return [s.path for s in plan.remove]

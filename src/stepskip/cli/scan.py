@@ -28,7 +28,7 @@ from stepskip.store import META_FILE, TMP_PREFIX, TRASH_PREFIX, EntryState, Loca
 
 __all__ = [
     "EntryRecord", "Issue", "IssueKind", "RoleSummary", "RunDir", "StepDir", "StepKind",
-    "compress_steps", "find_run_dirs", "is_leftover", "resolve_target", "scan_cache", "scan_run", "scan_step",
+    "compress_steps", "find_run_dirs", "is_leftover", "local_store", "resolve_target", "scan_cache", "scan_run", "scan_step",
 ]
 
 V1_ROLE = "rollout_tq"
@@ -301,6 +301,14 @@ def _check_local_dir(path: str) -> str:
     return full
 
 
+def local_store(path: str) -> LocalStore:
+    """The store of a local cache path (the command line works on local and mounted paths only)."""
+    store = open_store(path)
+    if not isinstance(store, LocalStore):  # pragma: no cover - URLs are refused before this
+        raise CliError(f"{path}: only local paths are supported by the command line")
+    return store
+
+
 def _subdirs(store: LocalStore, path: str) -> list[str]:
     return sorted(n for n in store.list_dir(path) if os.path.isdir(f"{path}/{n}"))
 
@@ -324,7 +332,7 @@ def find_run_dirs(path: str) -> list[str]:
     root = _check_local_dir(path)
     if RUN_DIR.match(os.path.basename(root)):
         return [root]
-    store = open_store(root)
+    store = local_store(root)
     children = _subdirs(store, root)
     found = [f"{root}/{c}" for c in children if RUN_DIR.match(c)]
     for child in children:
@@ -423,7 +431,7 @@ def scan_step(store: LocalStore, path: str, step: int, stage: str | None = None)
 
 def scan_run(path: str) -> RunDir:
     """Describe every step directory, leftover and stage role of one run directory."""
-    store = open_store(path)
+    store = local_store(path)
     run = RunDir(path)
     for name in sorted(store.list_dir(path)):
         full = f"{path}/{name}"
@@ -490,7 +498,7 @@ def resolve_target(path: str, step: int | None = None) -> tuple[StepDir, EntryRe
             raise CliError(f"{path} has no step {step}{steps}")
     name, parent = os.path.basename(full), os.path.dirname(full)
     number = Layout.parse_step(name)
-    store = open_store(full)
+    store = local_store(full)
     if number is None:
         if RUN_DIR.match(name):
             raise CliError(f"{path} is a run directory; pass one of its step directories, "
@@ -512,7 +520,7 @@ def resolve_target(path: str, step: int | None = None) -> tuple[StepDir, EntryRe
 
 
 def _steps_hint(run_dir: str) -> str:
-    store = open_store(run_dir)
+    store = local_store(run_dir)
     steps = sorted(s for n in store.list_dir(run_dir) if (s := Layout.parse_step(n)) is not None)
     return f" (steps there: {compress_steps(steps)})" if steps else ""
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from stepskip.cli.content import read_entry
 from stepskip.cli.errors import PickleRefusedError
 from stepskip.cli.removal import retire
-from stepskip.cli.scan import EntryRecord, Issue, IssueKind, RunDir, StepKind
+from stepskip.cli.scan import EntryRecord, Issue, IssueKind, RunDir, StepKind, local_store
 from stepskip.errors import CorruptEntryError
 from stepskip.formats import get_format
-from stepskip.store import LocalStore, open_store
+from stepskip.store import LocalStore
 
 __all__ = ["Problem", "RepairResult", "VerifyReport", "count_entries", "repair", "verify_runs"]
 
@@ -155,7 +155,7 @@ def verify_runs(runs: list[RunDir], deep: bool = False, allow_pickle: bool = Fal
     now = time.time() if now is None else now
     report = VerifyReport(runs=len(runs))
     for run in runs:
-        store = open_store(run.path)
+        store = local_store(run.path)
         report.others += run.others
         for step in run.steps:
             issues = step.issues()
@@ -198,7 +198,7 @@ def repair(report: VerifyReport) -> RepairResult:
             continue
         if any(t.startswith(target + "/") for t in recent_targets):
             continue  # something inside may be in progress
-        retire(open_store(target), target)
+        retire(local_store(target), target)
         result.removed.append(target)
     result.kept = [p for p in report.problems if p.remove in recent_targets]
     return result

@@ -87,7 +87,7 @@ class ActorConfig:
         grad_clip: max gradient norm.
     """
 
-    lr: float = 3e-3
+    lr: float = 1e-3
     clip_ratio: float = 0.2
     ppo_mini_batch_size: int = 2
     ppo_epochs: int = 1

@@ -63,7 +63,11 @@ class BaseSkip:
         self.action = SkipAction.parse(local_config.action)
         self.enable = bool(local_config.enable)
         self.dump_dir = local_config.dump_dir
-        self.steps = getattr(local_config, "step_set", None) or StepSet.parse(local_config.steps)
+        step_set = getattr(local_config, "step_set", None)
+        if not isinstance(step_set, StepSet):
+            step_set = StepSet.parse(local_config.steps)
+        self.step_set = step_set
+        self.steps = step_set.fast()  # what `step in self.steps` tests on every decorated call
         self.run_id = ""
         self.runtime: dict[str, Any] = {}
         if self.action not in self.support_actions:
