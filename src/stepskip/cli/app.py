@@ -136,6 +136,8 @@ def _root(
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
+    if not verbose:  # torch's own one-time warnings (e.g. on nested tensors) are noise in a report
+        logging.getLogger("torch").setLevel(logging.ERROR)
 
 
 # --------------------------------------------------------------------------- ls
@@ -144,7 +146,8 @@ def _root(
 @app.command("ls")
 @_errors
 def ls_command(
-    dump_dir: Annotated[str, typer.Argument(help="The cache: a dump_dir, an experiment directory or a run directory.")]
+    dump_dir: Annotated[str, typer.Argument(metavar="[DUMP_DIR]",
+                                            help="The cache: a dump_dir, an experiment directory or a run directory.")]
     = DEFAULT_DUMP_DIR,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
@@ -195,12 +198,12 @@ def ls_command(
         problems += item["problems"]
         roles = run.roles()
         if not roles:
-            table.add_row(escape(_rel(run.path, root)), "-", "-", "-", "0", human_bytes(item["bytes"]), "-")
+            table.add_row(escape(run.name), "-", "-", "-", "0", human_bytes(item["bytes"]), "-")
         for i, r in enumerate(roles):
             steps = compress_steps(r.steps) or "-"
             if r.invalid_steps:
                 steps += f" [yellow](+{len(r.invalid_steps)} invalid)[/]"
-            table.add_row(escape(_rel(run.path, root)) if i == 0 else "", escape(r.role), ", ".join(r.formats),
+            table.add_row(escape(run.name) if i == 0 else "", escape(r.role), ", ".join(r.formats),
                           steps, str(r.entries), human_bytes(r.bytes), human_time(r.newest))
     out.print(table)
     total = sum(i["entries"] for i in listing)
@@ -298,17 +301,17 @@ def _render_info(info: Any) -> None:
 @app.command("info")
 @_errors
 def info_command(
-    entries: Annotated[list[str], typer.Argument(help="Step directories (or V1 inner entries), or a run directory with --step.",
+    entries: Annotated[list[str], typer.Argument(metavar="ENTRY...", help="Step directories (or V1 inner entries), "
+                                                 "or a run directory with --step.",
                                                  show_default=False)],
     step: Annotated[Optional[int], typer.Option("--step", "-s", help="The step inside each given run directory.")] = None,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Decode pickle-based entries (verl's "
                                                "gen_batch.dp / tq_batch.pt) through the allow-list unpickler.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Show one entry: meta.json, fields (dtype, shape, bytes), response-length and reward statistics,
-    recorded generation seconds, run fingerprint.
+    """Show entries: meta.json, fields, response-length and reward statistics, generation seconds, fingerprint.
 
-    A V1 (rollout_tq) step directory is shown whole, its inner entries merged as they are replayed.
+    Fields are listed with dtype, shape and bytes. A V1 (rollout_tq) step directory is shown whole, its inner entries merged as they are replayed.
     Exit code 1 when an entry is damaged.
 
     [bold]Examples[/]
@@ -352,7 +355,8 @@ def _info_json(info: Any) -> dict[str, Any]:
 @app.command("verify")
 @_errors
 def verify_command(
-    dump_dir: Annotated[str, typer.Argument(help="The cache: a dump_dir, an experiment directory or a run directory.")]
+    dump_dir: Annotated[str, typer.Argument(metavar="[DUMP_DIR]",
+                                            help="The cache: a dump_dir, an experiment directory or a run directory.")]
     = DEFAULT_DUMP_DIR,
     repair: Annotated[bool, typer.Option("--repair", help="Remove what can never become valid: damaged entries, "
                                          "half-written and incomplete steps, leftovers. Valid entries are never touched.")]
@@ -366,10 +370,11 @@ def verify_command(
     = "1h",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Check every entry: checksums, sizes, meta.json, V1 steps complete and from one run; find leftovers
-    (.tmp-*, .trash-*) and half-written step directories.
+    """Check checksums and completeness of every entry; find leftovers and half-written directories.
 
-    Exit code 0 when the cache is clean, 1 when problems were found (or remain after --repair).
+    Checks sizes, checksums and meta.json of every entry, that V1 steps are complete and written by
+    one run, and finds leftovers of interrupted writes (.tmp-*, .trash-*) and step directories
+    without meta.json. Exit code 0 when the cache is clean, 1 when problems were found (or remain after --repair).
 
     [bold]Examples[/]
       stepskip verify
@@ -438,7 +443,7 @@ def _render_verify(report: Any, result: Any, root: str, grace: str) -> None:
 @app.command("prune")
 @_errors
 def prune_command(
-    run_dir: Annotated[str, typer.Argument(help="A run directory (GBS<gbs>_N<n>_in<p>_out<r>), or a stage role's "
+    run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR", help="A run directory (GBS<gbs>_N<n>_in<p>_out<r>), or a stage role's "
                                            "subdirectory of one.", show_default=False)],
     keep_last: Annotated[Optional[int], typer.Option("--keep-last", help="Keep the N highest steps of each role.")] = None,
     older_than: Annotated[Optional[str], typer.Option("--older-than", help="Remove steps recorded before this age: "
@@ -492,9 +497,9 @@ class Target(str, enum.Enum):
 @app.command("convert")
 @_errors
 def convert_command(
-    src: Annotated[str, typer.Argument(help="The cache to read: a dump_dir, experiment or run directory.",
+    src: Annotated[str, typer.Argument(metavar="SRC", help="The cache to read: a dump_dir, experiment or run directory.",
                                        show_default=False)],
-    dst: Annotated[str, typer.Argument(help="Where to write; SRC's layout is kept below it.", show_default=False)],
+    dst: Annotated[str, typer.Argument(metavar="DST", help="Where to write; SRC's layout is kept below it.", show_default=False)],
     to: Annotated[Target, typer.Option("--to", help="safe: safetensors + JSON, no pickle. verl: the files verl 0.9 "
                                        "reads (gen_batch.dp, tq_batch.pt for V1 entries).", show_default=False)],
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Read pickle-based entries (caches verl "
@@ -503,10 +508,9 @@ def convert_command(
     role: Annotated[Optional[str], typer.Option("--role", help="Only this role's steps.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Convert a cache to another format, keeping the directory layout and meta.json (global_steps,
-    num_trajectories ...).
+    """Convert a cache to another format (safe or verl), keeping its layout and meta.json.
 
-    Handles gen_batch.dp entries and V1 tq_batch.pt entries. Every entry is written atomically with
+    meta.json keeps global_steps, num_trajectories, run id, fingerprint ... Handles gen_batch.dp entries and V1 tq_batch.pt entries. Every entry is written atomically with
     checksums, then read back and compared with its source. Invalid source steps are left out
     (exit code 1).
 
@@ -576,7 +580,7 @@ def _tokens(ids: list[int] | None, tokenizer: Any, limit: int) -> str:
 @app.command("show")
 @_errors
 def show_command(
-    entry: Annotated[str, typer.Argument(help="A step directory (or V1 inner entry), or a run directory with --step.",
+    entry: Annotated[str, typer.Argument(metavar="ENTRY", help="A step directory (or V1 inner entry), or a run directory with --step.",
                                          show_default=False)],
     step: Annotated[Optional[int], typer.Option("--step", "-s", help="The step inside a run directory.")] = None,
     rows: Annotated[int, typer.Option("--rows", "-r", help="How many trajectories to print.")] = 3,
@@ -650,7 +654,7 @@ def show_command(
 @app.command("demo", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
              add_help_option=False)
 def demo_command(ctx: typer.Context) -> None:
-    """Run the reference demo pipeline; every argument (--help included) is passed on to it.
+    """Run the demo pipeline (stepskip.pipelines.demo); every argument, --help included, goes to it.
 
     [bold]Examples[/]
       stepskip demo --help
@@ -659,8 +663,9 @@ def demo_command(ctx: typer.Context) -> None:
     try:
         from stepskip.pipelines.demo import main as demo_main
     except ImportError as error:
-        err.print(f"[bold red]error:[/] the demo pipeline is not available: cannot import stepskip.pipelines.demo "
-                  f"({escape(str(error))}); install stepskip with its pipelines extra (pip install 'stepskip[pipelines]')")
+        message = (f"the demo pipeline is not available: cannot import stepskip.pipelines.demo ({error}); "
+                   "install stepskip with its pipelines extra: pip install 'stepskip[pipelines]'")
+        err.print(f"[bold red]error:[/] {escape(message)}")
         raise typer.Exit(2) from None
     code = demo_main(list(ctx.args))
     raise typer.Exit(int(code or 0))

@@ -160,8 +160,8 @@ def verify_runs(runs: list[RunDir], deep: bool = False, allow_pickle: bool = Fal
         for step in run.steps:
             issues = step.issues()
             for entry in step.entries:
+                report.entries += 1
                 if entry.valid:
-                    report.entries += 1
                     found = _check_entry(store, entry, deep, allow_pickle, report)
                     if found is not None:
                         issues.append(Issue(found[0], entry.path, found[1]))
@@ -181,6 +181,7 @@ def verify_runs(runs: list[RunDir], deep: bool = False, allow_pickle: bool = Fal
             report.problems.append(Problem(IssueKind.LEFTOVER, leftover,
                                            "leftover of an interrupted write or replacement", leftover,
                                            recent=now - _age_mtime(leftover) < grace))
+    report.problems.sort(key=lambda p: (p.path, p.kind.value))
     return report
 
 

@@ -9,6 +9,7 @@ non-tensor entries, dicts, tensors, numpy arrays and JSON-like values.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Mapping
@@ -275,9 +276,10 @@ class SafeFormat:
         tree, tensors = frozen.tree, frozen.tensors
         if self.compress != "none":
             tree, tensors = _compact(tree, tensors)
+            refs = list(tensors)
             packed: dict[str, Any] = {}
-            for ref, tensor in list(tensors.items()):
-                tensors[ref], info = pack(tensor, self.compress)
+            for ref, (stored, info) in zip(refs, _pool().map(lambda r: pack(tensors[r], self.compress), refs)):
+                tensors[ref] = stored
                 if info is not None:
                     packed[ref] = info
             if packed:
@@ -285,15 +287,21 @@ class SafeFormat:
         text = json.dumps(tree, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         return {TENSORS_FILE: st_save(tensors), TREE_FILE: text}
 
-    def decode(self, files: Mapping[str, bytes]) -> Any:
+    def decode(self, files: Mapping[str, bytes], consume: bool = False) -> Any:
         """Rebuild the value from the entry's files.
+
+        Args:
+            files: the entry's files by name.
+            consume: empty ``files`` (a dict) while reading, so the raw bytes are freed before
+                the tensors are expanded (lower peak memory when the caller is done with them).
 
         Raises:
             CorruptEntryError: the files cannot be parsed.
         """
         try:
-            tree = json.loads(files[TREE_FILE])
-            tensors = st_load(files[TENSORS_FILE])
+            take = files.pop if consume and isinstance(files, dict) else files.__getitem__
+            tree = json.loads(take(TREE_FILE))
+            tensors = st_load(take(TENSORS_FILE))
             return _Decoder(tensors, tree.get("packed", {})).node(tree["root"])
         except Exception as err:  # the decode boundary: any failure to parse these bytes is a damaged entry
             raise CorruptEntryError(f"cannot decode a 'safe' entry: {type(err).__name__}: {err}") from err
@@ -302,15 +310,20 @@ class SafeFormat:
 def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Rewrite plain tensor nodes into compact encodings; other references stay valid."""
     table = dict(tensors)
-    counter = iter(range(1 << 62))
+    counter = itertools.count()
 
     def add(tensor: torch.Tensor) -> str:
-        ref = f"c{next(counter)}"
+        ref = f"c{next(counter)}"  # itertools.count is atomic under the GIL: safe from the pool
         table[ref] = tensor.contiguous()
         return ref
 
     def dense(node: dict[str, Any]) -> dict[str, Any]:
         return encode_tensor(table.pop(node["ref"]), add)
+
+    def dense_many(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Encode sibling tensors side by side (torch releases the GIL)."""
+        keys = list(nodes)
+        return dict(zip(keys, _pool().map(lambda k: dense(nodes[k]), keys)))
 
     def walk(node: Any) -> Any:
         if not isinstance(node, dict) or "kind" not in node:
@@ -328,6 +341,7 @@ def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[di
             entries = node["entries"]
             plain = {k: table[v["ref"]] for k, v in entries.items() if v["kind"] == "tensor" and "enc" not in v}
             joined = find_concat(plain)
+            encoded = dense_many({k: entries[k] for k in plain if k not in joined})
             out_entries = {}
             for key, child in entries.items():
                 if key in joined:
@@ -335,7 +349,7 @@ def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[di
                     out_entries[key] = {"kind": "tensor", "enc": "concat", "dtype": str(plain[key].dtype)[6:],
                                         "parts": joined[key]}
                 else:
-                    out_entries[key] = walk(child)
+                    out_entries[key] = encoded[key] if key in encoded else walk(child)
             return dict(node, entries=out_entries)
         if kind == "batch":
             return dict(node, batch=walk(node["batch"]),

@@ -206,7 +206,7 @@ class VerlFormat:
     def encode(self, frozen: _FrozenDataProto) -> dict[str, bytes]:
         return {GEN_BATCH_FILE: dumps_dataproto(frozen.batch, frozen.non_tensor_batch, frozen.meta_info)}
 
-    def decode(self, files: Mapping[str, bytes]) -> Any:
+    def decode(self, files: Mapping[str, bytes], consume: bool = False) -> Any:
         """Rebuild the batch: verl's ``DataProto`` when verl is importable, else :class:`~stepskip.Batch`.
 
         Raises:
@@ -254,7 +254,7 @@ class VerlTqFormat:
         torch.save(payload, buffer)
         return {TQ_BATCH_FILE: buffer.getvalue()}
 
-    def decode(self, files: Mapping[str, bytes]) -> Any:
+    def decode(self, files: Mapping[str, bytes], consume: bool = False) -> Any:
         try:
             payload = torch.load(io.BytesIO(files[TQ_BATCH_FILE]), weights_only=True, map_location="cpu")
         except Exception as err:  # the decode boundary: any failure to parse these bytes is a damaged entry

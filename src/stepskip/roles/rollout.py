@@ -339,7 +339,8 @@ class RolloutSkip(BaseSkip):
                 "`stepskip convert SRC DST --to safe --allow-pickle`. The entry was left untouched."
             )
         files = self.store.read_files(path, meta, fmt.files, self.verify)
-        return fmt.decode(files), meta, sum(len(b) for b in files.values())
+        nbytes = sum(len(b) for b in files.values())
+        return fmt.decode(files, consume=True), meta, nbytes
 
     def _check_fidelity(self, meta: dict[str, Any], path: str, step: int, load_step: int, prompts: Any) -> None:
         """Compare the entry's run fingerprint and prompt digest with the live run and call."""
