@@ -301,7 +301,7 @@ def _render_info(info: Any) -> None:
 @app.command("info")
 @_errors
 def info_command(
-    entries: Annotated[list[str], typer.Argument(metavar="ENTRY...", help="Step directories (or V1 inner entries), "
+    entries: Annotated[list[str], typer.Argument(metavar="ENTRY", help="Step directories (or V1 inner entries), "
                                                  "or a run directory with --step.",
                                                  show_default=False)],
     step: Annotated[Optional[int], typer.Option("--step", "-s", help="The step inside each given run directory.")] = None,
@@ -309,10 +309,11 @@ def info_command(
                                                "gen_batch.dp / tq_batch.pt) through the allow-list unpickler.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Show entries: meta.json, fields, response-length and reward statistics, generation seconds, fingerprint.
+    """Show entries: meta.json, fields, statistics, generation seconds, fingerprint.
 
-    Fields are listed with dtype, shape and bytes. A V1 (rollout_tq) step directory is shown whole, its inner entries merged as they are replayed.
-    Exit code 1 when an entry is damaged.
+    Fields are listed with dtype, shape and bytes; response-length and reward statistics when the
+    entry holds them. A V1 (rollout_tq) step directory is shown whole, its inner entries merged as
+    they are replayed. Exit code 1 when an entry is damaged.
 
     [bold]Examples[/]
       stepskip info ~/.verl/rollout_dump/exp_proj/GBS64_N8_in512_out1024/12

@@ -167,13 +167,15 @@ def _is_dataproto_like(value: Any) -> bool:
 
 
 class _Decoder:
-    def __init__(self, tensors: Mapping[str, torch.Tensor], packed: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, tensors: dict[str, torch.Tensor], packed: Mapping[str, Any] | None = None) -> None:
         self.tensors = tensors
         self.packed = packed or {}
 
     def tensor(self, ref: str) -> torch.Tensor:
+        # each stored part is used once: dropping it here frees it as soon as its output exists
+        stored = self.tensors.pop(ref)
         info = self.packed.get(ref)
-        return self.tensors[ref] if info is None else unpack(self.tensors[ref], info)
+        return stored if info is None else unpack(stored, info)
 
     def part(self, ref: str | dict[str, Any]) -> torch.Tensor:
         return self.tensor(ref) if isinstance(ref, str) else self.node(ref)
@@ -189,7 +191,7 @@ class _Decoder:
                 lengths=None if lengths is None else self.part(lengths), jagged_dim=node["ragged_idx"],
             )
         if kind == "nested":
-            return torch.nested.nested_tensor([self.tensors[r] for r in node["parts"]])
+            return torch.nested.nested_tensor([self.tensor(r) for r in node["parts"]])
         if kind == "tensordict":
             return self.tensordict(node)
         if kind == "batch":
