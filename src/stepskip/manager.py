@@ -72,42 +72,41 @@ def _plan(skip: BaseSkip, step: int, func: Callable[..., Any], args: tuple[Any, 
     return result
 
 
+def _resume(plan: Generator[_Instruction, Any, Any], value: Any, error: BaseException | None) -> tuple[bool, Any]:
+    """Send the last outcome into the plan: ``(True, result)`` when it finished, else ``(False, instruction)``."""
+    try:
+        return False, (plan.throw(error) if error is not None else plan.send(value))
+    except StopIteration as stop:
+        return True, stop.value
+
+
 def _drive_sync(plan: Generator[_Instruction, Any, Any], func: Callable[..., Any], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> Any:
-    send: Any = None
-    error: BaseException | None = None
+    value, error = None, None
     while True:
+        done, instruction = _resume(plan, value, error)
+        if done:
+            return instruction
+        value, error = None, None
         try:
-            instruction = plan.throw(error) if error is not None else plan.send(send)
-        except StopIteration as stop:
-            return stop.value
-        error = None
-        try:
-            if instruction[0] == "call":
-                send = func(*args, **kwargs)
-            else:
-                _, fn, fn_args, fn_kwargs = instruction
-                send = fn(*fn_args, **fn_kwargs)
+            value = func(*args, **kwargs) if instruction[0] == "call" else instruction[1](*instruction[2], **instruction[3])
         except Exception as err:  # handed back to the plan, which decides
             error = err
 
 
 async def _drive_async(plan: Generator[_Instruction, Any, Any], func: Callable[..., Any], args: tuple[Any, ...],
                        kwargs: dict[str, Any]) -> Any:
-    send: Any = None
-    error: BaseException | None = None
+    value, error = None, None
     while True:
-        try:
-            instruction = plan.throw(error) if error is not None else plan.send(send)
-        except StopIteration as stop:
-            return stop.value
-        error = None
+        done, instruction = _resume(plan, value, error)
+        if done:
+            return instruction
+        value, error = None, None
         try:
             if instruction[0] == "call":
-                send = await func(*args, **kwargs)
-            else:
-                _, fn, fn_args, fn_kwargs = instruction
-                send = await asyncio.to_thread(fn, *fn_args, **fn_kwargs)
+                value = await func(*args, **kwargs)
+            else:  # storage work runs in a worker thread: the event loop never blocks on disk
+                value = await asyncio.to_thread(instruction[1], *instruction[2], **instruction[3])
         except Exception as err:
             error = err
 
