@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import inspect
 import logging
@@ -135,6 +136,7 @@ class SkipManager:
     skip_instances: ClassVar[dict[str, BaseSkip]] = {}
     run_id: ClassVar[str | None] = None
     _closed: ClassVar[bool] = False
+    _atexit_registered: ClassVar[bool] = False
 
     @classmethod
     def init(cls, config: Any, **runtime: Any) -> None:
@@ -164,6 +166,9 @@ class SkipManager:
 
                 instances[name] = cls._build(name, StageSkip, local, config, run_id, runtime)
         cls.close()  # only now: a bad new config leaves the previous run untouched
+        if not cls._atexit_registered:  # a run that never calls close() still flushes and summarises
+            atexit.register(cls.close)
+            cls._atexit_registered = True
         cls.config = skip_config
         cls.step = -1
         cls.run_id = run_id

@@ -7,7 +7,9 @@ allows it. A V1 step's inner entries are merged row-wise, as ``rollout_tq`` repl
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +18,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase, is_non_tensor
 
-from stepskip.cli.errors import PickleRefusedError
+from stepskip.cli.errors import CliError, PickleRefusedError
 from stepskip.cli.scan import EntryRecord, StepDir, StepKind
 from stepskip.errors import CorruptEntryError
 from stepskip.formats import get_format
@@ -25,7 +27,7 @@ from stepskip.tq.rows import concat_rows
 
 __all__ = [
     "FieldInfo", "SampleRow", "Stat", "describe_fields", "read_entry", "read_step", "response_lengths",
-    "rewards", "row_count", "sample_rows",
+    "load_tokenizer", "rewards", "row_count", "sample_rows", "value_digest",
 ]
 
 #: Per-row reward columns, most specific first; 2-D ones (token level) are summed over the last dimension.
@@ -385,6 +387,115 @@ def sample_rows(value: Any, rows: int) -> list[SampleRow]:
     return out
 
 
+def load_tokenizer(path: str) -> Any:
+    """A Hugging Face tokenizer from a local directory (a tokenizer or a whole model), loaded offline.
+
+    Raises:
+        CliError: transformers is not installed, or ``path`` holds no loadable tokenizer.
+
+    Example:
+        >>> load_tokenizer("/models/Qwen2.5-7B-Instruct").decode([9707])  # doctest: +SKIP
+        'Hello'
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as err:
+        raise CliError("--tokenizer needs the transformers package (pip install transformers)") from err
+    local = os.path.expanduser(path)
+    try:
+        return AutoTokenizer.from_pretrained(local, local_files_only=True)
+    except Exception as err:  # a third-party loader's boundary: any failure means "no usable tokenizer here"
+        why = "no such directory" if not os.path.exists(local) else f"{type(err).__name__}: {err}"
+        raise CliError(f"--tokenizer {path}: cannot load a Hugging Face tokenizer ({why}); "
+                       "pass a local tokenizer or model directory") from None
+
+
 def _short(value: Any, limit: int) -> str:
     text = value if isinstance(value, str) else repr(value)
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+# --------------------------------------------------------------------------- exact comparison
+
+
+def value_digest(value: Any) -> str:
+    """A digest of a value's exact content, independent of how any format laid it out on disk.
+
+    Types, dtypes, shapes, key order and every bit (``-0.0``, NaN payloads) count; a Batch and
+    verl's DataProto with the same parts digest alike.
+
+    Example:
+        >>> value_digest({"x": torch.tensor([0.0])}) == value_digest({"x": torch.tensor([-0.0])})
+        False
+    """
+    h = hashlib.sha256()
+    _feed(h, value)
+    return h.hexdigest()
+
+
+def _feed(h: Any, value: Any) -> None:
+    def tag(*parts: Any) -> None:
+        h.update(("\x00".join(map(str, parts)) + "\x01").encode("utf-8", "surrogatepass"))
+
+    if isinstance(value, torch.Tensor):
+        if value.is_nested:
+            parts = value.unbind()
+            tag("nested", value.dtype, len(parts))
+            for part in parts:
+                _feed(h, part)
+            return
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        tag("tensor", value.dtype, tuple(value.shape))
+        if flat.numel():
+            h.update(flat.view(torch.uint8).numpy().tobytes())
+        return
+    if isinstance(value, NonTensorStack):
+        tag("non_tensor_stack", tuple(value.batch_size))
+        _feed(h, value.tolist())
+        return
+    if isinstance(value, NonTensorData):
+        tag("non_tensor_data", tuple(value.batch_size))
+        _feed(h, value.data)
+        return
+    if isinstance(value, TensorDictBase):
+        tag("tensordict", tuple(value.batch_size), len(list(value.keys())))
+        for key in value.keys():
+            tag("key", key)
+            _feed(h, value.get(key))
+        return
+    if _is_batch(value):
+        tag("batch")
+        _feed(h, value.batch)
+        _feed(h, dict(value.non_tensor_batch))
+        _feed(h, dict(value.meta_info))
+        return
+    if isinstance(value, np.ndarray):
+        tag("ndarray", value.dtype.str, value.shape)
+        if value.dtype.hasobject:
+            for item in value.reshape(-1):
+                _feed(h, item)
+        else:
+            h.update(np.ascontiguousarray(value).tobytes())
+        return
+    if isinstance(value, np.generic):
+        tag("np", value.dtype.str)
+        h.update(np.asarray(value).tobytes())
+        return
+    if isinstance(value, Mapping):
+        tag(type(value).__name__, len(value))
+        for key, item in value.items():
+            _feed(h, key)
+            _feed(h, item)
+        return
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
+        tag(type(value).__name__, len(value))
+        for item in items:
+            _feed(h, item)
+        return
+    if isinstance(value, float):
+        tag("float", value.hex() if math.isfinite(value) else repr(value))
+        return
+    tag(type(value).__name__, repr(value))

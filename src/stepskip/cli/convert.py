@@ -9,14 +9,13 @@ with its source before the next one starts.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from stepskip._version import __version__
-from stepskip.cli.content import describe_fields, read_entry, row_count
+from stepskip.cli.content import read_entry, value_digest
 from stepskip.cli.errors import CliError
 from stepskip.cli.scan import EntryRecord, Issue, local_store, scan_cache, scan_entry
 from stepskip.errors import CorruptEntryError, UnstorableValueError
@@ -125,16 +124,6 @@ def plan_convert(src: str, dst: str, to: str, allow_pickle: bool, overwrite: boo
     return jobs, skipped
 
 
-def _signature(value: Any) -> Any:
-    """An exact digest of a value (its ``safe`` encoding), or its field list when that format cannot hold it."""
-    fmt = get_format("safe")
-    try:
-        files = fmt.encode(fmt.freeze(value, copy=False))
-    except UnstorableValueError:
-        return ("fields", row_count(value), describe_fields(value))
-    return {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())}
-
-
 def _new_meta(entry: EntryRecord, target: Format) -> dict[str, Any]:
     meta = {k: v for k, v in (entry.meta or {}).items() if k != "files"}
     meta["format"] = target.name
@@ -159,7 +148,7 @@ def _convert_one(job: _Job, allow_pickle: bool) -> ConvertedEntry:
         if written.state is not EntryState.PRESENT:
             raise CorruptEntryError(f"the written entry is {written.state.value}: {written.reason}")
         # Our own output, read back through the same allow-list readers.
-        if _signature(read_entry(store, written, allow_pickle=True)) != _signature(value):
+        if value_digest(read_entry(store, written, allow_pickle=True)) != value_digest(value):
             raise CorruptEntryError("the written entry decodes to other values than its source")
     except (CorruptEntryError, UnstorableValueError, OSError) as err:
         result.error = f"{type(err).__name__}: {err}"

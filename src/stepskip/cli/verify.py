@@ -100,13 +100,13 @@ def _check_entry(store: LocalStore, entry: EntryRecord, deep: bool, allow_pickle
             try:
                 store.read_files(entry.path, entry.meta or {}, [name], verify=True)  # one file in memory at a time
             except CorruptEntryError as err:
-                return IssueKind.CHECKSUM, str(err)
+                return IssueKind.CHECKSUM, str(err).replace(f"{entry.path}/", "")
         report.checksummed += 1
     if deep and (allow_pickle or not fmt.uses_pickle):
         try:
             read_entry(store, entry, allow_pickle=allow_pickle, verify=False)
         except CorruptEntryError as err:
-            return IssueKind.UNDECODABLE, str(err)
+            return IssueKind.UNDECODABLE, str(err).replace(f"{entry.path}/", "")
         except PickleRefusedError:  # pragma: no cover - excluded above
             pass
         report.decoded += 1

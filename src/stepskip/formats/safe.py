@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -155,11 +155,18 @@ class _Encoder:
 _POOL: ThreadPoolExecutor | None = None
 
 
-def _pool() -> ThreadPoolExecutor:
+def _parallel_map(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+    """``map`` on a small thread pool (torch, numpy and zstd release the GIL); sequential when the
+    interpreter is shutting down, where dumps still pending at exit are finished."""
     global _POOL
+    if len(items) < 2:
+        return [fn(item) for item in items]
     if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="stepskip-decode")
-    return _POOL
+        _POOL = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="stepskip-codec")
+    try:
+        return list(_POOL.map(fn, items))
+    except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+        return [fn(item) for item in items]
 
 
 def _is_dataproto_like(value: Any) -> bool:
@@ -212,7 +219,7 @@ class _Decoder:
         decoded: dict[str, Any] = {}
         dense = [k for k, c in entries.items() if c["kind"] == "tensor" and c.get("enc") not in (None, "concat")]
         if len(dense) > 1:  # torch and zstd release the GIL: decode the big tensors side by side
-            decoded.update(zip(dense, _pool().map(lambda k: self.node(entries[k]), dense)))
+            decoded.update(zip(dense, _parallel_map(lambda k: self.node(entries[k]), dense)))
         # entries stored as a concatenation of siblings decode after those siblings
         order = sorted((k for k in entries if k not in decoded), key=lambda k: entries[k].get("enc") == "concat")
         for key in decoded:
@@ -280,7 +287,7 @@ class SafeFormat:
             tree, tensors = _compact(tree, tensors)
             refs = list(tensors)
             packed: dict[str, Any] = {}
-            for ref, (stored, info) in zip(refs, _pool().map(lambda r: pack(tensors[r], self.compress), refs)):
+            for ref, (stored, info) in zip(refs, _parallel_map(lambda r: pack(tensors[r], self.compress), refs)):
                 tensors[ref] = stored
                 if info is not None:
                     packed[ref] = info
@@ -325,7 +332,7 @@ def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[di
     def dense_many(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Encode sibling tensors side by side (torch releases the GIL)."""
         keys = list(nodes)
-        return dict(zip(keys, _pool().map(lambda k: dense(nodes[k]), keys)))
+        return dict(zip(keys, _parallel_map(lambda k: dense(nodes[k]), keys)))
 
     def walk(node: Any) -> Any:
         if not isinstance(node, dict) or "kind" not in node:

@@ -33,10 +33,10 @@ from stepskip.pipelines.runtime import (
     RunResult,
     StepRecord,
     build_parts,
-    configure_torch,
     derive_seed,
     generate_batch,
     repeat_rows,
+    torch_settings,
 )
 from stepskip.pipelines.task import CountTask
 
@@ -98,7 +98,7 @@ class AgentLoopManager:
         chunks = prompts.chunk(len(self.workers))
         outputs = [worker.generate(chunk, self.response_length, temperature,
                                    derive_seed(self.seed, "val" if validate else "train", step, i))
-                   for i, (worker, chunk) in enumerate(zip(self.workers, chunks)) if len(chunk)]
+                   for i, (worker, chunk) in enumerate(zip(self.workers, chunks, strict=True)) if len(chunk)]
         out = Batch.concat(outputs)
         out.meta_info = {k: v for k, v in prompts.meta_info.items()}
         out.meta_info["timing"] = {"generate_sequences": time.perf_counter() - start,
@@ -146,7 +146,6 @@ class ColocatedTrainer:
     pipeline = "colocated"
 
     def __init__(self, config: Any) -> None:
-        configure_torch(config)
         self.config = config
         parts = build_parts(config)
         self.parts = parts
@@ -162,6 +161,12 @@ class ColocatedTrainer:
         """Train ``trainer.total_training_steps`` steps; validation per ``trainer.test_freq``."""
         result = RunResult(pipeline=self.pipeline)
         start = time.perf_counter()
+        with torch_settings(self.config):
+            self._fit(result)
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def _fit(self, result: RunResult) -> None:
         SkipManager.init(self.config)
         try:
             trainer = self.config.trainer
@@ -179,8 +184,6 @@ class ColocatedTrainer:
         finally:
             SkipManager.close()
         result.generation_calls = list(self.agent_loop.calls)
-        result.seconds = time.perf_counter() - start
-        return result
 
     def step(self) -> StepRecord:
         """One GRPO step: prompts, rollout (the skip unit), reward, advantages, clipped update."""
@@ -213,7 +216,8 @@ class ColocatedTrainer:
 
     def _validate(self) -> float:
         """Greedy rollout of the validation prompts, ``meta_info["validate"] = True``: never skipped."""
-        prompts = Batch(batch=self.parts.val_prompts.batch, non_tensor_batch=dict(self.parts.val_prompts.non_tensor_batch),
+        val = self.parts.val_prompts
+        prompts = Batch(batch=val.batch, non_tensor_batch=dict(val.non_tensor_batch),
                         meta_info={"validate": True, "global_steps": self.global_steps})
         prompts.non_tensor_batch["uid"] = np.array([f"val{i}" for i in range(len(prompts))], dtype=object)
         out = self.agent_loop.generate_sequences(prompts)

@@ -15,7 +15,8 @@ version determined by its feed index, so regenerated steps are reproducible too.
 
 Run it::
 
-    python -m stepskip.pipelines.fully_async skip.async_rollout.enable=True skip.async_rollout.steps=[1,2,3,4,5] skip.async_rollout.action=cache
+    python -m stepskip.pipelines.fully_async skip.async_rollout.enable=True \\
+        skip.async_rollout.steps=[1,2,3,4,5] skip.async_rollout.action=cache
 """
 
 from __future__ import annotations

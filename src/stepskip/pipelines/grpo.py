@@ -32,8 +32,8 @@ def grpo_advantages(scores: torch.Tensor, group_ids: Sequence[Any], norm_by_std:
         ``[rows]`` advantages; 0 for a group of one.
 
     Example:
-        >>> grpo_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5]), ["a", "a", "b", "b"]).tolist()
-        [0.7071062922477722, -0.7071062922477722, 0.0, 0.0]
+        >>> [round(a, 4) for a in grpo_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5]), ["a", "a", "b", "b"]).tolist()]
+        [0.7071, -0.7071, 0.0, 0.0]
     """
     groups: dict[Any, list[int]] = {}
     for row, gid in enumerate(group_ids):

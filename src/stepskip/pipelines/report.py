@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stepskip.pipelines.runtime import RunResult, load_config
+from stepskip.pipelines.runtime import RunResult, load_config, quiet_torch_notices
 
 __all__ = ["summarize", "steps_table", "run_module"]
 
@@ -47,7 +47,7 @@ def summarize(recorded: RunResult, replayed: RunResult) -> dict[str, Any]:
         "time_saved_s": round(gen_time - replay_time, 4),
         "step_time_ratio": ratio,
         "losses_equal": len(recorded.records) == len(replayed.records)
-        and all(a.loss == b.loss for a, b in zip(recorded.records, replayed.records)),
+        and all(a.loss == b.loss for a, b in zip(recorded.records, replayed.records, strict=True)),
     }
 
 
@@ -83,6 +83,7 @@ def run_module(name: str, fit: Callable[[Any], Any], argv: Sequence[str] | None 
               f"stepskip/pipelines/configs/{name}.yaml)")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    quiet_torch_notices()
     config = load_config(name, args)
     runner = fit(config)
     result: RunResult = runner.fit() if hasattr(runner, "fit") else runner

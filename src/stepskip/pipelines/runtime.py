@@ -9,10 +9,11 @@ seed's command lines work as written::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ __all__ = [
     "PIPELINES",
     "load_config",
     "configure_torch",
+    "torch_settings",
+    "quiet_torch_notices",
     "derive_seed",
     "Parts",
     "build_parts",
@@ -76,12 +79,30 @@ def load_config(name: str, overrides: Sequence[str] = ()) -> Any:
 
 
 def configure_torch(config: Any) -> None:
-    """Apply ``trainer.torch_threads`` and ``trainer.deterministic`` to this process's torch."""
+    """Apply ``trainer.torch_threads`` and ``trainer.deterministic`` to this process's torch (for good)."""
     threads = int(config.trainer.get("torch_threads", 0) or 0)
     if threads > 0:
         torch.set_num_threads(threads)
     if bool(config.trainer.get("deterministic", False)):
         torch.use_deterministic_algorithms(True)
+
+
+@contextlib.contextmanager
+def torch_settings(config: Any) -> Iterator[None]:
+    """:func:`configure_torch` for the duration of a ``with`` block, then the caller's settings back."""
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    configure_torch(config)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def quiet_torch_notices() -> None:
+    """Silence torch's one-off ``is_fx_tracing`` notice (jagged tensors built outside tracing trigger it)."""
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
 
 def derive_seed(*parts: Any) -> int:

@@ -36,8 +36,8 @@ class CountTask:
         >>> task = CountTask(num_symbols=16, prompt_tokens=4)
         >>> task.prompt(14)
         [1, 17, 18, 3, 4]
-        >>> task.score(torch.tensor([task.prompt(14)]), torch.tensor([[5, 6, 9]]), torch.ones(1, 3)).tolist()
-        [0.6666666865348877]
+        >>> round(float(task.score(torch.tensor([task.prompt(14)]), torch.tensor([[5, 6, 9]]), torch.ones(1, 3))), 4)
+        0.6667
     """
 
     num_symbols: int = 16

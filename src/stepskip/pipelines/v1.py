@@ -45,7 +45,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 from stepskip import SkipManager
 from stepskip.pipelines.grpo import grpo_advantages
 from stepskip.pipelines.policy import TinyPolicy
-from stepskip.pipelines.runtime import RunResult, StepRecord, build_parts, configure_torch, derive_seed
+from stepskip.pipelines.runtime import RunResult, StepRecord, build_parts, derive_seed, torch_settings
 from stepskip.tq import InProcessTQClient, KVBatchMeta
 
 __all__ = ["AgentLoopManagerTQ", "ReplayBuffer", "V1Trainer", "transfer_queue_session", "main"]
@@ -107,8 +107,14 @@ class AgentLoopManagerTQ:
         self._awake.set()
         self._busy = threading.Lock()  # held while a chunk generates: weights never change mid-chunk
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="stepskip-agent-loop", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the generation thread (the inference server coming up)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._error = None
+            self._thread = threading.Thread(target=self._run, name="stepskip-agent-loop", daemon=True)
+            self._thread.start()
 
     def generate_sequences(self, prompts: TensorDict, global_steps: int, partition_id: str = "train",
                            validate: bool = False) -> None:
@@ -140,9 +146,12 @@ class AgentLoopManagerTQ:
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish the queued jobs and stop the thread."""
+        if self._thread is None:
+            return
         self._awake.set()
         self._jobs.put(None)
         self._thread.join(timeout)
+        self._thread = None
 
     def _run(self) -> None:
         while True:
@@ -163,7 +172,7 @@ class AgentLoopManagerTQ:
         sources = [str(s) for s in job.prompts["data_source"]]
         temperature = self.val_temperature if job.validate else self.temperature
         bounds = np.linspace(0, len(uids), self.num_workers + 1).round().astype(int)
-        for chunk, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        for chunk, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
             if lo == hi:
                 continue
             self._awake.wait()
@@ -216,7 +225,8 @@ class ReplayBuffer:
                  timeout: float = 300.0, refill_fn: Callable[[int], None] | None = None,
                  health_check: Callable[[], None] | None = None) -> None:
         self.tq, self.trainer_mode = tq, trainer_mode
-        self.max_off_policy_threshold, self.poll_interval, self.timeout = max_off_policy_threshold, poll_interval, timeout
+        self.max_off_policy_threshold = max_off_policy_threshold
+        self.poll_interval, self.timeout = poll_interval, timeout
         self.refill_fn, self.health_check = refill_fn, health_check
         self.dropped = 0
 
@@ -316,7 +326,6 @@ class V1Trainer:
     pipeline = "v1"
 
     def __init__(self, config: Any, tq_client: Any = None) -> None:
-        configure_torch(config)
         self.config = config
         v1 = config.trainer.v1
         self.trainer_mode = str(v1.trainer_mode)
@@ -387,7 +396,14 @@ class V1Trainer:
         """Train ``trainer.total_training_steps`` steps (verl's ``PPOTrainer.fit``)."""
         result = RunResult(pipeline=self.pipeline)
         start = time.perf_counter()
+        with torch_settings(self.config):
+            self._fit(result)
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def _fit(self, result: RunResult) -> None:
         SkipManager.init(self.config, tq_client=self.tq)
+        self.agent_loop_manager.start()
         try:
             trainer = self.config.trainer
             total, test_freq = int(trainer.total_training_steps), int(trainer.test_freq)
@@ -412,8 +428,6 @@ class V1Trainer:
             self.agent_loop_manager.close()
             SkipManager.close()
         result.generation_calls = list(self.agent_loop_manager.calls)
-        result.seconds = time.perf_counter() - start
-        return result
 
     def step(self) -> tuple[StepRecord, list[KVBatchMeta]]:
         """Submit, then sample and update ``parameter_sync_step`` times."""

@@ -1,0 +1,40 @@
+"""A process that exits without SkipManager.close() still writes its pending dumps and a summary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+SCRIPT = textwrap.dedent("""
+    import logging, sys, torch
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
+    from stepskip import SkipManager, Batch
+
+    class Loop:
+        @SkipManager.annotate(role="rollout")
+        def generate_sequences(self, prompts):
+            return Batch.from_dict(tensors={"x": torch.arange(4000.0).reshape(40, 100)},
+                                   non_tensors={"uid": prompts.non_tensor_batch["uid"]})
+
+    SkipManager.init({"skip": {"rollout": {"enable": True, "steps": [1, 2, 3], "dump_dir": sys.argv[1]}}})
+    for step in (1, 2, 3):
+        SkipManager.set_step(step)
+        Loop().generate_sequences(Batch.from_dict(non_tensors={"uid": [str(i) for i in range(40)]}))
+    # no flush, no close: the interpreter exits with dumps still queued
+""")
+
+
+def test_pending_dumps_are_written_at_exit_and_summarised(tmp_path):
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run_dir = tmp_path / "default_experiment_name_default_project_name" / "GBS0_N0_in0_out0"
+    assert sorted(p.name for p in run_dir.iterdir()) == ["1", "2", "3"]
+    for step in (1, 2, 3):
+        assert json.loads((run_dir / str(step) / "meta.json").read_text())["global_steps"] == step
+    summary = [line for line in done.stdout.splitlines() if "summary" in line]
+    assert summary == ["stepskip.manager stepskip rollout summary: 0 hits, 3 misses, 3 dumps, 0 dump failures, "
+                       "0 corrupt, 0.0s of generation saved"]
+    assert "dump failed" not in done.stdout
