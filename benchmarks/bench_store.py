@@ -137,21 +137,27 @@ def _status(field: str) -> int:
     raise KeyError(field)
 
 
-def verl_own_code(path: str) -> dict | None:
+def verl_own_code(path: str, repeat: int) -> dict | None:
     """Time verl 0.9.1's own load_from_disk/save_to_disk in its environment, if it exists."""
     python = os.environ.get("STEPSKIP_VERL_PYTHON") or str(ROOT / ".venv-verl" / "bin" / "python")
     if not os.path.exists(python):
         return None
     script = (
-        "import json, sys, time; from verl.protocol import DataProto\n"
-        "p = sys.argv[1]; best_load = best_dump = 1e9\n"
-        "for _ in range(2):\n"
-        "    t = time.perf_counter(); d = DataProto.load_from_disk(p); best_load = min(best_load, time.perf_counter() - t)\n"
-        "    t = time.perf_counter(); d.save_to_disk(p + '.verl'); best_dump = min(best_dump, time.perf_counter() - t)\n"
-        "import os; size = os.path.getsize(p + '.verl'); os.remove(p + '.verl')\n"
+        "import json, os, sys, time\n"
+        "from tensordict import TensorDict\n"
+        "from verl.protocol import DataProto\n"
+        "loaded = DataProto.load_from_disk(sys.argv[1])\n"
+        "fresh = TensorDict({k: v.clone() for k, v in loaded.batch.items()}, batch_size=loaded.batch.batch_size)\n"
+        "dp = DataProto(batch=fresh, non_tensor_batch=loaded.non_tensor_batch, meta_info=loaded.meta_info)\n"
+        "out = sys.argv[1] + '.verl'; best_load = best_dump = 1e9\n"
+        "for _ in range(int(sys.argv[2])):\n"
+        "    t = time.perf_counter(); dp.save_to_disk(out); best_dump = min(best_dump, time.perf_counter() - t)\n"
+        "    t = time.perf_counter(); back = DataProto.load_from_disk(out)\n"
+        "    [v.sum() for v in back.batch.values()]; best_load = min(best_load, time.perf_counter() - t)\n"
+        "size = os.path.getsize(out); os.remove(out)\n"
         "print(json.dumps({'load': best_load, 'dump': best_dump, 'bytes': size}))\n"
     )
-    done = subprocess.run([python, "-c", script, path], capture_output=True, text=True, timeout=900)
+    done = subprocess.run([python, "-c", script, path, str(repeat)], capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -189,7 +195,7 @@ def bench_size(name: str, rows: int, prompt: int, response: int, repeat: int, wo
     results.append({"format": "raw read of the verl file", "bytes": verl["bytes"], "critical": None, "write": None,
                     "load": raw_s, "peak": None})
 
-    own = verl_own_code(verl_path)
+    own = verl_own_code(verl_path, repeat)
     if own and "error" not in own:
         results.append({"format": "verl 0.9.1 own code", "bytes": own["bytes"], "critical": own["dump"],
                         "write": own["dump"], "load": own["load"], "peak": None})
