@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from stepskip import Batch, SkipManager
@@ -147,6 +148,7 @@ class Rollouter:
                                                   self.parts.val_temperature, self.parts.seed)
         self.validations = 0
         self._stop = False
+        self._failure: BaseException | None = None
         self._changed: asyncio.Event | None = None
         SkipManager.init(self.config)
 
@@ -181,6 +183,10 @@ class Rollouter:
             start = time.perf_counter()
             try:
                 out = await self.manager.generate_sequences_single(prompts, sample_id)
+            except BaseException as err:  # stop feeding; run() raises it to the launcher
+                self._failure = self._failure or err
+                await self.stop()
+                raise
             finally:
                 slots.release()
             buffer.append({"feed_index": index, "sample_id": sample_id, "prompt_index": prompt_index,
@@ -205,17 +211,21 @@ class Rollouter:
                 epoch = loader.epoch
                 (prompt_index,) = loader.next_indices(1)
                 prompts = repeat_rows(loader.dataset.collate([prompt_index]), self.parts.n)
-                prompts.non_tensor_batch["uid"] = prompts.non_tensor_batch["index"].copy()
-                prompts.non_tensor_batch["uid"][:] = f"sample_{epoch}_{feed_index}"
+                # the sample id is the GRPO group id and, for stepskip, the step: sample_{epoch}_{feed index}
+                prompts.non_tensor_batch["uid"] = np.array([f"sample_{epoch}_{feed_index}"] * len(prompts),
+                                                           dtype=object)
                 task = asyncio.create_task(one(feed_index, epoch, prompt_index, prompts))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 feed_index += 1
             if tasks:
-                await asyncio.gather(*tasks)
+                await asyncio.gather(*tasks, return_exceptions=True)
             await flush()
         finally:
             flushing.cancel()
+        if self._failure is not None:
+            raise RuntimeError(f"the Rollouter stopped: a generate_sequences_single call failed "
+                               f"({type(self._failure).__name__}: {self._failure})") from self._failure
         return {"fed": feed_index}
 
     async def update_weights(self, state: dict[str, torch.Tensor], version: int, synced_steps: int) -> None:
@@ -232,8 +242,7 @@ class Rollouter:
         prompts = self.parts.val_prompts
         batch = Batch(batch=prompts.batch, non_tensor_batch=dict(prompts.non_tensor_batch),
                       meta_info={"validate": True, "global_steps": step})
-        batch.non_tensor_batch["uid"] = prompts.non_tensor_batch["index"].copy()
-        batch.non_tensor_batch["uid"][:] = f"val_{step}"
+        batch.non_tensor_batch["uid"] = np.array([f"val_{step}"] * len(prompts), dtype=object)
         out = await self.manager.generate_sequences_single(batch, f"val_{step}")
         return float(self.parts.task.score(out.batch["prompts"], out.batch["responses"],
                                            out.batch["response_mask"]).mean())
@@ -283,15 +292,17 @@ class Trainer:
         return [self._pending.pop(i) for i in wanted]
 
     def fit(self, queue: Any, rollouter: Any, timeout: float = 300.0) -> dict[str, Any]:
-        """Train ``trainer.total_training_steps`` steps; returns the step records and validation scores."""
+        """Train ``trainer.total_training_steps`` steps; returns the step records and validation scores.
+
+        Validation runs on the Rollouter every ``trainer.test_freq`` steps and after the last one
+        (the launcher runs the one before training, before feeding starts).
+        """
         import ray
 
         trainer = self.config.trainer
         total, test_freq = int(trainer.total_training_steps), int(trainer.test_freq)
         records: list[StepRecord] = []
         validations: list[float] = []
-        if bool(trainer.val_before_train):
-            validations.append(ray.get(rollouter.validate.remote(0)))
         for step in range(1, total + 1):
             t0 = time.perf_counter()
             samples = self._collect(queue, (step - 1) * self.samples_per_step, timeout)
@@ -334,6 +345,8 @@ def run(config: Any) -> RunResult:
         try:
             ray.get([rollouter.ready.remote(), trainer.ready.remote(), queue.actor.qsize.remote()])
             start = time.perf_counter()
+            # validation before training, before the Rollouter starts feeding (else it would get a head start)
+            first = [ray.get(rollouter.validate.remote(0))] if bool(config.trainer.val_before_train) else []
             feeding = rollouter.run.remote(queue)
             training = trainer.fit.remote(queue, rollouter)
             done, _ = ray.wait([training, feeding], num_returns=1)
@@ -348,7 +361,7 @@ def run(config: Any) -> RunResult:
             for handle in (rollouter, trainer):
                 ray.kill(handle)
             queue.shutdown()
-    result = RunResult(pipeline="fully_async", records=out["records"], validations=out["validations"],
+    result = RunResult(pipeline="fully_async", records=out["records"], validations=first + out["validations"],
                        skip_stats=finished["skip_stats"], seconds=seconds)
     per_step = int(config.data.train_batch_size)
     for sample_id in finished["generated"]:  # sample_{epoch}_{feed_index} -> the trainer step consuming it

@@ -68,12 +68,24 @@ def load_config(name: str, overrides: Sequence[str] = ()) -> Any:
         from hydra import compose, initialize_config_dir
     except ImportError as err:  # pragma: no cover - hydra ships with the `pipelines` extra
         raise ImportError("the reference pipelines need hydra-core: pip install 'stepskip[pipelines]'") from err
+    from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
     if name not in PIPELINES:
         raise ValueError(f"unknown pipeline {name!r}; known pipelines: {', '.join(PIPELINES)}")
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None, job_name=f"stepskip_{name}"):
-        config = compose(config_name=name, overrides=list(overrides))
+    outer = GlobalHydra.instance()
+    backup = None
+    if outer.is_initialized():  # called from inside a Hydra app: compose aside, then give its state back
+        from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+        backup = get_gh_backup()
+        outer.clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None, job_name=f"stepskip_{name}"):
+            config = compose(config_name=name, overrides=list(overrides))
+    finally:
+        if backup is not None:
+            restore_gh_from_backup(backup)
     OmegaConf.set_struct(config, False)
     return config
 

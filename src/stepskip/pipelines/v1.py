@@ -439,10 +439,11 @@ class V1Trainer:
         generated = any(not validate for _, validate in self.agent_loop_manager.calls[calls_before:])
         batches, losses, scores, clipfracs = [], [], [], []
         sample_size = self.train_batch_size // self.parameter_sync_step
-        for _ in range(self.parameter_sync_step):
+        for i in range(self.parameter_sync_step):
             t_sample = time.perf_counter()
             meta, _ = self.replay_buffer.sample(self.global_steps, "train", sample_size)
-            self.on_sample_end()
+            if i == self.parameter_sync_step - 1:  # earlier shares train while the rest still generates
+                self.on_sample_end()
             rollout_s += time.perf_counter() - t_sample
             batches.append(meta)
             data = self.tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id)
