@@ -39,7 +39,7 @@ venv: $(STAMP)
 verl-env: $(VERL_STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/quickstart.py
+	$(VENV)/bin/stepskip demo
 
 test: $(TEST_DEPS)
 	STEPSKIP_VERL_PYTHON=$(abspath $(VERL_VENV))/bin/python $(PY) -m pytest -q $(PYTEST_ARGS)
