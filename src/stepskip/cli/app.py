@@ -34,7 +34,7 @@ app = typer.Typer(
 )
 
 # Arguments and options shared by several commands.
-DumpDir = Annotated[str, typer.Argument(metavar="[DUMP_DIR]", help="The cache: a dump_dir (default "
+DumpDir = Annotated[str, typer.Argument(metavar="DUMP_DIR", help="The cache: a dump_dir (default "
                                         "~/.verl/rollout_dump), an experiment directory or a run directory.")]
 Step = Annotated[Optional[int], typer.Option("--step", "-s", help="The step inside a given run directory.")]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Read pickle-based entries (verl's gen_batch.dp, "
@@ -112,7 +112,7 @@ def ls_command(dump_dir: DumpDir = DEFAULT_DUMP_DIR, as_json: AsJson = False) ->
 @app.command("info")
 @_errors
 def info_command(
-    entry: Annotated[list[str], typer.Argument(show_default=False, help="Step directories "
+    entry: Annotated[list[str], typer.Argument(metavar="ENTRY", show_default=False, help="Step directories "
                                                  "(or V1 inner entries), or run directories with --step.")],
     step: Step = None,
     allow_pickle: AllowPickle = False,
@@ -189,7 +189,7 @@ def verify_command(
 @app.command("prune")
 @_errors
 def prune_command(
-    run_dir: Annotated[str, typer.Argument(show_default=False, help="A run directory "
+    run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR", show_default=False, help="A run directory "
                                            "(GBS<gbs>_N<n>_in<p>_out<r>), or a stage role's subdirectory of one.")],
     keep_last: Annotated[Optional[int], typer.Option("--keep-last", help="Keep the N highest steps of each role.")]
     = None,
@@ -234,10 +234,10 @@ class Target(str, enum.Enum):
 @app.command("convert")
 @_errors
 def convert_command(
-    src: Annotated[str, typer.Argument(show_default=False,
+    src: Annotated[str, typer.Argument(metavar="SRC", show_default=False,
                                        help="The cache to read: a dump_dir, experiment or run directory.")],
-    dst: Annotated[str, typer.Argument(show_default=False,
-                                       help="Where to write; SRC's layout is kept below it.")],
+    dst: Annotated[str, typer.Argument(metavar="DST", show_default=False, help="The dump dir to write; each run "
+                                       "keeps its {experiment}_{project}/GBS..._N..._in..._out... path below it.")],
     to: Annotated[Target, typer.Option("--to", show_default=False, help="safe: safetensors + JSON, no pickle. "
                                        "verl: the files verl 0.9 reads (gen_batch.dp; tq_batch.pt for V1 entries).")],
     allow_pickle: AllowPickle = False,
@@ -274,7 +274,7 @@ def convert_command(
 @app.command("show")
 @_errors
 def show_command(
-    entry: Annotated[str, typer.Argument(show_default=False, help="A step directory (or V1 inner "
+    entry: Annotated[str, typer.Argument(metavar="ENTRY", show_default=False, help="A step directory (or V1 inner "
                                          "entry), or a run directory with --step.")],
     step: Step = None,
     rows: Annotated[int, typer.Option("--rows", "-r", min=0, help="How many trajectories to print.")] = 3,
@@ -300,12 +300,12 @@ def show_command(
     from stepskip.errors import CorruptEntryError
 
     step_dir, inner = resolve_target(entry, step)
-    issues = step_dir.issues()
-    if issues:
-        raise CliError(f"{step_dir.path} is not a valid entry: {issues[0].kind.value}: {issues[0].detail}")
+    issues = [i for i in step_dir.issues() if inner is None or i.path == inner.path]
     try:
+        if issues:
+            raise CorruptEntryError(f"{issues[0].path}: {issues[0].detail}")
         value = read_step(local_store(step_dir.path), step_dir, allow_pickle, inner)
-    except CorruptEntryError as error:
+    except CorruptEntryError as error:  # a damaged entry is a finding (exit 1), not a usage error
         render.err.print(f"[bold red]damaged:[/] {escape(str(error))}")
         raise typer.Exit(1) from None
     tok = load_tokenizer(tokenizer) if tokenizer else None

@@ -173,7 +173,7 @@ def _collect(node: Any, prefix: str, out: list[FieldInfo]) -> None:
     for key in keys:
         item = node.get(key) if isinstance(node, TensorDictBase) else node[key]
         name = f"{prefix}{key}"
-        if isinstance(item, (NonTensorStack, NonTensorData)) or (isinstance(item, TensorDictBase) and is_non_tensor(item)):
+        if isinstance(item, (NonTensorStack, NonTensorData)) or is_non_tensor(item):
             out.append(FieldInfo(name, "non-tensor", "object", list(item.batch_size), None))
         elif isinstance(item, (TensorDictBase, Mapping)):
             _collect(item, f"{name}.", out)

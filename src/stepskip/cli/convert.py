@@ -17,6 +17,7 @@ from typing import Any
 from stepskip._version import __version__
 from stepskip.cli.content import read_entry, value_digest
 from stepskip.cli.errors import CliError
+from stepskip.cli.removal import retire
 from stepskip.cli.scan import EntryRecord, Issue, local_store, scan_cache, scan_entry
 from stepskip.errors import CorruptEntryError, UnstorableValueError
 from stepskip.formats import Format, get_format
@@ -97,6 +98,8 @@ def plan_convert(src: str, dst: str, to: str, allow_pickle: bool, overwrite: boo
     jobs: list[_Job] = []
     skipped: list[Issue] = []
     for run in runs:
+        # DST is a dump dir: every run keeps its {experiment}_{project}/GBS..._N..._in..._out... below it.
+        dump_root = os.path.dirname(os.path.dirname(run.path))
         for step in run.steps:
             if role is not None and step.role != role:
                 continue
@@ -104,11 +107,20 @@ def plan_convert(src: str, dst: str, to: str, allow_pickle: bool, overwrite: boo
                 skipped += step.issues()
                 continue
             for entry in step.entries:
-                dest = os.path.join(dst_root, os.path.relpath(entry.path, src_root))
+                dest = os.path.join(dst_root, os.path.relpath(entry.path, dump_root))
+                if dest == entry.path:
+                    raise CliError(f"DST {dst} would put the converted entries over their sources; "
+                                   "write the converted cache to another dump dir")
                 jobs.append(_Job(entry, dest, _target_format(to, entry)))
     if role is not None and not jobs and not skipped:
         raise CliError(f"{src} has no steps of role {role!r}")
-    pickled = [j.entry for j in jobs if get_format(j.entry.format or "").uses_pickle]
+    pickled = []
+    for job in jobs:
+        try:
+            if get_format(job.entry.format or "").uses_pickle:
+                pickled.append(job.entry)
+        except ValueError as err:  # meta.json names a format this stepskip does not know
+            raise CliError(f"{job.entry.path}: {err}") from None
     if pickled and not allow_pickle:
         formats = ", ".join(sorted({e.format or "?" for e in pickled}))
         raise CliError(
@@ -140,10 +152,12 @@ def _convert_one(job: _Job, allow_pickle: bool) -> ConvertedEntry:
     entry, target = job.entry, job.target
     result = ConvertedEntry(entry.path, job.dest, entry.format or "?", target.name)
     store = local_store(os.path.dirname(job.dest))
+    wrote = False
     try:
         value = read_entry(local_store(entry.path), entry, allow_pickle=allow_pickle)
         files = target.encode(target.freeze(value, copy=False))
         result.bytes = store.write_entry(job.dest, files, _new_meta(entry, target))
+        wrote = True
         written = scan_entry(store, job.dest, entry.step, entry.inner, entry.role)
         if written.state is not EntryState.PRESENT:
             raise CorruptEntryError(f"the written entry is {written.state.value}: {written.reason}")
@@ -152,17 +166,20 @@ def _convert_one(job: _Job, allow_pickle: bool) -> ConvertedEntry:
             raise CorruptEntryError("the written entry decodes to other values than its source")
     except (CorruptEntryError, UnstorableValueError, OSError) as err:
         result.error = f"{type(err).__name__}: {err}"
+        if wrote:  # an entry that failed its check is not left behind
+            retire(store, job.dest)
     return result
 
 
 def convert_cache(src: str, dst: str, to: str, allow_pickle: bool = False, overwrite: bool = False,
                   role: str | None = None,
                   on_entry: Callable[[ConvertedEntry], None] | None = None) -> ConvertReport:
-    """Convert every valid entry under ``src`` into ``to``, written below ``dst`` at the same relative path.
+    """Convert every valid entry under ``src`` into ``to``, written to the dump dir ``dst`` in the same layout.
 
     Args:
         src: a dump dir, experiment directory or run directory.
-        dst: where the converted entries go (``src``'s layout is kept below it).
+        dst: the dump dir to write: each run keeps its ``{experiment}_{project}/GBS..._N..._in..._out...``
+            path below it, so ``dst`` can be a ``skip.<role>.dump_dir`` as it is.
         to: ``safe`` or ``verl``.
         allow_pickle: read pickle-based source entries (verl's files).
         overwrite: replace destination entries that exist.

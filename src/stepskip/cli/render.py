@@ -29,6 +29,7 @@ __all__ = ["err", "out", "plural", "print_json", "progress"]
 # Long lines are not cut (soft wrap): the output stays greppable and pastes whole.
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+_unbounded = Console(highlight=False, width=10_000)  # tables written to a pipe or file: natural width
 
 
 # --------------------------------------------------------------------------- small formatters
@@ -96,9 +97,17 @@ def progress(label: str, total: int) -> Iterator[Callable[..., None]]:
 
 def _table(*columns: str, right: tuple[str, ...] = ()) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in columns:
-        table.add_column(column, justify="right" if column in right else "left")
+    for column in columns:  # on a narrow terminal, long cells fold onto a second line: nothing is cut off
+        table.add_column(column, justify="right" if column in right else "left", overflow="fold")
     return table
+
+
+def _print_table(table: Table) -> None:
+    """A table fitted to the terminal; unwrapped when stdout is a pipe or a file (grep, logs)."""
+    if out.is_terminal:
+        out.print(table)
+    else:
+        _unbounded.print(table)
 
 
 # --------------------------------------------------------------------------- ls
@@ -139,7 +148,7 @@ def render_ls(runs: list[RunDir], root: str, given: str) -> None:
                 steps += f" [yellow](+{len(r.invalid_steps)} invalid)[/]"
             table.add_row(escape(run.name) if i == 0 else "", escape(r.role), ", ".join(r.formats), steps,
                           str(r.entries), human_bytes(r.bytes), human_time(r.newest))
-    out.print(table)
+    _print_table(table)
     out.print(f"{plural(len(runs), 'run')}, {plural(entries, 'entry', 'entries')}, {human_bytes(size)}")
     if problems:
         out.print(f"[yellow]{plural(problems, 'problem')} (damaged or half-written steps, leftovers): "
@@ -208,7 +217,7 @@ def render_info(info: EntryInfo) -> None:
             table.add_row(str(e.inner), escape(e.run_id or "-"), str((e.meta or {}).get("num_trajectories", "-")),
                           e.format or "-", human_bytes(e.bytes), escape(state))
         out.print("[bold]inner entries[/]")
-        out.print(table)
+        _print_table(table)
     elif isinstance(meta.get("files"), dict):
         out.print("[bold]files[/]")
         for name, item in meta["files"].items():
@@ -222,7 +231,7 @@ def render_info(info: EntryInfo) -> None:
             shape = "[" + ", ".join(map(str, f.shape)) + "]"
             table.add_row(escape(f.name), f.kind, f.dtype, escape(shape), human_bytes(f.bytes))
         out.print("[bold]fields[/]")
-        out.print(table)
+        _print_table(table)
     for stat in info.stats:
         out.print(f"[bold]{stat.name}[/] ({escape(stat.source)}): n={stat.count}  min {stat.min:.4g}  "
                   f"mean {stat.mean:.4g}  max {stat.max:.4g}")
@@ -303,7 +312,7 @@ def render_prune(plan: PrunePlan, dry_run: bool) -> None:
 
 def render_convert(report: ConvertReport, src_root: str, dst_root: str, to: str) -> None:
     for done in report.converted:
-        out.print(f"{escape(relative(done.source, src_root))}: {done.source_format} -> {done.dest_format}  "
+        out.print(f"{escape(relative(done.dest, dst_root))}: {done.source_format} -> {done.dest_format}  "
                   f"{human_bytes(done.bytes)}  verified")
     for done in report.failed:
         out.print(f"[red]failed[/] {escape(relative(done.source, src_root))}: {escape(done.error or '')}")

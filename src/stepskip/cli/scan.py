@@ -27,8 +27,9 @@ from stepskip.roles.rollout_tq import RolloutTqSkip
 from stepskip.store import META_FILE, TMP_PREFIX, TRASH_PREFIX, EntryState, LocalStore, open_store
 
 __all__ = [
-    "EntryRecord", "Issue", "IssueKind", "RoleSummary", "RunDir", "StepDir", "StepKind",
-    "compress_steps", "find_run_dirs", "is_leftover", "local_store", "resolve_target", "scan_cache", "scan_run", "scan_step",
+    "EntryRecord", "Issue", "IssueKind", "RoleSummary", "RunDir", "StepDir", "StepKind", "compress_steps",
+    "find_run_dirs", "is_leftover", "local_store", "resolve_target", "scan_cache", "scan_entry", "scan_run",
+    "scan_step", "tree_stats",
 ]
 
 V1_ROLE = "rollout_tq"
@@ -352,7 +353,7 @@ def find_run_dirs(path: str) -> list[str]:
 # --------------------------------------------------------------------------- scanning
 
 
-def _tree_stats(path: str) -> tuple[int, float]:
+def tree_stats(path: str) -> tuple[int, float]:
     """Bytes of every file below ``path`` and the newest modification time (files and directories)."""
     total, newest = 0, 0.0
     try:
@@ -387,7 +388,7 @@ def scan_entry(store: LocalStore, path: str, step: int, inner: int | None, role:
     role_cls = RolloutTqSkip if inner is not None else RolloutSkip
     probe = store.probe(path, role_cls.legacy_files)
     meta = probe.meta
-    size, mtime = _tree_stats(path)
+    size, mtime = tree_stats(path)
     fmt: str | None = None
     when = mtime
     if meta is not None:
@@ -415,7 +416,7 @@ def scan_step(store: LocalStore, path: str, step: int, stage: str | None = None)
         stage: the stage role's name when it lives in a stage subdirectory.
     """
     names = store.list_dir(path)
-    size, mtime = _tree_stats(path)
+    size, mtime = tree_stats(path)
     if META_FILE in names:
         entry = scan_entry(store, path, step, None, stage or DEFAULT_ROLE)
         return StepDir(path, step, StepKind.ENTRY, entry.role, [entry], [], size, mtime)
@@ -514,7 +515,8 @@ def resolve_target(path: str, step: int | None = None) -> tuple[StepDir, EntryRe
         return step_dir, inner
     in_run = bool(RUN_DIR.match(os.path.basename(parent)))
     step_dir = scan_step(store, full, number, stage=None if in_run else os.path.basename(parent))
-    if step_dir.kind is StepKind.HALF_WRITTEN and not (in_run or RUN_DIR.match(os.path.basename(os.path.dirname(parent)))):
+    in_stage = bool(RUN_DIR.match(os.path.basename(os.path.dirname(parent))))
+    if step_dir.kind is StepKind.HALF_WRITTEN and not (in_run or in_stage):
         raise CliError(f"{path} is not a cache entry: no {META_FILE} and no inner entries in it")
     return step_dir, None
 

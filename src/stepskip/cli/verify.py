@@ -9,15 +9,13 @@ grace period.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stepskip.cli.content import read_entry
-from stepskip.cli.errors import PickleRefusedError
 from stepskip.cli.removal import retire
-from stepskip.cli.scan import EntryRecord, Issue, IssueKind, RunDir, StepKind, local_store
+from stepskip.cli.scan import EntryRecord, Issue, IssueKind, RunDir, StepKind, local_store, tree_stats
 from stepskip.errors import CorruptEntryError
 from stepskip.formats import get_format
 from stepskip.store import LocalStore
@@ -107,28 +105,10 @@ def _check_entry(store: LocalStore, entry: EntryRecord, deep: bool, allow_pickle
             read_entry(store, entry, allow_pickle=allow_pickle, verify=False)
         except CorruptEntryError as err:
             return IssueKind.UNDECODABLE, str(err).replace(f"{entry.path}/", "")
-        except PickleRefusedError:  # pragma: no cover - excluded above
-            pass
         report.decoded += 1
     elif not entry.has_checksums:
         report.unverified.append(entry.path)
     return None
-
-
-def _age_mtime(path: str) -> float:
-    newest = 0.0
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in [*dirnames, *filenames, ""]:
-            try:
-                newest = max(newest, os.stat(os.path.join(dirpath, name), follow_symlinks=False).st_mtime)
-            except OSError:
-                continue
-    if not newest:
-        try:
-            newest = os.stat(path, follow_symlinks=False).st_mtime
-        except OSError:
-            pass
-    return newest
 
 
 def verify_runs(runs: list[RunDir], deep: bool = False, allow_pickle: bool = False, grace: float = 3600.0,
@@ -176,11 +156,11 @@ def verify_runs(runs: list[RunDir], deep: bool = False, allow_pickle: bool = Fal
                                                recent=recent and in_progress))
             for leftover in step.leftovers:
                 report.problems.append(Problem(IssueKind.LEFTOVER, leftover, "leftover of an interrupted write",
-                                               leftover, recent=now - _age_mtime(leftover) < grace))
+                                               leftover, recent=now - tree_stats(leftover)[1] < grace))
         for leftover in run.leftovers:
             report.problems.append(Problem(IssueKind.LEFTOVER, leftover,
                                            "leftover of an interrupted write or replacement", leftover,
-                                           recent=now - _age_mtime(leftover) < grace))
+                                           recent=now - tree_stats(leftover)[1] < grace))
     report.problems.sort(key=lambda p: (p.path, p.kind.value))
     return report
 
@@ -192,14 +172,14 @@ def repair(report: VerifyReport) -> RepairResult:
         The removed paths and the problems kept (``recent``).
     """
     result = RepairResult()
-    recent_targets = {p.remove for p in report.problems if p.recent}
-    targets = sorted({p.remove for p in report.problems if p.remove not in recent_targets}, key=len)
-    for target in targets:
-        if any(target == r or target.startswith(r + "/") for r in result.removed):
+    keep = {p.remove for p in report.problems if p.recent}
+    for target in sorted({p.remove for p in report.problems} - keep, key=len):  # parents before children
+        if any(target.startswith(r + "/") for r in result.removed):
+            continue  # gone with its parent
+        if any(k.startswith(target + "/") for k in keep):
+            keep.add(target)  # something inside may be in progress
             continue
-        if any(t.startswith(target + "/") for t in recent_targets):
-            continue  # something inside may be in progress
         retire(local_store(target), target)
         result.removed.append(target)
-    result.kept = [p for p in report.problems if p.remove in recent_targets]
+    result.kept = [p for p in report.problems if p.remove in keep]
     return result

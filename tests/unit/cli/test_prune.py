@@ -1,0 +1,57 @@
+"""``stepskip prune``: by count, age and step list, per role; ``--dry-run`` removes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from cli_caches import ROLLOUT_STEPS, SAFE_RUN, V1_RUN
+from cli_run import start
+
+from stepskip.cli import main
+from stepskip.cli.scan import scan_cache
+from stepskip.cli.verify import verify_runs
+
+
+def steps_of(path) -> list[int]:
+    return sorted(int(name) for name in os.listdir(path) if name.isdigit())
+
+
+def test_prune_by_count_age_and_steps(copy_cache, capsys):
+    dry, by_count, by_age, by_steps = (copy_cache(name) for name in ("dry", "count", "age", "steps"))
+    for step in (1, 2, 3):  # recorded ten days ago
+        meta_path = by_age / SAFE_RUN / str(step) / "meta.json"
+        meta = json.loads(meta_path.read_text())
+        meta["created_unix"] = time.time() - 10 * 86400
+        meta_path.write_text(json.dumps(meta))
+    calls = [
+        start("prune", by_count / SAFE_RUN / "reward", "--keep-last", "1"),
+        start("prune", by_age / SAFE_RUN, "--older-than", "7d"),
+        start("prune", by_steps / V1_RUN, "--steps", "1,3"),
+    ]
+    # --dry-run in process (the console script's entry point) while the others run
+    assert main(["prune", str(dry / SAFE_RUN), "--keep-last", "2", "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    counted, aged, listed = (c.result() for c in calls)
+
+    assert plan["dry_run"] is True and plan["removed"] == []
+    assert [(r["role"], r["step"]) for r in plan["remove"]] == [("rollout", s) for s in ROLLOUT_STEPS[:-2]]
+    assert steps_of(dry / SAFE_RUN) == ROLLOUT_STEPS  # nothing removed
+    assert steps_of(dry / SAFE_RUN / "reward") == [1, 2]
+
+    assert counted.code == 0, counted
+    assert "removed 1 step" in counted.out
+    assert steps_of(by_count / SAFE_RUN / "reward") == [2]  # the stage role's newest step kept
+    assert steps_of(by_count / SAFE_RUN) == ROLLOUT_STEPS  # another role: untouched
+
+    assert aged.code == 0, aged
+    assert steps_of(by_age / SAFE_RUN) == ROLLOUT_STEPS[3:]
+    assert steps_of(by_age / SAFE_RUN / "reward") == [1, 2]
+
+    assert listed.code == 0, listed
+    assert steps_of(by_steps / V1_RUN) == [2]  # V1 steps go whole, inner entries included
+
+    for dump in (dry, by_count, by_age, by_steps):  # what is left is a valid cache, no trash behind
+        report = verify_runs(scan_cache(str(dump)))
+        assert report.clean, report.problems
