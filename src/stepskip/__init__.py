@@ -1,50 +1,68 @@
 """stepskip: record the rollouts of chosen RL training steps once, replay them on later runs.
 
-The public names below are the whole API (see SPEC §1); everything else is private.
+The public names below are the whole API (see SPEC §1); everything else is private. They are
+imported on first use, so tools that only read caches (the ``stepskip`` command line) start
+without loading torch.
 """
 
+from __future__ import annotations
+
+import importlib
 import logging
+from typing import TYPE_CHECKING, Any
 
 from stepskip._version import __version__
-from stepskip.batch import Batch
-from stepskip.config import (
-    AsyncRolloutSkipConfig,
-    RolloutSkipConfig,
-    RolloutTqSkipConfig,
-    SkipManagerConfig,
-)
-from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
-from stepskip.manager import SkipManager
-from stepskip.roles import (
-    SKIP_REGISTRY,
-    AsyncRolloutSkip,
-    BaseSkip,
-    RolloutSkip,
-    RolloutTqSkip,
-    SkipAction,
-    parse_async_rollout_sample_step,
-    register_skip,
-)
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
-__all__ = [
-    "__version__",
-    "SkipManager",
-    "SkipAction",
-    "BaseSkip",
-    "register_skip",
-    "SKIP_REGISTRY",
-    "SkipManagerConfig",
-    "RolloutSkipConfig",
-    "RolloutTqSkipConfig",
-    "AsyncRolloutSkipConfig",
-    "SkipConfigError",
-    "CacheMissError",
-    "CorruptEntryError",
-    "RolloutSkip",
-    "RolloutTqSkip",
-    "AsyncRolloutSkip",
-    "parse_async_rollout_sample_step",
-    "Batch",
-]
+_WHERE = {
+    "SkipManager": "stepskip.manager",
+    "SkipAction": "stepskip.roles",
+    "BaseSkip": "stepskip.roles",
+    "register_skip": "stepskip.roles",
+    "SKIP_REGISTRY": "stepskip.roles",
+    "SkipManagerConfig": "stepskip.config",
+    "RolloutSkipConfig": "stepskip.config",
+    "RolloutTqSkipConfig": "stepskip.config",
+    "AsyncRolloutSkipConfig": "stepskip.config",
+    "SkipConfigError": "stepskip.errors",
+    "CacheMissError": "stepskip.errors",
+    "CorruptEntryError": "stepskip.errors",
+    "RolloutSkip": "stepskip.roles",
+    "RolloutTqSkip": "stepskip.roles",
+    "AsyncRolloutSkip": "stepskip.roles",
+    "parse_async_rollout_sample_step": "stepskip.roles",
+    "Batch": "stepskip.batch",
+}
+
+__all__ = ["__version__", *_WHERE]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stepskip' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from stepskip.batch import Batch
+    from stepskip.config import AsyncRolloutSkipConfig, RolloutSkipConfig, RolloutTqSkipConfig, SkipManagerConfig
+    from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
+    from stepskip.manager import SkipManager
+    from stepskip.roles import (
+        SKIP_REGISTRY,
+        AsyncRolloutSkip,
+        BaseSkip,
+        RolloutSkip,
+        RolloutTqSkip,
+        SkipAction,
+        parse_async_rollout_sample_step,
+        register_skip,
+    )

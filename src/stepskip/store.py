@@ -26,7 +26,10 @@ import xxhash
 
 from stepskip.errors import CorruptEntryError, SkipConfigError
 
-__all__ = ["EntryState", "LocalStore", "open_store", "META_FILE", "checksum"]
+__all__ = [
+    "EntryState", "Probe", "LocalStore", "FsspecStore", "open_store", "checksum", "META_FILE", "TMP_PREFIX",
+    "TRASH_PREFIX",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -319,15 +319,17 @@ class SafeFormat:
 def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Rewrite plain tensor nodes into compact encodings; other references stay valid."""
     table = dict(tensors)
-    counter = itertools.count()
-
-    def add(tensor: torch.Tensor) -> str:
-        ref = f"c{next(counter)}"  # itertools.count is atomic under the GIL: safe from the pool
-        table[ref] = tensor.contiguous()
-        return ref
 
     def dense(node: dict[str, Any]) -> dict[str, Any]:
-        return encode_tensor(table.pop(node["ref"]), add)
+        # parts are named after the tensor they replace, so the bytes do not depend on thread timing
+        base, parts = node["ref"], itertools.count()
+
+        def add(tensor: torch.Tensor) -> str:
+            ref = f"{base}.{next(parts)}"
+            table[ref] = tensor.contiguous()
+            return ref
+
+        return encode_tensor(table.pop(base), add)
 
     def dense_many(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Encode sibling tensors side by side (torch releases the GIL)."""

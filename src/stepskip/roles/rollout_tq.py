@@ -18,6 +18,7 @@ from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 from stepskip.fidelity import prompt_digest
 from stepskip.formats.verl import TQ_BATCH_FILE
+from stepskip.layout import Layout
 from stepskip.roles.base import SkipAction, register_skip
 from stepskip.roles.rollout import RolloutSkip
 from stepskip.store import EntryState, Probe
@@ -50,6 +51,10 @@ class RolloutTqSkip(RolloutSkip):
                 f"trainer.v1.{mode}.parameter_sync_step = {sync_step!r} is not valid; expected an int >= 1"
             )
         self.parameter_sync_step = sync_step
+        if self.enable:  # inner entries are built inside their step directory: clean there too
+            for name in self.store.list_dir(self.project_dump_dir):
+                if Layout.parse_step(name) is not None:
+                    self.store.remove_leftovers(self.step_dump_dir(int(name)))
         self._lock = threading.Lock()
         self._saved: dict[int, int] = {}  # step -> inner entries this run has written or queued
         self._clock: dict[int, float] = {}  # step -> when its rollout (or last inner sample) began
