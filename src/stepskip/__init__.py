@@ -35,7 +35,12 @@ _WHERE = {
     "Batch": "stepskip.batch",
 }
 
-__all__ = ["__version__", *_WHERE]
+__all__ = [
+    "__version__", "SkipManager", "SkipAction", "BaseSkip", "register_skip", "SKIP_REGISTRY", "SkipManagerConfig",
+    "RolloutSkipConfig", "RolloutTqSkipConfig", "AsyncRolloutSkipConfig", "SkipConfigError", "CacheMissError",
+    "CorruptEntryError", "RolloutSkip", "RolloutTqSkip", "AsyncRolloutSkip", "parse_async_rollout_sample_step",
+    "Batch",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -171,7 +171,8 @@ def verify_command(
     """
     from stepskip.cli.prune import parse_duration
     from stepskip.cli.scan import scan_cache
-    from stepskip.cli.verify import count_entries, repair as repair_problems, verify_runs
+    from stepskip.cli.verify import count_entries, verify_runs
+    from stepskip.cli.verify import repair as repair_problems
 
     grace_seconds = parse_duration(grace, "--grace")
     runs = scan_cache(dump_dir)

@@ -36,7 +36,7 @@ from stepskip.pipelines.runtime import (
     derive_seed,
     generate_batch,
     repeat_rows,
-    torch_settings,
+    timed_run,
 )
 from stepskip.pipelines.task import CountTask
 
@@ -159,12 +159,7 @@ class ColocatedTrainer:
 
     def fit(self) -> RunResult:
         """Train ``trainer.total_training_steps`` steps; validation per ``trainer.test_freq``."""
-        result = RunResult(pipeline=self.pipeline)
-        start = time.perf_counter()
-        with torch_settings(self.config):
-            self._fit(result)
-        result.seconds = time.perf_counter() - start
-        return result
+        return timed_run(self.pipeline, self.config, self._fit)
 
     def _fit(self, result: RunResult) -> None:
         SkipManager.init(self.config)

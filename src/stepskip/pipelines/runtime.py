@@ -267,6 +267,16 @@ class RunResult:
         return sorted({step for step, validate in self.generation_calls if not validate})
 
 
+def timed_run(pipeline: str, config: Any, body: Any) -> RunResult:
+    """Run ``body(result)`` under the config's torch settings and time it: the frame of every ``fit()``."""
+    result = RunResult(pipeline=pipeline)
+    start = time.perf_counter()
+    with torch_settings(config):
+        body(result)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
 class Stopwatch:
     """``with Stopwatch() as sw: ...; sw.seconds``."""
 

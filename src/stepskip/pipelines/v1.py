@@ -45,7 +45,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 from stepskip import SkipManager
 from stepskip.pipelines.grpo import grpo_advantages
 from stepskip.pipelines.policy import TinyPolicy
-from stepskip.pipelines.runtime import RunResult, StepRecord, build_parts, derive_seed, torch_settings
+from stepskip.pipelines.runtime import RunResult, StepRecord, build_parts, derive_seed, timed_run
 from stepskip.tq import InProcessTQClient, KVBatchMeta
 
 __all__ = ["AgentLoopManagerTQ", "ReplayBuffer", "V1Trainer", "transfer_queue_session", "main"]
@@ -394,12 +394,7 @@ class V1Trainer:
 
     def fit(self) -> RunResult:
         """Train ``trainer.total_training_steps`` steps (verl's ``PPOTrainer.fit``)."""
-        result = RunResult(pipeline=self.pipeline)
-        start = time.perf_counter()
-        with torch_settings(self.config):
-            self._fit(result)
-        result.seconds = time.perf_counter() - start
-        return result
+        return timed_run(self.pipeline, self.config, self._fit)
 
     def _fit(self, result: RunResult) -> None:
         SkipManager.init(self.config, tq_client=self.tq)

@@ -8,7 +8,7 @@ advantages ...). Entries live in ``{project_dir}/{name}/{step}/``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from stepskip.config import SkipRoleConfig
 from stepskip.errors import SkipConfigError
