@@ -10,19 +10,21 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from stepskip.cli.content import SampleRow
-from stepskip.cli.convert import ConvertReport
-from stepskip.cli.describe import EntryInfo
-from stepskip.cli.prune import PrunePlan
 from stepskip.cli.scan import EntryRecord, RunDir, compress_steps
-from stepskip.cli.verify import RepairResult, VerifyReport
+
+if TYPE_CHECKING:  # types only: importing them at run time would load torch for every command
+    from stepskip.cli.content import SampleRow
+    from stepskip.cli.convert import ConvertReport
+    from stepskip.cli.describe import EntryInfo
+    from stepskip.cli.prune import PrunePlan
+    from stepskip.cli.verify import RepairResult, VerifyReport
 
 __all__ = ["err", "out", "plural", "print_json", "progress"]
 

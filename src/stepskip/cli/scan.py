@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepskip.cli.errors import CliError
+from stepskip.entries import verl_entry_kind
 from stepskip.layout import RUN_DIR, Layout, is_url
-from stepskip.roles.rollout import RolloutSkip
-from stepskip.roles.rollout_tq import RolloutTqSkip
 from stepskip.store import META_FILE, TMP_PREFIX, TRASH_PREFIX, EntryState, LocalStore, open_store
 
 __all__ = [
@@ -385,14 +384,14 @@ def scan_entry(store: LocalStore, path: str, step: int, inner: int | None, role:
     Returns:
         The record; ``state`` says whether the entry is present, damaged or missing.
     """
-    role_cls = RolloutTqSkip if inner is not None else RolloutSkip
-    probe = store.probe(path, role_cls.legacy_files)
+    legacy_files, verl_format = verl_entry_kind(inner is not None)
+    probe = store.probe(path, legacy_files)
     meta = probe.meta
     size, mtime = tree_stats(path)
     fmt: str | None = None
     when = mtime
     if meta is not None:
-        fmt = str(meta.get("format", role_cls.verl_format))
+        fmt = str(meta.get("format", verl_format))
         role = str(meta.get("role") or role)
         created = meta.get("created_unix")
         if isinstance(created, (int, float)) and not isinstance(created, bool):

@@ -13,11 +13,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stepskip.cli.content import read_entry
 from stepskip.cli.removal import retire
 from stepskip.cli.scan import EntryRecord, Issue, IssueKind, RunDir, StepKind, local_store, tree_stats
+from stepskip.entries import FORMAT_USES_PICKLE
 from stepskip.errors import CorruptEntryError
-from stepskip.formats import get_format
 from stepskip.store import LocalStore
 
 __all__ = ["Problem", "RepairResult", "VerifyReport", "count_entries", "repair", "verify_runs"]
@@ -89,10 +88,9 @@ def count_entries(runs: list[RunDir]) -> int:
 def _check_entry(store: LocalStore, entry: EntryRecord, deep: bool, allow_pickle: bool,
                  report: VerifyReport) -> tuple[IssueKind, str] | None:
     """Checksums (and, when ``deep``, decoding) of one present entry; the problem found, if any."""
-    try:
-        fmt = get_format(entry.format or "")
-    except ValueError as err:
-        return IssueKind.DAMAGED, str(err)
+    uses_pickle = FORMAT_USES_PICKLE.get(entry.format or "")
+    if uses_pickle is None:
+        return IssueKind.DAMAGED, f"unknown format {entry.format!r}; known formats: {', '.join(FORMAT_USES_PICKLE)}"
     if entry.has_checksums:
         for name in (entry.meta or {})["files"]:
             try:
@@ -100,7 +98,9 @@ def _check_entry(store: LocalStore, entry: EntryRecord, deep: bool, allow_pickle
             except CorruptEntryError as err:
                 return IssueKind.CHECKSUM, str(err).replace(f"{entry.path}/", "")
         report.checksummed += 1
-    if deep and (allow_pickle or not fmt.uses_pickle):
+    if deep and (allow_pickle or not uses_pickle):
+        from stepskip.cli.content import read_entry  # decoding needs torch: imported only for --deep
+
         try:
             read_entry(store, entry, allow_pickle=allow_pickle, verify=False)
         except CorruptEntryError as err:

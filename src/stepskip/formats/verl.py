@@ -25,11 +25,11 @@ import torch
 from tensordict import TensorDictBase
 
 from stepskip.batch import Batch
+from stepskip.entries import GEN_BATCH_FILE, TQ_BATCH_FILE
 from stepskip.errors import CorruptEntryError, UnstorableValueError
 
 __all__ = ["VerlFormat", "dumps_dataproto", "loads_dataproto", "restricted_loads"]
 
-GEN_BATCH_FILE = "gen_batch.dp"
 PICKLE_PROTOCOL = 4  # pickle.DEFAULT_PROTOCOL of the Pythons verl 0.9 runs on
 
 
@@ -222,9 +222,6 @@ class VerlFormat:
             return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
         except ImportError:
             return Batch(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
-
-
-TQ_BATCH_FILE = "tq_batch.pt"
 
 
 class VerlTqFormat:

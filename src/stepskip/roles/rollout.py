@@ -13,6 +13,7 @@ import numpy as np
 
 from stepskip._version import __version__
 from stepskip.config import AsyncRolloutSkipConfig, RolloutSkipConfig
+from stepskip.entries import GEN_BATCH_FILE
 from stepskip.errors import (
     CacheMissError,
     CorruptEntryError,
@@ -23,7 +24,6 @@ from stepskip.errors import (
 )
 from stepskip.fidelity import fingerprint_diff, prompt_digest, run_fingerprint
 from stepskip.formats import get_format
-from stepskip.formats.verl import GEN_BATCH_FILE
 from stepskip.layout import Layout
 from stepskip.roles.base import BaseSkip, SkipAction, register_skip
 from stepskip.stats import RoleStats

@@ -15,9 +15,9 @@ import time
 from typing import Any
 
 from stepskip.config import RolloutTqSkipConfig, select
+from stepskip.entries import TQ_BATCH_FILE
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 from stepskip.fidelity import prompt_digest
-from stepskip.formats.verl import TQ_BATCH_FILE
 from stepskip.layout import Layout
 from stepskip.roles.base import SkipAction, register_skip
 from stepskip.roles.rollout import RolloutSkip
