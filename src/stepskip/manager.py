@@ -90,7 +90,10 @@ def _drive_sync(plan: Generator[_Instruction, Any, Any], func: Callable[..., Any
             return instruction
         value, error = None, None
         try:
-            value = func(*args, **kwargs) if instruction[0] == "call" else instruction[1](*instruction[2], **instruction[3])
+            if instruction[0] == "call":
+                value = func(*args, **kwargs)
+            else:
+                value = instruction[1](*instruction[2], **instruction[3])
         except Exception as err:  # handed back to the plan, which decides
             error = err
 

@@ -126,7 +126,8 @@ class _EntryStore:
         """Delete a file or a whole directory; a missing path is fine."""
         raise NotImplementedError
 
-    def write_entry(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any], overwrite: bool = True) -> int:
+    def write_entry(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any],
+                    overwrite: bool = True) -> int:
         raise NotImplementedError
 
     def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS) -> list[str]:
@@ -172,7 +173,8 @@ class _EntryStore:
             except OSError:
                 return Probe(EntryState.DAMAGED, meta, reason=f"missing data file {name}")
             if size != info.get("bytes"):
-                return Probe(EntryState.DAMAGED, meta, reason=f"{name} has {size} bytes, meta.json says {info.get('bytes')}")
+                reason = f"{name} has {size} bytes, meta.json says {info.get('bytes')}"
+                return Probe(EntryState.DAMAGED, meta, reason=reason)
         return Probe(EntryState.PRESENT, meta)
 
     def read_files(self, path: str, meta: Mapping[str, Any], names: Iterable[str], verify: bool) -> dict[str, bytes]:
@@ -224,7 +226,8 @@ class LocalStore(_EntryStore):
     def _isfile(self, path: str) -> bool:
         return os.path.isfile(path)
 
-    def write_entry(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any], overwrite: bool = True) -> int:
+    def write_entry(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any],
+                    overwrite: bool = True) -> int:
         """Publish an entry atomically; returns the bytes written (0 if another writer won and
         ``overwrite`` is False).
 
@@ -357,7 +360,8 @@ class FsspecStore(_EntryStore):
         except FileNotFoundError:
             pass
 
-    def write_entry(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any], overwrite: bool = True) -> int:
+    def write_entry(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any],
+                    overwrite: bool = True) -> int:
         """Publish an entry: unique data objects first, ``meta.json`` last (see the class docstring)."""
         previous = self.probe(path)
         if previous.state is EntryState.PRESENT and not overwrite:

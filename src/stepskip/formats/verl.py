@@ -193,7 +193,9 @@ class VerlFormat:
         non_tensor = dict(value.non_tensor_batch)
         meta = dict(value.meta_info)
         if batch is not None and not isinstance(batch, TensorDictBase):
-            raise UnstorableValueError(f"result.batch: format 'verl' stores a TensorDict, got {type(batch).__qualname__}")
+            raise UnstorableValueError(
+                f"result.batch: format 'verl' stores a TensorDict, got {type(batch).__qualname__}"
+            )
         for key, column in non_tensor.items():
             _check_readable(column, f"result.non_tensor_batch[{key!r}]")
         _check_readable(meta, "result.meta_info")
@@ -237,7 +239,9 @@ class VerlTqFormat:
 
     def freeze(self, value: Any, copy: bool) -> dict[str, Any]:
         if not isinstance(value, dict) or "tensordict" not in value:
-            raise UnstorableValueError("result: format 'verl' stores V1 payloads {tensordict, tags, keys, global_steps}")
+            raise UnstorableValueError(
+                "result: format 'verl' stores V1 payloads {tensordict, tags, keys, global_steps}"
+            )
         td = value["tensordict"]
         if copy and isinstance(td, TensorDictBase):
             td = td.clone()

@@ -156,7 +156,8 @@ class RolloutTqSkip(RolloutSkip):
                 if self.action is SkipAction.REPLAY:
                     raise
                 self.stats.add(misses=1)
-                logger.warning("%s: step %d could not be replayed (%s); generating and dumping it", self.name, step, err)
+                logger.warning("%s: step %d could not be replayed (%s); generating and dumping it",
+                               self.name, step, err)
         digest = prompt_digest(prompts, self.rebind_keys) if prompts is not None else None
         with self._lock:
             self._clock[step] = time.perf_counter()
@@ -274,6 +275,7 @@ class RolloutTqSkip(RolloutSkip):
                                   for _ in new_prompt_uids])
         seconds = time.perf_counter() - start
         self.stats.add(hits=1, load_seconds=seconds, bytes_read=nbytes, saved_seconds=saved)
-        logger.info("%s hit: step %d replayed from step %d at %s: %d trajectories for %d prompts x %d (%d bytes, %.3fs)",
+        logger.info("%s hit: step %d replayed from step %d at %s: %d trajectories for %d prompts x %d "
+                    "(%d bytes, %.3fs)",
                     self.name, step, load_step, self.step_dump_dir(load_step), len(new_keys),
                     len(new_prompt_uids), sessions, nbytes, seconds)

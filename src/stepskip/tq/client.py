@@ -122,7 +122,9 @@ class InProcessTQClient:
         columns: dict[str, list[Any]] = {}
         if fields is not None:
             if not isinstance(fields, TensorDictBase):
-                raise TypeError(f"fields must be a TensorDict with batch_size [{len(keys)}], got {type(fields).__name__}")
+                raise TypeError(
+                    f"fields must be a TensorDict with batch_size [{len(keys)}], got {type(fields).__name__}"
+                )
             for name in fields.keys():
                 columns[name] = _rows_of(name, fields.get(name), len(keys))
         with self._lock:
