@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -93,6 +94,8 @@ class RolloutSkip(BaseSkip):
         self.layout = Layout.from_config(self.dump_dir, global_config, subdir=self._subdir())
         self.store = open_store(self.layout.dump_dir, getattr(local_config, "storage_options", None))
         self.stats = RoleStats()
+        self._pending: dict[str, threading.Event] = {}  # entry path -> its background dump finished
+        self._pending_lock = threading.Lock()
         if self.enable:
             self.store.remove_leftovers(self.layout.project_dir)
 
@@ -160,7 +163,10 @@ class RolloutSkip(BaseSkip):
                     and fingerprint_diff(recorded, self.fingerprint))
 
     def _probe(self, step: int) -> Any:
-        return self.store.probe(self.step_dump_dir(step), self.legacy_files)
+        path = self.step_dump_dir(step)
+        if self._pending:
+            self._await_pending(path)
+        return self.store.probe(path, self.legacy_files)
 
     def _probe_settled(self, step: int) -> Any:
         """Probe, looking twice before calling an entry damaged (it may be mid-replacement)."""
@@ -265,11 +271,30 @@ class RolloutSkip(BaseSkip):
         }
 
     def _submit_write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> None:
-        job = lambda: self._write(path, step, frozen, meta)  # noqa: E731
-        if self.async_dump:
-            default_worker().submit(job)
-        else:
-            job()
+        if not self.async_dump:
+            self._write(path, step, frozen, meta)
+            return
+        done = threading.Event()
+        with self._pending_lock:
+            self._pending[path] = done
+
+        def job() -> None:
+            try:
+                self._write(path, step, frozen, meta)
+            finally:
+                with self._pending_lock:
+                    if self._pending.get(path) is done:
+                        del self._pending[path]
+                done.set()
+
+        default_worker().submit(job)
+
+    def _await_pending(self, path: str) -> None:
+        """Wait for this run's queued dump of ``path``: a call at that step then replays it
+        instead of generating (and dumping) the same step a second time."""
+        done = self._pending.get(path)
+        if done is not None:
+            done.wait()
 
     def _write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> None:
         start = time.perf_counter()
