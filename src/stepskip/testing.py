@@ -30,7 +30,6 @@ def make_rollout_batch(rows: int, prompt_len: int, response_len: int, n: int = 8
     """
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
-    width = prompt_len + response_len
     prompt_real = torch.randint(max(1, int(min_fill * prompt_len)), prompt_len + 1, (rows // n + 1,), generator=gen)
     prompt_real = prompt_real.repeat_interleave(n)[:rows]  # the n samples of a prompt share it
     response_real = torch.randint(max(1, int(min_fill * response_len)), response_len + 1, (rows,), generator=gen)
@@ -62,4 +61,4 @@ def make_rollout_batch(rows: int, prompt_len: int, response_len: int, n: int = 8
         non_tensors={"uid": uids, "messages": messages,
                      "data_source": np.array(["synthetic/arith"] * rows, dtype=object)},
         meta_info={"timing": {"generate_sequences": 12.5}, "global_token_num": int(attention_mask.sum())},
-    ) if width else Batch()
+    )

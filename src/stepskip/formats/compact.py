@@ -21,8 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["encode_tensor", "decode_tensor", "find_concat", "narrow", "pack", "unpack", "compress_bytes",
-           "decompress_bytes"]
+__all__ = ["encode_tensor", "decode_tensor", "find_concat", "narrow", "pack", "unpack", "compress_bytes"]
 
 _BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
          torch.bfloat16: torch.int16, torch.bool: torch.uint8}
@@ -200,9 +199,3 @@ def compress_bytes(data: bytes) -> bytes:
     import zstandard
 
     return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
-
-
-def decompress_bytes(data: bytes) -> bytes:
-    import zstandard
-
-    return zstandard.ZstdDecompressor().decompress(data)

@@ -8,7 +8,6 @@ as verl's skip code does, and its summary must equal the summary of what we wrot
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -17,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from verl_fixtures import FIXTURE_RUN, FIXTURES, check_load_module, comparable
 
 from stepskip.formats import get_format
 
 ROOT = Path(__file__).resolve().parents[3]
-FIXTURES = ROOT / "tests" / "fixtures" / "verl"
-RUN = FIXTURES / "cache" / "fx_verl" / "GBS4_N2_in8_out6"
+RUN = FIXTURE_RUN
 VERL_PYTHON = os.environ.get("STEPSKIP_VERL_PYTHON") or str(ROOT / ".venv-verl" / "bin" / "python")
 
 pytestmark = [
@@ -32,27 +31,11 @@ pytestmark = [
 ]
 
 
-def check_module():
-    spec = importlib.util.spec_from_file_location("verl_check_load", FIXTURES / "check_load.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def verl_summary(path: Path) -> dict:
     done = subprocess.run([VERL_PYTHON, str(FIXTURES / "check_load.py"), str(path)], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
-
-
-def comparable(summary):
-    summary = json.loads(json.dumps(summary))
-    for td in (summary.get("batch"), summary.get("tensordict")):
-        if td:
-            td.pop("is_consolidated", None)
-            td.pop("type", None)
-    return summary
 
 
 def fixture_batch():
@@ -65,7 +48,7 @@ def test_gen_batch_we_write_loads_in_verl(tmp_path):
     fmt = get_format("verl")
     path = tmp_path / "gen_batch.dp"
     path.write_bytes(fmt.encode(fmt.freeze(batch, copy=True))["gen_batch.dp"])
-    assert comparable(verl_summary(path)) == comparable(check_module().summarise(batch))
+    assert comparable(verl_summary(path)) == comparable(check_load_module().summarise(batch))
 
 
 def test_gen_batch_with_jagged_tensors_loads_in_verl(tmp_path):
@@ -74,7 +57,7 @@ def test_gen_batch_with_jagged_tensors_loads_in_verl(tmp_path):
     fmt = get_format("verl")
     path = tmp_path / "gen_batch.dp"
     path.write_bytes(fmt.encode(fmt.freeze(batch, copy=True))["gen_batch.dp"])
-    assert comparable(verl_summary(path)) == comparable(check_module().summarise(batch))
+    assert comparable(verl_summary(path)) == comparable(check_load_module().summarise(batch))
 
 
 def test_tq_batch_we_write_loads_in_verl(tmp_path):
@@ -82,4 +65,4 @@ def test_tq_batch_we_write_loads_in_verl(tmp_path):
     payload = fmt.decode({"tq_batch.pt": (RUN / "3" / "0" / "tq_batch.pt").read_bytes()})
     path = tmp_path / "tq_batch.pt"
     path.write_bytes(fmt.encode(fmt.freeze(payload, copy=True))["tq_batch.pt"])
-    assert comparable(verl_summary(path)) == comparable(check_module().summarise(payload))
+    assert comparable(verl_summary(path)) == comparable(check_load_module().summarise(payload))

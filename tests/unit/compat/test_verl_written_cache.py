@@ -3,34 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
+from verl_fixtures import FIXTURE_RUN, check_load_module, comparable, expected_summary
 
 from stepskip import Batch, SkipConfigError, SkipManager
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "verl"
 RUN = Path("fx_verl") / "GBS4_N2_in8_out6"
-
-
-def load_check_module():
-    spec = importlib.util.spec_from_file_location("verl_check_load", FIXTURES / "check_load.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def comparable(summary):
-    """Drop what legitimately differs between verl's and our in-memory TensorDicts."""
-    summary = json.loads(json.dumps(summary))
-    for td in (summary.get("batch"), summary.get("tensordict")):
-        if td:
-            td.pop("is_consolidated", None)
-            td.pop("type", None)
-    return summary
 
 
 def config(dump_dir, **skip):
@@ -54,7 +36,7 @@ class Loop:
 
 @pytest.fixture
 def verl_cache(tmp_path):
-    shutil.copytree(FIXTURES / "cache" / RUN, tmp_path / RUN)
+    shutil.copytree(FIXTURE_RUN, tmp_path / RUN)
     return tmp_path
 
 
@@ -70,8 +52,8 @@ def test_gen_batch_written_by_verl_replays_exactly(verl_cache, step):
     out = loop.generate_sequences(Batch.from_dict(non_tensors={"uid": ["x"] * 8}))
     assert loop.calls == 0
     assert isinstance(out, Batch)
-    expected = json.loads((FIXTURES / "expected" / f"gen_batch_step{step}.json").read_text())["summary"]
-    assert comparable(load_check_module().summarise(out)) == comparable(expected)
+    expected = expected_summary(f"gen_batch_step{step}")
+    assert comparable(check_load_module().summarise(out)) == comparable(expected)
 
 
 def test_pickle_entry_is_refused_without_allow_pickle_and_left_untouched(verl_cache):
@@ -104,5 +86,5 @@ def test_tq_batch_written_by_verl_loads_through_the_allow_list(verl_cache):
 
     files = {"tq_batch.pt": (verl_cache / RUN / "3" / "0" / "tq_batch.pt").read_bytes()}
     payload = get_format("verl-tq").decode(files)
-    expected = json.loads((FIXTURES / "expected" / "tq_batch_step3.json").read_text())["summary"]
-    assert comparable(load_check_module().summarise(payload)) == comparable(expected)
+    expected = expected_summary("tq_batch_step3")
+    assert comparable(check_load_module().summarise(payload)) == comparable(expected)

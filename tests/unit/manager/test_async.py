@@ -13,26 +13,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from skip_configs import run_path, training_config
 
 from stepskip import AsyncRolloutSkip, Batch, SkipManager, parse_async_rollout_sample_step
 
-RUN_DIR = ("exp_proj", "GBS1_N1_in8_out6")
-
 
 def make_config(dump_dir, role: str = "rollout", **fields) -> dict:
-    section = {"enable": True, "dump_dir": str(dump_dir), "steps": [1, 2, 3], "action": "cache",
-               "async_dump": False}
-    section.update(fields)
-    return {
-        "trainer": {"experiment_name": "exp", "project_name": "proj"},
-        "data": {"train_batch_size": 1, "max_prompt_length": 8, "max_response_length": 6},
-        "actor_rollout_ref": {"rollout": {"n": 1}},
-        "skip": {role: section},
-    }
+    return training_config(dump_dir, role, gbs=1, n=1, **fields)
 
 
 def step_dir(dump_dir, step: int) -> Path:
-    return Path(dump_dir).joinpath(*RUN_DIR, str(step))
+    return run_path(dump_dir, gbs=1, n=1) / str(step)
 
 
 def make_prompts(uids) -> Batch:

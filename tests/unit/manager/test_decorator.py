@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
+from skip_configs import run_path, training_config
 
 from stepskip import Batch, CacheMissError, CorruptEntryError, SkipConfigError, SkipManager
 
@@ -28,7 +29,6 @@ STAT_NAMES = (
     "hits", "misses", "dumps", "dump_failures", "corrupt",
     "load_seconds", "dump_seconds", "bytes_read", "bytes_written", "saved_seconds",
 )
-RUN_DIR = ("exp_proj", "GBS4_N2_in8_out6")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -36,19 +36,11 @@ RUN_DIR = ("exp_proj", "GBS4_N2_in8_out6")
 
 def make_config(dump_dir, role: str = "rollout", **fields) -> dict:
     """A whole training config whose run shape gives ``exp_proj/GBS4_N2_in8_out6``."""
-    section = {"enable": True, "dump_dir": str(dump_dir), "steps": [1, 2, 3], "action": "cache",
-               "async_dump": False}
-    section.update(fields)
-    return {
-        "trainer": {"experiment_name": "exp", "project_name": "proj"},
-        "data": {"train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 6},
-        "actor_rollout_ref": {"rollout": {"n": 2}},
-        "skip": {role: section},
-    }
+    return training_config(dump_dir, role, **fields)
 
 
 def run_dir(dump_dir) -> Path:
-    return Path(dump_dir).joinpath(*RUN_DIR)
+    return run_path(dump_dir)
 
 
 def step_dir(dump_dir, step: int) -> Path:

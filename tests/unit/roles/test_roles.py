@@ -13,13 +13,14 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
+from skip_configs import run_path, training_config
 from tensordict import NonTensorData, TensorDict
 
 from stepskip import (
     SKIP_REGISTRY,
     AsyncRolloutSkip,
-    Batch,
     BaseSkip,
+    Batch,
     RolloutSkip,
     RolloutSkipConfig,
     SkipAction,
@@ -28,22 +29,13 @@ from stepskip import (
     register_skip,
 )
 
-RUN_DIR = ("exp_proj", "GBS4_N2_in8_out6")
-
 
 def make_config(dump_dir, role: str = "rollout", **fields) -> dict:
-    section = {"enable": True, "dump_dir": str(dump_dir), "steps": "all", "action": "cache", "async_dump": False}
-    section.update(fields)
-    return {
-        "trainer": {"experiment_name": "exp", "project_name": "proj"},
-        "data": {"train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 6},
-        "actor_rollout_ref": {"rollout": {"n": 2}},
-        "skip": {role: section},
-    }
+    return training_config(dump_dir, role, **{"steps": "all", **fields})
 
 
 def project_dir(dump_dir) -> Path:
-    return Path(dump_dir).joinpath(*RUN_DIR)
+    return run_path(dump_dir)
 
 
 def output(step: int) -> Batch:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from tensordict import TensorDict
 from v1_harness import ReplayBuffer, V1Trainer
 
@@ -322,10 +323,15 @@ def test_cache_written_by_verl_itself_is_injected(tmp_path):
     config["skip"]["rollout_tq"]["allow_pickle"] = True
     SkipManager.init(config, tq_client=client)
     assert SkipManager.skip_instances["rollout_tq"].maybe_load_and_inject(3, ["a", "b", "c"])
-    got = client.kv_batch_get(keys=["a_0_0", "a_1_0", "c_1_0"], partition_id="train")
-    expected = json.loads((FIXTURES / "expected" / "tq_batch_step3.json").read_text())
-    assert len(got["responses"].unbind()) == 3
-    assert set(expected["keys"]) and got["reward_score"].dtype == torch.float32
+    keys = ["a_0_0", "a_1_0", "b_0_0", "b_1_0", "c_0_0", "c_1_0"]
+    got = client.kv_batch_get(keys=keys, partition_id="train")
+    # verl recorded 3 uids x 2 sessions, in key order: prompt i gets recorded group i, session s row s
+    expected = load_file(FIXTURES / "expected" / "tq_batch_step3.safetensors")
+    assert got["reward_score"].tolist() == expected["reward_score"].tolist()
+    responses = torch.nested.nested_tensor_from_jagged(expected["responses.values"], expected["responses.offsets"])
+    assert [r.tolist() for r in got["responses"].unbind()] == [r.tolist() for r in responses.unbind()]
+    tags = client.kv_list("train")["train"]
+    assert all(tags[k]["global_steps"] == 3 and "is_prompt" not in tags[k] for k in keys)
 
 
 def test_misaligned_prompts_are_reported(tmp_path, caplog):
