@@ -63,8 +63,9 @@ class Layout:
         gbs = select(config, "data.gen_batch_size")
         if gbs is None:
             gbs = select(config, "data.train_batch_size", 0)
-        if dump_dir.startswith("file://"):
-            dump_dir = dump_dir[len("file://"):]
+        for prefix in ("file://", "local://"):  # local files behind a URL: plain paths, one LocalStore
+            if dump_dir.startswith(prefix):
+                dump_dir = dump_dir[len(prefix):]
         root = dump_dir if is_url(dump_dir) else os.path.abspath(os.path.expanduser(dump_dir))
         return cls(
             dump_dir=root.rstrip("/") or "/",
