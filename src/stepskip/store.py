@@ -244,7 +244,8 @@ def _object(name: str, info: Mapping[str, Any]) -> str:
     return str(info.get("object") or name)
 
 
-def _meta_bytes(meta: Mapping[str, Any], listing: Mapping[str, Any], retired: Mapping[str, float] | None = None) -> bytes:
+def _meta_bytes(meta: Mapping[str, Any], listing: Mapping[str, Any],
+                retired: Mapping[str, float] | None = None) -> bytes:
     body = dict(meta)
     body.pop("retired", None)  # only a store writes it (FsspecStore), from the entry it replaces
     body["files"] = dict(listing)
