@@ -1342,7 +1342,7 @@ def check_dump_dir(dump_dir: str, storage_options: Mapping[str, Any] | None = No
         try:
             st = os.stat(existing)
             break
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # not there yet (or below a file: said below)
             parent = os.path.dirname(existing)
             if parent == existing:
                 return
