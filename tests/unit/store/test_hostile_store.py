@@ -684,3 +684,88 @@ def test_writers_refuse_names_that_are_not_one_component(cache: Local | Memory, 
     with pytest.raises(OSError):
         cache.store.write_entry(entry_of(cache), {name: b"x"}, {"global_steps": 3})
     assert cache.store.probe(entry_of(cache)).state is EntryState.MISSING
+
+
+def test_sparse_file_larger_than_memory_is_damage_not_a_crash(local: Local) -> None:
+    """A recorded size that matches a sparse 64 GiB file: the read cannot allocate it and says so."""
+    path, meta = written(local)
+    with open(f"{path}/data.safetensors", "r+b") as fh:
+        fh.truncate(64 << 30)
+    meta["files"]["data.safetensors"]["bytes"] = 64 << 30
+    plant_meta(local, path, meta)
+    assert probe_in_child(local.store, path)[0] == "present"  # sizes agree: only a read can tell
+    assert "does not fit in memory" in read_in_child(local.store, path, names=NAMES)
+
+
+# --------------------------------------------------------------------------- fuzzing meta.json
+
+
+def _fuzz(cache_kind: str, root: str) -> int:
+    """Hypothesis-generated meta.json documents (near-valid ones and arbitrary JSON or bytes) fed to
+    probe, read_entry and check_meta: only Probe results and the two cache errors ever come out."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    store: Any = open_store(root)
+    path = f"{root}/exp/3"
+    store.write_entry(path, FILES, {"global_steps": 3})
+    valid = json.loads(bytes(store._read(f"{path}/{META_FILE}")))
+    put = ((lambda p, d: store.fs.pipe_file(store._p(p), d)) if cache_kind == "memory"
+           else (lambda p, d: Path(p).write_bytes(d)))
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+                        st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
+                        st.sampled_from(["..", "../data.json", "/etc/hostname", "data.json", "", "a/b", META_FILE]))
+    values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                           st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+                          max_leaves=12)
+    keys = st.sampled_from(["global_steps", "format", "run_id", "generation_seconds", "created_unix", "files",
+                            "parameter_sync_step", "inner_idx", "num_trajectories", "fingerprint", "retired",
+                            "prompt_digest", "role"])
+    file_keys = st.sampled_from(["bytes", "checksum", "object"])
+    seen = {"n": 0}
+
+    def check(raw: bytes) -> None:
+        seen["n"] += 1
+        put(f"{path}/{META_FILE}", raw)
+        probe = store.probe(path, legacy_files=("gen_batch.dp",))
+        assert probe.state in (EntryState.PRESENT, EntryState.DAMAGED), probe
+        if probe.state is EntryState.PRESENT:
+            assert check_meta(probe.meta) is None
+        try:
+            store.read_entry(path, legacy_files=("gen_batch.dp",), names=None)
+        except CacheMissError:
+            pass
+        try:
+            check_meta(json.loads(raw))
+        except (ValueError, RecursionError):
+            pass
+
+    @settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(key=keys, value=values)
+    def top_level(key: str, value: Any) -> None:
+        check(json.dumps({**valid, key: value}).encode())
+
+    @settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(name=st.sampled_from(list(FILES)), key=file_keys, value=values, rename=st.none() | scalars)
+    def file_entry(name: str, key: str, value: Any, rename: Any) -> None:
+        meta = json.loads(json.dumps(valid))
+        meta["files"][name][key] = value
+        if isinstance(rename, str):
+            meta["files"][rename] = meta["files"].pop(name)
+        check(json.dumps(meta).encode())
+
+    @settings(max_examples=100, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(doc=values | st.binary(max_size=200))
+    def anything(doc: Any) -> None:
+        check(doc if isinstance(doc, bytes) else json.dumps(doc).encode())
+
+    top_level()
+    file_entry()
+    anything()
+    return seen["n"]
+
+
+@pytest.mark.parametrize("kind", ["local", "memory"])
+def test_fuzzed_meta_json_never_escapes_the_readers(tmp_path: Path, kind: str) -> None:
+    root = str(tmp_path / "dump") if kind == "local" else f"memory://fuzz-{uuid.uuid4().hex[:8]}/dump"
+    assert in_child(lambda: _fuzz(kind, root), timeout=300) >= 400
