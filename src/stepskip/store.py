@@ -116,8 +116,9 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _shape_problem(meta: object) -> str | None:
-    """Depth and string check over the whole document, iteratively (no recursion to exhaust)."""
+def _shape_problem(meta: object, strings: bool = True) -> str | None:
+    """Depth (and, with ``strings``, string) check over the whole document, iteratively (no recursion
+    to exhaust)."""
     stack: list[tuple[object, int]] = [(meta, 1)]
     while stack:
         node, depth = stack.pop()
@@ -128,15 +129,19 @@ def _shape_problem(meta: object) -> str | None:
                 except UnicodeEncodeError:
                     return f"{META_FILE} holds a string that is not valid Unicode"
             continue
-        if isinstance(node, (dict, list)):
-            if depth > META_MAX_DEPTH:
-                return f"{META_FILE} nests deeper than {META_MAX_DEPTH} levels"
-            if isinstance(node, dict):
+        if isinstance(node, (dict, list)) and depth > META_MAX_DEPTH:
+            return f"{META_FILE} nests deeper than {META_MAX_DEPTH} levels"
+        if isinstance(node, dict):
+            if strings:
                 stack.extend((k, depth) for k in node)
-                stack.extend((v, depth + 1) for v in node.values())
-            else:
-                stack.extend((v, depth + 1) for v in node)
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (dict, list)) or strings)
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, (dict, list)) or strings)
     return None
+
+
+# a JSON escape of a UTF-16 surrogate: the only way a parsed meta.json can hold a string Python cannot encode
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def _bounded_int(meta: Mapping[str, Any], key: str, low: int, high: int) -> str | None:
@@ -167,9 +172,19 @@ def check_meta(meta: object) -> str | None:
         >>> check_meta({"global_steps": 3, "format": ["safe"]})
         "meta.json: format is ['safe'], expected a string"
     """
+    return _check_meta(meta, None)
+
+
+def _check_meta(meta: object, raw: bytes | None) -> str | None:
+    """:func:`check_meta`; given the ``raw`` document it skips the walks the bytes show needless."""
     if not isinstance(meta, dict):
         return f"{META_FILE} is not a JSON object"
-    shape = _shape_problem(meta)
+    if raw is None:
+        shape = _shape_problem(meta)
+    else:
+        shallow = raw.count(b"[") + raw.count(b"{") <= META_MAX_DEPTH  # cannot nest deeper than it has brackets
+        strings = _SURROGATE_ESCAPE.search(raw) is not None
+        shape = None if shallow and not strings else _shape_problem(meta, strings)
     if shape:
         return shape
     if "global_steps" not in meta:
@@ -236,7 +251,7 @@ def _parse_meta(raw: bytes) -> tuple[dict[str, Any] | None, str]:
         return None, f"{META_FILE} nests deeper than {META_MAX_DEPTH} levels"
     except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, int digits limit
         return None, f"unreadable {META_FILE}: {err}"
-    reason = check_meta(meta)
+    reason = _check_meta(meta, raw)
     return (None, reason) if reason else (meta, "")
 
 
@@ -297,6 +312,55 @@ def _exchange(dir_fd: int, a: str, b: str) -> bool:
     if err == errno.ENOENT:
         return False  # the old entry vanished meanwhile: a plain rename will do
     raise OSError(err, os.strerror(err), b)
+
+
+# --------------------------------------------------------------------------- openat2
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _load_syscall() -> Any:
+    import platform
+
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_long
+    return fn
+
+
+_SYSCALL = _load_syscall()
+_SYS_OPENAT2 = 437  # the same number on every architecture (Linux >= 5.6)
+_RESOLVE_NO_SYMLINKS = 0x04
+_RESOLVE_BENEATH = 0x08
+
+
+def _openat2_dir(dir_fd: int, relative: str) -> int | None:
+    """Open the directory ``relative`` below ``dir_fd`` in one call, refusing any symbolic link on the
+    way (Linux ``openat2`` with ``RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH``).
+
+    Returns None when the call is unavailable or failed for a reason the caller's component-wise
+    walk should classify (a link, a file); raises FileNotFoundError for a missing component.
+    """
+    global _SYSCALL
+    if _SYSCALL is None:
+        return None
+    how = _OpenHow(_O_DIR, 0, _RESOLVE_NO_SYMLINKS | _RESOLVE_BENEATH)
+    fd = _SYSCALL(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dir_fd), ctypes.c_char_p(os.fsencode(relative)),
+                  ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    if fd >= 0:
+        return int(fd)
+    err = ctypes.get_errno()
+    if err == errno.ENOENT:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), relative)
+    if err in (errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG):
+        _SYSCALL = None  # an older kernel or a seccomp filter: walk component by component from now on
+    return None
 
 
 # --------------------------------------------------------------------------- the store interface
@@ -573,6 +637,15 @@ class LocalStore(_EntryStore):
         if create:
             os.makedirs(base, exist_ok=True)
         fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        if len(parts) > 1 and not create:  # the common case in one system call; the walk below explains failures
+            try:
+                child = _openat2_dir(fd, "/".join(parts))
+            except FileNotFoundError:
+                os.close(fd)
+                raise
+            if child is not None:
+                os.close(fd)
+                return child
         for i, part in enumerate(parts):
             try:
                 try:

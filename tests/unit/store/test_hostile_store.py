@@ -354,8 +354,14 @@ def test_lone_surrogate_string_is_damage(cache: Local | Memory) -> None:
 # --------------------------------------------------------------------------- links, FIFOs, devices (local)
 
 
-@pytest.fixture
-def local(tmp_path: Path) -> Local:
+@pytest.fixture(params=["openat2", "walk"])
+def local(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Local:
+    """A local cache, read with Linux openat2 where the kernel has it, and by the component-wise walk
+    that older kernels (and seccomp filters refusing openat2) get."""
+    if request.param == "walk":
+        import stepskip.store as store_module
+
+        monkeypatch.setattr(store_module, "_SYSCALL", None)
     return Local(tmp_path)
 
 
