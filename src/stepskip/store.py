@@ -65,9 +65,12 @@ _O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK
 
 
 class EntryState(enum.Enum):
+    """What a look at an entry found (SPEC §6): damaged entries are regenerated, unreadable ones kept."""
+
     MISSING = "missing"
     PRESENT = "present"
     DAMAGED = "damaged"
+    UNREADABLE = "unreadable"
 
 
 @dataclass(frozen=True)
