@@ -443,11 +443,13 @@ class _EntryStore:
         raise NotImplementedError
 
     def remove(self, path: str) -> None:
-        """Delete a file or a whole directory inside the store; a missing path is fine.
+        """Delete a file or a whole directory; a missing path is fine. A symbolic link is removed
+        itself, never its target; nothing inside a removed directory is followed either.
 
         Raises:
-            OSError: ``path`` is outside the store's root (or the root itself), or reaching it
-                would follow a symbolic link; nothing is deleted then.
+            OSError: ``path`` is spelled with ``..``, lies outside the root or is the root (object
+                stores, which have no links to refuse instead), or reaching it would follow a
+                symbolic link below the root; nothing is deleted then.
         """
         raise NotImplementedError
 
@@ -690,14 +692,14 @@ class LocalStore(_EntryStore):
             os.close(fd)
 
     def _confined(self, path: str) -> tuple[int, str]:
-        """``(fd of the parent, name)`` for deleting ``path``; refuses the root and paths outside it."""
-        base, parts = self._split(path)
-        if not parts:
-            raise OSError(errno.EPERM, "refusing to delete the store's root directory", path)
-        if self.root is not None and base != self.root:
-            raise OSError(errno.EPERM, f"refusing to delete outside the dump dir {self.root}", path)
-        parent = "/".join([base.rstrip("/"), *parts[:-1]]) if len(parts) > 1 else base
-        return self._open_dir(parent), parts[-1]
+        """``(fd of the parent, name)`` for deleting ``path``, its parent reached without following links
+        below the root (the final component is never followed by the callers); refuses ``..``."""
+        if ".." in path.split("/"):
+            raise OSError(errno.EPERM, "refusing to delete a path spelled with '..'", path)
+        parent, name = os.path.split(self._abs(path))
+        if not name:
+            raise OSError(errno.EPERM, "refusing to delete the filesystem root", path)
+        return self._open_dir(parent or "/"), name
 
     # ------------------------------------------------------------------ reading
 

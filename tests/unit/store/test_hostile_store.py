@@ -550,10 +550,11 @@ def test_replacing_a_planted_entry_deletes_only_its_own_objects(tmp_path: Path, 
     assert store.read_entry(path)[1] == FILES
     with pytest.raises(OSError):
         store.remove(f"{root}/../outside.0123456789ab.json")
-    with pytest.raises(OSError):
-        store.remove(str(tmp_path / "outside.0123456789ab.json"))
-    with pytest.raises(OSError):
-        store.remove(root)
+    if isinstance(store, FsspecStore):  # object stores have no links: their root is their boundary
+        with pytest.raises(OSError):
+            store.remove(str(tmp_path / "outside.0123456789ab.json"))
+        with pytest.raises(OSError):
+            store.remove(root)
     assert fs.cat_file(victims[2]) == b"keep me"
 
 
@@ -579,7 +580,7 @@ def test_retire_entry(tmp_path: Path, kind: str) -> None:
     assert cache.store.probe(sibling).state is EntryState.PRESENT
     assert [n for n in cache.store.list_dir(path.rsplit("/", 1)[0]) if n.startswith(".")] == []
     with pytest.raises(OSError):
-        cache.store.retire_entry(cache.root)
+        cache.store.retire_entry(f"{cache.root}/exp_proj/../exp_proj/GBS4_N2_in8_out8/4")
 
 
 # --------------------------------------------------------------------------- one version per read
