@@ -745,6 +745,8 @@ class LocalStore(_EntryStore):
                 if err.last:
                     return Probe(EntryState.DAMAGED, reason=err.strerror), {}
                 return Probe(EntryState.MISSING), {}  # no entry can exist below a file or a link
+            except NotADirectoryError:
+                return Probe(EntryState.MISSING), {}  # the dump dir itself lies below a file
             except OSError as err:
                 return Probe(EntryState.DAMAGED, reason=f"cannot open {path}: {err}"), {}
             try:
