@@ -421,7 +421,7 @@ class _EntryStore:
             CorruptEntryError: a file is missing, truncated or does not match its checksum, or
                 ``meta`` itself is ill-typed.
         """
-        reason = check_meta(dict(meta, global_steps=0)) if "files" in meta else None
+        reason = _files_problem(meta.get("files"))  # the names and sizes this read trusts
         if reason:
             raise CorruptEntryError(f"{path}: {reason}")
         try:
@@ -456,8 +456,12 @@ class _EntryStore:
     def retire_entry(self, path: str) -> bool:
         """Remove one entry so that readers see it whole or not at all; returns False when none was there.
 
+        Locally the entry is renamed to a ``.trash-`` sibling, then deleted without following any
+        link (a linked entry loses its link, its target is untouched); on object stores its
+        ``meta.json`` goes first, then its objects.
+
         Raises:
-            OSError: ``path`` is outside the store's root, or reaching it would follow a link.
+            OSError: as :meth:`remove`.
         """
         raise NotImplementedError
 
