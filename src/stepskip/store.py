@@ -226,7 +226,7 @@ def _files_problem(files: object) -> str | None:
         if not isinstance(info, dict):
             return f"{META_FILE} has a malformed file list: {name} -> {_show(info)}"
         size = info.get("bytes")
-        if not _is_int(size) or not 0 <= size <= _INT64_MAX:
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= _INT64_MAX:
             return f"{META_FILE}: {name} has bytes {_show(size)}, expected an int >= 0"
         if not isinstance(info.get("checksum"), str):
             return f"{META_FILE}: {name} has checksum {_show(info.get('checksum'))}, expected a string"
@@ -601,6 +601,7 @@ class _NotFollowed(NotADirectoryError):
 
     def __init__(self, message: str, path: str, last: bool) -> None:
         super().__init__(errno.ENOTDIR, message, path)
+        self.message = message
         self.last = last
 
 
@@ -747,7 +748,7 @@ class LocalStore(_EntryStore):
                 return Probe(EntryState.MISSING), {}
             except _NotFollowed as err:
                 if err.last:
-                    return Probe(EntryState.DAMAGED, reason=err.strerror), {}
+                    return Probe(EntryState.DAMAGED, reason=err.message), {}
                 return Probe(EntryState.MISSING), {}  # no entry can exist below a file or a link
             except NotADirectoryError:
                 return Probe(EntryState.MISSING), {}  # the dump dir itself lies below a file
