@@ -380,7 +380,8 @@ class _EntryStore:
         """
         return self._look(path, tuple(legacy_files), None, verify=False, read=False)[0]
 
-    def read_entry(self, path: str, legacy_files: Iterable[str] = (), names: Iterable[str] | None = None,
+    def read_entry(self, path: str, legacy_files: Iterable[str] = (),
+                   names: Iterable[str] | Callable[[dict[str, Any]], Iterable[str]] | None = None,
                    verify: bool = True) -> tuple[dict[str, Any], dict[str, bytes]]:
         """Check and read one entry as one version: its ``meta.json`` and the named data files.
 
@@ -391,7 +392,10 @@ class _EntryStore:
         Args:
             path: the entry directory.
             legacy_files: verl's data file names, for entries verl wrote (no file list).
-            names: the data files to read; None for every listed one (every legacy file present).
+            names: the data files to read; None for every listed one (every legacy file present);
+                or a function given the checked ``meta`` of the version being read that returns
+                them — it may also raise (a format or fidelity refusal, say) to stop the read
+                before any data is read; it is called again should a newer version be read.
             verify: check each file's checksum (sizes are always checked).
 
         Returns:
@@ -404,8 +408,8 @@ class _EntryStore:
         Example:
             >>> meta, files = store.read_entry(path, names=["data.json"])  # doctest: +SKIP
         """
-        probe, files = self._look(path, tuple(legacy_files), None if names is None else list(names), verify,
-                                  read=True)
+        wanted: _Names = names if names is None or callable(names) else list(names)
+        probe, files = self._look(path, tuple(legacy_files), wanted, verify, read=True)
         if probe.state is EntryState.MISSING:
             raise CacheMissError(f"{path}: no entry there (never written, or removed meanwhile)")
         if probe.state is EntryState.DAMAGED:
@@ -472,12 +476,20 @@ class _EntryStore:
     def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS) -> list[str]:
         raise NotImplementedError
 
-    def _look(self, path: str, legacy_files: tuple[str, ...], names: list[str] | None, verify: bool,
+    def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
               read: bool) -> tuple[Probe, dict[str, bytes]]:
         raise NotImplementedError
 
     def _read_listed(self, path: str, meta: Mapping[str, Any], names: list[str], verify: bool) -> dict[str, bytes]:
         raise NotImplementedError
+
+
+#: What a read wants: names, every file (None), or a function choosing names from the version read.
+_Names = list[str] | Callable[[dict[str, Any]], Iterable[str]] | None
+
+
+def _resolve(names: _Names, meta: dict[str, Any]) -> list[str] | None:
+    return list(names(meta)) if callable(names) else names
 
 
 def _check_files(meta: Mapping[str, Any], names: list[str] | None) -> list[str]:
@@ -739,7 +751,7 @@ class LocalStore(_EntryStore):
         finally:
             os.close(fd)
 
-    def _look(self, path: str, legacy_files: tuple[str, ...], names: list[str] | None, verify: bool,
+    def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
               read: bool) -> tuple[Probe, dict[str, bytes]]:
         for _ in range(_MAX_ATTEMPTS):
             try:
@@ -764,7 +776,7 @@ class LocalStore(_EntryStore):
                 os.close(dir_fd)
         return Probe(EntryState.DAMAGED, reason=f"kept changing while read ({_MAX_ATTEMPTS} attempts)"), {}
 
-    def _look_at(self, dir_fd: int, path: str, legacy_files: tuple[str, ...], names: list[str] | None,
+    def _look_at(self, dir_fd: int, path: str, legacy_files: tuple[str, ...], names: _Names,
                  verify: bool, read: bool) -> tuple[Probe, dict[str, bytes]]:
         try:
             raw = _read_at(dir_fd, META_FILE, None, META_MAX_BYTES)
@@ -777,6 +789,7 @@ class LocalStore(_EntryStore):
         meta, reason = _parse_meta(raw)
         if meta is None:
             return Probe(EntryState.DAMAGED, reason=reason), {}
+        names = _resolve(names, meta) if read else None
         try:
             if meta.get("files") is None:
                 return self._look_legacy(dir_fd, path, meta, legacy_files, names, read)
@@ -1090,7 +1103,7 @@ class FsspecStore(_EntryStore):
 
     # ------------------------------------------------------------------ reading
 
-    def _look(self, path: str, legacy_files: tuple[str, ...], names: list[str] | None, verify: bool,
+    def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
               read: bool) -> tuple[Probe, dict[str, bytes]]:
         try:
             raw = self._read_meta(path)
@@ -1125,8 +1138,9 @@ class FsspecStore(_EntryStore):
             raw = now
         return Probe(EntryState.DAMAGED, reason=f"kept changing while read ({_MAX_ATTEMPTS} attempts)"), {}
 
-    def _look_version(self, path: str, meta: dict[str, Any], legacy_files: tuple[str, ...], names: list[str] | None,
+    def _look_version(self, path: str, meta: dict[str, Any], legacy_files: tuple[str, ...], names: _Names,
                       verify: bool, read: bool) -> tuple[Probe, dict[str, bytes]]:
+        names = _resolve(names, meta) if read else None
         listed = meta.get("files")
         if listed is None:
             present = [n for n in legacy_files if valid_name(n) and self._isfile(f"{path}/{n}")]
