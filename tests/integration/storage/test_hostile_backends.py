@@ -103,3 +103,51 @@ def test_retired_and_missing_entries(cache):
     assert store.retire_entry(entry) is False
     with pytest.raises(OSError):
         store.remove(f"{root}/exp/../exp/3")
+
+
+class Loop:
+    def __init__(self):
+        self.calls = 0
+
+    def generate_sequences(self, prompts):
+        import torch
+
+        from stepskip import Batch
+
+        self.calls += 1
+        return Batch.from_dict(tensors={"responses": torch.arange(8).reshape(2, 4) + self.calls},
+                               non_tensors={"uid": prompts.non_tensor_batch["uid"]})
+
+
+def test_a_planted_entry_is_regenerated_through_the_manager(backend):
+    """Training meets an entry whose meta.json points outside the entry: counted as corrupt,
+    generated again and overwritten; the file it pointed at is untouched."""
+    from stepskip import Batch, SkipManager
+
+    store = open_store(backend.dump_dir, backend.storage_options)
+    skip = {"enable": True, "steps": [1], "dump_dir": backend.dump_dir, "storage_options": backend.storage_options}
+    config = {"data": {"train_batch_size": 2}, "actor_rollout_ref": {"rollout": {"n": 1}}, "skip": {"rollout": skip}}
+
+    def run() -> Loop:
+        SkipManager.init(config)
+        loop = Loop()
+        SkipManager.set_step(1)
+        SkipManager.annotate(role="rollout")(Loop.generate_sequences)(loop, Batch.from_dict(
+            non_tensors={"uid": ["a", "b"]}))
+        SkipManager.flush()
+        return loop
+
+    assert run().calls == 1
+    role = SkipManager.skip_instances["rollout"]
+    entry = role.step_dump_dir(1)
+    victim = f"{backend.dump_dir}/victim.0123456789ab.json"
+    put(store, victim, b"not yours")
+    meta = json.loads(get(store, f"{entry}/{META_FILE}"))
+    meta["files"]["data.json"]["object"] = "../../../victim.0123456789ab.json"
+    put(store, f"{entry}/{META_FILE}", json.dumps(meta).encode())
+    SkipManager.reset()
+    assert run().calls == 1  # not replayed from the planted file
+    assert SkipManager.stats()["skip/rollout/corrupt"] >= 1
+    assert get(store, victim) == b"not yours"
+    SkipManager.reset()
+    assert run().calls == 0  # the regenerated entry replays
