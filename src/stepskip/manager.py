@@ -148,12 +148,13 @@ class SkipManager:
     entry it dumps).
 
     Example:
+        >>> import tempfile
         >>> from stepskip import SkipManager, Batch
         >>> class Loop:
         ...     @SkipManager.annotate(role="rollout")
         ...     def generate_sequences(self, prompts):
         ...         return prompts
-        >>> SkipManager.init({"skip": {"rollout": {"enable": True, "steps": [1], "dump_dir": "/tmp/ex"}}})
+        >>> SkipManager.init({"skip": {"rollout": {"enable": True, "steps": [1], "dump_dir": tempfile.mkdtemp()}}})
         >>> SkipManager.set_step(1)
         >>> out = Loop().generate_sequences(Batch.from_dict(non_tensors={"uid": ["a"]}))
         >>> SkipManager.reset()
