@@ -35,18 +35,20 @@ from stepskip.errors import (
 )
 from stepskip.identity import fingerprint_diff, fingerprint_of
 from stepskip.layout import Layout, is_url
-from stepskip.policies import CheckPrompts, OnMismatch, SkipAction
+from stepskip.policies import CheckPrompts, MatchN, OnMismatch, SkipAction
 from stepskip.resolve import load_candidates
 from stepskip.roles.base import BaseSkip, RunContext
 from stepskip.stats import RoleStats
 from stepskip.store import EntryState, Probe, open_store
 from stepskip.worker import default_worker
 
-__all__ = ["CachedRole", "ALL_ACTIONS", "VERL_LAYOUT_ROLES"]
+__all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS", "VERL_LAYOUT_ROLES"]
 
 logger = logging.getLogger(__name__)
 
 ALL_ACTIONS = [SkipAction.CACHE, SkipAction.REPEAT, SkipAction.RANDOM, SkipAction.REPLAY, SkipAction.RECORD]
+#: Roles whose output rows map one to one onto their prompt rows also replay by prompt (``match``).
+ROW_WISE_ACTIONS = [*ALL_ACTIONS, SkipAction.MATCH]
 
 #: Roles whose entries live directly in the run directory, as verl lays them out (seed §2.5).
 #: Every other role gets ``{run}/{role}/``, so that two roles never read each other's entries.
@@ -68,7 +70,7 @@ class CachedRole(BaseSkip):
     from :class:`~stepskip.SkipRoleConfig`.
     """
 
-    support_actions = ALL_ACTIONS
+    support_actions = ROW_WISE_ACTIONS
     config_class: ClassVar[type[Any]] = SkipRoleConfig
     #: Entries are V1 inner entries (``{step}/{inner}/``, verl's ``tq_batch.pt``).
     v1: ClassVar[bool] = False
@@ -99,6 +101,8 @@ class CachedRole(BaseSkip):
         self._warned: set[tuple[str, ...]] = set()
         self._pending: dict[str, threading.Event] = {}  # entry path -> its background dump finished
         self._pending_lock = threading.Lock()
+        self._index: Any = None  # the prompt index of ``action: match``, built on first use
+        self._index_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -323,12 +327,170 @@ class CachedRole(BaseSkip):
         info = CURRENT_CALL.get()
         seconds = info.generation_seconds if info is not None else None
         prompts = call_prompts(args, kwargs)
+
         def meta() -> dict[str, Any]:
-            return self._entry_meta(step, seconds, prompt_digest=_prompt_digest(prompts, self.rebind_keys))
+            return self._entry_meta(step, seconds, prompt_digest=_prompt_digest(prompts, self.rebind_keys),
+                                    row_prompts=self._row_prompts(prompts, result))
 
         prepared = self._snapshot(step, path, result, copy=self.async_dump, meta=meta)
         if prepared is not None:
             self._submit_write(path, step, *prepared)
+
+    def _row_prompts(self, prompts: Any, result: Any) -> list[str] | None:
+        """One prompt digest per result row, for roles that ``match``: what the prompt index is built of."""
+        if not self.row_wise or prompts is None:
+            return None
+        from stepskip.matching import batch_rows, row_digests
+
+        rows = batch_rows(result)
+        if rows < 0 or batch_rows(prompts) != rows:
+            return None  # not row-aligned with its prompts: this entry cannot serve prompt groups
+        try:
+            return row_digests(prompts, self.rebind_keys)
+        except (TypeError, ValueError):
+            return None
+
+    # ------------------------------------------------------------------ action: match
+
+    @property
+    def row_wise(self) -> bool:
+        """Output rows map one to one onto prompt rows (stage roles say so with ``row_wise: true``)."""
+        return SkipAction.MATCH in self.support_actions and bool(getattr(self.config, "row_wise", True))
+
+    def match_split(self, step: int, prompts: Any) -> Any:
+        """Divide the live batch into prompt groups recorded anywhere in this run and groups to generate.
+
+        Raises:
+            SkipConfigError: the prompts are not a batch of rows (``match`` needs DataProto-like or
+                TensorDict prompts).
+        """
+        from stepskip.matching import MatchSplit, group_rows, row_digests, select_batch_rows
+
+        try:
+            digests = row_digests(prompts, self.rebind_keys)
+        except ValueError as err:
+            raise SkipConfigError(f"skip.{self.name}.action = 'match': {err}") from err
+        index = self._match_index()
+        found: dict[int, tuple[int, int]] = {}
+        missing: list[int] = []
+        steps: dict[int, int] = {}
+        strict = self.config.match_n is MatchN.STRICT
+        for digest, rows in group_rows(digests).items():
+            where = index.groups.get(digest)
+            if where is None or (strict and len(where[1]) != len(rows)):
+                missing.extend(rows)
+                continue
+            recorded_step, recorded_rows = where
+            steps[recorded_step] = steps.get(recorded_step, 0) + 1
+            for session, row in enumerate(rows):  # a different sample count cycles, as the V1 remap does
+                found[row] = (recorded_step, recorded_rows[session % len(recorded_rows)])
+        missing.sort()
+        subset = None
+        if missing:
+            subset = prompts if not found else select_batch_rows(prompts, missing)
+        return MatchSplit(digests=digests, found=found, missing_rows=missing, subset=subset, steps=steps)
+
+    def _match_index(self) -> Any:
+        """The prompt index, refreshed from entries it has not seen (one listing, new entries only)."""
+        from stepskip.matching import PromptIndex
+
+        with self._index_lock:
+            if self._index is None:
+                self._index = PromptIndex()
+            index = self._index
+            listed = set(self.listed_steps())
+            for step in [s for s in index.steps if s not in listed]:
+                index.forget(step)
+            for step in sorted(listed - set(index.steps)):
+                self._index_step(index, step)
+            return index
+
+    def _index_step(self, index: Any, step: int) -> None:
+        probe = self._probe(self.step_dump_dir(step))
+        meta = probe.meta or {}
+        digests = meta.get("row_prompts")
+        usable = probe.state is EntryState.PRESENT and self._servable(meta)
+        if usable and isinstance(digests, list) and all(isinstance(d, str) for d in digests):
+            index.add(step, str(meta.get("run_id")), digests)
+        else:
+            index.forget(step)
+
+    def match_merge(self, step: int, split: Any, prompts: Any, generated: Any) -> Any:
+        """The live batch in live row order: recorded rows for the found groups, ``generated`` for the rest.
+
+        Records what was generated (the live batch as the step's entry, or appended to the entry the
+        step already has, so that no recorded group is lost).
+        """
+        from stepskip.matching import concat_batches, select_batch_rows
+
+        start = time.perf_counter()
+        sources: list[Any] = []
+        offsets: dict[int, tuple[int, dict[int, int]]] = {}  # recorded step -> (first row in sources, row map)
+        nbytes, saved, base = 0, 0.0, 0
+        needed: dict[int, list[int]] = {}
+        for live_row in sorted(split.found):
+            recorded_step, recorded_row = split.found[live_row]
+            rows = needed.setdefault(recorded_step, [])
+            if recorded_row not in rows:
+                rows.append(recorded_row)
+        for recorded_step, rows in needed.items():
+            value, meta, _, size = self.load_entry(recorded_step, step)
+            nbytes += size
+            recorded_rows = len(meta.get("row_prompts") or ()) or len(rows)
+            saved += _seconds(meta.get("generation_seconds")) * len(rows) / recorded_rows
+            sources.append(select_batch_rows(value, rows))
+            offsets[recorded_step] = (base, {row: i for i, row in enumerate(rows)})
+            base += len(rows)
+        if not split.found:
+            merged = generated
+        else:
+            generated_at = {row: base + i for i, row in enumerate(split.missing_rows)}
+            order = []
+            for live_row in range(len(split.digests)):
+                if live_row in split.found:
+                    recorded_step, recorded_row = split.found[live_row]
+                    first, positions = offsets[recorded_step]
+                    order.append(first + positions[recorded_row])
+                else:
+                    order.append(generated_at[live_row])
+            if generated is not None:
+                sources.append(generated)
+            merged = select_batch_rows(concat_batches(sources), order)
+            self._rebind(merged, prompts)
+        replayed = len(split.found)
+        self.stats.add(rows_replayed=replayed, rows_generated=len(split.missing_rows), bytes_read=nbytes,
+                       load_seconds=time.perf_counter() - start if split.found else 0.0, saved_seconds=saved,
+                       hits=0 if split.missing_rows else 1, misses=1 if split.missing_rows else 0)
+        if split.found:
+            origin = ", ".join(f"{n} from step {s}" for s, n in sorted(split.steps.items()))
+            logger.info("%s match: step %d replayed %d of %d rows (%d prompt groups: %s); %d rows generated",
+                        self.name, step, replayed, len(split.digests), sum(split.steps.values()), origin,
+                        len(split.missing_rows))
+        if split.missing_rows:
+            self._record_match(step, split, prompts, merged, generated)
+        return merged
+
+    def _record_match(self, step: int, split: Any, prompts: Any, merged: Any, generated: Any) -> None:
+        from stepskip.matching import concat_batches, row_digests, select_batch_rows
+
+        path = self.step_dump_dir(step)
+        info = CURRENT_CALL.get()
+        seconds = info.generation_seconds if info is not None else None
+        to_write, digests = merged, list(split.digests)
+        if self._probe(path).state is EntryState.PRESENT:  # the step recorded other prompts before: keep them
+            existing, meta, _, _ = self.load_entry(step)
+            recorded = meta.get("row_prompts")
+            if isinstance(recorded, list):
+                to_write = concat_batches([existing, generated])
+                subset = select_batch_rows(prompts, split.missing_rows) if split.found else prompts
+                digests = list(recorded) + row_digests(subset, self.rebind_keys)
+        prepared = self._snapshot(step, path, to_write, copy=self.async_dump,
+                                  meta=lambda: self._entry_meta(step, seconds, row_prompts=digests))
+        if prepared is not None:
+            self._submit_write(path, step, *prepared)
+        with self._index_lock:
+            if self._index is not None:
+                self._index.forget(step)  # re-read from the entry once it is written
 
     def _snapshot(self, step: int, path: str, value: Any, copy: bool,
                   meta: Callable[[], dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:

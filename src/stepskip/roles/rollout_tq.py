@@ -19,7 +19,7 @@ from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 from stepskip.policies import SkipAction
 from stepskip.resolve import remap_v1
 from stepskip.roles.base import register_skip
-from stepskip.roles.cached import _prompt_digest, _seconds
+from stepskip.roles.cached import ALL_ACTIONS, _prompt_digest, _seconds
 from stepskip.roles.rollout import RolloutSkip
 from stepskip.store import EntryState, Probe
 
@@ -45,6 +45,7 @@ class RolloutTqSkip(RolloutSkip):
     """
 
     config_class: ClassVar[type[Any]] = RolloutTqSkipConfig
+    support_actions = ALL_ACTIONS
     v1 = True
 
     def __init__(self, local_config: Any, global_config: Any) -> None:
