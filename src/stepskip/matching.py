@@ -122,24 +122,28 @@ def group_rows(digests: Sequence[str]) -> dict[str, list[int]]:
 
 @dataclass
 class PromptIndex:
-    """Prompt digest -> ``(step, rows)`` of the entry that recorded its responses.
+    """Prompt digest -> ``(entry path, rows)`` of an entry that recorded its responses.
 
-    Built from the ``row_prompts`` of entries' ``meta.json`` (so it can always be rebuilt from
-    the entries themselves); a later step recording the same prompt wins.
+    Built from the ``row_prompts`` of the entries' ``meta.json`` — written atomically with each
+    entry — so it never points at an entry that does not exist or holds other rows, and can
+    always be rebuilt from the entries alone. Among entries recording the same prompt, the one of
+    the latest step wins.
     """
 
-    groups: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
-    steps: dict[int, str] = field(default_factory=dict)  # step -> the run id of the entry indexed
+    groups: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
+    entries: dict[str, int] = field(default_factory=dict)  # entry path -> its step
 
-    def add(self, step: int, run_id: str, digests: Sequence[str]) -> None:
-        self.forget(step)
-        self.steps[step] = run_id
+    def add(self, path: str, step: int, digests: Sequence[str]) -> None:
+        self.forget(path)
+        self.entries[path] = step
         for digest, rows in group_rows(digests).items():
-            self.groups[digest] = (step, rows)
+            current = self.groups.get(digest)
+            if current is None or self.entries.get(current[0], -1) <= step:
+                self.groups[digest] = (path, rows)
 
-    def forget(self, step: int) -> None:
-        if self.steps.pop(step, None) is not None:
-            self.groups = {d: where for d, where in self.groups.items() if where[0] != step}
+    def forget(self, path: str) -> None:
+        if self.entries.pop(path, None) is not None:
+            self.groups = {d: where for d, where in self.groups.items() if where[0] != path}
 
 
 @dataclass
@@ -148,16 +152,17 @@ class MatchSplit:
 
     Args:
         digests: one per live row.
-        found: live row -> ``(step, recorded row)`` for every row that is replayed.
+        found: live row -> ``(entry path, recorded row)`` for every row that is replayed.
         missing_rows: live rows to generate, in live order.
         subset: the live prompts restricted to ``missing_rows`` (None when nothing is missing).
+        sources: entry path -> how many prompt groups are taken from it.
     """
 
     digests: list[str]
-    found: dict[int, tuple[int, int]]
+    found: dict[int, tuple[str, int]]
     missing_rows: list[int]
     subset: Any = None
-    steps: dict[int, int] = field(default_factory=dict)  # recorded step -> groups taken from it
+    sources: dict[str, int] = field(default_factory=dict)
 
 
 def select_batch_rows(value: Any, rows: Sequence[int]) -> Any:

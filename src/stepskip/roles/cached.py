@@ -34,7 +34,7 @@ from stepskip.errors import (
     UnreadableEntryError,
 )
 from stepskip.identity import fingerprint_diff, fingerprint_of
-from stepskip.layout import Layout, is_url
+from stepskip.layout import RUN_DIR, Layout, is_url, safe_component
 from stepskip.policies import CheckPrompts, MatchN, OnMismatch, SkipAction
 from stepskip.resolve import load_candidates
 from stepskip.roles.base import BaseSkip, RunContext
@@ -371,49 +371,63 @@ class CachedRole(BaseSkip):
         except ValueError as err:
             raise SkipConfigError(f"skip.{self.name}.action = 'match': {err}") from err
         index = self._match_index()
-        found: dict[int, tuple[int, int]] = {}
+        found: dict[int, tuple[str, int]] = {}
         missing: list[int] = []
-        steps: dict[int, int] = {}
+        sources: dict[str, int] = {}
         strict = self.config.match_n is MatchN.STRICT
         for digest, rows in group_rows(digests).items():
             where = index.groups.get(digest)
             if where is None or (strict and len(where[1]) != len(rows)):
                 missing.extend(rows)
                 continue
-            recorded_step, recorded_rows = where
-            steps[recorded_step] = steps.get(recorded_step, 0) + 1
+            path, recorded_rows = where
+            sources[path] = sources.get(path, 0) + 1
             for session, row in enumerate(rows):  # a different sample count cycles, as the V1 remap does
-                found[row] = (recorded_step, recorded_rows[session % len(recorded_rows)])
+                found[row] = (path, recorded_rows[session % len(recorded_rows)])
         missing.sort()
         subset = None
         if missing:
             subset = prompts if not found else select_batch_rows(prompts, missing)
-        return MatchSplit(digests=digests, found=found, missing_rows=missing, subset=subset, steps=steps)
+        return MatchSplit(digests=digests, found=found, missing_rows=missing, subset=subset, sources=sources)
 
     def _match_index(self) -> Any:
-        """The prompt index, refreshed from entries it has not seen (one listing, new entries only)."""
+        """The prompt index, refreshed from entries it has not seen (one listing per run directory).
+
+        It spans every run directory of this experiment whose prompt and response lengths are this
+        run's: a run with another batch size or sample count (``GBS``/``N``) still finds the prompts
+        recorded by the others. Only entries this role could replay are indexed.
+        """
         from stepskip.matching import PromptIndex
 
         with self._index_lock:
             if self._index is None:
                 self._index = PromptIndex()
             index = self._index
-            listed = set(self.listed_steps())
-            for step in [s for s in index.steps if s not in listed]:
-                index.forget(step)
-            for step in sorted(listed - set(index.steps)):
-                self._index_step(index, step)
+            listed = set(self._match_sources())
+            for path in [p for p in index.entries if p not in listed]:
+                index.forget(path)
+            for path in sorted(listed - set(index.entries)):
+                probe = self._probe(path)
+                meta = probe.meta or {}
+                digests = meta.get("row_prompts")
+                if (probe.state is EntryState.PRESENT and self._servable(meta) and isinstance(digests, list)
+                        and all(isinstance(d, str) for d in digests)):
+                    index.add(path, _step_of(meta), digests)
             return index
 
-    def _index_step(self, index: Any, step: int) -> None:
-        probe = self._probe(self.step_dump_dir(step))
-        meta = probe.meta or {}
-        digests = meta.get("row_prompts")
-        usable = probe.state is EntryState.PRESENT and self._servable(meta)
-        if usable and isinstance(digests, list) and all(isinstance(d, str) for d in digests):
-            index.add(step, str(meta.get("run_id")), digests)
-        else:
-            index.forget(step)
+    def _match_sources(self) -> list[str]:
+        """Every entry directory of this role in the run directories :meth:`_match_index` spans."""
+        layout = self.layout
+        root = layout.project_dir.rsplit("/", 2 if layout.subdir else 1)[0]
+        paths = []
+        for run_name in self.store.list_dir(root):
+            shape = RUN_DIR.match(run_name)
+            if shape is None or (int(shape[3]), int(shape[4])) != (layout.prompt_len, layout.response_len):
+                continue
+            project = f"{root}/{run_name}" + (f"/{safe_component(layout.subdir)}" if layout.subdir else "")
+            steps = (Layout.parse_step(name) for name in self.store.list_dir(project))
+            paths.extend(f"{project}/{step}" for step in sorted(s for s in steps if s is not None))
+        return paths
 
     def match_merge(self, step: int, split: Any, prompts: Any, generated: Any) -> Any:
         """The live batch in live row order: recorded rows for the found groups, ``generated`` for the rest.
@@ -425,21 +439,21 @@ class CachedRole(BaseSkip):
 
         start = time.perf_counter()
         sources: list[Any] = []
-        offsets: dict[int, tuple[int, dict[int, int]]] = {}  # recorded step -> (first row in sources, row map)
+        offsets: dict[str, tuple[int, dict[int, int]]] = {}  # entry -> (its first row in sources, row map)
         nbytes, saved, base = 0, 0.0, 0
-        needed: dict[int, list[int]] = {}
+        needed: dict[str, list[int]] = {}
         for live_row in sorted(split.found):
-            recorded_step, recorded_row = split.found[live_row]
-            rows = needed.setdefault(recorded_step, [])
+            path, recorded_row = split.found[live_row]
+            rows = needed.setdefault(path, [])
             if recorded_row not in rows:
                 rows.append(recorded_row)
-        for recorded_step, rows in needed.items():
-            value, meta, _, size = self.load_entry(recorded_step, step)
+        for path, rows in needed.items():
+            value, meta, _, size = self._read_entry(path, step, -1)
             nbytes += size
             recorded_rows = len(meta.get("row_prompts") or ()) or len(rows)
             saved += _seconds(meta.get("generation_seconds")) * len(rows) / recorded_rows
             sources.append(select_batch_rows(value, rows))
-            offsets[recorded_step] = (base, {row: i for i, row in enumerate(rows)})
+            offsets[path] = (base, {row: i for i, row in enumerate(rows)})
             base += len(rows)
         if not split.found:
             merged = generated
@@ -448,8 +462,8 @@ class CachedRole(BaseSkip):
             order = []
             for live_row in range(len(split.digests)):
                 if live_row in split.found:
-                    recorded_step, recorded_row = split.found[live_row]
-                    first, positions = offsets[recorded_step]
+                    path, recorded_row = split.found[live_row]
+                    first, positions = offsets[path]
                     order.append(first + positions[recorded_row])
                 else:
                     order.append(generated_at[live_row])
@@ -462,9 +476,9 @@ class CachedRole(BaseSkip):
                        load_seconds=time.perf_counter() - start if split.found else 0.0, saved_seconds=saved,
                        hits=0 if split.missing_rows else 1, misses=1 if split.missing_rows else 0)
         if split.found:
-            origin = ", ".join(f"{n} from step {s}" for s, n in sorted(split.steps.items()))
+            origin = ", ".join(f"{n} from {self._short(path)}" for path, n in sorted(split.sources.items()))
             logger.info("%s match: step %d replayed %d of %d rows (%d prompt groups: %s); %d rows generated",
-                        self.name, step, replayed, len(split.digests), sum(split.steps.values()), origin,
+                        self.name, step, replayed, len(split.digests), sum(split.sources.values()), origin,
                         len(split.missing_rows))
         if split.missing_rows:
             self._record_match(step, split, prompts, merged, generated)
@@ -490,7 +504,12 @@ class CachedRole(BaseSkip):
             self._submit_write(path, step, *prepared)
         with self._index_lock:
             if self._index is not None:
-                self._index.forget(step)  # re-read from the entry once it is written
+                self._index.forget(path)  # re-read from the entry once it is written
+
+    def _short(self, path: str) -> str:
+        """``step N`` for an entry of this run directory, ``{run}/step N`` for one of another."""
+        run_dir, _, step = path.rpartition("/")
+        return f"step {step}" if run_dir == self.project_dump_dir else f"{run_dir.rsplit('/', 1)[-1]} step {step}"
 
     def _snapshot(self, step: int, path: str, value: Any, copy: bool,
                   meta: Callable[[], dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
@@ -739,6 +758,11 @@ class CachedRole(BaseSkip):
 
     prompt_length = prompt_len
     response_length = response_len
+
+
+def _step_of(meta: dict[str, Any]) -> int:
+    step = meta.get("global_steps")
+    return step if isinstance(step, int) and not isinstance(step, bool) else -1
 
 
 def _seconds(value: Any) -> float:

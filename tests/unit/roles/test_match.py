@@ -145,3 +145,17 @@ def test_a_row_wise_stage_role_matches_too(tmp_path):
         SkipManager.flush()
         assert out.batch["score"][:, 0].tolist() == [i * 0.5 for i in ids for _ in range(N)]
     assert calls == [[1, 1, 2, 2], [3, 3]]
+
+
+def test_prompts_recorded_under_another_batch_size_are_found(tmp_path):
+    """The batch size is part of the run directory (GBS...): match looks in every run directory of
+    the experiment with the same prompt and response lengths."""
+    recorder, recorded = run(tmp_path, batch_prompts=4, order=[1, 2, 3, 4], steps=1, seed=0, epoch="a")
+    SkipManager.init(config(tmp_path, gbs=2))  # another run directory: GBS2_...
+    SkipManager.set_step(1)
+    replayer = Rollout(seed=9)
+    out = replayer.generate_sequences(prompts_for([4, 9], "b"))
+    SkipManager.flush()
+    assert [ids[::N] for ids in replayer.seen] == [[9]]
+    assert out.batch["responses"][:N].tolist() == recorded[4]
+    assert (run_path(tmp_path, gbs=2) / "1" / "meta.json").exists()
