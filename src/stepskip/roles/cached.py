@@ -419,7 +419,7 @@ class CachedRole(BaseSkip):
         """Every entry directory of this role in the run directories :meth:`_match_index` spans."""
         layout = self.layout
         root = layout.project_dir.rsplit("/", 2 if layout.subdir else 1)[0]
-        paths = []
+        paths: list[str] = []
         for run_name in self.store.list_dir(root):
             shape = RUN_DIR.match(run_name)
             if shape is None or (int(shape[3]), int(shape[4])) != (layout.prompt_len, layout.response_len):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
@@ -22,6 +22,9 @@ from stepskip.roles.base import register_skip
 from stepskip.roles.cached import ALL_ACTIONS, _prompt_digest, _seconds
 from stepskip.roles.rollout import RolloutSkip
 from stepskip.store import EntryState, Probe
+
+if TYPE_CHECKING:
+    from stepskip.tq import TQClient  # stepskip.tq imports torch: only for type checkers
 
 __all__ = ["RolloutTqSkip"]
 
@@ -73,7 +76,7 @@ class RolloutTqSkip(RolloutSkip):
     # ------------------------------------------------------------------ queue and paths
 
     @property
-    def tq_client(self) -> Any:
+    def tq_client(self) -> TQClient:
         """The TransferQueue client: ``runtime["tq_client"]`` or the ``transfer_queue`` module."""
         client = self.runtime.get("tq_client")
         if client is not None:
