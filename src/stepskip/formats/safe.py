@@ -34,6 +34,7 @@ from stepskip.formats.values import (
     encode_value,
     is_plain,
     unstorable_recursion,
+    unstorable_tensor,
 )
 
 __all__ = ["SafeFormat"]
@@ -65,11 +66,9 @@ class _Encoder:
     def add(self, tensor: torch.Tensor, path: str) -> str:
         if tensor.is_nested:
             raise UnstorableValueError(f"{path}: nested tensors are stored through their components")
-        if tensor.layout != torch.strided or tensor.device.type == "meta":
-            raise UnstorableValueError(
-                f"{path}: a {tensor.layout} tensor on device {tensor.device} holds no storable values; "
-                "store it dense (tensor.to_dense()) and materialised (not on the meta device)"
-            )
+        refused = unstorable_tensor(tensor, path, "safe")
+        if refused is not None:
+            raise refused
         if tensor.dtype not in _STORABLE_DTYPES:
             raise UnstorableValueError(
                 f"{path}: tensors of dtype {tensor.dtype} cannot be stored by format 'safe'; "

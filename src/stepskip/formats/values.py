@@ -20,7 +20,8 @@ import torch
 from stepskip.errors import CorruptEntryError, UnstorableValueError
 from stepskip.formats.bounds import DecodeBudget, shape_of
 
-__all__ = ["encode_value", "decode_value", "encode_object_array", "decode_object_array", "unstorable_recursion"]
+__all__ = ["encode_value", "decode_value", "encode_object_array", "decode_object_array", "unstorable_recursion",
+           "unstorable_tensor"]
 
 TAG = "__t"
 _PLAIN = (str, int, float, bool, type(None))
@@ -303,3 +304,14 @@ def unstorable_recursion(value: Any, path: str, fmt: str) -> UnstorableValueErro
                                     "stores trees only: break the cycle before returning it")
     return UnstorableValueError(f"{path}: the value is nested too deeply to store with format {fmt!r}; "
                                 "flatten it")
+
+
+def unstorable_tensor(tensor: torch.Tensor, path: str, fmt: str) -> UnstorableValueError | None:
+    """The error for a tensor that holds no values a reader could get back (meta device, sparse), else None."""
+    if tensor.device.type == "meta":
+        return UnstorableValueError(f"{path}: a tensor on the meta device has no values to store with format "
+                                    f"{fmt!r}; materialise it first (tensor.to('cpu') after filling it)")
+    if tensor.layout not in (torch.strided, torch.jagged):
+        return UnstorableValueError(f"{path}: a {tensor.layout} tensor cannot be stored by format {fmt!r}; "
+                                    "store it dense (tensor.to_dense())")
+    return None

@@ -31,6 +31,7 @@ from stepskip.batch import Batch
 from stepskip.entries import GEN_BATCH_FILE, TQ_BATCH_FILE
 from stepskip.errors import CorruptEntryError, TruncatedEntryError, UnstorableValueError
 from stepskip.formats.bounds import DecodeBudget, check_loaded, check_torch_zip
+from stepskip.formats.values import unstorable_recursion, unstorable_tensor
 
 __all__ = ["VerlFormat", "dumps_dataproto", "loads_dataproto", "restricted_loads"]
 
@@ -431,9 +432,17 @@ class VerlFormat:
             raise UnstorableValueError(
                 f"result.batch: format 'verl' stores a TensorDict, got {type(batch).__qualname__}"
             )
-        for key, column in non_tensor.items():
-            _check_readable(column, f"result.non_tensor_batch[{key!r}]")
-        _check_readable(meta, "result.meta_info")
+        if batch is not None:
+            for key, tensor in batch.items(include_nested=True, leaves_only=True):
+                if isinstance(tensor, torch.Tensor) and (refused := unstorable_tensor(tensor, f"result.batch[{key!r}]",
+                                                                                      "verl")) is not None:
+                    raise refused
+        try:
+            for key, column in non_tensor.items():
+                _check_readable(column, f"result.non_tensor_batch[{key!r}]")
+            _check_readable(meta, "result.meta_info")
+        except RecursionError as err:
+            raise unstorable_recursion(value, "result", self.name) from err
         if copy:
             batch = None if batch is None else batch.clone()
             non_tensor = copylib.deepcopy(non_tensor)
