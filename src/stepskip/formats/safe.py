@@ -306,7 +306,7 @@ class _Decoder:
                 stack = NonTensorStack(*(NonTensorData(data=r, batch_size=size[1:]) for r in rows))
                 td.set(key, stack)
             else:
-                decoded[key] = self.node(child, where, decoded.__getitem__)
+                decoded[key] = self.node(child, where, _siblings(decoded, where))
                 td.set(key, decoded[key])
         # keep the recorded key order
         return td.select(*entries.keys()) if list(td.keys()) != list(entries.keys()) else td
@@ -325,6 +325,15 @@ class _Decoder:
             except ImportError:
                 pass
         return Batch(batch=td, non_tensor_batch=non_tensor, meta_info=meta_info)
+
+
+def _siblings(decoded: dict[str, Any], field: str) -> Callable[[str], Any]:
+    def sibling(key: str) -> Any:
+        if not isinstance(key, str) or key not in decoded:
+            raise CorruptEntryError(f"{TREE_FILE}: {field}.parts: {str(key)[:40]!r} is not a sibling decoded before it")
+        return decoded[key]
+
+    return sibling
 
 
 def _mapping(node: dict[str, Any], key: str, field: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ returns a reference. Anything else is an :class:`UnstorableValueError` naming th
 from __future__ import annotations
 
 import base64
+import binascii
 import math
 from collections.abc import Callable
 from typing import Any
@@ -167,7 +168,10 @@ def _from_bytes(data: dict[str, Any], dtype: np.dtype, count: int, field: str) -
     raw = data["b64"]
     if not isinstance(raw, str) or len(raw) > 4 * (count * dtype.itemsize + 2) // 3 + 4:
         raise CorruptEntryError(f"{_TREE}: {field}: the bytes of {count} {dtype} values do not fit their record")
-    buffer = base64.b64decode(raw, validate=True)
+    try:
+        buffer = base64.b64decode(raw, validate=True)
+    except binascii.Error as err:
+        raise CorruptEntryError(f"{_TREE}: {field}: the recorded bytes are not base64: {err}") from err
     if len(buffer) != count * dtype.itemsize:
         raise CorruptEntryError(f"{_TREE}: {field}: {len(buffer)} bytes for {count} {dtype} values")
     return np.frombuffer(buffer, dtype=dtype).copy()
