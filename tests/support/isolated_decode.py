@@ -72,6 +72,12 @@ with open(progress_path, "a") as progress:
             outcome = "MemoryError"
         except (CorruptEntryError, UnreadableEntryError) as err:
             outcome = type(err).__name__
+            cause = err
+            while cause is not None:  # an allocation the memory limit refused, reported as damage
+                text = str(cause).lower()
+                if isinstance(cause, MemoryError) or "allocate memory" in text or "not enough memory" in text:
+                    outcome = f"MemoryError (as {type(err).__name__}): {str(err)[:200]}"
+                cause = cause.__cause__ or cause.__context__
         except BaseException as err:  # noqa: BLE001 - an escape is what the test looks for
             outcome = f"escaped {type(err).__name__}: {str(err)[:200]}"
         finally:

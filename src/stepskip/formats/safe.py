@@ -433,7 +433,7 @@ class SafeFormat:
             tensors = st_load(raw)
             del raw
             return _Decoder(tensors, tree.get("packed", {}), budget).node(tree["root"], "root")
-        except CorruptEntryError:
+        except (CorruptEntryError, MemoryError):  # the bound keeps hostile entries from causing a MemoryError
             raise
         except Exception as err:  # the decode boundary: any failure to parse these bytes is a damaged entry
             raise CorruptEntryError(f"cannot decode a 'safe' entry: {type(err).__name__}: {err}") from err

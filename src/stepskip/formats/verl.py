@@ -467,7 +467,7 @@ class VerlFormat:
             DecodeBudget.for_files(files, max_bytes).charge(len(data), GEN_BATCH_FILE, "file")
             batch, non_tensor, meta = loads_dataproto(data)
             check_loaded(batch, GEN_BATCH_FILE, "batch")
-        except CorruptEntryError:
+        except (CorruptEntryError, MemoryError):  # the bound keeps hostile entries from causing a MemoryError
             raise
         except Exception as err:  # the decode boundary: no failure to parse these bytes escapes as anything else
             raise decode_failure(GEN_BATCH_FILE, err) from err
@@ -519,7 +519,7 @@ class VerlTqFormat:
             DecodeBudget.for_files(files, max_bytes).charge(len(data), TQ_BATCH_FILE, "file")
             check_torch_zip(data, TQ_BATCH_FILE)
             payload = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-        except CorruptEntryError:
+        except (CorruptEntryError, MemoryError):  # the bound keeps hostile entries from causing a MemoryError
             raise
         except Exception as err:  # the decode boundary: no failure to parse these bytes escapes as anything else
             raise decode_failure(TQ_BATCH_FILE, err) from err
