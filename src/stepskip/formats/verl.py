@@ -220,13 +220,24 @@ _BUILDABLE = (_PendingArray, _PendingDtype, _DataProtoStandIn)
 _PENDING = (_PendingArray, _PendingDtype)
 
 
+class _Source(io.BytesIO):
+    """The pickle's bytes: a read that ends early is truncation (the pure-Python unpickler would go on)."""
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = super().read(size)
+        if size is not None and size > 0 and len(data) < size:
+            raise EOFError("pickle data was truncated")
+        return data
+
+
 class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
     """The pure-Python unpickler with the allow-list, and BUILD admitted only on the stand-ins above."""
 
     dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
 
-    def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file)
+    def __init__(self, data: bytes) -> None:
+        super().__init__(_Source(data))
+        self.size = len(data)
         self.pending = 0  # stand-ins made and not yet built
         self.pending_keys: dict[int, list[int]] = {}  # id(stand-in) -> memo keys holding it
 
@@ -308,6 +319,15 @@ class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
 
     dispatch[pickle.BUILD[0]] = load_build
 
+    def load_bytearray8(self) -> None:
+        # the pure-Python unpickler allocates the declared size before reading: check it against the bytes
+        size = int.from_bytes(self.read(8), "little")
+        if size > self.size:
+            raise EOFError(f"pickle data was truncated: BYTEARRAY8 of {size} bytes in a {self.size}-byte pickle")
+        self.append(bytearray(self.read(size)))
+
+    dispatch[pickle.BYTEARRAY8[0]] = load_bytearray8
+
     def load(self) -> Any:
         value = super().load()
         if self.pending:
@@ -322,7 +342,7 @@ def restricted_loads(data: bytes) -> Any:
         pickle.UnpicklingError: the pickle names any other global, or uses an allowed one in a way
             numpy and verl never write; nothing of it was executed.
     """
-    return _RestrictedUnpickler(io.BytesIO(data)).load()
+    return _RestrictedUnpickler(data).load()
 
 
 def dumps_dataproto(batch: TensorDictBase | None, non_tensor_batch: Mapping[str, np.ndarray],
@@ -355,7 +375,8 @@ def loads_dataproto(data: bytes) -> tuple[TensorDictBase | None, dict[str, np.nd
     return batch, non_tensor_batch, meta_info
 
 
-_TRUNCATION_SIGNS = ("truncated", "ran out of input", "failed finding central directory", "unexpected eof")
+_TRUNCATION_SIGNS = ("truncated", "ran out of input", "failed finding central directory", "unexpected eof",
+                     "exhausted before end of frame")
 
 
 def decode_failure(file_name: str, err: BaseException) -> CorruptEntryError:

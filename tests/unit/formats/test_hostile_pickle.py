@@ -119,6 +119,8 @@ RAW_PICKLES = {
     # LONG_BINPUT 2**29: the C unpickler would grow its memo to 2**30 slots (8 GiB) for these 9 bytes
     "memo-index-bomb": b"\x80\x04Nr\x00\x00\x00\x20.",
     "memo-put-bomb": b"\x80\x02Np536870912\n.",
+    # BYTEARRAY8 of 2**33 bytes: the pure-Python unpickler would allocate 8 GiB before reading them
+    "bytearray8-bomb": b"\x80\x05\x96" + (1 << 33).to_bytes(8, "little") + b"x.",
 }
 
 
@@ -175,7 +177,7 @@ def test_hand_assembled_pickles_are_refused_or_harmless(name: str) -> None:
     if name.startswith("memo"):
         assert restricted_loads(data) is None  # legal pickle data: it just must not cost gigabytes
         return
-    with pytest.raises(pickle.UnpicklingError):
+    with pytest.raises((pickle.UnpicklingError, EOFError)):  # EOFError: declared sizes beyond the bytes
         restricted_loads(data)
 
 
@@ -197,7 +199,7 @@ def test_every_hostile_gen_batch_ends_as_corrupt_in_a_memory_limited_child() -> 
     assert report.returncode == 0, (report.returncode, report.crashed_on and names[report.crashed_on], report.stderr)
     assert len(report.outcomes) == len(cases)
     for name, outcome in zip(names, report.outcomes):
-        assert outcome.outcome == "CorruptEntryError", (name, outcome)
+        assert outcome.outcome in ("CorruptEntryError", "TruncatedEntryError"), (name, outcome)
         assert outcome.peak < 64 << 20, (name, outcome)  # these files are a few hundred bytes
 
 
