@@ -12,16 +12,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 from stepskip.policies import SkipAction
 from stepskip.resolve import remap_v1
 from stepskip.roles.base import register_skip
-from stepskip.roles.cached import _prompt_digest, _seconds
+from stepskip.roles.cached import ALL_ACTIONS, _prompt_digest, _seconds
 from stepskip.roles.rollout import RolloutSkip
 from stepskip.store import EntryState, Probe
+
+if TYPE_CHECKING:
+    from stepskip.tq import TQClient  # stepskip.tq imports torch: only for type checkers
 
 __all__ = ["RolloutTqSkip"]
 
@@ -44,7 +47,8 @@ class RolloutTqSkip(RolloutSkip):
     :meth:`begin_recording` (a miss submitted to rollout), :meth:`should_save` and :meth:`save_sample`.
     """
 
-    config_class = RolloutTqSkipConfig
+    config_class: ClassVar[type[Any]] = RolloutTqSkipConfig
+    support_actions = ALL_ACTIONS
     v1 = True
 
     def __init__(self, local_config: Any, global_config: Any) -> None:
@@ -72,7 +76,7 @@ class RolloutTqSkip(RolloutSkip):
     # ------------------------------------------------------------------ queue and paths
 
     @property
-    def tq_client(self) -> Any:
+    def tq_client(self) -> TQClient:
         """The TransferQueue client: ``runtime["tq_client"]`` or the ``transfer_queue`` module."""
         client = self.runtime.get("tq_client")
         if client is not None:
@@ -191,8 +195,8 @@ class RolloutTqSkip(RolloutSkip):
         """The sample phase: save what ``ReplayBuffer.sample`` drew as the step's next inner entry."""
         self.prepare_data(step=step, batch=sampled, global_steps=step)
 
-    def prepare_data(self, step: int, batch: Any = None, global_steps: int | None = None,
-                     *args: Any, **kwargs: Any) -> None:
+    def prepare_data(self, step: int, batch: Any = None, global_steps: int | None = None,  # type: ignore[override]
+                     *args: Any, **kwargs: Any) -> None:  # verl's V1 signature (seed §4), not the flat one
         """Save one sample call of ``step``: every field of ``batch.keys`` read back from the queue.
 
         Args:

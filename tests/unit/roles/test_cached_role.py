@@ -263,3 +263,34 @@ def test_a_cached_role_needs_a_skip_role_config(tmp_path):
 
     with pytest.raises(ValueError, match="must derive from stepskip.SkipRoleConfig"):
         Odd(Plain(steps=[1]), {})
+
+
+class Treacherous:
+    """A DataProto look-alike whose parts fail to read with errors no format anticipates."""
+
+    batch = None
+    non_tensor_batch: dict = {}
+
+    @property
+    def meta_info(self):
+        raise KeyError("a meta_info that cannot be read")
+
+    def __len__(self) -> int:
+        return 1
+
+
+@pytest.mark.parametrize("async_dump", [True, False])
+def test_any_error_while_snapshotting_is_a_counted_dump_failure(tmp_path, caplog, async_dump):
+    class Loop:
+        @SkipManager.annotate(role="rollout")
+        def generate_sequences(self, prompts):
+            return Treacherous()
+
+    SkipManager.init(training_config(tmp_path, async_dump=async_dump))
+    SkipManager.set_step(1)
+    out = Loop().generate_sequences(PROMPTS)
+    SkipManager.flush()
+    assert isinstance(out, Treacherous)  # training goes on with the result
+    assert SkipManager.stats()["skip/rollout/dump_failures"] == 1
+    assert not (run_path(tmp_path) / "1").exists()
+    assert "a meta_info that cannot be read" in caplog.text and "KeyError" in caplog.text
