@@ -140,7 +140,7 @@ def check_jagged(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Ten
         raise CorruptEntryError(f"{file}: {field}: invalid jagged tensor: {problem}")
 
 
-def _check_nested(tensor: torch.Tensor, file: str, field: str) -> None:
+def _check_nested(tensor: Any, file: str, field: str) -> None:  # Any: torch's stubs omit the jagged API
     if tensor.layout != torch.jagged:
         return  # strided nested tensors are rebuilt from their components, sizes checked by torch
     check_jagged(tensor.values(), tensor.offsets(), tensor.lengths(), tensor._ragged_idx, file, field)

@@ -297,7 +297,8 @@ class _Decoder:
             where = f"{field}[{key!r}]"
             if kind == "non_tensor_data":
                 data = decode_value(child["v"], self.getter(where), self.budget, where)
-                td.set(key, NonTensorData(data=data, batch_size=self.batch_size(child, where)))
+                non_tensor: Any = NonTensorData(data=data, batch_size=self.batch_size(child, where))  # a TensorDict
+                td.set(key, non_tensor)
             elif kind == "non_tensor_stack":
                 rows = decode_value(child["v"], self.getter(where), self.budget, where)
                 size = self.batch_size(child, where)

@@ -151,7 +151,7 @@ def _describe(kind: str, spec: str, byteorder: str, elsize: int) -> np.dtype:
     if dtype.kind != kind or dtype.fields is not None or dtype.hasobject != (kind == "O"):
         raise ValueError("not a plain dtype")
     if byteorder in "<>" and dtype.itemsize > 1 and kind != "O":
-        dtype = dtype.newbyteorder(byteorder)
+        dtype = np.dtype(byteorder + spec)
     return dtype
 
 
@@ -230,10 +230,13 @@ class _Source(io.BytesIO):
         return data
 
 
-class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
+_PyUnpickler: Any = pickle._Unpickler  # type: ignore[attr-defined]  # the pure-Python one, private but stable
+
+
+class _RestrictedUnpickler(_PyUnpickler):
     """The pure-Python unpickler with the allow-list, and BUILD admitted only on the stand-ins above."""
 
-    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+    dispatch = dict(_PyUnpickler.dispatch)
 
     def __init__(self, data: bytes) -> None:
         super().__init__(_Source(data))
