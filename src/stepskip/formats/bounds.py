@@ -19,6 +19,7 @@ import io
 import math
 import pickle
 import struct
+import threading
 import zipfile
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -64,6 +65,7 @@ class DecodeBudget:
         self.limit = limit
         self.origin = origin
         self.used = 0
+        self._lock = threading.Lock()  # sibling tensors decode on a thread pool
 
     @classmethod
     def for_files(cls, files: Mapping[str, Any], max_bytes: int | None = None) -> DecodeBudget:
@@ -80,8 +82,10 @@ class DecodeBudget:
         Raises:
             DecodeLimitError: the decode would go over its limit (a hostile or damaged entry).
         """
-        self.used += nbytes
-        if self.used > self.limit:
+        with self._lock:
+            self.used += nbytes
+            over = self.used > self.limit
+        if over:
             raise DecodeLimitError(
                 f"{file}: {field}: decoding needs {_size(self.used)}, over the decode bound of {_size(self.limit)} "
                 f"({self.origin}); the entry is damaged or hostile (raise max_decode_bytes if it is genuine)"
