@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -27,7 +28,7 @@ import xxhash
 from stepskip.errors import CorruptEntryError, SkipConfigError
 
 __all__ = [
-    "EntryState", "Probe", "LocalStore", "FsspecStore", "open_store", "checksum", "META_FILE", "TMP_PREFIX",
+    "DirItem", "EntryState", "Probe", "LocalStore", "FsspecStore", "open_store", "checksum", "META_FILE", "TMP_PREFIX",
     "TRASH_PREFIX",
 ]
 
@@ -52,6 +53,23 @@ class Probe:
     state: EntryState
     meta: dict[str, Any] | None = None
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class DirItem:
+    """One name in a directory, as seen without following symbolic links.
+
+    Args:
+        name: the name (one path component).
+        kind: ``dir``, ``file``, ``link`` (a symbolic link, never followed) or ``other`` (a FIFO, a device ...).
+        size: bytes of a file (0 for anything else).
+        mtime: the modification time, when the store knows it.
+    """
+
+    name: str
+    kind: str
+    size: int = 0
+    mtime: float | None = None
 
 
 def checksum(data: bytes | memoryview) -> str:
@@ -206,6 +224,24 @@ class _EntryStore:
             out[name] = data
         return out
 
+    def list_items(self, path: str) -> list[DirItem]:
+        """What is directly under ``path``, symbolic links reported as links (never followed); empty when
+        ``path`` is not a directory."""
+        raise NotImplementedError
+
+    def stat_item(self, path: str) -> DirItem | None:
+        """``path`` itself, not followed if it is a link; None when it does not exist."""
+        raise NotImplementedError
+
+    def retire_tree(self, path: str) -> None:
+        """Remove the directory (or file) ``path`` and everything below it without following any link.
+
+        Readers see the entries below it vanish whole: locally the directory is renamed to a
+        ``.trash-*`` sibling first; on object stores every ``meta.json`` goes before any data object.
+        Confining ``path`` to a cache is the caller's job (:mod:`stepskip.index` does it).
+        """
+        raise NotImplementedError
+
 
 def _meta_bytes(meta: Mapping[str, Any], listing: Mapping[str, Any]) -> bytes:
     body = dict(meta)
@@ -316,6 +352,59 @@ class LocalStore(_EntryStore):
             self.remove(full)
             removed.append(full)
         return removed
+
+    def list_items(self, path: str) -> list[DirItem]:
+        try:
+            with os.scandir(path) as it:
+                return [_local_item(e.name, e.stat(follow_symlinks=False)) for e in it]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def stat_item(self, path: str) -> DirItem | None:
+        try:
+            return _local_item(os.path.basename(path.rstrip("/")), os.lstat(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def retire_tree(self, path: str) -> None:
+        path = path.rstrip("/")
+        item = self.stat_item(path)
+        if item is None:
+            return
+        if item.kind != "dir":
+            os.remove(path)  # a file or a link: the link itself goes, never what it points to
+            return
+        parent, name = os.path.split(path)
+        target = path
+        if not name.startswith((TMP_PREFIX, TRASH_PREFIX)):
+            target = f"{parent}/{TRASH_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
+            try:
+                os.rename(path, target)
+            except FileNotFoundError:
+                return  # already gone
+        shutil.rmtree(target)  # never follows links: refuses a linked root, unlinks links inside
+
+
+def _local_item(name: str, st: os.stat_result) -> DirItem:
+    mode = st.st_mode
+    kind = ("link" if stat.S_ISLNK(mode) else "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode)
+            else "other")
+    return DirItem(name, kind, st.st_size if kind == "file" else 0, st.st_mtime)
+
+
+def _info_time(info: Mapping[str, Any]) -> float | None:
+    """The modification time in an fsspec ``info`` dict, whatever the filesystem calls it."""
+    for key in ("mtime", "LastModified", "created", "updated"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            continue
+    return None
 
 
 class FsspecStore(_EntryStore):
@@ -429,6 +518,57 @@ class FsspecStore(_EntryStore):
             except (TypeError, ValueError):
                 continue
         return None
+
+    def _item(self, info: Mapping[str, Any]) -> DirItem:
+        name = str(info.get("name", "")).rstrip("/").rsplit("/", 1)[-1]
+        kind = {"directory": "dir", "file": "file"}.get(str(info.get("type")), "other")
+        size = info.get("size") if kind == "file" else 0
+        return DirItem(name, kind, size if isinstance(size, int) else 0, _info_time(info))
+
+    def list_items(self, path: str) -> list[DirItem]:
+        root = self._p(path).rstrip("/")
+        try:
+            infos = self.fs.ls(root, detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        items = {}
+        for info in infos:
+            if str(info.get("name", "")).rstrip("/") != root:
+                item = self._item(info)
+                items.setdefault(item.name, item)
+        return [items[n] for n in sorted(items)]
+
+    def stat_item(self, path: str) -> DirItem | None:
+        try:
+            return self._item(self.fs.info(self._p(path)))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def retire_tree(self, path: str) -> None:
+        files: list[str] = []
+        dirs: list[str] = []
+        pending = [path.rstrip("/")]
+        while pending:
+            current = pending.pop()
+            dirs.append(current)
+            for item in self.list_items(current):
+                (pending if item.kind == "dir" else files).append(f"{current}/{item.name}")
+        if not files and len(dirs) == 1:
+            item = self.stat_item(path)
+            if item is not None and item.kind == "file":
+                files.append(path)  # a single object, not a directory
+                dirs.clear()
+        # Every meta.json first: from then on readers see no entry, never one missing some objects.
+        for file in sorted(files, key=lambda f: not f.endswith("/" + META_FILE)):
+            try:
+                self.fs.rm_file(self._p(file))
+            except FileNotFoundError:
+                pass
+        for directory in reversed(dirs):  # deepest first; object stores have no directories to remove
+            try:
+                self.fs.rmdir(self._p(directory))
+            except (OSError, ValueError, NotImplementedError):
+                pass
 
 
 def open_store(dump_dir: str, storage_options: Mapping[str, Any] | None = None) -> _EntryStore:

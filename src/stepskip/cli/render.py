@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -63,9 +62,9 @@ def plural(count: int, one: str, many: str | None = None) -> str:
 
 
 def relative(path: str, root: str) -> str:
-    """``path`` below ``root`` when it is, else unchanged."""
-    rel = os.path.relpath(path, root)
-    return path if rel.startswith("..") else rel
+    """``path`` below ``root`` when it is (local paths and URLs alike), else unchanged."""
+    prefix = root.rstrip("/") + "/"
+    return path[len(prefix):] if path.startswith(prefix) else path
 
 
 def plain(value: Any) -> Any:
@@ -296,11 +295,13 @@ def prune_json(plan: PrunePlan, removed: list[str], dry_run: bool) -> dict[str, 
     return {"run": plan.run.path, "dry_run": dry_run,
             "remove": [{"path": s.path, "role": s.role, "step": s.step, "bytes": s.bytes,
                         "recorded": iso_time(s.time)} for s in plan.remove],
-            "removed": removed, "kept": [s.path for s in plan.keep]}
+            "removed": removed, "kept": [s.path for s in plan.keep], "protected": plain(plan.protected)}
 
 
 def render_prune(plan: PrunePlan, dry_run: bool) -> None:
     verb = "would remove" if dry_run else "removed"
+    for issue in plan.protected:
+        out.print(f"[yellow]kept[/] {escape(issue.path)}: {issue.kind.value}: {escape(issue.detail)}")
     for s in plan.remove:
         out.print(f"{verb} {escape(s.role or '?')} step {s.step} ({human_bytes(s.bytes)}, "
                   f"recorded {human_time(s.time)})")
