@@ -156,7 +156,8 @@ def _convert_one(src: CacheIndex, dst: CacheIndex, job: _Job, allow_pickle: bool
         # Our own output, read back through the same allow-list readers.
         if value_digest(dst.read_entry(written, allow_pickle=True)) != value_digest(value):
             raise CorruptEntryError("the written entry decodes to other values than its source")
-    except (CorruptEntryError, UnreadableEntryError, UnstorableValueError, OSError) as err:
+    # RuntimeError, ValueError: a codec (torch.save ...) refusing this value; the entry fails, the others go on.
+    except (CorruptEntryError, UnreadableEntryError, UnstorableValueError, OSError, RuntimeError, ValueError) as err:
         result.error = f"{type(err).__name__}: {err}"
         if wrote:  # an entry that failed its check is not left behind
             dst.retire(job.dest)
