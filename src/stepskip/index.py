@@ -556,7 +556,7 @@ class CacheIndex:
         for item in sorted(self.store.list_items(path), key=lambda i: i.name):
             full = f"{path}/{item.name}"
             step = Layout.parse_step(item.name)
-            if is_leftover(item.name):
+            if is_leftover(item.name) and item.kind in ("dir", "file"):
                 run.leftovers.append(full)
             elif item.kind != "dir":
                 run.others.append(full)  # files, FIFOs and links (a linked step or role is never entered)
@@ -572,14 +572,14 @@ class CacheIndex:
     def _scan_role_dir(self, run: RunDir, path: str, name: str) -> None:
         children = self.store.list_items(path)
         steps = sorted((s, c.name) for c in children if (s := Layout.parse_step(c.name)) is not None and c.kind == "dir")
-        leftovers = sorted(f"{path}/{c.name}" for c in children if is_leftover(c.name))
+        leftovers = sorted(f"{path}/{c.name}" for c in children if is_leftover(c.name) and c.kind in ("dir", "file"))
         if not steps and not leftovers:
             run.others.append(path)  # not a role's directory: no steps in it
             return
         run.steps += [self.scan_step(f"{path}/{c}", s, role=name) for s, c in steps]
         run.leftovers += leftovers
-        run.others += sorted(f"{path}/{c.name}" for c in children
-                             if not is_leftover(c.name) and (Layout.parse_step(c.name) is None or c.kind != "dir"))
+        run.others += sorted(f"{path}/{c.name}" for c in children if f"{path}/{c.name}" not in leftovers
+                             and (Layout.parse_step(c.name) is None or c.kind != "dir"))
 
     def scan_step(self, path: str, step: int, role: str | None = None) -> StepDir:
         """One step directory: a flat entry, a V1 step with inner entries, or a half-written one.
@@ -596,7 +596,7 @@ class CacheIndex:
             entry = self.scan_entry(path, step, None, role or DEFAULT_ROLE, items=items, fixed_role=role is not None)
             return StepDir(path, step, StepKind.ENTRY, entry.role, [entry], [], size, mtime)
         inner = sorted((idx, i.name) for i in items if (idx := Layout.parse_step(i.name)) is not None and i.kind == "dir")
-        leftovers = sorted(f"{path}/{i.name}" for i in items if is_leftover(i.name))
+        leftovers = sorted(f"{path}/{i.name}" for i in items if is_leftover(i.name) and i.kind in ("dir", "file"))
         if not inner:
             return StepDir(path, step, StepKind.HALF_WRITTEN, role, [], leftovers, size, mtime)
         entries = [self.scan_entry(f"{path}/{n}", step, idx, role or V1_ROLE, fixed_role=True) for idx, n in inner]
@@ -648,11 +648,14 @@ class CacheIndex:
         fmt = meta.get("format", legacy.name)
         if format_spec(fmt) is None:  # checked before damage: a newer stepskip's entry may look foreign
             return record(EntryStatus.UNSUPPORTED, unsupported_format_message(path, fmt), meta, fmt)
+        listed = meta.get("files")
+        if listed is None or (isinstance(listed, dict) and all(isinstance(i, dict) for i in listed.values())):
+            # Names outside the entry, links and FIFOs first: the probe's size check would follow them.
+            problem = self._files_problem(meta, names, legacy.files)
+            if problem is not None:
+                return record(EntryStatus.DAMAGED, problem, meta, fmt)
         if probe.state is not EntryState.PRESENT:
             return record(EntryStatus.DAMAGED, probe.reason, meta, fmt)
-        problem = self._files_problem(meta, names, legacy.files)
-        if problem is not None:
-            return record(EntryStatus.DAMAGED, problem, meta, fmt)
         return record(EntryStatus.PRESENT, "", meta, fmt)
 
     @staticmethod

@@ -233,7 +233,7 @@ def verify_command(
     with render.progress("verifying", count_entries(runs)) as advance:
         report = verify_runs(index, runs, deep=deep, allow_pickle=allow_pickle, grace=grace_seconds,
                              on_entry=advance)
-    result = repair_problems(index, report) if repair and report.problems else None
+    result = repair_problems(index, report) if repair else None
     if as_json:
         render.print_json(render.verify_json(report, result, index.root))
     else:

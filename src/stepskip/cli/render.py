@@ -275,7 +275,7 @@ def render_verify(report: VerifyReport, result: RepairResult | None, root: str, 
         out.print(f"[red]{p.kind.value:<{width}}[/]  {escape(relative(p.path, root))}: {escape(p.detail)}{recent}")
     for path in report.others:
         out.print(f"[dim]not part of the cache layout, left alone: {escape(relative(path, root))}[/]")
-    if result is not None:
+    if result is not None and report.problems:
         for path in sorted(result.removed):
             out.print(f"removed {escape(relative(path, root))}")
         if result.kept:

@@ -10,14 +10,17 @@ decode here are reported and never removed; neither is anything reached through 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stepskip.entries import format_spec
-from stepskip.index import CacheIndex, EntryRecord, Issue, IssueKind, RunDir, StepKind
+from stepskip.index import CacheIndex, EntryRecord, Issue, IssueKind, NotACacheError, RunDir, StepKind
 
 __all__ = ["Problem", "RepairResult", "VerifyReport", "count_entries", "repair", "verify_runs"]
+
+logger = logging.getLogger(__name__)
 
 #: Kinds of damage a live writer may be in the middle of producing (protected by the grace period).
 IN_PROGRESS_KINDS = frozenset({IssueKind.LEFTOVER, IssueKind.HALF_WRITTEN, IssueKind.INCOMPLETE,
@@ -174,7 +177,12 @@ def repair(index: CacheIndex, report: VerifyReport) -> RepairResult:
         if any(k.startswith(target + "/") for k in keep):
             keep.add(target)  # something inside may be in progress
             continue
-        index.retire(target)
+        try:
+            index.retire(target)
+        except NotACacheError as err:  # became a link, or left the cache, since the scan: not followed
+            logger.warning("not removed: %s", err)
+            keep.add(target)
+            continue
         result.removed.append(target)
     result.kept = [p for p in report.problems if p.remove in keep or p.kind in KEPT_KINDS]
     return result
