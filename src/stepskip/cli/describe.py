@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stepskip.cli.content import FieldInfo, Stat, describe_fields, row_count, statistics
 from stepskip.errors import CorruptEntryError, UnreadableEntryError
 from stepskip.index import CacheIndex, EntryRecord, Issue, IssueKind, PickleNotAllowedError, StepDir
+
+if TYPE_CHECKING:  # the content helpers import torch: only when an entry is decoded
+    from stepskip.cli.content import FieldInfo, Stat
 
 __all__ = ["EntryInfo", "describe_entry"]
 
@@ -94,6 +96,8 @@ def _decode_into(index: CacheIndex, info: EntryInfo, step_dir: StepDir, inner: E
         info.issues.append(Issue(IssueKind.DAMAGED, info.path, str(err)))
         info.note = "content not decoded: the entry is damaged (see issues)"
         return
+    from stepskip.cli.content import describe_fields, row_count, statistics
+
     info.rows = row_count(value)
     info.fields = describe_fields(value)
     info.stats = statistics(value)
