@@ -582,9 +582,13 @@ def test_stage_section_from_dictconfig() -> None:
     assert 2 in cfg.ref_logprob.step_set and 3 not in cfg.ref_logprob.step_set
 
 
-def test_stage_section_sets_role_name() -> None:
-    cfg = SkipManagerConfig.from_section({"myname": {"kind": "stage", "enable": True}})
-    assert cfg.myname.role_name == "myname"
+def test_a_stage_role_learns_its_name_when_bound(tmp_path) -> None:
+    from stepskip import SkipManager
+
+    SkipManager.init({"skip": {"myname": {"kind": "stage", "enable": True, "dump_dir": str(tmp_path)}}})
+    role = SkipManager.skip_instances["myname"]
+    assert role.name == "myname"
+    assert role.project_dump_dir.endswith("/GBS0_N0_in0_out0/myname")
 
 
 def test_stage_section_validation_names_the_stage() -> None:
