@@ -571,7 +571,8 @@ class CacheIndex:
 
     def _scan_role_dir(self, run: RunDir, path: str, name: str) -> None:
         children = self.store.list_items(path)
-        steps = sorted((s, c.name) for c in children if (s := Layout.parse_step(c.name)) is not None and c.kind == "dir")
+        steps = sorted((s, c.name) for c in children
+                       if (s := Layout.parse_step(c.name)) is not None and c.kind == "dir")
         leftovers = sorted(f"{path}/{c.name}" for c in children if is_leftover(c.name) and c.kind in ("dir", "file"))
         if not steps and not leftovers:
             run.others.append(path)  # not a role's directory: no steps in it
@@ -595,7 +596,8 @@ class CacheIndex:
         if META_FILE in names:
             entry = self.scan_entry(path, step, None, role or DEFAULT_ROLE, items=items, fixed_role=role is not None)
             return StepDir(path, step, StepKind.ENTRY, entry.role, [entry], [], size, mtime)
-        inner = sorted((idx, i.name) for i in items if (idx := Layout.parse_step(i.name)) is not None and i.kind == "dir")
+        inner = sorted((idx, i.name) for i in items
+                       if (idx := Layout.parse_step(i.name)) is not None and i.kind == "dir")
         leftovers = sorted(f"{path}/{i.name}" for i in items if is_leftover(i.name) and i.kind in ("dir", "file"))
         if not inner:
             return StepDir(path, step, StepKind.HALF_WRITTEN, role, [], leftovers, size, mtime)
@@ -659,7 +661,8 @@ class CacheIndex:
         return record(EntryStatus.PRESENT, "", meta, fmt)
 
     @staticmethod
-    def _files_problem(meta: Mapping[str, Any], names: Mapping[str, DirItem], legacy_files: Iterable[str]) -> str | None:
+    def _files_problem(meta: Mapping[str, Any], names: Mapping[str, DirItem],
+                       legacy_files: Iterable[str]) -> str | None:
         """Why the files ``meta.json`` names cannot be this entry's own regular files, if they cannot."""
         listed = meta.get("files")
         if listed is None:

@@ -534,7 +534,7 @@ class FsspecStore(_EntryStore):
             infos = self.fs.ls(root, detail=True)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        items = {}
+        items: dict[str, DirItem] = {}
         for info in infos:
             if str(info.get("name", "")).rstrip("/") != root:
                 item = self._item(info)
@@ -557,8 +557,8 @@ class FsspecStore(_EntryStore):
             for item in self.list_items(current):
                 (pending if item.kind == "dir" else files).append(f"{current}/{item.name}")
         if not files and len(dirs) == 1:
-            item = self.stat_item(path)
-            if item is not None and item.kind == "file":
+            only = self.stat_item(path)
+            if only is not None and only.kind == "file":
                 files.append(path)  # a single object, not a directory
                 dirs.clear()
         # Every meta.json first: from then on readers see no entry, never one missing some objects.

@@ -70,7 +70,7 @@ def _is_batch(value: Any) -> bool:
     return all(hasattr(value, a) for a in ("batch", "non_tensor_batch", "meta_info"))
 
 
-def _tensor_info(name: str, t: torch.Tensor) -> FieldInfo:
+def _tensor_info(name: str, t: Any) -> FieldInfo:  # Any: torch's stubs lack the nested-tensor methods
     dtype = str(t.dtype).replace("torch.", "")
     if t.is_nested:
         lengths = _jagged_lengths(t)
@@ -83,7 +83,7 @@ def _tensor_info(name: str, t: torch.Tensor) -> FieldInfo:
     return FieldInfo(name, "tensor", dtype, list(t.shape), t.numel() * t.element_size())
 
 
-def _jagged_lengths(t: torch.Tensor) -> list[int]:
+def _jagged_lengths(t: Any) -> list[int]:
     if t.layout == torch.jagged and t.lengths() is None:
         return t.offsets().diff().tolist()
     return [p.shape[0] if p.dim() else 1 for p in t.unbind()]

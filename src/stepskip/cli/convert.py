@@ -171,7 +171,8 @@ def convert_cache(src: CacheIndex, dst: CacheIndex, to: str, allow_pickle: bool 
 
     Args:
         src: the cache to read (a dump dir, experiment directory or run directory).
-        dst: the dump dir to write (need not exist): each run keeps its ``{experiment}_{project}/GBS..._N..._in..._out...``
+        dst: the dump dir to write (need not exist): each run keeps its
+            ``{experiment}_{project}/GBS..._N..._in..._out...``
             path below it, so ``dst`` can be a ``skip.<role>.dump_dir`` as it is.
         to: ``safe`` or ``verl``.
         allow_pickle: read pickle-based source entries (verl's files).

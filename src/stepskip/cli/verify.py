@@ -104,8 +104,9 @@ def _check_entry(index: CacheIndex, entry: EntryRecord, deep: bool, allow_pickle
     return None
 
 
-def verify_runs(index: CacheIndex, runs: list[RunDir], deep: bool = False, allow_pickle: bool = False, grace: float = 3600.0,
-                now: float | None = None, on_entry: Callable[[EntryRecord], None] | None = None) -> VerifyReport:
+def verify_runs(index: CacheIndex, runs: list[RunDir], deep: bool = False, allow_pickle: bool = False,
+                grace: float = 3600.0, now: float | None = None,
+                on_entry: Callable[[EntryRecord], None] | None = None) -> VerifyReport:
     """Check every entry of ``runs``.
 
     Args:

@@ -15,8 +15,8 @@ from stepskip.cli.convert import convert_cache
 from stepskip.cli.errors import CliError
 from stepskip.cli.prune import parse_duration, parse_steps
 from stepskip.cli.scan import open_index
-from stepskip.index import compress_steps
 from stepskip.config import StepSet
+from stepskip.index import compress_steps
 
 COMMANDS = ("ls", "info", "verify", "prune", "convert", "show")
 
