@@ -310,13 +310,15 @@ class RunDir:
         path: the directory.
         steps: every step directory, other roles' subdirectories included.
         leftovers: ``.tmp-*`` / ``.trash-*`` directly in it or in a role subdirectory.
-        others: paths that are no part of the layout, symbolic links included (left alone by every command).
+        others: paths that are no part of the layout (left alone by every command).
+        links: symbolic links where the layout has directories or files (never followed, never removed).
     """
 
     path: str
     steps: list[StepDir] = field(default_factory=list)
     leftovers: list[str] = field(default_factory=list)
     others: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -556,10 +558,12 @@ class CacheIndex:
         for item in sorted(self.store.list_items(path), key=lambda i: i.name):
             full = f"{path}/{item.name}"
             step = Layout.parse_step(item.name)
-            if is_leftover(item.name) and item.kind in ("dir", "file"):
+            if item.kind == "link":
+                run.links.append(full)  # a linked step, role or leftover is never entered nor removed
+            elif is_leftover(item.name) and item.kind in ("dir", "file"):
                 run.leftovers.append(full)
             elif item.kind != "dir":
-                run.others.append(full)  # files, FIFOs and links (a linked step or role is never entered)
+                run.others.append(full)
             elif step is not None:
                 run.steps.append(self.scan_step(full, step))
             elif not item.name.startswith("."):
@@ -579,8 +583,9 @@ class CacheIndex:
             return
         run.steps += [self.scan_step(f"{path}/{c}", s, role=name) for s, c in steps]
         run.leftovers += leftovers
+        run.links += sorted(f"{path}/{c.name}" for c in children if c.kind == "link")
         run.others += sorted(f"{path}/{c.name}" for c in children if f"{path}/{c.name}" not in leftovers
-                             and (Layout.parse_step(c.name) is None or c.kind != "dir"))
+                             and c.kind != "link" and (Layout.parse_step(c.name) is None or c.kind != "dir"))
 
     def scan_step(self, path: str, step: int, role: str | None = None) -> StepDir:
         """One step directory: a flat entry, a V1 step with inner entries, or a half-written one.

@@ -132,7 +132,9 @@ def _root(
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     if not verbose:  # torch's own one-time warnings (on nested tensors, say) are noise in a report
-        logging.getLogger("torch").setLevel(logging.ERROR)
+        # torch resets its root logger's level when it is imported, not its children's: both are set.
+        for name in ("torch", "torch.fx"):
+            logging.getLogger(name).setLevel(logging.ERROR)
 
 
 @app.command("ls")

@@ -60,6 +60,7 @@ class VerifyReport:
         unverified: entries without checksums (written by verl) that were not decoded.
         problems: everything wrong.
         others: paths that are no part of a cache's layout (left alone).
+        links: symbolic links in the layout (never followed, never removed).
     """
 
     runs: int = 0
@@ -69,6 +70,7 @@ class VerifyReport:
     unverified: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     others: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -131,6 +133,7 @@ def verify_runs(index: CacheIndex, runs: list[RunDir], deep: bool = False, allow
     report = VerifyReport(runs=len(runs))
     for run in runs:
         report.others += run.others
+        report.links += run.links
         for step in run.steps:
             issues = step.issues()
             for entry in step.entries:

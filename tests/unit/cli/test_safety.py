@@ -54,8 +54,8 @@ def test_verify_repair_and_prune_never_follow_symlinked_directories(copy_cache, 
     assert tree_digest(victim) == before  # nothing outside changed
     report = repaired.json()
     assert repaired.code == 0 and report["repaired"] == [], repaired
-    others = {os.path.relpath(p, dump) for p in report["others"]}  # reported as no part of the layout
-    assert others == {f"{SAFE_RUN}/7", f"{SAFE_RUN}/critic", f"{SAFE_RUN}/reward/5", f"{SAFE_RUN}/.tmp-9-0123456789ab"}
+    links = {os.path.relpath(p, dump) for p in report["links"]}  # reported, never entered
+    assert links == {f"{SAFE_RUN}/7", f"{SAFE_RUN}/critic", f"{SAFE_RUN}/reward/5", f"{SAFE_RUN}/.tmp-9-0123456789ab"}
     assert [r["name"] for r in stepskip("ls", dump, "--json").json()["runs"]].count("exp_proj/GBS9_N9_in9_out9") == 0
 
     pruned = stepskip("prune", run / "reward", "--steps", "all")  # the role directory: its real steps only
