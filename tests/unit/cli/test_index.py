@@ -23,7 +23,8 @@ def root(request, tmp_path) -> str:
 
 
 def batch(rows: int = 4) -> Batch:
-    return Batch.from_dict({"responses": torch.arange(rows * 3).reshape(rows, 3)}, {"uid": [f"u{i}" for i in range(rows)]})
+    return Batch.from_dict({"responses": torch.arange(rows * 3).reshape(rows, 3)},
+                           {"uid": [f"u{i}" for i in range(rows)]})
 
 
 def write(root: str, rel: str, value=None, fmt: str = "safe", **meta) -> None:
