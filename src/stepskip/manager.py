@@ -148,12 +148,13 @@ class SkipManager:
     entry it dumps).
 
     Example:
+        >>> import tempfile
         >>> from stepskip import SkipManager, Batch
         >>> class Loop:
         ...     @SkipManager.annotate(role="rollout")
         ...     def generate_sequences(self, prompts):
         ...         return prompts
-        >>> SkipManager.init({"skip": {"rollout": {"enable": True, "steps": [1], "dump_dir": "/tmp/ex"}}})
+        >>> SkipManager.init({"skip": {"rollout": {"enable": True, "steps": [1], "dump_dir": tempfile.mkdtemp()}}})
         >>> SkipManager.set_step(1)
         >>> out = Loop().generate_sequences(Batch.from_dict(non_tensors={"uid": ["a"]}))
         >>> SkipManager.reset()
@@ -380,13 +381,13 @@ class SkipManager:
 
     @classmethod
     def stats(cls) -> dict[str, float]:
-        """Counters of every role as ``{"skip/{role}/{name}": value}``, ready for a metrics logger.
+        """Counters of every enabled role as ``{"skip/{role}/{name}": value}``, ready for a metrics logger.
 
         Names: hits, misses, dumps, dump_failures, corrupt, load_seconds, dump_seconds,
-        bytes_read, bytes_written, saved_seconds.
+        bytes_read, bytes_written, saved_seconds. Roles that are off are left out.
         """
         out: dict[str, float] = {}
-        for name, skip in cls.skip_instances.items():
+        for name, skip in cls._serving.items():
             stats = getattr(skip, "stats", None)
             if stats is not None:
                 out.update(stats.snapshot(name))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from stepskip.calls import call_prompts
 from stepskip.config import AsyncRolloutSkipConfig, RolloutSkipConfig
@@ -28,7 +28,7 @@ class RolloutSkip(CachedRole):
         >>> SkipManager.reset()
     """
 
-    config_class = RolloutSkipConfig
+    config_class: ClassVar[type[Any]] = RolloutSkipConfig
 
 
 def parse_async_rollout_sample_step(sample_id: str) -> int:
@@ -64,7 +64,7 @@ class AsyncRolloutSkip(RolloutSkip):
     """
 
     support_online_step = True
-    config_class = AsyncRolloutSkipConfig
+    config_class: ClassVar[type[Any]] = AsyncRolloutSkipConfig
 
     def extract_step(self, *args: Any, **kwargs: Any) -> int:
         prompts = call_prompts(args, kwargs)

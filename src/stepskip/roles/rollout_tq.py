@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
@@ -44,7 +44,7 @@ class RolloutTqSkip(RolloutSkip):
     :meth:`begin_recording` (a miss submitted to rollout), :meth:`should_save` and :meth:`save_sample`.
     """
 
-    config_class = RolloutTqSkipConfig
+    config_class: ClassVar[type[Any]] = RolloutTqSkipConfig
     v1 = True
 
     def __init__(self, local_config: Any, global_config: Any) -> None:
@@ -191,8 +191,8 @@ class RolloutTqSkip(RolloutSkip):
         """The sample phase: save what ``ReplayBuffer.sample`` drew as the step's next inner entry."""
         self.prepare_data(step=step, batch=sampled, global_steps=step)
 
-    def prepare_data(self, step: int, batch: Any = None, global_steps: int | None = None,
-                     *args: Any, **kwargs: Any) -> None:
+    def prepare_data(self, step: int, batch: Any = None, global_steps: int | None = None,  # type: ignore[override]
+                     *args: Any, **kwargs: Any) -> None:  # verl's V1 signature (seed §4), not the flat one
         """Save one sample call of ``step``: every field of ``batch.keys`` read back from the queue.
 
         Args:

@@ -8,6 +8,8 @@ own layout has its own directory).
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from stepskip.config import StageSkipConfig
 from stepskip.roles.cached import CachedRole
 
@@ -17,4 +19,4 @@ __all__ = ["StageSkip", "StageSkipConfig"]
 class StageSkip(CachedRole):
     """Caches the return value of any stage function (Batch, DataProto, TensorDict, dict, tensor)."""
 
-    config_class = StageSkipConfig
+    config_class: ClassVar[type[Any]] = StageSkipConfig

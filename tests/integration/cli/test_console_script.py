@@ -26,7 +26,7 @@ print(json.dumps({"code": code, "heavy": heavy}))
 """
 
 
-def run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, capture_output=True, text=True, env=ENV, timeout=timeout)
 
 
