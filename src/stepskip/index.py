@@ -33,7 +33,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepskip.entries import FORMATS, format_spec, legacy_format, unsupported_format_message
-from stepskip.errors import CorruptEntryError, SkipConfigError, TruncatedEntryError, UnreadableEntryError
+from stepskip.errors import (
+    CacheMissError,
+    CorruptEntryError,
+    SkipConfigError,
+    TruncatedEntryError,
+    UnreadableEntryError,
+)
 from stepskip.layout import RUN_DIR, Layout, is_url
 from stepskip.store import META_FILE, TMP_PREFIX, TRASH_PREFIX, DirItem, EntryState, open_store
 
@@ -459,8 +465,9 @@ class CacheIndex:
 
     def __init__(self, root: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.given = root
-        if root.startswith("file://"):
-            root = root[len("file://"):]
+        for prefix in ("file://", "local://"):  # local files behind a URL: indexed as the plain path
+            if root.startswith(prefix):
+                root = root[len(prefix):]
         self.is_url = is_url(root)
         if self.is_url:
             self.root = root.rstrip("/")
@@ -640,7 +647,7 @@ class CacheIndex:
         legacy = legacy_format(inner is not None)
         try:
             probe = self.store.probe(path, legacy.files)
-        except (RecursionError, UnicodeDecodeError, TypeError) as err:  # hostile meta.json: nested too deep ...
+        except (RecursionError, UnicodeDecodeError, TypeError) as err:  # a hostile meta.json the store let through
             return record(EntryStatus.DAMAGED, f"unreadable {META_FILE}: {type(err).__name__}")
         meta = probe.meta
         if meta is None:
@@ -763,7 +770,13 @@ class CacheIndex:
         spec = FORMATS[str(entry.format)]
         if spec.uses_pickle and not allow_pickle:
             raise PickleNotAllowedError(entry.path, spec.name)
-        files = self.store.read_files(entry.path, entry.meta, spec.files, verify)
+        legacy = legacy_format(entry.inner is not None)
+        try:  # one version of the entry, even while a writer replaces it
+            _, files = self.store.read_entry(entry.path, legacy.files, spec.files, verify)
+        except CorruptEntryError:
+            raise
+        except CacheMissError as err:
+            raise NotACacheError(f"{entry.path}: no entry there any more (removed meanwhile)") from err
         from stepskip.formats import get_format  # the codecs import torch: only when something is decoded
 
         try:
@@ -821,18 +834,22 @@ class CacheIndex:
         if entry.has_checksums:
             for name in (entry.meta or {})["files"]:
                 try:
-                    self.store.read_files(entry.path, entry.meta or {}, [name], verify=True)
+                    self.store.read_entry(entry.path, names=[name], verify=True)
                 except CorruptEntryError as err:
                     # The size was right when the entry was scanned: a mismatch now is the checksum's.
                     kind = IssueKind.CHECKSUM if "checksum" in str(err) else IssueKind.DAMAGED
-                    return Issue(kind, entry.path, str(err).replace(f"{entry.path}/", ""))
+                    return Issue(kind, entry.path, _relative_reason(str(err), entry.path))
+                except CacheMissError:
+                    return None  # removed since the scan: nothing left to check
         if decode and (allow_pickle or not FORMATS[str(entry.format)].uses_pickle):
             try:
                 self.read_entry(entry, allow_pickle=allow_pickle, verify=False)
             except UnreadableEntryError as err:
-                return Issue(IssueKind.UNDECODABLE, entry.path, str(err).replace(f"{entry.path}: ", ""))
+                return Issue(IssueKind.UNDECODABLE, entry.path, _relative_reason(str(err), entry.path))
             except CorruptEntryError as err:
-                return Issue(IssueKind.DAMAGED, entry.path, str(err).replace(f"{entry.path}/", ""))
+                return Issue(IssueKind.DAMAGED, entry.path, _relative_reason(str(err), entry.path))
+            except NotACacheError:
+                return None  # removed since the scan
         return None
 
     # ----------------------------------------------------------------- retiring
@@ -853,7 +870,18 @@ class CacheIndex:
         if item.kind == "link":
             raise NotACacheError(f"{path} is a symbolic link: not followed, not removed")
         logger.info("removing %s", path)
-        self.store.retire_tree(path)
+        try:
+            self.store.retire_entry(path)
+        except OSError as err:  # the store's own confinement: a link on the way, a path outside its root
+            raise NotACacheError(f"{path}: not removed ({err})") from err
+
+
+def _relative_reason(reason: str, path: str) -> str:
+    """A store's message without the entry path it starts with (callers name the entry already)."""
+    for prefix in (f"{path}: ", f"{path}/"):
+        if reason.startswith(prefix):
+            return reason[len(prefix):]
+    return reason.replace(f"{path}/", "")
 
 
 def _kind_words(item: DirItem) -> str:

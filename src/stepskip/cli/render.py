@@ -282,12 +282,12 @@ def render_verify(report: VerifyReport, result: RepairResult | None, root: str, 
         for path in sorted(result.removed):
             out.print(f"removed {escape(relative(path, root))}")
         unreadable = [p for p in result.kept if p.kind in (IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE)]
-        recent = [p for p in result.kept if p not in unreadable]
+        in_progress = [p for p in result.kept if p not in unreadable]
         if unreadable:
             out.print(f"[yellow]kept {plural(len(unreadable), 'entry', 'entries')} this stepskip cannot read "
                       "(intact: never removed; upgrade stepskip, or re-record with action: record)[/]")
-        if recent:
-            out.print(f"[yellow]kept {plural(len(recent), 'problem')} modified less than {grace} ago "
+        if in_progress:
+            out.print(f"[yellow]kept {plural(len(in_progress), 'problem')} modified less than {grace} ago "
                       "(a write may be in progress; --grace 0 removes them)[/]")
     elif report.problems:
         out.print(f"[red]{plural(len(report.problems), 'problem')}[/]; "

@@ -43,7 +43,7 @@ class StoreCache:
     """A cache on one backend.
 
     Args:
-        name: ``local``, ``memory`` or ``s3``.
+        name: ``local``, ``local-url`` (``local://...``), ``memory`` or ``s3``.
         dump_dir: its dump dir (a path or a URL).
         storage_options: its fsspec options.
         options: the same as ``--storage-option`` arguments.
@@ -62,27 +62,39 @@ class StoreCache:
     def path(self, rel: str) -> str:
         return f"{self.dump_dir}/{rel}"
 
+    def local(self, rel: str) -> Path:
+        return Path(self.dump_dir.removeprefix("local://")) / rel
+
+    def rel(self, path: str) -> str:
+        """``path`` (as a command prints it) below the dump dir."""
+        root = self.dump_dir.removeprefix("local://")
+        return path[len(root) + 1:] if path.startswith(root + "/") else path
+
+    @property
+    def is_local(self) -> bool:
+        return self.name in ("local", "local-url")
+
     def put(self, rel: str, data: bytes) -> None:
-        if self.name == "local":
-            target = Path(self.path(rel))
+        if self.is_local:
+            target = self.local(rel)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
         else:
             self.fs().pipe_file(self.path(rel), data)
 
     def get(self, rel: str) -> bytes:
-        if self.name == "local":
-            return Path(self.path(rel)).read_bytes()
+        if self.is_local:
+            return self.local(rel).read_bytes()
         return self.fs().cat_file(self.path(rel))
 
     def exists(self, rel: str) -> bool:
-        if self.name == "local":
-            return Path(self.path(rel)).exists()
+        if self.is_local:
+            return self.local(rel).exists()
         return bool(self.fs().exists(self.path(rel)))
 
     def names(self, rel: str) -> list[str]:
-        if self.name == "local":
-            return sorted(p.name for p in Path(self.path(rel)).iterdir())
+        if self.is_local:
+            return sorted(p.name for p in self.local(rel).iterdir())
         fs = self.fs()
         return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(self.path(rel), detail=False))
 
@@ -120,8 +132,8 @@ def store_cache(backend: Any, local_runs: Path) -> StoreCache:
     cache = StoreCache(backend.name, backend.dump_dir, dict(backend.storage_options), options)
     record_on(backend.dump_dir, backend.storage_options)
     for run in (V1_RUN, FIXTURE_RUN):
-        if cache.name == "local":
-            shutil.copytree(local_runs / run, Path(cache.path(run)))
+        if cache.is_local:
+            shutil.copytree(local_runs / run, cache.local(run))
         else:
             cache.upload(local_runs / run, run)
     return cache

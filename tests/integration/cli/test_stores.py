@@ -64,12 +64,12 @@ def test_verify_repair_and_prune_on_every_store(store_cache):
 
     found = stepskip("verify", store_cache.dump_dir, "--json", *opts)
     assert found.code == 1, found
-    kinds = {p["path"][len(store_cache.dump_dir) + 1:]: p["kind"] for p in found.json()["problems"]}
+    kinds = {store_cache.rel(p["path"]): p["kind"] for p in found.json()["problems"]}
     assert kinds == {f"{RECORDED_RUN}/1": "checksum", f"{RECORDED_RUN}/4": "unsupported"}
 
     repaired = stepskip("verify", store_cache.dump_dir, "--repair", "--grace", "0", "--json", *opts)
     assert repaired.code == 1, repaired  # the unsupported entry stays, reported
-    assert [p[len(store_cache.dump_dir) + 1:] for p in repaired.json()["repaired"]] == [f"{RECORDED_RUN}/1"]
+    assert [store_cache.rel(p) for p in repaired.json()["repaired"]] == [f"{RECORDED_RUN}/1"]
     assert not store_cache.exists(f"{RECORDED_RUN}/1/meta.json")
     assert store_cache.get(f"{RECORDED_RUN}/4/meta.json") == kept_meta
 
