@@ -523,7 +523,7 @@ class CacheIndex:
             NotACacheError: ``path`` does not exist, is not a directory, or holds no run directory.
         """
         root = self.root if path is None else path
-        self._check_dir(root)
+        self._check_dir(root, self.given if path is None else path)
         if RUN_DIR.match(_split(root)[1]):
             return [root]
         children = self._dirs(root)
@@ -542,12 +542,12 @@ class CacheIndex:
             "pass the dump_dir of skip.<role> (default ~/.verl/rollout_dump)"
         )
 
-    def _check_dir(self, path: str) -> None:
+    def _check_dir(self, path: str, shown: str) -> None:
         item = self._item(path)
         if item is None:
-            raise NotACacheError(f"{path}: no such file or directory")
+            raise NotACacheError(f"{shown}: no such file or directory")
         if item.kind != "dir":
-            raise NotACacheError(f"{path}: not a directory")
+            raise NotACacheError(f"{shown}: not a directory")
 
     def runs(self) -> list[RunDir]:
         """Every run directory below the root, scanned.
@@ -712,7 +712,7 @@ class CacheIndex:
         """
         given = self.given if path is None else path
         full = self.root if path is None else path
-        self._check_dir(full)
+        self._check_dir(full, given)
         if step is not None:
             full = f"{full}/{int(step)}"
             item = self.store.stat_item(full)

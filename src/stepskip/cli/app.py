@@ -377,7 +377,7 @@ def show_command(
             raise CorruptEntryError(f"{issues[0].path}: {issues[0].detail}")
         value = index.read_step(step_dir, allow_pickle, inner)
     except PickleNotAllowedError as error:
-        raise CliError(f"{error}; pass --allow-pickle") from None
+        raise CliError(str(error)) from None
     except UnreadableEntryError as error:  # intact but not readable here: a finding (exit 1), kept as it is
         render.err.print(f"[bold red]unreadable:[/] {escape(str(error))}")
         raise typer.Exit(1) from None
