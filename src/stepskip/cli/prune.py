@@ -7,6 +7,7 @@ protected. Nothing reached through a symbolic link is removed (or entered).
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -14,10 +15,12 @@ from dataclasses import dataclass, field
 from stepskip.cli.errors import CliError
 from stepskip.config import StepSet
 from stepskip.errors import SkipConfigError
-from stepskip.index import CacheIndex, Issue, IssueKind, RunDir, StepDir
+from stepskip.index import CacheIndex, Issue, IssueKind, NotACacheError, RunDir, StepDir
 from stepskip.layout import RUN_DIR
 
 __all__ = ["PrunePlan", "apply_prune", "parse_duration", "parse_steps", "plan_prune"]
+
+logger = logging.getLogger(__name__)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -124,9 +127,6 @@ def plan_prune(index: CacheIndex, keep_last: int | None = None, older_than: floa
         known = sorted({s.role for s in run.steps if s.role})
         raise CliError(f"{path} has no steps of role {role!r}; roles there: {', '.join(known) or 'none'}")
     plan = PrunePlan(run)
-    for s in candidates:  # what this stepskip cannot read is someone else's data: never pruned, never counted
-        plan.protected += [i for i in s.issues() if i.kind in (IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE)]
-    candidates = [s for s in candidates if not s.kept]
     now = time.time() if now is None else now
     if keep_last is not None:
         by_role: dict[str, list[StepDir]] = {}
@@ -141,13 +141,14 @@ def plan_prune(index: CacheIndex, keep_last: int | None = None, older_than: floa
     else:
         assert steps is not None
         plan.remove = [s for s in candidates if s.step in steps]
-    if deep:
-        for s in list(plan.remove):
+    for s in list(plan.remove):  # what this stepskip cannot read is someone else's data: chosen, but kept
+        found = [i for i in s.issues() if i.kind in (IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE)]
+        if deep and not found:
             found = [issue for e in s.entries if (issue := index.check_entry(e, decode=True, allow_pickle=allow_pickle))
                      is not None and issue.kind is IssueKind.UNDECODABLE]
-            if found:
-                plan.protected += found
-                plan.remove.remove(s)
+        if found:
+            plan.protected += found
+            plan.remove.remove(s)
     removed = {s.path for s in plan.remove}
     plan.remove.sort(key=lambda s: (s.role or "", s.step))
     plan.keep = [s for s in run.steps if s.path not in removed]
@@ -160,6 +161,12 @@ def apply_prune(index: CacheIndex, plan: PrunePlan) -> list[str]:
     Returns:
         The removed paths.
     """
+    removed = []
     for step in plan.remove:
-        index.retire(step.path)
-    return [s.path for s in plan.remove]
+        try:
+            index.retire(step.path)
+        except NotACacheError as err:  # became a link since the scan: not followed, not removed
+            logger.warning("not removed: %s", err)
+            continue
+        removed.append(step.path)
+    return removed
