@@ -89,7 +89,8 @@ def test_verify_never_reads_files_a_meta_json_names_outside_its_entry(copy_cache
     meta_link = dump / SAFE_RUN / "5"
     (meta_link / "meta.json").unlink()
     os.symlink(entry / "meta.json", meta_link / "meta.json")
-    os.chmod(secret, 0)  # whoever reads it fails loudly (the test runs as a user that honours modes, or root)
+    reads_seen = _reads_are_visible(tmp_path)
+    os.utime(secret, (0, secret.stat().st_mtime))  # a read would move the access time (relatime)
 
     result = stepskip("verify", dump, "--deep", "--json")
     assert result.code == 1, result
@@ -102,10 +103,22 @@ def test_verify_never_reads_files_a_meta_json_names_outside_its_entry(copy_cache
         shown = stepskip(*args)
         assert shown.code == 1 and re.search("outside the entry|inside the entry", shown.out + shown.err), shown
 
+    if reads_seen:
+        assert secret.stat().st_atime == 0, "a command read the file a meta.json named outside its entry"
+
     repaired = stepskip("verify", dump, "--repair", "--grace", "0")
     assert repaired.code == 0, repaired
     assert secret.exists() and fifo.exists()  # the entries went, what they pointed at did not
     assert not entry.exists() and not linked.exists() and not meta_link.exists()
+
+
+def _reads_are_visible(tmp_path: Path) -> bool:
+    """True when reading a file updates its access time here (relatime, strictatime; not noatime)."""
+    probe = tmp_path / "atime-probe"
+    probe.write_bytes(b"x")
+    os.utime(probe, (0, probe.stat().st_mtime))
+    probe.read_bytes()
+    return probe.stat().st_atime != 0
 
 
 def test_hostile_metadata_values_are_damage_not_crashes(copy_cache):
