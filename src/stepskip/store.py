@@ -243,7 +243,7 @@ def _files_problem(files: object) -> str | None:
         if not isinstance(info, dict):
             return f"{META_FILE} has a malformed file list: {name} -> {_show(info)}"
         size = info.get("bytes")
-        if not _is_int(size) or not 0 <= size <= _INT64_MAX:
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= _INT64_MAX:
             return f"{META_FILE}: {name} has bytes {_show(size)}, expected an int >= 0"
         if not isinstance(info.get("checksum"), str):
             return f"{META_FILE}: {name} has checksum {_show(info.get('checksum'))}, expected a string"
@@ -397,7 +397,8 @@ class _EntryStore:
         """
         return self._look(path, tuple(legacy_files), None, verify=False, read=False)[0]
 
-    def read_entry(self, path: str, legacy_files: Iterable[str] = (), names: Iterable[str] | None = None,
+    def read_entry(self, path: str, legacy_files: Iterable[str] = (),
+                   names: Iterable[str] | Callable[[dict[str, Any]], Iterable[str]] | None = None,
                    verify: bool = True) -> tuple[dict[str, Any], dict[str, bytes]]:
         """Check and read one entry as one version: its ``meta.json`` and the named data files.
 
@@ -408,7 +409,10 @@ class _EntryStore:
         Args:
             path: the entry directory.
             legacy_files: verl's data file names, for entries verl wrote (no file list).
-            names: the data files to read; None for every listed one (every legacy file present).
+            names: the data files to read; None for every listed one (every legacy file present);
+                or a function given the checked ``meta`` of the version being read that returns
+                them — it may also raise (a format or fidelity refusal, say) to stop the read
+                before any data is read; it is called again should a newer version be read.
             verify: check each file's checksum (sizes are always checked).
 
         Returns:
@@ -421,8 +425,8 @@ class _EntryStore:
         Example:
             >>> meta, files = store.read_entry(path, names=["data.json"])  # doctest: +SKIP
         """
-        probe, files = self._look(path, tuple(legacy_files), None if names is None else list(names), verify,
-                                  read=True)
+        wanted: _Names = names if names is None or callable(names) else list(names)
+        probe, files = self._look(path, tuple(legacy_files), wanted, verify, read=True)
         if probe.state is EntryState.MISSING:
             raise CacheMissError(f"{path}: no entry there (never written, or removed meanwhile)")
         if probe.state is EntryState.DAMAGED:
@@ -438,7 +442,7 @@ class _EntryStore:
             CorruptEntryError: a file is missing, truncated or does not match its checksum, or
                 ``meta`` itself is ill-typed.
         """
-        reason = check_meta(dict(meta, global_steps=0)) if "files" in meta else None
+        reason = _files_problem(meta.get("files"))  # the names and sizes this read trusts
         if reason:
             raise CorruptEntryError(f"{path}: {reason}")
         try:
@@ -473,8 +477,12 @@ class _EntryStore:
     def retire_entry(self, path: str) -> bool:
         """Remove one entry so that readers see it whole or not at all; returns False when none was there.
 
+        Locally the entry is renamed to a ``.trash-`` sibling, then deleted without following any
+        link (a linked entry loses its link, its target is untouched); on object stores its
+        ``meta.json`` goes first, then its objects.
+
         Raises:
-            OSError: ``path`` is outside the store's root, or reaching it would follow a link.
+            OSError: as :meth:`remove`.
         """
         raise NotImplementedError
 
@@ -485,7 +493,7 @@ class _EntryStore:
     def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS) -> list[str]:
         raise NotImplementedError
 
-    def _look(self, path: str, legacy_files: tuple[str, ...], names: list[str] | None, verify: bool,
+    def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
               read: bool) -> tuple[Probe, dict[str, bytes]]:
         raise NotImplementedError
 
@@ -500,6 +508,14 @@ class _EntryStore:
     def stat_item(self, path: str) -> DirItem | None:
         """``path`` itself, not followed if it is a link; None when it does not exist."""
         raise NotImplementedError
+
+
+#: What a read wants: names, every file (None), or a function choosing names from the version read.
+_Names = list[str] | Callable[[dict[str, Any]], Iterable[str]] | None
+
+
+def _resolve(names: _Names, meta: dict[str, Any]) -> list[str] | None:
+    return list(names(meta)) if callable(names) else names
 
 
 def _check_files(meta: Mapping[str, Any], names: list[str] | None) -> list[str]:
@@ -623,6 +639,7 @@ class _NotFollowed(NotADirectoryError):
 
     def __init__(self, message: str, path: str, last: bool) -> None:
         super().__init__(errno.ENOTDIR, message, path)
+        self.message = message
         self.last = last
 
 
@@ -760,7 +777,7 @@ class LocalStore(_EntryStore):
         finally:
             os.close(fd)
 
-    def _look(self, path: str, legacy_files: tuple[str, ...], names: list[str] | None, verify: bool,
+    def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
               read: bool) -> tuple[Probe, dict[str, bytes]]:
         for _ in range(_MAX_ATTEMPTS):
             try:
@@ -769,7 +786,7 @@ class LocalStore(_EntryStore):
                 return Probe(EntryState.MISSING), {}
             except _NotFollowed as err:
                 if err.last:
-                    return Probe(EntryState.DAMAGED, reason=err.strerror), {}
+                    return Probe(EntryState.DAMAGED, reason=err.message), {}
                 return Probe(EntryState.MISSING), {}  # no entry can exist below a file or a link
             except NotADirectoryError:
                 return Probe(EntryState.MISSING), {}  # the dump dir itself lies below a file
@@ -785,7 +802,7 @@ class LocalStore(_EntryStore):
                 os.close(dir_fd)
         return Probe(EntryState.DAMAGED, reason=f"kept changing while read ({_MAX_ATTEMPTS} attempts)"), {}
 
-    def _look_at(self, dir_fd: int, path: str, legacy_files: tuple[str, ...], names: list[str] | None,
+    def _look_at(self, dir_fd: int, path: str, legacy_files: tuple[str, ...], names: _Names,
                  verify: bool, read: bool) -> tuple[Probe, dict[str, bytes]]:
         try:
             raw = _read_at(dir_fd, META_FILE, None, META_MAX_BYTES)
@@ -798,6 +815,7 @@ class LocalStore(_EntryStore):
         meta, reason = _parse_meta(raw)
         if meta is None:
             return Probe(EntryState.DAMAGED, reason=reason), {}
+        names = _resolve(names, meta) if read else None
         try:
             if meta.get("files") is None:
                 return self._look_legacy(dir_fd, path, meta, legacy_files, names, read)
@@ -1150,7 +1168,7 @@ class FsspecStore(_EntryStore):
 
     # ------------------------------------------------------------------ reading
 
-    def _look(self, path: str, legacy_files: tuple[str, ...], names: list[str] | None, verify: bool,
+    def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
               read: bool) -> tuple[Probe, dict[str, bytes]]:
         try:
             raw = self._read_meta(path)
@@ -1185,8 +1203,9 @@ class FsspecStore(_EntryStore):
             raw = now
         return Probe(EntryState.DAMAGED, reason=f"kept changing while read ({_MAX_ATTEMPTS} attempts)"), {}
 
-    def _look_version(self, path: str, meta: dict[str, Any], legacy_files: tuple[str, ...], names: list[str] | None,
+    def _look_version(self, path: str, meta: dict[str, Any], legacy_files: tuple[str, ...], names: _Names,
                       verify: bool, read: bool) -> tuple[Probe, dict[str, bytes]]:
+        names = _resolve(names, meta) if read else None
         listed = meta.get("files")
         if listed is None:
             present = [n for n in legacy_files if valid_name(n) and self._isfile(f"{path}/{n}")]

@@ -776,3 +776,48 @@ def _fuzz(cache_kind: str, root: str) -> int:
 def test_fuzzed_meta_json_never_escapes_the_readers(tmp_path: Path, kind: str) -> None:
     root = str(tmp_path / "dump") if kind == "local" else f"memory://fuzz-{uuid.uuid4().hex[:8]}/dump"
     assert in_child(lambda: _fuzz(kind, root), timeout=300) >= 400
+
+
+# --------------------------------------------------------------------------- read_entry with a chooser
+
+
+def test_read_entry_lets_the_caller_choose_files_from_the_version_read(cache: Local | Memory) -> None:
+    path, _ = written(cache, meta={"global_steps": 3, "format": "safe"})
+    seen: list[dict[str, Any]] = []
+
+    def choose(meta: dict[str, Any]) -> list[str]:
+        seen.append(meta)
+        return ["data.json"] if meta["format"] == "safe" else ["gen_batch.dp"]
+
+    meta, files = cache.store.read_entry(path, names=choose)
+    assert files == {"data.json": FILES["data.json"]} and seen == [meta]
+
+
+def test_a_chooser_that_refuses_stops_the_read(cache: Local | Memory, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepskip import UnreadableEntryError
+
+    path, _ = written(cache)
+
+    def refuse(meta: dict[str, Any]) -> list[str]:
+        raise UnreadableEntryError(f"format {meta['format']!r} refused")
+
+    with pytest.raises(UnreadableEntryError, match="refused"):
+        cache.store.read_entry(path, names=refuse)
+
+
+def test_the_chooser_sees_the_version_that_is_read(local: Local, monkeypatch: pytest.MonkeyPatch) -> None:
+    import stepskip.store as store_module
+
+    path = entry_of(local)
+    local.store.write_entry(path, {"a.bin": b"1" * 10}, {"global_steps": 3, "v": 1})
+    real = store_module._read_at
+    seen: list[int] = []
+
+    def racing(dir_fd: int, name: str, expected: int | None, limit: int | None = None) -> bytes:
+        if name == "a.bin" and len(seen) == 1:
+            LocalStore().write_entry(path, {"a.bin": b"2" * 20}, {"global_steps": 3, "v": 2})
+        return real(dir_fd, name, expected, limit)
+
+    monkeypatch.setattr(store_module, "_read_at", racing)
+    meta, files = local.store.read_entry(path, names=lambda m: seen.append(m["v"]) or ["a.bin"])
+    assert seen == [1, 2] and meta["v"] == 2 and files == {"a.bin": b"2" * 20}
