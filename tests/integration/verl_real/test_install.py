@@ -29,7 +29,8 @@ FIVE = ["AgentLoopManager.generate_sequences", "FullyAsyncAgentLoopManager.gener
 
 pytestmark = [
     pytest.mark.heavy,
-    pytest.mark.skipif(not os.path.exists(VERL_PYTHON), reason="verl 0.9.1 environment not built (run `make verl-env`)"),
+    pytest.mark.skipif(not os.path.exists(VERL_PYTHON),
+                       reason="verl 0.9.1 environment not built (run `make verl-env`)"),
 ]
 
 
