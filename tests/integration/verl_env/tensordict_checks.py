@@ -104,6 +104,22 @@ def v0_entry_written_here_keeps_non_tensor_columns() -> str:
 
 
 @check
+def consolidated_batch_is_written_without_a_copy_first() -> str:
+    """A verl-written entry loads consolidated (views of one buffer in several dtypes); `convert` encodes it as is."""
+    fmt = get_format("verl")
+    batch = _v0_fixture(2)
+    assert batch.batch.is_consolidated(), "the fixture no longer loads consolidated; this check tests nothing"
+    back = fmt.decode(fmt.encode(fmt.freeze(batch, copy=False)))
+    assert comparable(summarise(back)) == comparable(summarise(batch))
+    jagged = batch.batch.clone()
+    jagged["jagged"] = torch.nested.nested_tensor([torch.arange(i + 1) for i in range(8)], layout=torch.jagged)
+    batch.batch = jagged.consolidate()
+    back = fmt.decode(fmt.encode(fmt.freeze(batch, copy=False)))
+    assert comparable(summarise(back)) == comparable(summarise(batch))
+    return "step 2, with and without a jagged column"
+
+
+@check
 def concurrent_loads_share_the_allowed_globals() -> str:
     """Loads in many threads at once: none may see the globals withdrawn by another one finishing."""
     data = (FIXTURE_RUN / "3" / "0" / "tq_batch.pt").read_bytes()

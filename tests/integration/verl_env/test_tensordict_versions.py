@@ -25,6 +25,7 @@ CHECKS = [
     "verl_written_v1_entry_decodes",
     "v1_entry_written_here_keeps_non_tensor_columns",
     "v0_entry_written_here_keeps_non_tensor_columns",
+    "consolidated_batch_is_written_without_a_copy_first",
     "concurrent_loads_share_the_allowed_globals",
 ]
 _results: dict[str, dict[str, dict]] = {}
