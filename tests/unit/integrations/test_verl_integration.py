@@ -23,12 +23,17 @@ from stepskip.integrations.verl import __main__ as launcher
 
 @pytest.fixture(autouse=True)
 def _restore_import_state(monkeypatch):
-    """install() changes process-wide import state; every test gets it back as it was."""
+    """install() and the entry points change process-wide import and logging state; each test restores it."""
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.setattr(integration, "_announced", False)
     monkeypatch.setattr(integration, "_displaced", [])
     saved = {name: module for name, module in sys.modules.items() if name == "verl" or name.startswith("verl.")}
+    stepskip_logger = logging.getLogger("stepskip")
+    monkeypatch.setattr(stepskip_logger, "handlers", list(stepskip_logger.handlers))
+    monkeypatch.setattr(stepskip_logger, "propagate", stepskip_logger.propagate)
+    level = stepskip_logger.level
     yield
+    stepskip_logger.setLevel(level)
     for name in [n for n in sys.modules if n == "verl" or n.startswith("verl.")]:
         del sys.modules[name]
     sys.modules.update(saved)
