@@ -4,7 +4,8 @@
 
 Scenarios: ``install_first`` (install(), then verl's trainer modules import), ``verl_first`` (verl's
 trainer modules and its own skip package import, then install()), ``not_installed`` (verl alone),
-``boot`` (nothing called: STEPSKIP_VERL and the boot path are set by the test), ``hook`` (Ray's
+``boot`` (nothing called: STEPSKIP_VERL and the boot path are set by the test; ``boot_off``
+only reports whether that installed), ``hook`` (Ray's
 setup hook called as Ray calls it, with a next hook to chain).
 
 In every scenario but ``not_installed``, verl's real ``AgentLoopManager.generate_sequences``
@@ -147,6 +148,9 @@ def main() -> None:
     elif scenario == "boot":
         out["installed_at_start"] = integration.is_installed()
         import_verl()
+    elif scenario == "boot_off":
+        print(json.dumps({"scenario": scenario, "installed_at_start": integration.is_installed()}))
+        return
     elif scenario == "hook":
         integration.setup_hook()
         out["next_hook_ran"] = os.environ.get("NEXT_HOOK_MARK") == "ran"

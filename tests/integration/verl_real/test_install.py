@@ -100,9 +100,11 @@ def test_environment_variable_installs_at_interpreter_start(tmp_path):
 
 def test_boot_path_does_nothing_without_the_variable(tmp_path):
     boot = str(ROOT / "src" / "stepskip" / "integrations" / "verl" / "_boot")
-    out, _ = run_side("not_installed", tmp_path, STEPSKIP_VERL="0",
-                      PYTHONPATH=os.pathsep.join([str(ROOT / "src"), boot]))
-    assert "install() has not run" in out["raised"]
+    on = os.pathsep.join([str(ROOT / "src"), boot])
+    assert run_side("boot_off", tmp_path / "a", STEPSKIP_VERL="1", PYTHONPATH=on)[0]["installed_at_start"]
+    for value in ("0", ""):
+        out, _ = run_side("boot_off", tmp_path / f"v{value}", STEPSKIP_VERL=value, PYTHONPATH=on)
+        assert not out["installed_at_start"], value
 
 
 def test_setup_hook_installs_and_runs_the_next_hook(tmp_path):
