@@ -172,7 +172,7 @@ def _savable(td: TensorDictBase, copy: bool | None = None) -> TensorDictBase:
     for key in td.keys():
         value = td.get(key)
         if isinstance(value, (NonTensorData, NonTensorStack)):
-            out.set(key, value)
+            out.set(key, value)  # type: ignore[arg-type]  # tensordict stores them; its stubs say otherwise
         elif isinstance(value, TensorDictBase):
             out.set(key, _savable(value, copy))
         else:
