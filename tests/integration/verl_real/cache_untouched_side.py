@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from verl.protocol import DataProto
 
 from stepskip.cli.app import app
+from stepskip.errors import SkipConfigError
 from stepskip.integrations.verl import install
 
 install()
@@ -70,7 +71,8 @@ def run_role(cache: str, action: str, allow_pickle: bool) -> dict[str, Any]:
             rollout.generate_sequences(prompts)
             outcome[str(step)] = "returned"
         except Exception as err:  # noqa: BLE001 - recorded; the test asserts on the files, not on this
-            outcome[str(step)] = f"{type(err).__name__}: {str(err)[:300]}"
+            kind = "config error" if isinstance(err, SkipConfigError) else "error"
+            outcome[str(step)] = f"{kind}: {type(err).__name__}: {str(err)[:300]}"
     SkipManager.flush()
     stats = SkipManager.stats()
     SkipManager.reset()

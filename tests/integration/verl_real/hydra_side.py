@@ -43,7 +43,8 @@ def case(overrides: list[str]) -> dict[str, Any]:
         "enabled": rollout.is_enabled(),
         "format": rollout.format.name,
         "allow_pickle": rollout.allow_pickle,
-        "in_steps": {str(step): step in rollout.steps for step in PROBE_STEPS},
+        "in_steps": {str(step): step in rollout.step_set for step in PROBE_STEPS},
+        "steps": list(rollout.steps),  # the configured list, as verl's roles expose it
         "roles": sorted(SkipManager.skip_instances),
     })
     SkipManager.reset()

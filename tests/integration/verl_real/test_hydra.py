@@ -43,6 +43,7 @@ def test_stepskip_keys_and_step_ranges_compose_with_verls_config(cases):
     # [1-128:4,200]: 1, 5, ..., 125 and 200
     assert got["in_steps"] == {"1": True, "2": False, "5": True, "125": True, "128": False, "129": False,
                                "200": True, "201": False}
+    assert got["steps"] == ["1-128:4", 200]
     assert got["roles"] == ["async_rollout", "rollout", "rollout_tq"]
     assert got["rollout_tq_enable"] is False  # trainer_base.py reads config.skip.rollout_tq.enable
 
