@@ -19,7 +19,7 @@ import numpy as np
 
 from stepskip.entries import CONFIG_FORMATS
 from stepskip.errors import SkipConfigError
-from stepskip.policies import CheckPrompts, Compress, OnMismatch, SkipAction, parse_choice
+from stepskip.policies import CheckPrompts, Compress, MatchN, OnMismatch, SkipAction, parse_choice
 
 __all__ = [
     "ACTIONS",
@@ -226,6 +226,8 @@ class SkipRoleConfig:
         on_mismatch: what to do when the entry's run fingerprint differs from this run's.
         fingerprint_keys: extra config keys that identify a run.
         storage_options: options for the fsspec filesystem of a ``dump_dir`` URL.
+        match_n: under ``action: match``, a recorded prompt group whose sample count differs from
+            the live one is ``cycle``-d through, or (``strict``) generated anew.
 
     Example:
         >>> RolloutSkipConfig(enable=True, steps=["1-3"], action="repeat").action
@@ -250,6 +252,7 @@ class SkipRoleConfig:
     on_mismatch: OnMismatch = OnMismatch.WARN
     fingerprint_keys: list[str] = field(default_factory=list)
     storage_options: dict[str, Any] = field(default_factory=dict)
+    match_n: MatchN = MatchN.CYCLE
 
     def __post_init__(self) -> None:
         self.validate(self.section)
@@ -277,6 +280,7 @@ class SkipRoleConfig:
         self.check_prompts = parse_choice(CheckPrompts, self.check_prompts, f"{where}.check_prompts")
         self.on_mismatch = parse_choice(OnMismatch, self.on_mismatch, f"{where}.on_mismatch")
         _str_list(f"{where}.fingerprint_keys", self.fingerprint_keys)
+        self.match_n = parse_choice(MatchN, self.match_n, f"{where}.match_n")
         if not isinstance(self.storage_options, Mapping) or not all(isinstance(k, str) for k in self.storage_options):
             raise SkipConfigError(
                 f"{where}.storage_options = {self.storage_options!r} is not valid; expected a mapping of "
@@ -339,16 +343,28 @@ class SkipRoleConfig:
 
 @dataclass
 class StageSkipConfig(SkipRoleConfig):
-    """``skip.<name>`` with ``kind: stage``: a generic stage role; the same fields as every role."""
+    """``skip.<name>`` with ``kind: stage``: a generic stage role; the same fields as every role, and
+
+    Args:
+        row_wise: the stage maps each input row to one output row (a reward, a log-prob ...), so
+            ``action: match`` may replay it prompt group by prompt group.
+    """
 
     section: ClassVar[str] = "skip.<stage>"
 
     kind: str = "stage"
+    row_wise: bool = False
 
     def validate(self, where: str) -> None:
         super().validate(where)
         if self.kind != "stage":
             raise SkipConfigError(f"{where}.kind = {self.kind!r} is not valid; allowed values: stage")
+        _boolean(f"{where}.row_wise", self.row_wise)
+        if self.action == SkipAction.MATCH and not self.row_wise:
+            raise SkipConfigError(
+                f"{where}.action = 'match' replays prompt groups row by row; declare the stage row-wise with "
+                f"{where}.row_wise = true (each input row gives one output row), or choose another action"
+            )
 
 
 @dataclass

@@ -199,3 +199,45 @@ def test_stale_unreferenced_objects_are_removed(backend):
         removed = store.remove_leftovers(backend.dump_dir, older_than=0)
         assert removed == [f"{entry(backend, '7')}/data.deadbeef0000.safetensors"]
     assert store.probe(entry(backend, "7")).state is EntryState.PRESENT
+
+
+def test_match_finds_prompts_across_batch_sizes_on_the_backend(backend):
+    """``action: match`` on every store: prompts recorded with batch size 4 replay in batches of 2
+    (another run directory), and only the never-recorded prompt is generated."""
+
+    class Rollout:
+        def __init__(self) -> None:
+            self.seen: list[list[int]] = []
+
+        @SkipManager.annotate(role="rollout")
+        def generate_sequences(self, prompts):
+            ids = prompts.batch["ids"][:, 0].tolist()
+            self.seen.append(ids)
+            return Batch.from_dict(tensors={"out": prompts.batch["ids"] * 10 + len(self.seen)},
+                                   non_tensors={"uid": prompts.non_tensor_batch["uid"]})
+
+    def prompts(ids: list[int], tag: str) -> Batch:
+        return Batch.from_dict(tensors={"ids": torch.tensor([[i, i] for i in ids])},
+                               non_tensors={"uid": [f"{tag}{i}" for i in ids]})
+
+    def config(gbs: int) -> dict:
+        return {"data": {"train_batch_size": gbs},
+                "skip": {"rollout": {"enable": True, "steps": "all", "action": "match", "dump_dir": backend.dump_dir,
+                                     "storage_options": backend.storage_options}}}
+
+    SkipManager.init(config(4))
+    SkipManager.set_step(1)
+    first = Rollout()
+    recorded = first.generate_sequences(prompts([1, 2, 3, 4], "a"))
+    SkipManager.flush()
+    SkipManager.init(config(2))
+    second = Rollout()
+    SkipManager.set_step(1)
+    replayed = second.generate_sequences(prompts([3, 1], "b"))
+    SkipManager.set_step(2)
+    mixed = second.generate_sequences(prompts([7, 2], "c"))
+    SkipManager.flush()
+    assert second.seen == [[7]]
+    assert replayed.batch["out"].tolist() == [recorded.batch["out"][2].tolist(), recorded.batch["out"][0].tolist()]
+    assert mixed.batch["out"].tolist() == [[71, 71], recorded.batch["out"][1].tolist()]
+    assert mixed.non_tensor_batch["uid"].tolist() == ["c7", "c2"]
