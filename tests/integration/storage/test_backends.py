@@ -1,4 +1,4 @@
-"""One storage suite, three backends: local files, fsspec memory://, a real S3-compatible server."""
+"""One storage suite, four backends: local files (a path, local://), fsspec memory://, a real S3-compatible server."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from stepskip import Batch, CorruptEntryError, SkipManager
-from stepskip.store import META_FILE, EntryState, open_store
+from stepskip.store import GRACE_SECONDS, META_FILE, EntryState, FsspecStore, open_store
 from stepskip.tq import InProcessTQClient
 
 
@@ -30,15 +30,38 @@ def test_write_probe_read_round_trip(backend):
     assert store.read_files(entry(backend), probe.meta, ["data.safetensors", "data.json"], verify=True) == files_for(1)
 
 
+def _objects(store, path) -> set[str]:
+    meta = store.probe(path).meta
+    return {info.get("object", name) for name, info in meta["files"].items()} | {META_FILE}
+
+
 def test_overwrite_leaves_one_entry_and_no_stray_objects(backend):
+    """Local entries are replaced at once; on object stores the replaced entry's objects stay for
+    readers that still hold the old meta.json, until a later writer finds their grace period over."""
     store = open_store(backend.dump_dir, backend.storage_options)
+    now = [1_000_000.0]
+    if isinstance(store, FsspecStore):
+        store.clock = lambda: now[0]
     store.write_entry(entry(backend), files_for(1), {"global_steps": 1})
+    first = _objects(store, entry(backend)) - {META_FILE}
     store.write_entry(entry(backend), files_for(2), {"global_steps": 1})
     probe = store.probe(entry(backend))
     assert store.read_files(entry(backend), probe.meta, ["data.safetensors", "data.json"], verify=True) == files_for(2)
-    named = {info.get("object", name) for name, info in probe.meta["files"].items()} | {META_FILE}
-    assert set(store.list_dir(entry(backend))) == named
-    assert store.write_entry(entry(backend), files_for(3), {"global_steps": 1}, overwrite=False) == 0
+    second = _objects(store, entry(backend))
+    if isinstance(store, FsspecStore):
+        assert set(store.list_dir(entry(backend))) == second | first  # still readable by an old reader
+        assert set(probe.meta["retired"]) == first
+        now[0] += GRACE_SECONDS
+        store.write_entry(entry(backend), files_for(3), {"global_steps": 1})
+        third = _objects(store, entry(backend))
+        assert set(store.list_dir(entry(backend))) == third | (second - {META_FILE})  # the first are gone
+        now[0] += GRACE_SECONDS
+        assert sorted(store.remove_leftovers(backend.dump_dir)) == sorted(
+            f"{entry(backend)}/{o}" for o in second - {META_FILE})
+        assert set(store.list_dir(entry(backend))) == third
+    else:
+        assert set(store.list_dir(entry(backend))) == second
+    assert store.write_entry(entry(backend), files_for(4), {"global_steps": 1}, overwrite=False) == 0
 
 
 def test_damage_is_detected(backend):
@@ -65,7 +88,7 @@ def _put(store, path, data):
     if hasattr(store, "fs"):
         store.fs.pipe_file(store._p(path), data)
     else:
-        with open(path, "wb") as fh:
+        with open(path.removeprefix("local://"), "wb") as fh:
             fh.write(data)
 
 
@@ -189,9 +212,9 @@ def test_v1_steps_on_the_backend(backend):
 def test_stale_unreferenced_objects_are_removed(backend):
     store = open_store(backend.dump_dir, backend.storage_options)
     store.write_entry(entry(backend, "7"), files_for(1), {"global_steps": 7})
-    if backend.name == "local":
+    if backend.name.startswith("local"):
         import os
-        os.makedirs(f"{backend.dump_dir}/.tmp-7-dead", exist_ok=True)
+        os.makedirs(f"{backend.dump_dir.removeprefix('local://')}/.tmp-7-dead", exist_ok=True)
         removed = store.remove_leftovers(backend.dump_dir, older_than=0)
         assert removed == [f"{backend.dump_dir}/.tmp-7-dead"]
     else:
