@@ -32,6 +32,7 @@ import torch
 from tensordict import TensorDictBase
 
 from stepskip.batch import Batch
+from stepskip.calls import is_dataproto_like
 from stepskip.entries import GEN_BATCH_FILE, TQ_BATCH_FILE
 from stepskip.errors import CorruptEntryError, TruncatedEntryError, UnstorableValueError
 from stepskip.formats.bounds import DecodeBudget, check_loaded, check_torch_zip
@@ -527,7 +528,7 @@ class VerlFormat:
 
     def freeze(self, value: Any, copy: bool) -> _FrozenDataProto:
         """Snapshot a DataProto-like value (``batch``, ``non_tensor_batch``, ``meta_info``)."""
-        if not all(hasattr(value, a) for a in ("batch", "non_tensor_batch", "meta_info")):
+        if not is_dataproto_like(value):
             raise UnstorableValueError(
                 f"result: format 'verl' stores DataProto-like batches only, got {type(value).__qualname__}; "
                 "use format: safe for other values"
