@@ -25,7 +25,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, SupportsIndex
 
 import numpy as np
 import torch
@@ -43,20 +43,25 @@ __all__ = ["VerlFormat", "dumps_dataproto", "loads_dataproto", "restricted_loads
 PICKLE_PROTOCOL = 4  # pickle.DEFAULT_PROTOCOL of the Pythons verl 0.9 runs on
 
 
+# The pure-Python pickler and copyreg's reconstructor are stdlib but absent from typeshed.
+_PurePickler: Any = getattr(pickle, "_Pickler")
+_NEWOBJ: Any = getattr(copyreg, "__newobj__")
+
+
 class _DataProtoStandIn:
     """Takes the place of ``verl.protocol.DataProto`` on both sides of the pickle."""
 
     def __init__(self, state: tuple[bytes, dict[str, np.ndarray], dict[str, Any]] | None = None) -> None:
         self.state = state
 
-    def __reduce_ex__(self, protocol: int) -> tuple[Any, ...]:
-        return copyreg.__newobj__, (type(self),), self.state
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
+        return _NEWOBJ, (type(self),), self.state
 
     def __setstate__(self, state: tuple[bytes, dict[str, np.ndarray], dict[str, Any]]) -> None:
         self.state = state
 
 
-class _VerlPickler(pickle._Pickler):  # type: ignore[name-defined]
+class _VerlPickler(_PurePickler):
     """The pure-Python pickler: unlike the C one, it lets a class be written under another name."""
 
     def save_global(self, obj: Any, name: str | None = None) -> None:
