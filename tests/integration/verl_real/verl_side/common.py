@@ -47,9 +47,40 @@ def activate(impl: str) -> None:
         return
     if impl != "stepskip":
         raise ValueError(f"unknown skip implementation {impl!r}")
-    from stepskip.integrations.verl import install
-
+    try:
+        from stepskip.integrations.verl import install
+    except ImportError:  # TEMPORARY until the verl-integration branch lands: same effect, by hand
+        install = _dev_install
     install()
+
+
+def _dev_install() -> None:
+    import types
+
+    import verl.utils  # noqa: F401  (the real parent package)
+
+    import stepskip
+    import stepskip.config
+    import stepskip.manager
+    import stepskip.roles
+
+    names = {
+        "": {"SkipManager": stepskip.SkipManager, "SkipManagerConfig": stepskip.config.SkipManagerConfig,
+             "BaseSkip": stepskip.roles.BaseSkip, "RolloutSkip": stepskip.roles.RolloutSkip,
+             "RolloutTqSkip": stepskip.roles.RolloutTqSkip, "AsyncRolloutSkip": stepskip.roles.AsyncRolloutSkip},
+        ".skip_manager": {"SkipManager": stepskip.SkipManager},
+        ".base_skip": {"BaseSkip": stepskip.roles.BaseSkip, "SkipAction": stepskip.roles.SkipAction,
+                       "SKIP_REGISTRY": stepskip.roles.SKIP_REGISTRY, "register_skip": stepskip.roles.register_skip},
+        ".config": {"SkipManagerConfig": stepskip.config.SkipManagerConfig},
+        ".rollout_skip": {"RolloutSkip": stepskip.roles.RolloutSkip, "RolloutTqSkip": stepskip.roles.RolloutTqSkip,
+                          "AsyncRolloutSkip": stepskip.roles.AsyncRolloutSkip},
+    }
+    for suffix, attrs in names.items():
+        mod = types.ModuleType("verl.utils.skip" + suffix)
+        mod.__dict__.update(attrs)
+        if suffix == "":
+            mod.__path__ = []
+        sys.modules[mod.__name__] = mod
 
 
 def skip_impl_in_use() -> str:
@@ -119,7 +150,7 @@ def base_overrides(work: Path, data: Path, steps: int, batch: int, n: int) -> li
         f"data.max_response_length={RESPONSE_LEN}",
         "data.filter_overlong_prompts=False",
         "data.dataloader_num_workers=0",
-        f"data.cache_dir={work / 'data_cache'}",
+        f"+data.cache_dir={work / 'data_cache'}",
         "algorithm.adv_estimator=grpo",
         "algorithm.use_kl_in_reward=False",
         f"actor_rollout_ref.rollout.n={n}",
@@ -244,7 +275,8 @@ class StandInAgentLoopWorker:
             response_mask[i, :len(out)] = 1
             truth = truths[i]["ground_truth"] if truths is not None else WORDS[0]
             truth_id = self.tokenizer.convert_tokens_to_ids(truth)
-            scores.append(sum(t == truth_id for t in out) / len(out))
+            # a rule reward that varies within each group, so that GRPO advantages are not all zero
+            scores.append(len(out) / RESPONSE_LEN + sum(t == truth_id for t in out))
         attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
         input_ids = torch.cat([prompts, responses], dim=1)
         rm_scores = torch.zeros((size, RESPONSE_LEN), dtype=torch.float32)
@@ -360,7 +392,7 @@ def tree_listing(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
-def main(run: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+def main(run: Callable[[dict[str, Any], dict[str, Any]], None]) -> None:
     """Entry point of a scenario: read the spec, run, write the report; exit 0 even on a trainer error.
 
     The report's ``error`` carries the exception type and message so that tests can assert on
@@ -372,10 +404,11 @@ def main(run: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     activate(spec.get("impl", "stepskip"))
     start = time.perf_counter()
+    report: dict[str, Any] = {}
     try:
-        report = run(spec)
+        run(spec, report)  # fills ``report`` as it goes, so a failed run still tells what it did
     except BaseException as err:  # reported, not raised: the test decides whether it was expected
-        report = {"error": {"type": type(err).__name__, "mro": [c.__name__ for c in type(err).__mro__],
-                            "message": str(err)[:4000], "traceback": traceback.format_exc()[-6000:]}}
+        report["error"] = {"type": type(err).__name__, "mro": [c.__name__ for c in type(err).__mro__],
+                            "message": str(err)[:4000], "traceback": traceback.format_exc()[-6000:]}
     report["seconds"] = time.perf_counter() - start
     Path(spec["report"]).write_text(json.dumps(report, indent=1, default=str))

@@ -19,7 +19,7 @@ from typing import Any
 import common
 
 
-def run(spec: dict[str, Any]) -> dict[str, Any]:
+def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
     import torch
 
     from verl.experimental.agent_loop.agent_loop import AgentLoopManager
@@ -58,7 +58,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     checkpoints = common.StandInCheckpointManager()
     trainer.checkpoint_manager = checkpoints
 
-    report: dict[str, Any] = {"impl": common.skip_impl_in_use()}
+    report["impl"] = common.skip_impl_in_use()
     try:
         trainer.fit()
     finally:
@@ -73,7 +73,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         })
         if spec.get("actor_inputs"):
             torch.save(trainer.actor_rollout_wg.updates, spec["actor_inputs"])
-    return report
 
 
 if __name__ == "__main__":
