@@ -73,6 +73,16 @@ def ok(report: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
+def xfail_on_known_bug(report: dict[str, Any], needles: tuple[str, ...], reason: str) -> None:
+    """Mark the test xfail when the run failed with a known, not yet fixed stepskip bug (named by ``needles``).
+
+    Any other failure still fails the test, and a run without the bug goes on to the real assertions.
+    """
+    error = report.get("error")
+    if error and any(needle in error["message"] + error["traceback"] for needle in needles):
+        pytest.xfail(f"{reason} (run failed: {error['type']}: {error['message'][:300]})")
+
+
 def role_stats(report: dict[str, Any], role: str) -> dict[str, float]:
     """``{"hits": ..., "misses": ..., "dumps": ...}`` of one role from a report."""
     prefix = f"skip/{role}/"
@@ -101,3 +111,20 @@ def file_digests(root: Path) -> dict[str, str]:
     """sha256 of every file under ``root`` (to prove a run left a cache untouched)."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def assert_same_actor_rows(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> None:
+    """Both runs fed the actor the same rows at every update, in whatever order.
+
+    V1 batches come out of TransferQueue in the order of the replay buffer's sets (it varies
+    between processes), so rows are compared as a multiset of (responses, advantages, old
+    log-probs); a row's advantage also pins the group it was normalised in.
+    """
+    assert len(first) == len(second) and first, (len(first), len(second))
+
+    def rows(update: dict[str, Any]) -> list[tuple]:
+        return sorted(tuple(tuple(update[key][i].tolist()) for key in ("responses", "advantages", "old_log_probs"))
+                      for i in range(len(update["responses"])))
+
+    for i, (a, b) in enumerate(zip(first, second)):
+        assert rows(a) == rows(b), f"update {i}: the actor was given other rows"
