@@ -11,12 +11,14 @@ pickle reaching for ``os.system``, say) is refused before it runs.
 
 from __future__ import annotations
 
+import contextlib
 import copy as copylib
 import copyreg
 import io
 import pickle
+import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +28,7 @@ from tensordict import TensorDictBase
 
 from stepskip.batch import Batch
 from stepskip.entries import GEN_BATCH_FILE, TQ_BATCH_FILE
-from stepskip.errors import CorruptEntryError, UnstorableValueError
+from stepskip.errors import CorruptEntryError, TruncatedEntryError, UnstorableValueError
 
 __all__ = ["VerlFormat", "dumps_dataproto", "loads_dataproto", "restricted_loads"]
 
@@ -101,11 +103,84 @@ def restricted_loads(data: bytes) -> Any:
     return _RestrictedUnpickler(io.BytesIO(data)).load()
 
 
+# --------------------------------------------------------------------------- tensordict across versions
+
+_scope_lock = threading.Lock()
+_scope_users = 0
+_scope: Any = None  # the torch.serialization.safe_globals in force while any load runs
+
+
+def _tensordict_globals() -> list[Any]:
+    """What the pickle of a TensorDict names: tensordict's two rebuild functions and the classes they get.
+
+    ``_rebuild_tensordict_files_consolidated(metadata, storage)`` rebuilds a consolidated TensorDict;
+    ``_make_td(cls, state)`` the others, ``cls`` being one of the classes below (non-tensor leaves
+    are ``NonTensorData``/``NonTensorStack``). tensordict 0.15 allow-lists these itself; 0.10 (verl
+    0.9.1's pin) does not, and ``torch.load(weights_only=True)`` then refuses every TensorDict.
+    """
+    from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDict, _reductions
+
+    return [_reductions._rebuild_tensordict_files_consolidated, _reductions._make_td, TensorDict,
+            LazyStackedTensorDict, NonTensorData, NonTensorStack]
+
+
+@contextlib.contextmanager
+def _tensordict_load_scope() -> Iterator[None]:
+    """Allow :func:`_tensordict_globals` that tensordict has not registered, for the loads inside only.
+
+    torch keeps allowed globals in one process-wide set, so concurrent loads share one scope: it
+    opens with the first load and closes with the last (a scope per load would withdraw the
+    globals from a load still running in another thread).
+    """
+    global _scope, _scope_users
+    with _scope_lock:
+        if _scope_users == 0:
+            registered = {id(g) for g in torch.serialization.get_safe_globals()}
+            missing = [g for g in _tensordict_globals() if id(g) not in registered]
+            _scope = torch.serialization.safe_globals(missing) if missing else None
+            if _scope is not None:
+                _scope.__enter__()
+        _scope_users += 1
+    try:
+        yield
+    finally:
+        with _scope_lock:
+            _scope_users -= 1
+            if _scope_users == 0 and _scope is not None:
+                _scope.__exit__(None, None, None)
+                _scope = None
+
+
+def _weights_only_load(data: bytes) -> Any:
+    with _tensordict_load_scope():
+        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+
+
+def _savable(td: TensorDictBase) -> TensorDictBase:
+    """``td`` as a plain TensorDict of contiguous tensors, its non-tensor leaves kept as they are.
+
+    Not ``td.contiguous()``: under tensordict 0.10 that turns ``NonTensorStack`` columns (``uid``,
+    ``raw_prompt``, ...) into empty TensorDicts, and the entry loses them.
+    """
+    from tensordict import NonTensorData, NonTensorStack, TensorDict
+
+    out = TensorDict({}, batch_size=td.batch_size, device=td.device)
+    for key in td.keys():
+        value = td.get(key)
+        if isinstance(value, (NonTensorData, NonTensorStack)):
+            out.set(key, value)
+        elif isinstance(value, TensorDictBase):
+            out.set(key, _savable(value))
+        else:
+            out.set(key, value.contiguous())
+    return out
+
+
 def dumps_dataproto(batch: TensorDictBase | None, non_tensor_batch: Mapping[str, np.ndarray],
                     meta_info: Mapping[str, Any]) -> bytes:
     """The bytes ``DataProto.save_to_disk`` would write for these three parts (verl not needed)."""
     buffer = io.BytesIO()
-    torch.save(batch.contiguous() if batch is not None else None, buffer)
+    torch.save(_savable(batch) if batch is not None else None, buffer)
     state = (buffer.getvalue(), dict(non_tensor_batch), dict(meta_info))
     out = io.BytesIO()
     _VerlPickler(out, protocol=PICKLE_PROTOCOL).dump(_DataProtoStandIn(state))
@@ -124,10 +199,21 @@ def loads_dataproto(data: bytes) -> tuple[TensorDictBase | None, dict[str, np.nd
     tensor_bytes, non_tensor_batch, meta_info = obj.state
     if not isinstance(tensor_bytes, bytes) or not isinstance(non_tensor_batch, dict) or not isinstance(meta_info, dict):
         raise pickle.UnpicklingError("the DataProto state is not (bytes, dict, dict)")
-    batch = torch.load(io.BytesIO(tensor_bytes), weights_only=True, map_location="cpu")
+    batch = _weights_only_load(tensor_bytes)
     if batch is not None and not isinstance(batch, TensorDictBase):
         raise pickle.UnpicklingError(f"the DataProto batch is a {type(batch).__qualname__}, not a TensorDict")
     return batch, non_tensor_batch, meta_info
+
+
+_TRUNCATION_SIGNS = ("truncated", "ran out of input", "failed finding central directory", "unexpected eof")
+
+
+def decode_failure(file_name: str, err: BaseException) -> CorruptEntryError:
+    """The error for bytes of ``file_name`` that did not decode: truncation is told apart from the rest."""
+    text = f"{type(err).__name__}: {err}"
+    truncated = isinstance(err, EOFError) or any(sign in text.lower() for sign in _TRUNCATION_SIGNS)
+    cls = TruncatedEntryError if truncated else CorruptEntryError
+    return cls(f"cannot read {file_name}: {text}")
 
 
 _READABLE_SCALARS = (str, int, float, bool, bytes, complex, type(None))
@@ -216,8 +302,8 @@ class VerlFormat:
         """
         try:
             batch, non_tensor, meta = loads_dataproto(files[GEN_BATCH_FILE])
-        except Exception as err:  # the decode boundary: any failure to parse these bytes is a damaged entry
-            raise CorruptEntryError(f"cannot read {GEN_BATCH_FILE}: {type(err).__name__}: {err}") from err
+        except Exception as err:  # the decode boundary: no failure to parse these bytes escapes as anything else
+            raise decode_failure(GEN_BATCH_FILE, err) from err
         try:
             from verl.protocol import DataProto  # type: ignore[import-not-found]
 
@@ -229,8 +315,8 @@ class VerlFormat:
 class VerlTqFormat:
     """verl 0.9's V1 ``tq_batch.pt``: ``torch.save({"tensordict", "tags", "keys", "global_steps"})``.
 
-    Read with ``torch.load(weights_only=True)`` (tensordict registers its own rebuild functions),
-    so only tensors, TensorDicts and plain containers can come out of it.
+    Read with ``torch.load(weights_only=True)``, tensordict's rebuild functions allowed (see
+    :func:`_tensordict_globals`), so only tensors, TensorDicts and plain containers can come out of it.
     """
 
     name = "verl-tq"
@@ -250,16 +336,16 @@ class VerlTqFormat:
 
     def encode(self, frozen: dict[str, Any]) -> dict[str, bytes]:
         td = frozen["tensordict"]
-        payload = dict(frozen, tensordict=td.contiguous() if isinstance(td, TensorDictBase) else td)
+        payload = dict(frozen, tensordict=_savable(td) if isinstance(td, TensorDictBase) else td)
         buffer = io.BytesIO()
         torch.save(payload, buffer)
         return {TQ_BATCH_FILE: buffer.getvalue()}
 
     def decode(self, files: Mapping[str, bytes], consume: bool = False) -> Any:
         try:
-            payload = torch.load(io.BytesIO(files[TQ_BATCH_FILE]), weights_only=True, map_location="cpu")
-        except Exception as err:  # the decode boundary: any failure to parse these bytes is a damaged entry
-            raise CorruptEntryError(f"cannot read {TQ_BATCH_FILE}: {type(err).__name__}: {err}") from err
+            payload = _weights_only_load(files[TQ_BATCH_FILE])
+        except Exception as err:  # the decode boundary: no failure to parse these bytes escapes as anything else
+            raise decode_failure(TQ_BATCH_FILE, err) from err
         if not isinstance(payload, dict) or not {"tensordict", "tags", "keys"} <= set(payload):
             raise CorruptEntryError(f"{TQ_BATCH_FILE} does not hold a V1 payload")
         return payload
