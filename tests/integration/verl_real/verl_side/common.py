@@ -47,40 +47,9 @@ def activate(impl: str) -> None:
         return
     if impl != "stepskip":
         raise ValueError(f"unknown skip implementation {impl!r}")
-    try:
-        from stepskip.integrations.verl import install
-    except ImportError:  # TEMPORARY until the verl-integration branch lands: same effect, by hand
-        install = _dev_install
+    from stepskip.integrations.verl import install
+
     install()
-
-
-def _dev_install() -> None:
-    import types
-
-    import verl.utils  # noqa: F401  (the real parent package)
-
-    import stepskip
-    import stepskip.config
-    import stepskip.manager
-    import stepskip.roles
-
-    names = {
-        "": {"SkipManager": stepskip.SkipManager, "SkipManagerConfig": stepskip.config.SkipManagerConfig,
-             "BaseSkip": stepskip.roles.BaseSkip, "RolloutSkip": stepskip.roles.RolloutSkip,
-             "RolloutTqSkip": stepskip.roles.RolloutTqSkip, "AsyncRolloutSkip": stepskip.roles.AsyncRolloutSkip},
-        ".skip_manager": {"SkipManager": stepskip.SkipManager},
-        ".base_skip": {"BaseSkip": stepskip.roles.BaseSkip, "SkipAction": stepskip.roles.SkipAction,
-                       "SKIP_REGISTRY": stepskip.roles.SKIP_REGISTRY, "register_skip": stepskip.roles.register_skip},
-        ".config": {"SkipManagerConfig": stepskip.config.SkipManagerConfig},
-        ".rollout_skip": {"RolloutSkip": stepskip.roles.RolloutSkip, "RolloutTqSkip": stepskip.roles.RolloutTqSkip,
-                          "AsyncRolloutSkip": stepskip.roles.AsyncRolloutSkip},
-    }
-    for suffix, attrs in names.items():
-        mod = types.ModuleType("verl.utils.skip" + suffix)
-        mod.__dict__.update(attrs)
-        if suffix == "":
-            mod.__path__ = []
-        sys.modules[mod.__name__] = mod
 
 
 def skip_impl_in_use() -> str:
