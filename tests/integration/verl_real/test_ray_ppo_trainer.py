@@ -24,22 +24,16 @@ from pathlib import Path
 import pytest
 from verl_real_support import (
     assert_same_actor_inputs,
-    load_actor_inputs,
+    load_tensors,
     needs_verl_env,
     ok,
     role_stats,
     run_scenario,
-    xfail_on_known_bug,
 )
 
 pytestmark = [pytest.mark.heavy, needs_verl_env]
 
 STEPS = [1, 2, 3]
-WEIGHTS_ONLY_BUG = (
-    ("_make_td", "_rebuild_tensordict_files_consolidated"),
-    "issue 16 item 1: under tensordict 0.10 stepskip cannot load gen_batch.dp (torch.load(weights_only=True) refuses "
-    "tensordict._reductions._make_td); this xfail goes away once the format fix lands",
-)
 
 
 def skip_section(dump_dir: Path, action: str, fmt: str, **extra: object) -> dict:
@@ -94,12 +88,11 @@ def test_replay_run_feeds_the_actor_the_recorded_step(recorded, tmp_path, fmt, c
         "skip": skip_section(base / "dump", "replay", fmt), "carry_uid": carry_uid,
         "actor_inputs": str(tmp_path / "actor.pt"),
     }, tmp_path / "run")
-    xfail_on_known_bug(report, *WEIGHTS_ONLY_BUG)
     ok(report)
     stats = role_stats(report, "rollout")
     assert report["generation_calls"] == 0
     assert (stats["hits"], stats["misses"], stats["dumps"]) == (3, 0, 0)
-    first, second = load_actor_inputs(base / "actor.pt"), load_actor_inputs(tmp_path / "actor.pt")
+    first, second = load_tensors(base / "actor.pt"), load_tensors(tmp_path / "actor.pt")
     assert_same_actor_inputs(first, second)
     # the comparison means something: rewards varied within groups, so advantages are not all zero
     assert any(update["advantages"].abs().sum() > 0 for update in second)
@@ -116,7 +109,6 @@ def test_without_rebind_keys_the_replay_hits_verls_union_assertion(recorded, tmp
     report = run_scenario("ray_ppo", {
         "skip": skip_section(base / "dump", "replay", fmt, rebind_keys=[]), "carry_uid": True,
     }, tmp_path / "run")
-    xfail_on_known_bug(report, *WEIGHTS_ONLY_BUG)
     error = report.get("error")
     assert error is not None, "a replay without rebinding uid must fail as verl's own skip does"
     assert error["type"] == "AssertionError" and "`uid`" in error["message"], error

@@ -19,12 +19,11 @@ from __future__ import annotations
 import pytest
 from verl_real_support import (
     assert_same_actor_rows,
-    load_actor_inputs,
+    load_tensors,
     needs_verl_env,
     ok,
     role_stats,
     run_scenario,
-    xfail_on_known_bug,
 )
 
 pytestmark = [pytest.mark.heavy, needs_verl_env]
@@ -62,42 +61,27 @@ def test_stepskip_records_and_replays_the_v1_trainer(tmp_path):
     stats = role_stats(replayed, "rollout_tq")
     assert replayed["generation_calls"] == 0 and replayed["generated_trajectories"] == 0
     assert (stats["hits"], stats["misses"], stats["dumps"]) == (3, 0, 0)
-    first, second = load_actor_inputs(tmp_path / "record.pt"), load_actor_inputs(tmp_path / "replay.pt")
+    first, second = load_tensors(tmp_path / "record.pt"), load_tensors(tmp_path / "replay.pt")
     assert_same_actor_rows(first, second)
     assert any(float(row.abs().sum()) > 0 for update in second for row in update["advantages"])
-
-
-WEIGHTS_ONLY_BUG = (
-    ("_make_td", "_rebuild_tensordict_files_consolidated"),
-    "issue 16 item 1: under tensordict 0.10 stepskip cannot load a verl pickle entry (torch.load(weights_only=True) "
-    "refuses tensordict._reductions._make_td); this xfail goes away once the format fix lands",
-)
-CONTIGUOUS_BUG = (
-    ("All tensordicts must be non-tensors",),
-    "issue 16 item 1: under tensordict 0.10 TensorDict.contiguous() turns NonTensorStack columns (uid, raw_prompt) "
-    "into empty TensorDicts, so the tq_batch.pt stepskip writes breaks TransferQueue when verl injects it; "
-    "this xfail goes away once the format fix lands",
-)
 
 
 def test_what_verls_own_skip_records_stepskip_replays(tmp_path):
     record(tmp_path, "verl", None)
     replayed = run_scenario("v1", {"skip": section(tmp_path / "dump", "replay", "verl"),
                                    "actor_inputs": str(tmp_path / "replay.pt")}, tmp_path / "replay")
-    xfail_on_known_bug(replayed, *WEIGHTS_ONLY_BUG)
     ok(replayed)
     stats = role_stats(replayed, "rollout_tq")
     assert replayed["generation_calls"] == 0
     assert (stats["hits"], stats["misses"], stats["corrupt"]) == (3, 0, 0)
-    assert_same_actor_rows(load_actor_inputs(tmp_path / "record.pt"), load_actor_inputs(tmp_path / "replay.pt"))
+    assert_same_actor_rows(load_tensors(tmp_path / "record.pt"), load_tensors(tmp_path / "replay.pt"))
 
 
 def test_what_stepskip_records_in_verl_format_verls_own_skip_replays(tmp_path):
     record(tmp_path, "stepskip", "verl")
     replayed = run_scenario("v1", {"impl": "verl", "skip": section(tmp_path / "dump", "cache"),
                                    "actor_inputs": str(tmp_path / "replay.pt")}, tmp_path / "replay")
-    xfail_on_known_bug(replayed, *CONTIGUOUS_BUG)
     ok(replayed)
     assert replayed["impl"] == "verl"
     assert replayed["generation_calls"] == 0
-    assert_same_actor_rows(load_actor_inputs(tmp_path / "record.pt"), load_actor_inputs(tmp_path / "replay.pt"))
+    assert_same_actor_rows(load_tensors(tmp_path / "record.pt"), load_tensors(tmp_path / "replay.pt"))

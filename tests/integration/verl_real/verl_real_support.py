@@ -69,18 +69,9 @@ def ok(report: dict[str, Any]) -> dict[str, Any]:
     """The report of a run that must have succeeded (fails the test with verl's traceback otherwise)."""
     error = report.get("error")
     if error:
-        pytest.fail(f"the run failed: {error['type']}: {error['message']}\n{error['traceback']}\n{report['log'][-4000:]}")
+        pytest.fail(f"the run failed: {error['type']}: {error['message']}\n{error['traceback']}\n"
+                    f"{report['log'][-4000:]}")
     return report
-
-
-def xfail_on_known_bug(report: dict[str, Any], needles: tuple[str, ...], reason: str) -> None:
-    """Mark the test xfail when the run failed with a known, not yet fixed stepskip bug (named by ``needles``).
-
-    Any other failure still fails the test, and a run without the bug goes on to the real assertions.
-    """
-    error = report.get("error")
-    if error and any(needle in error["message"] + error["traceback"] for needle in needles):
-        pytest.xfail(f"{reason} (run failed: {error['type']}: {error['message'][:300]})")
 
 
 def role_stats(report: dict[str, Any], role: str) -> dict[str, float]:
@@ -89,8 +80,8 @@ def role_stats(report: dict[str, Any], role: str) -> dict[str, float]:
     return {k[len(prefix):]: v for k, v in report["stats"].items() if k.startswith(prefix)}
 
 
-def load_actor_inputs(path: Path) -> list[dict[str, Any]]:
-    """What the stand-in actor was given, one dict per update (tensors and uid lists only)."""
+def load_tensors(path: Path) -> list[dict[str, Any]]:
+    """What a scenario saved with ``torch.save`` (tensors, lists and strings only: no pickle needed)."""
     return torch.load(path, weights_only=True)
 
 

@@ -100,9 +100,8 @@ def write_dataset(path: Path, rows: int, seed: int = 0) -> Path:
 
 def compose_config(config_name: str, overrides: list[str]) -> Any:
     """verl's own Hydra config ``config_name`` from its installed config dir, with ``overrides``."""
-    from hydra import compose, initialize_config_dir
-
     import verl.trainer.config as config_pkg
+    from hydra import compose, initialize_config_dir
 
     config_dir = str(Path(config_pkg.__file__).parent)
     with initialize_config_dir(config_dir=config_dir, version_base=None):
@@ -218,7 +217,6 @@ class StandInAgentLoopWorker:
         import numpy as np
         import torch
         from tensordict import TensorDict
-
         from verl.protocol import DataProto
         from verl.utils.model import compute_position_id_with_mask
 
@@ -295,7 +293,6 @@ class StandInActorWorkerGroup:
 
     def compute_log_prob(self, batch_td: Any) -> Any:
         import torch
-
         from verl.utils import tensordict_utils as tu
 
         self.log_prob_calls += 1

@@ -21,7 +21,6 @@ import common
 
 def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
     import torch
-
     from verl.experimental.agent_loop.agent_loop import AgentLoopManager
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.utils import Role

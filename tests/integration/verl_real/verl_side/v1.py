@@ -45,7 +45,6 @@ class StandInAgentLoopManagerTQ:
         import torch
         import transfer_queue as tq
         from tensordict import NonTensorData, NonTensorStack
-
         from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
         self.calls += 1
@@ -120,7 +119,8 @@ class StandInV1ActorWorkerGroup:
         import transfer_queue as tq
         from tensordict import TensorDict
 
-        ids = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["input_ids"])["input_ids"]
+        got = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["input_ids"])
+        ids = got["input_ids"]
         values = common.fake_log_probs(ids.values())
         log_probs = torch.nested.nested_tensor_from_jagged(values, offsets=ids.offsets())
         entropy = torch.nested.nested_tensor_from_jagged(torch.ones_like(values), offsets=ids.offsets())
@@ -177,7 +177,6 @@ def stop_ray_and_tq(temp_dir: str) -> None:
 
 def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
     import torch
-
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
     work = Path(spec["work"])
