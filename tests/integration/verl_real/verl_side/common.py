@@ -8,8 +8,9 @@ with a rule), the actor worker group (``StandInActorWorkerGroup``: log-probs are
 of the token ids, ``update_actor`` records what it was given), the checkpoint manager and the
 resource-pool manager.
 
-Each scenario is a separate process: ``python -m verl_side.<scenario> spec.json`` writes a JSON
-report (and the recorded actor inputs as a ``.pt`` file) where the spec says.
+Each scenario is a script run as its own process (``python verl_side/<scenario>.py spec.json``, with
+``src`` and this folder on ``PYTHONPATH``; see ``verl_real_support.run_scenario``); it writes a JSON
+report, and what the actor was given as a ``.pt`` file, where the spec says.
 """
 
 from __future__ import annotations

@@ -193,7 +193,8 @@ def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
     ray_dir = start_ray_and_tq(config)
     try:
         trainer = PPOTrainerSync(config=config)  # builds verl's real ReplayBuffer
-        # PPOTrainer._setup without the GPU parts: real tokenizer-free dataloaders, stand-in workers
+        # PPOTrainer._setup without its GPU parts: the real dataloaders (over a locally built tokenizer,
+        # where _init_tokenizer would load the model's), stand-ins for the workers and managers
         trainer.tokenizer, trainer.processor = common.make_tokenizer(), None
         trainer._init_dataloader()
         trainer._init_dump_executor()
