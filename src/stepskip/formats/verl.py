@@ -400,23 +400,27 @@ def _weights_only_load(data: bytes) -> Any:
         return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
 
 
-def _savable(td: TensorDictBase) -> TensorDictBase:
+def _savable(td: TensorDictBase, copy: bool | None = None) -> TensorDictBase:
     """``td`` as a plain TensorDict of contiguous tensors, its non-tensor leaves kept as they are.
 
     Not ``td.contiguous()``: under tensordict 0.10 that turns ``NonTensorStack`` columns (``uid``,
-    ``raw_prompt``, ...) into empty TensorDicts, and the entry loses them.
+    ``raw_prompt``, ...) into empty TensorDicts, and the entry loses them. The tensors of a
+    consolidated TensorDict (as a verl-written entry loads) are views of one byte buffer in several
+    dtypes, which ``torch.save`` refuses unless they are copied out, as they are here.
     """
     from tensordict import NonTensorData, NonTensorStack, TensorDict
 
+    if copy is None:
+        copy = bool(getattr(td, "is_consolidated", lambda: False)())
     out = TensorDict({}, batch_size=td.batch_size, device=td.device)
     for key in td.keys():
         value = td.get(key)
         if isinstance(value, (NonTensorData, NonTensorStack)):
-            out.set(key, value)
+            out.set(key, value)  # type: ignore[arg-type]  # tensordict stores them; its stubs say otherwise
         elif isinstance(value, TensorDictBase):
-            out.set(key, _savable(value))
+            out.set(key, _savable(value, copy))
         else:
-            out.set(key, value.contiguous())
+            out.set(key, value.clone() if copy else value.contiguous())
     return out
 
 

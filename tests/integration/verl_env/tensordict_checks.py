@@ -15,8 +15,10 @@ The two tensordict 0.10 regressions it guards against:
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
+import pickle
 import sys
 import threading
 import traceback
@@ -100,7 +102,28 @@ def v0_entry_written_here_keeps_non_tensor_columns() -> str:
     assert back.batch.get("tag").tolist() == [f"row{i}" for i in range(batch.batch.batch_size[0])]
     assert comparable(summarise(back)) == comparable(summarise(batch))
     assert all(isinstance(v, np.ndarray) for v in back.non_tensor_batch.values())
-    return "a NonTensorStack column in the batch survives"
+    if importlib.util.find_spec("verl") is None:
+        return "a NonTensorStack column in the batch survives"
+    verls = pickle.loads(data)  # what verl's DataProto.load_from_disk does; only in verl's own environment
+    assert type(verls).__module__ == "verl.protocol"
+    assert comparable(summarise(verls)) == comparable(summarise(batch))
+    return "a NonTensorStack column in the batch survives, read by stepskip and by verl's unpickling"
+
+
+@check
+def consolidated_batch_is_written_without_a_copy_first() -> str:
+    """A verl-written entry loads consolidated (views of one buffer in several dtypes); `convert` encodes it as is."""
+    fmt = get_format("verl")
+    batch = _v0_fixture(2)
+    assert batch.batch.is_consolidated(), "the fixture no longer loads consolidated; this check tests nothing"
+    back = fmt.decode(fmt.encode(fmt.freeze(batch, copy=False)))
+    assert comparable(summarise(back)) == comparable(summarise(batch))
+    jagged = batch.batch.clone()
+    jagged["jagged"] = torch.nested.nested_tensor([torch.arange(i + 1) for i in range(8)], layout=torch.jagged)
+    batch.batch = jagged.consolidate()
+    back = fmt.decode(fmt.encode(fmt.freeze(batch, copy=False)))
+    assert comparable(summarise(back)) == comparable(summarise(batch))
+    return "step 2, with and without a jagged column"
 
 
 @check

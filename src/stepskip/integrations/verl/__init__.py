@@ -42,8 +42,8 @@ from stepskip.integrations.verl import _rewrap, _served
 from stepskip.integrations.verl._served import SERVED_MODULES
 
 __all__ = [
-    "ENV_VAR", "HOOK", "NEXT_HOOK_ENV_VAR", "SERVED_MODULES", "VerlSkipNotServedError", "boot_path", "check",
-    "install", "is_installed", "setup_hook",
+    "ENV_VAR", "GUARD_KEY", "HOOK", "NEXT_HOOK_ENV_VAR", "SERVED_MODULES", "SERVING_LINE", "VerlSkipNotServedError",
+    "boot_path", "check", "configure_logging", "install", "is_installed", "setup_hook",
 ]
 
 logger = logging.getLogger(__name__)
@@ -59,6 +59,7 @@ NEXT_HOOK_ENV_VAR = "STEPSKIP_VERL_NEXT_HOOK"
 #: silently skipping with verl's code; stepskip ignores ``skip._*`` keys.
 GUARD_KEY = "_stepskip_install_required"
 
+#: The start of the line each process that installs logs (at INFO, logger ``stepskip.integrations.verl``).
 SERVING_LINE = "stepskip is serving verl's skip roles"
 
 _lock = threading.RLock()
@@ -71,7 +72,13 @@ class VerlSkipNotServedError(RuntimeError):
 
 
 def is_installed() -> bool:
-    """True when this process serves ``verl.utils.skip`` from stepskip (``install()`` ran)."""
+    """True when this process serves ``verl.utils.skip`` from stepskip (``install()`` ran).
+
+    Example:
+        >>> from stepskip.integrations.verl import install, is_installed
+        >>> install(); is_installed()
+        True
+    """
     return _served.installed_finder() is not None
 
 
@@ -193,6 +200,10 @@ def configure_logging() -> None:
     its records reach those handlers; otherwise it gets a stderr handler of its own. The level is
     ``STEPSKIP_LOGGING_LEVEL`` (default INFO). A ``stepskip`` logger configured by the application is
     left alone.
+
+    Example:
+        >>> from stepskip.integrations.verl import configure_logging
+        >>> configure_logging()  # what the launcher, the Ray hook and the STEPSKIP_VERL boot call first
     """
     stepskip_logger = logging.getLogger("stepskip")
     if any(not isinstance(h, logging.NullHandler) for h in stepskip_logger.handlers):

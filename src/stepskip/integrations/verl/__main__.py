@@ -26,7 +26,8 @@ skip package served by stepskip in this process and in every Ray worker of the j
 
   --no-ray-hook  do not add +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook
                  (for entry points that are not verl's main_ppo; install in workers yourself)
-  --no-guard     do not add +skip.{guard}=true (for entry points whose config has no skip section)
+  --no-guard     do not add +skip.{guard}=true
+                 (for entry points whose config has no skip section)
 """.format(guard=GUARD_KEY)
 
 HOOK_KEY = "ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"
