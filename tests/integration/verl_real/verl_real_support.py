@@ -8,7 +8,6 @@ answers with a JSON report. Tests skip when that environment is absent.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -96,12 +95,6 @@ def assert_same_actor_inputs(first: list[dict[str, Any]], second: list[dict[str,
                 assert len(x) == len(y) and all(torch.equal(p, q) for p, q in zip(x, y)), f"update {i}: {key}"
             else:
                 assert torch.equal(x, y), f"update {i}: {key} differs"
-
-
-def file_digests(root: Path) -> dict[str, str]:
-    """sha256 of every file under ``root`` (to prove a run left a cache untouched)."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def assert_same_actor_rows(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> None:
