@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from stepskip.entries import CONFIG_FORMATS
 from stepskip.errors import SkipConfigError
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
 ]
 
 ACTIONS = ("cache", "repeat", "random", "replay", "record")
-FORMATS = ("safe", "verl")
 COMPRESS = ("auto", "none", "zstd")
 CHECK_PROMPTS = ("warn", "error", "off")
 ON_MISMATCH = ("warn", "error", "regenerate")
@@ -262,7 +262,7 @@ class SkipRoleConfig:
             )
         self.step_set = StepSet.parse(self.steps, f"{where}.steps")
         _choice(f"{where}.action", self.action, self.allowed_actions)
-        _choice(f"{where}.format", self.format, FORMATS)
+        _choice(f"{where}.format", self.format, CONFIG_FORMATS)
         _boolean(f"{where}.allow_pickle", self.allow_pickle)
         _boolean(f"{where}.verify", self.verify)
         _boolean(f"{where}.async_dump", self.async_dump)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 __all__ = [
-    "SkipConfigError", "CacheMissError", "CorruptEntryError", "UnstorableValueError",
-    "FingerprintMismatchError", "PromptMismatchError",
+    "SkipConfigError", "CacheMissError", "CorruptEntryError", "TruncatedEntryError", "UnreadableEntryError",
+    "UnstorableValueError", "FingerprintMismatchError", "PromptMismatchError", "ReplayMissError",
 ]
 
 
@@ -25,6 +25,22 @@ class CorruptEntryError(CacheMissError):
     Under every action except ``replay`` a corrupt entry is logged, counted and regenerated;
     under ``replay`` this error propagates to the caller.
     """
+
+
+class TruncatedEntryError(CorruptEntryError):
+    """A decoder saw an entry's bytes end early: damage even for verl entries that list no checksums."""
+
+
+class UnreadableEntryError(SkipConfigError):
+    """An entry's bytes are intact but cannot be decoded here (an unknown format, a refused pickle ...).
+
+    Unlike a corrupt entry it is never regenerated over or deleted: the message names the entry,
+    the reason and the fix; only ``action: record`` replaces it.
+    """
+
+
+class ReplayMissError(CacheMissError, RuntimeError):
+    """A step the action must replay has no entry; also a ``RuntimeError``, as verl raises it."""
 
 
 class UnstorableValueError(TypeError):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepskip.cli.errors import CliError
-from stepskip.entries import verl_entry_kind
+from stepskip.entries import legacy_format
 from stepskip.layout import RUN_DIR, Layout, is_url
 from stepskip.store import META_FILE, TMP_PREFIX, TRASH_PREFIX, EntryState, LocalStore, open_store
 
@@ -40,7 +40,8 @@ class IssueKind(str, enum.Enum):
 
     DAMAGED = "damaged"  # unreadable meta.json, missing or truncated data file
     CHECKSUM = "checksum"  # a data file does not match its checksum
-    UNDECODABLE = "undecodable"  # the files do not decode (--deep)
+    UNDECODABLE = "undecodable"  # intact files that do not decode here (--deep): unreadable, never removed
+    UNSUPPORTED = "unsupported"  # a format this stepskip does not know (a newer stepskip?): never removed
     HALF_WRITTEN = "half-written"  # a step (or inner) directory without meta.json
     INCOMPLETE = "incomplete"  # a V1 step missing inner entries
     MIXED_RUNS = "mixed-runs"  # a V1 step whose inner entries come from different runs
@@ -384,14 +385,14 @@ def scan_entry(store: LocalStore, path: str, step: int, inner: int | None, role:
     Returns:
         The record; ``state`` says whether the entry is present, damaged or missing.
     """
-    legacy_files, verl_format = verl_entry_kind(inner is not None)
-    probe = store.probe(path, legacy_files)
+    legacy = legacy_format(inner is not None)
+    probe = store.probe(path, legacy.files)
     meta = probe.meta
     size, mtime = tree_stats(path)
     fmt: str | None = None
     when = mtime
     if meta is not None:
-        fmt = str(meta.get("format", verl_format))
+        fmt = str(meta.get("format", legacy.name))
         role = str(meta.get("role") or role)
         created = meta.get("created_unix")
         if isinstance(created, (int, float)) and not isinstance(created, bool):

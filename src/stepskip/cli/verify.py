@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from stepskip.cli.removal import retire
 from stepskip.cli.scan import EntryRecord, Issue, IssueKind, RunDir, StepKind, local_store, tree_stats
-from stepskip.entries import FORMAT_USES_PICKLE
-from stepskip.errors import CorruptEntryError
+from stepskip.entries import format_spec, unsupported_format_message
+from stepskip.errors import CorruptEntryError, TruncatedEntryError
 from stepskip.store import LocalStore
 
 __all__ = ["Problem", "RepairResult", "VerifyReport", "count_entries", "repair", "verify_runs"]
@@ -24,6 +24,8 @@ __all__ = ["Problem", "RepairResult", "VerifyReport", "count_entries", "repair",
 #: Kinds of damage a live writer may be in the middle of producing (protected by the grace period).
 IN_PROGRESS_KINDS = frozenset({IssueKind.LEFTOVER, IssueKind.HALF_WRITTEN, IssueKind.INCOMPLETE,
                                IssueKind.MIXED_RUNS})
+#: Entries whose bytes are intact but that this stepskip cannot decode: reported, never removed.
+KEPT_KINDS = frozenset({IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE})
 
 
 @dataclass(frozen=True)
@@ -88,9 +90,10 @@ def count_entries(runs: list[RunDir]) -> int:
 def _check_entry(store: LocalStore, entry: EntryRecord, deep: bool, allow_pickle: bool,
                  report: VerifyReport) -> tuple[IssueKind, str] | None:
     """Checksums (and, when ``deep``, decoding) of one present entry; the problem found, if any."""
-    uses_pickle = FORMAT_USES_PICKLE.get(entry.format or "")
-    if uses_pickle is None:
-        return IssueKind.DAMAGED, f"unknown format {entry.format!r}; known formats: {', '.join(FORMAT_USES_PICKLE)}"
+    spec = format_spec(entry.format)
+    if spec is None:
+        return IssueKind.UNSUPPORTED, unsupported_format_message(entry.path, entry.format)
+    uses_pickle = spec.uses_pickle
     if entry.has_checksums:
         for name in (entry.meta or {})["files"]:
             try:
@@ -104,7 +107,9 @@ def _check_entry(store: LocalStore, entry: EntryRecord, deep: bool, allow_pickle
         try:
             read_entry(store, entry, allow_pickle=allow_pickle, verify=False)
         except CorruptEntryError as err:
-            return IssueKind.UNDECODABLE, str(err).replace(f"{entry.path}/", "")
+            # Bytes that end early are damage; intact bytes that do not decode here are only unreadable.
+            damaged = isinstance(err, TruncatedEntryError) and not entry.has_checksums
+            return IssueKind.DAMAGED if damaged else IssueKind.UNDECODABLE, str(err).replace(f"{entry.path}/", "")
         report.decoded += 1
     elif not entry.has_checksums:
         report.unverified.append(entry.path)
@@ -151,6 +156,9 @@ def verify_runs(runs: list[RunDir], deep: bool = False, allow_pickle: bool = Fal
             target = step.path
             recent = now - step.mtime < grace
             for issue in issues:
+                if issue.kind in KEPT_KINDS:
+                    report.problems.append(Problem(issue.kind, issue.path, issue.detail, "", recent=False))
+                    continue
                 in_progress = issue.kind in IN_PROGRESS_KINDS or step.kind is not StepKind.ENTRY
                 report.problems.append(Problem(issue.kind, issue.path, issue.detail, target,
                                                recent=recent and in_progress))
@@ -173,7 +181,9 @@ def repair(report: VerifyReport) -> RepairResult:
     """
     result = RepairResult()
     keep = {p.remove for p in report.problems if p.recent}
-    for target in sorted({p.remove for p in report.problems} - keep, key=len):  # parents before children
+    keep |= {p.path for p in report.problems if p.kind in KEPT_KINDS}
+    targets = {p.remove for p in report.problems if p.kind not in KEPT_KINDS}
+    for target in sorted(targets - keep, key=len):  # parents before children
         if any(target.startswith(r + "/") for r in result.removed):
             continue  # gone with its parent
         if any(k.startswith(target + "/") for k in keep):
@@ -181,5 +191,5 @@ def repair(report: VerifyReport) -> RepairResult:
             continue
         retire(local_store(target), target)
         result.removed.append(target)
-    result.kept = [p for p in report.problems if p.remove in keep]
+    result.kept = [p for p in report.problems if p.remove in keep or p.kind in KEPT_KINDS]
     return result

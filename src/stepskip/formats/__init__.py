@@ -1,21 +1,30 @@
-"""Storage formats: how a value becomes the files of an entry and back."""
+"""Storage formats: how a value becomes the files of an entry and back.
+
+Which formats exist is written once, in :data:`stepskip.entries.FORMATS` (torch-free); this
+package holds the codecs and imports each on first use.
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Protocol
 
-from stepskip.formats.safe import SafeFormat
-from stepskip.formats.verl import VerlFormat, VerlTqFormat
+from stepskip.entries import FORMATS
 
-__all__ = ["Format", "get_format", "SafeFormat", "VerlFormat", "VerlTqFormat"]
+__all__ = ["Format", "get_format"]
 
 
 class Format(Protocol):
-    """What the store needs from a format."""
+    """A codec: what the roles and the store need from a format."""
 
-    name: str
-    uses_pickle: bool
-    files: tuple[str, ...]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def uses_pickle(self) -> bool: ...
+
+    @property
+    def files(self) -> tuple[str, ...]: ...
 
     def freeze(self, value: Any, copy: bool) -> Any: ...
 
@@ -24,18 +33,24 @@ class Format(Protocol):
     def decode(self, files: Any, consume: bool = False) -> Any: ...
 
 
-_FORMATS: dict[str, Format] = {"safe": SafeFormat(), "verl": VerlFormat(), "verl-tq": VerlTqFormat()}
+_CODECS: dict[str, Format] = {}
 
 
 def get_format(name: str, compress: str | None = None) -> Format:
-    """The format registered as ``name``; the error lists the known ones.
+    """The codec of the format recorded as ``name``; the error lists the known ones.
 
     ``compress`` (``auto``, ``none``, ``zstd``) configures how ``safe`` writes; reading never needs it.
+
+    Raises:
+        ValueError: no format is registered as ``name``.
     """
-    try:
-        fmt = _FORMATS[name]
-    except KeyError:
-        raise ValueError(f"unknown format {name!r}; known formats: {', '.join(_FORMATS)}") from None
-    if compress is not None and isinstance(fmt, SafeFormat) and compress != fmt.compress:
-        return SafeFormat(compress)
-    return fmt
+    spec = FORMATS.get(name)
+    if spec is None:
+        raise ValueError(f"unknown format {name!r}; known formats: {', '.join(FORMATS)}")
+    codec = _CODECS.get(name)
+    if codec is None:
+        module, _, cls = spec.codec.partition(":")
+        codec = _CODECS[name] = getattr(importlib.import_module(module), cls)()
+    if compress is not None and getattr(codec, "compress", compress) != compress:
+        return type(codec)(compress)  # type: ignore[call-arg]
+    return codec

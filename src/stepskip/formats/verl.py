@@ -26,7 +26,7 @@ from tensordict import TensorDictBase
 
 from stepskip.batch import Batch
 from stepskip.entries import GEN_BATCH_FILE, TQ_BATCH_FILE
-from stepskip.errors import CorruptEntryError, UnstorableValueError
+from stepskip.errors import CorruptEntryError, TruncatedEntryError, UnstorableValueError
 
 __all__ = ["VerlFormat", "dumps_dataproto", "loads_dataproto", "restricted_loads"]
 
@@ -130,6 +130,17 @@ def loads_dataproto(data: bytes) -> tuple[TensorDictBase | None, dict[str, np.nd
     return batch, non_tensor_batch, meta_info
 
 
+_TRUNCATION_SIGNS = ("truncated", "ran out of input", "failed finding central directory", "unexpected eof")
+
+
+def decode_failure(file_name: str, err: BaseException) -> CorruptEntryError:
+    """The error for bytes of ``file_name`` that did not decode: truncation is told apart from the rest."""
+    text = f"{type(err).__name__}: {err}"
+    truncated = isinstance(err, EOFError) or any(sign in text.lower() for sign in _TRUNCATION_SIGNS)
+    cls = TruncatedEntryError if truncated else CorruptEntryError
+    return cls(f"cannot read {file_name}: {text}")
+
+
 _READABLE_SCALARS = (str, int, float, bool, bytes, complex, type(None))
 
 
@@ -216,8 +227,8 @@ class VerlFormat:
         """
         try:
             batch, non_tensor, meta = loads_dataproto(files[GEN_BATCH_FILE])
-        except Exception as err:  # the decode boundary: any failure to parse these bytes is a damaged entry
-            raise CorruptEntryError(f"cannot read {GEN_BATCH_FILE}: {type(err).__name__}: {err}") from err
+        except Exception as err:  # the decode boundary: no failure to parse these bytes escapes as anything else
+            raise decode_failure(GEN_BATCH_FILE, err) from err
         try:
             from verl.protocol import DataProto  # type: ignore[import-not-found]
 
@@ -258,8 +269,8 @@ class VerlTqFormat:
     def decode(self, files: Mapping[str, bytes], consume: bool = False) -> Any:
         try:
             payload = torch.load(io.BytesIO(files[TQ_BATCH_FILE]), weights_only=True, map_location="cpu")
-        except Exception as err:  # the decode boundary: any failure to parse these bytes is a damaged entry
-            raise CorruptEntryError(f"cannot read {TQ_BATCH_FILE}: {type(err).__name__}: {err}") from err
+        except Exception as err:  # the decode boundary: no failure to parse these bytes escapes as anything else
+            raise decode_failure(TQ_BATCH_FILE, err) from err
         if not isinstance(payload, dict) or not {"tensordict", "tags", "keys"} <= set(payload):
             raise CorruptEntryError(f"{TQ_BATCH_FILE} does not hold a V1 payload")
         return payload

@@ -38,13 +38,13 @@ def damage(dump: Path) -> dict[str, str]:
     meta = json.loads((v1 / "3" / "1" / "meta.json").read_text())
     meta["run_id"] = "another-run"  # a V1 step completed by another run
     (v1 / "3" / "1" / "meta.json").write_text(json.dumps(meta))
-    dp = fixture / "2" / "gen_batch.dp"  # verl wrote no checksums: only decoding (--deep) finds this
+    dp = fixture / "2" / "gen_batch.dp"  # verl wrote no checksums: only decoding (--deep) finds the truncation
     dp.write_bytes(dp.read_bytes()[: len(dp.read_bytes()) // 2])
     return {
         f"{SAFE_RUN}/1": "checksum", f"{SAFE_RUN}/2": "damaged", f"{SAFE_RUN}/3": "damaged",
         f"{SAFE_RUN}/5": "damaged", f"{SAFE_RUN}/.tmp-7-0123456789ab": "leftover",
         f"{SAFE_RUN}/reward/.trash-1-0123456789ab": "leftover", f"{SAFE_RUN}/9": "half-written",
-        f"{V1_RUN}/2": "incomplete", f"{V1_RUN}/3": "mixed-runs", f"{FIXTURE_RUN}/2": "undecodable",
+        f"{V1_RUN}/2": "incomplete", f"{V1_RUN}/3": "mixed-runs", f"{FIXTURE_RUN}/2": "damaged",
     }
 
 
@@ -105,3 +105,30 @@ def test_verify_finds_every_kind_of_damage_and_repair_removes_only_invalid_thing
     after = verify_runs(scan_cache(str(dump)), deep=True, allow_pickle=True)
     assert after.clean and after.entries == 12  # 11 steps, V1 step 1 has two inner entries
     assert not [name for name in os.listdir(dump / SAFE_RUN) if name.startswith((".tmp-", ".trash-"))]
+
+
+def test_repair_keeps_intact_entries_it_cannot_decode(copy_cache, capsys):
+    """An unknown format (a newer stepskip's) and intact bytes that do not decode are reported, never removed."""
+    dump = copy_cache("dump")
+    newer = dump / SAFE_RUN / "4" / "meta.json"
+    meta = json.loads(newer.read_text())
+    meta["format"] = "safe-v9"
+    newer.write_text(json.dumps(meta))
+    odd = dump / SAFE_RUN / "6"
+    files = json.loads((odd / "meta.json").read_text())["files"]
+    tree = b'{"format": "safe", "version": 1, "root": {"kind": "no-such-node"}}'
+    (odd / "data.json").write_bytes(tree)  # checksums recomputed below: the bytes are intact, just not decodable
+    meta6 = json.loads((odd / "meta.json").read_text())
+    from stepskip.store import checksum
+
+    meta6["files"]["data.json"] = dict(files["data.json"], bytes=len(tree), checksum=checksum(tree))
+    (odd / "meta.json").write_text(json.dumps(meta6))
+    before = digests(dump, [f"{SAFE_RUN}/4", f"{SAFE_RUN}/6"])
+
+    assert main(["verify", str(dump), "--deep", "--repair", "--grace", "0", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    kinds = {os.path.relpath(p["path"], dump): p["kind"] for p in report["problems"]}
+    assert kinds == {f"{SAFE_RUN}/4": "unsupported", f"{SAFE_RUN}/6": "undecodable"}
+    assert "newer stepskip" in next(p["detail"] for p in report["problems"] if p["kind"] == "unsupported")
+    assert report["repaired"] == []
+    assert digests(dump, [f"{SAFE_RUN}/4", f"{SAFE_RUN}/6"]) == before

@@ -9,7 +9,7 @@ import torch
 from skip_configs import run_path, training_config
 
 from stepskip import Batch, SkipConfigError, SkipManager
-from stepskip.entries import FORMAT_USES_PICKLE
+from stepskip.entries import FORMATS
 from stepskip.formats import get_format
 from stepskip.testing import make_rollout_batch
 
@@ -49,4 +49,6 @@ def test_unknown_url_scheme_is_a_startup_error(tmp_path):
 
 
 def test_the_light_format_table_agrees_with_the_formats():
-    assert {name: get_format(name).uses_pickle for name in FORMAT_USES_PICKLE} == FORMAT_USES_PICKLE
+    for name, spec in FORMATS.items():
+        codec = get_format(name)
+        assert (codec.name, codec.uses_pickle, codec.files) == (spec.name, spec.uses_pickle, spec.files)
