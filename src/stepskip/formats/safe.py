@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,7 +27,8 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 from stepskip.batch import Batch
 from stepskip.errors import CorruptEntryError, UnstorableValueError
 from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, pack, unpack
-from stepskip.formats.values import decode_object_array, decode_value, encode_object_array, encode_value, is_plain
+from stepskip.formats.snapshot import IMMUTABLE, snapshot_object_array, snapshot_value
+from stepskip.formats.values import decode_object_array, decode_value, encode_value, is_plain
 
 __all__ = ["SafeFormat"]
 
@@ -42,10 +44,26 @@ _STORABLE_DTYPES = {
 
 @dataclass
 class Frozen:
-    """A snapshot of a value, independent of the caller's objects, ready to be written."""
+    """A snapshot of a value, independent of the caller's objects, ready to be written.
+
+    Non-tensor values are held as private snapshots (:mod:`stepskip.formats.snapshot`) in
+    ``_Deferred`` leaves of ``tree``; :meth:`SafeFormat.encode` encodes them, on the background
+    worker for async dumps, so a miss blocks the caller only for the snapshot.
+    """
 
     tensors: dict[str, torch.Tensor]
     tree: dict[str, Any]
+    deferred: bool = False
+
+
+class _Deferred:
+    """A snapshot in the tree, encoded by :func:`_complete`: a value (``items=False``) or the items
+    of an object array."""
+
+    __slots__ = ("snapshot", "path", "items")
+
+    def __init__(self, snapshot: Any, path: str, items: bool = False) -> None:
+        self.snapshot, self.path, self.items = snapshot, path, items
 
 
 class _Encoder:
@@ -54,7 +72,9 @@ class _Encoder:
         self.tensors: dict[str, torch.Tensor] = {}
         self._storages: set[int] = set()
 
-    def add(self, tensor: torch.Tensor, path: str) -> str:
+    @staticmethod
+    def check(tensor: torch.Tensor, path: str) -> None:
+        """Raise :class:`UnstorableValueError` for a tensor this format cannot store as one part."""
         if tensor.is_nested:
             raise UnstorableValueError(f"{path}: nested tensors are stored through their components")
         if tensor.dtype not in _STORABLE_DTYPES:
@@ -62,6 +82,9 @@ class _Encoder:
                 f"{path}: tensors of dtype {tensor.dtype} cannot be stored by format 'safe'; "
                 f"supported: {', '.join(sorted(str(d) for d in _STORABLE_DTYPES))}"
             )
+
+    def add(self, tensor: torch.Tensor, path: str) -> str:
+        self.check(tensor, path)
         t = tensor.detach()
         if t.device.type != "cpu":
             t = t.cpu()
@@ -75,7 +98,11 @@ class _Encoder:
         return ref
 
     def value(self, value: Any, path: str) -> Any:
-        return encode_value(value, path, lambda t: self.add(t, path))
+        """A snapshot of a non-tensor value, encoded later by :func:`_complete` (off the caller's thread)."""
+        kind = type(value)
+        if kind in IMMUTABLE and kind is not bytes:
+            return value  # encodes as itself
+        return _Deferred(snapshot_value(value, path, self.check, self.copy), path)
 
     def node(self, value: Any, path: str) -> dict[str, Any]:
         if isinstance(value, torch.Tensor):
@@ -126,8 +153,8 @@ class _Encoder:
 
     def array_node(self, array: np.ndarray, path: str) -> dict[str, Any]:
         if array.dtype.hasobject:
-            items = encode_object_array(array.reshape(-1), path, lambda t: self.add(t, path))
-            return {"kind": "object_array", "shape": list(array.shape), "v": items, "plain": is_plain(items)}
+            snapshot = snapshot_object_array(array, path, self.check, self.copy)
+            return {"kind": "object_array", "shape": list(array.shape), "v": _Deferred(snapshot, path, items=True)}
         if array.dtype.kind in "biuf" and array.dtype.isnative:
             try:
                 tensor = torch.from_numpy(np.ascontiguousarray(array))
@@ -273,15 +300,21 @@ class SafeFormat:
     def freeze(self, value: Any, copy: bool) -> Frozen:
         """Take a snapshot of ``value``; with ``copy`` it shares no memory with the caller's objects.
 
+        Only the snapshot is taken here: tensors cloned, non-tensor values copied where mutable
+        (each shared object once) and type-checked. Their JSON encoding waits for :meth:`encode`.
+        Without ``copy`` the caller promises not to change ``value`` until :meth:`encode` ran.
+
         Raises:
             UnstorableValueError: a part of ``value`` cannot be stored; the message names it.
         """
         encoder = _Encoder(copy)
         root = encoder.node(value, "result")
-        return Frozen(tensors=encoder.tensors, tree={"format": self.name, "version": VERSION, "root": root})
+        return Frozen(tensors=encoder.tensors, tree={"format": self.name, "version": VERSION, "root": root},
+                      deferred=True)
 
     def encode(self, frozen: Frozen) -> dict[str, bytes]:
         """Serialise a snapshot into the entry's files, in the compact encodings unless ``compress`` is none."""
+        _complete(frozen)
         tree, tensors = frozen.tree, frozen.tensors
         if self.compress != "none":
             tree, tensors = _compact(tree, tensors)
@@ -314,6 +347,73 @@ class SafeFormat:
             return _Decoder(tensors, tree.get("packed", {})).node(tree["root"])
         except Exception as err:  # the decode boundary: any failure to parse these bytes is a damaged entry
             raise CorruptEntryError(f"cannot decode a 'safe' entry: {type(err).__name__}: {err}") from err
+
+
+_COMPLETE_LOCK = threading.Lock()
+
+
+def _complete(frozen: Frozen) -> None:
+    """Encode the snapshots a :class:`Frozen` holds (once; later calls find nothing left)."""
+    with _COMPLETE_LOCK:
+        if not frozen.deferred:
+            return
+        encoder = _Encoder(copy=False)  # the snapshots are private already: their tensors need no clone
+        encoder.tensors = frozen.tensors
+        encoder._storages = {t.untyped_storage().data_ptr() for t in frozen.tensors.values() if t.numel()}
+
+        def walk(node: Any) -> None:
+            if isinstance(node, dict):
+                for key, child in node.items():
+                    if isinstance(child, _Deferred):
+                        node[key] = _encode_deferred(encoder, child)
+                    else:
+                        walk(child)
+                if node.get("kind") == "object_array" and "plain" not in node:
+                    node["plain"] = _all_plain(node["v"])
+            elif isinstance(node, list):
+                for i, child in enumerate(node):
+                    if isinstance(child, _Deferred):
+                        node[i] = _encode_deferred(encoder, child)
+                    else:
+                        walk(child)
+
+        walk(frozen.tree)
+        frozen.deferred = False
+
+
+def _encode_deferred(encoder: _Encoder, deferred: _Deferred) -> Any:
+    path = deferred.path
+    if not deferred.items:
+        return encode_value(deferred.snapshot, path, lambda t: encoder.add(t, path))
+    items = deferred.snapshot.reshape(-1).tolist()
+    if set(map(type, items)) <= _JSON_LEAVES:
+        return items  # every item encodes as itself
+    out: list[Any] = []
+    memo: dict[int, Any] = {}
+    for i, item in enumerate(items):
+        key = id(item)
+        encoded = memo.get(key, memo)
+        if encoded is memo:
+            before = len(encoder.tensors)
+            encoded = encode_value(item, f"{path}[{i}]", lambda t: encoder.add(t, path))
+            if len(encoder.tensors) == before:  # items holding tensors are encoded per row: each ref is read once
+                memo[key] = encoded
+        out.append(encoded)
+    return out
+
+
+_JSON_LEAVES = frozenset({str, int, float, bool, type(None)})
+
+
+def _all_plain(items: list[Any]) -> bool:
+    seen: dict[int, bool] = {}
+    for item in items:
+        plain = seen.get(id(item))
+        if plain is None:
+            plain = seen[id(item)] = is_plain(item)
+        if not plain:
+            return False
+    return True
 
 
 def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
