@@ -71,6 +71,7 @@ class _Encoder:
         self.copy = copy
         self.tensors: dict[str, torch.Tensor] = {}
         self._storages: set[int] = set()
+        self._clones: list[str] = []  # refs whose tensor is still the caller's: cloned together by finish()
 
     @staticmethod
     def check(tensor: torch.Tensor, path: str) -> None:
@@ -86,16 +87,24 @@ class _Encoder:
     def add(self, tensor: torch.Tensor, path: str) -> str:
         self.check(tensor, path)
         t = tensor.detach()
+        ref = f"t{len(self.tensors)}"
         if t.device.type != "cpu":
-            t = t.cpu()
+            t = t.cpu()  # a copy already
         elif self.copy or not t.is_contiguous() or t.untyped_storage().data_ptr() in self._storages:
             # safetensors refuses tensors that share memory, and a snapshot must not see later writes.
-            t = t.clone(memory_format=torch.contiguous_format)
-        if t.numel():
+            self._clones.append(ref)
+        elif t.numel():
             self._storages.add(t.untyped_storage().data_ptr())
-        ref = f"t{len(self.tensors)}"
         self.tensors[ref] = t
         return ref
+
+    def finish(self) -> None:
+        """Clone the tensors :meth:`add` marked, side by side: a clone is a memcpy that releases the GIL,
+        and on a miss it is most of what the caller waits for."""
+        refs, self._clones = self._clones, []
+        clones = _parallel_map(lambda r: self.tensors[r].clone(memory_format=torch.contiguous_format), refs,
+                               pool="snapshot")
+        self.tensors.update(zip(refs, clones))
 
     def value(self, value: Any, path: str) -> Any:
         """A snapshot of a non-tensor value, encoded later by :func:`_complete` (off the caller's thread)."""
@@ -179,19 +188,28 @@ class _Encoder:
         }
 
 
-_POOL: ThreadPoolExecutor | None = None
+_POOLS: dict[str, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
 
 
-def _parallel_map(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+def _parallel_map(fn: Callable[[Any], Any], items: list[Any], pool: str = "codec") -> list[Any]:
     """``map`` on a small thread pool (torch, numpy and zstd release the GIL); sequential when the
-    interpreter is shutting down, where dumps still pending at exit are finished."""
-    global _POOL
+    interpreter is shutting down, where dumps still pending at exit are finished.
+
+    ``pool`` names the pool: a miss's snapshot clones (``"snapshot"``, the caller's thread) never
+    queue behind the background encoding of an earlier dump (``"codec"``).
+    """
     if len(items) < 2:
         return [fn(item) for item in items]
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="stepskip-codec")
+    executor = _POOLS.get(pool)
+    if executor is None:
+        with _POOLS_LOCK:
+            executor = _POOLS.get(pool)
+            if executor is None:
+                executor = _POOLS[pool] = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)),
+                                                             thread_name_prefix=f"stepskip-{pool}")
     try:
-        return list(_POOL.map(fn, items))
+        return list(executor.map(fn, items))
     except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
         return [fn(item) for item in items]
 
@@ -309,6 +327,7 @@ class SafeFormat:
         """
         encoder = _Encoder(copy)
         root = encoder.node(value, "result")
+        encoder.finish()
         return Frozen(tensors=encoder.tensors, tree={"format": self.name, "version": VERSION, "root": root},
                       deferred=True)
 
@@ -378,6 +397,7 @@ def _complete(frozen: Frozen) -> None:
                         walk(child)
 
         walk(frozen.tree)
+        encoder.finish()
         frozen.deferred = False
 
 
