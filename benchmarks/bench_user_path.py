@@ -229,9 +229,16 @@ def stepskip_colocated(inputs: dict[str, Any], workdir: str, repeat: int) -> dic
 
     hits = timed(hit, repeat)
     digest = timed(lambda: prompt_digest(prompts, ["uid"]), repeat)
+    # where a miss's blocking time goes: the two halves of the snapshot, measured alone
+    result, fmt = loop.result, skip.format
+    tensors_only = Batch(batch=result.batch, non_tensor_batch={}, meta_info={})
+    non_tensor_only = Batch(batch=None, non_tensor_batch=result.non_tensor_batch, meta_info=result.meta_info)
+    snap_tensors = timed(lambda: fmt.freeze(tensors_only, copy=True), repeat)
+    snap_non_tensor = timed(lambda: fmt.freeze(non_tensor_only, copy=True), repeat)
     stats = SkipManager.stats()
     assert stats["skip/rollout/hits"] == repeat and stats["skip/rollout/dumps"] == repeat, stats
-    out = {"miss": miss, "write": write, "hit": hits, "digest": digest, "bytes": dir_bytes(skip.step_dump_dir(100))}
+    out = {"miss": miss, "write": write, "hit": hits, "digest": digest, "bytes": dir_bytes(skip.step_dump_dir(100)),
+           "snap_tensors": snap_tensors, "snap_non_tensor": snap_non_tensor}
     SkipManager.reset()
     return out
 
@@ -463,6 +470,8 @@ def render_colocated(size: str, threads: str, ours: dict[str, Any], verl: dict[s
     times = lambda x: f"{x / batch_bytes:9.2f} x" if x is not None else f"{'-':>9s}"  # noqa: E731
     lines.append(f"{'peak extra memory of a hit (x batch)':44s} {times(ours.get('peak')):>22s} "
                  f"{times(v.get('peak')):>20s} {'':>11s} {'<= 1.3':>7s}")
+    lines.append(f"{'miss breakdown: snapshot of the tensors':44s} {ms(ours['snap_tensors']):>22s}")
+    lines.append(f"{'  snapshot of the non-tensor columns':44s} {ms(ours['snap_non_tensor']):>22s}")
     d = best(ours["digest"])
     lines.append(f"{'prompt check (prompt_digest) alone':44s} {ms(ours['digest']):>22s} {'':>20s} "
                  f"{'':>11s} {'':>7s} {noise(ours['digest']):>6s}")
