@@ -6,6 +6,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests draw the same examples on every run and never fail for being slow: a loaded
+# machine must not turn them red (deadline, too_slow), and a failure must reproduce on the next run.
+settings.register_profile("stepskip", deadline=None, derandomize=True, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("stepskip")
 
 # Shared test helpers (e.g. the V1 trainer harness) import as top-level modules.
 sys.path.insert(0, str(Path(__file__).parent / "support"))

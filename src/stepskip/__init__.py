@@ -33,13 +33,16 @@ _WHERE = {
     "AsyncRolloutSkip": "stepskip.roles",
     "parse_async_rollout_sample_step": "stepskip.roles",
     "Batch": "stepskip.batch",
+    "SkipRoleConfig": "stepskip.config",
+    "RunIdentity": "stepskip.identity",
+    "UnreadableEntryError": "stepskip.errors",
 }
 
 __all__ = [
     "__version__", "SkipManager", "SkipAction", "BaseSkip", "register_skip", "SKIP_REGISTRY", "SkipManagerConfig",
     "RolloutSkipConfig", "RolloutTqSkipConfig", "AsyncRolloutSkipConfig", "SkipConfigError", "CacheMissError",
     "CorruptEntryError", "RolloutSkip", "RolloutTqSkip", "AsyncRolloutSkip", "parse_async_rollout_sample_step",
-    "Batch",
+    "Batch", "SkipRoleConfig", "RunIdentity", "UnreadableEntryError",
 ]
 
 
@@ -58,8 +61,15 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from stepskip.batch import Batch
-    from stepskip.config import AsyncRolloutSkipConfig, RolloutSkipConfig, RolloutTqSkipConfig, SkipManagerConfig
-    from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
+    from stepskip.config import (
+        AsyncRolloutSkipConfig,
+        RolloutSkipConfig,
+        RolloutTqSkipConfig,
+        SkipManagerConfig,
+        SkipRoleConfig,
+    )
+    from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError, UnreadableEntryError
+    from stepskip.identity import RunIdentity
     from stepskip.manager import SkipManager
     from stepskip.roles import (
         SKIP_REGISTRY,

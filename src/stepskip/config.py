@@ -19,10 +19,12 @@ import numpy as np
 
 from stepskip.entries import CONFIG_FORMATS
 from stepskip.errors import SkipConfigError
+from stepskip.policies import CheckPrompts, Compress, MatchN, OnMismatch, SkipAction, parse_choice
 
 __all__ = [
     "ACTIONS",
     "SkipRoleConfig",
+    "StageSkipConfig",
     "RolloutSkipConfig",
     "RolloutTqSkipConfig",
     "AsyncRolloutSkipConfig",
@@ -31,10 +33,8 @@ __all__ = [
     "select",
 ]
 
-ACTIONS = ("cache", "repeat", "random", "replay", "record")
-COMPRESS = ("auto", "none", "zstd")
-CHECK_PROMPTS = ("warn", "error", "off")
-ON_MISMATCH = ("warn", "error", "regenerate")
+#: The actions a role config accepts (``empty`` is reserved, as in verl).
+ACTIONS = tuple(a.value for a in SkipAction if a is not SkipAction.EMPTY)
 
 _MISSING = object()
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*(?::\s*(\d+)\s*)?$")
@@ -188,8 +188,9 @@ class StepSet:
 # --------------------------------------------------------------------------- role configs
 
 
-def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if not isinstance(value, str) or value not in allowed:
+def _choice(key: str, value: Any, allowed: Iterable[str]) -> None:
+    allowed = tuple(str(a) for a in allowed)
+    if not isinstance(value, str) or str(value) not in allowed:
         raise SkipConfigError(f"{key} = {value!r} is not valid; allowed values: {', '.join(allowed)}")
 
 
@@ -225,10 +226,12 @@ class SkipRoleConfig:
         on_mismatch: what to do when the entry's run fingerprint differs from this run's.
         fingerprint_keys: extra config keys that identify a run.
         storage_options: options for the fsspec filesystem of a ``dump_dir`` URL.
+        match_n: under ``action: match``, a recorded prompt group whose sample count differs from
+            the live one is ``cycle``-d through, or (``strict``) generated anew.
 
     Example:
         >>> RolloutSkipConfig(enable=True, steps=["1-3"], action="repeat").action
-        'repeat'
+        <SkipAction.REPEAT: 'repeat'>
     """
 
     section: ClassVar[str] = "skip.<role>"
@@ -237,18 +240,19 @@ class SkipRoleConfig:
     enable: bool = False
     dump_dir: str = "~/.verl/rollout_dump"
     steps: list[Any] = field(default_factory=list)
-    action: str = "cache"
+    action: SkipAction = SkipAction.CACHE
     format: str = "safe"
     allow_pickle: bool = False
     verify: bool = True
     async_dump: bool = True
-    compress: str = "auto"
+    compress: Compress = Compress.AUTO
     seed: int = 0
     rebind_keys: list[str] = field(default_factory=lambda: ["uid"])
-    check_prompts: str = "warn"
-    on_mismatch: str = "warn"
+    check_prompts: CheckPrompts = CheckPrompts.WARN
+    on_mismatch: OnMismatch = OnMismatch.WARN
     fingerprint_keys: list[str] = field(default_factory=list)
     storage_options: dict[str, Any] = field(default_factory=dict)
+    match_n: MatchN = MatchN.CYCLE
 
     def __post_init__(self) -> None:
         self.validate(self.section)
@@ -261,18 +265,22 @@ class SkipRoleConfig:
                 f"{where}.dump_dir = {self.dump_dir!r} is not valid; expected a non-empty path or fsspec URL string"
             )
         self.step_set = StepSet.parse(self.steps, f"{where}.steps")
-        _choice(f"{where}.action", self.action, self.allowed_actions)
+        if not isinstance(self.action, str) or str(self.action) not in self.allowed_actions:
+            raise SkipConfigError(f"Unsupported action: {where}.action = {self.action!r} is not valid; "
+                                  f"allowed values: {', '.join(self.allowed_actions)}")
+        self.action = SkipAction(self.action)
         _choice(f"{where}.format", self.format, CONFIG_FORMATS)
         _boolean(f"{where}.allow_pickle", self.allow_pickle)
         _boolean(f"{where}.verify", self.verify)
         _boolean(f"{where}.async_dump", self.async_dump)
-        _choice(f"{where}.compress", self.compress, COMPRESS)
+        self.compress = parse_choice(Compress, self.compress, f"{where}.compress")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise SkipConfigError(f"{where}.seed = {self.seed!r} is not valid; expected an int")
         _str_list(f"{where}.rebind_keys", self.rebind_keys)
-        _choice(f"{where}.check_prompts", self.check_prompts, CHECK_PROMPTS)
-        _choice(f"{where}.on_mismatch", self.on_mismatch, ON_MISMATCH)
+        self.check_prompts = parse_choice(CheckPrompts, self.check_prompts, f"{where}.check_prompts")
+        self.on_mismatch = parse_choice(OnMismatch, self.on_mismatch, f"{where}.on_mismatch")
         _str_list(f"{where}.fingerprint_keys", self.fingerprint_keys)
+        self.match_n = parse_choice(MatchN, self.match_n, f"{where}.match_n")
         if not isinstance(self.storage_options, Mapping) or not all(isinstance(k, str) for k in self.storage_options):
             raise SkipConfigError(
                 f"{where}.storage_options = {self.storage_options!r} is not valid; expected a mapping of "
@@ -312,11 +320,51 @@ class SkipRoleConfig:
             if where != cls.section:
                 raise SkipConfigError(str(err).replace(cls.section, where)) from None
             raise
-        built.bind(where)
         return built
 
-    def bind(self, where: str) -> None:
-        """Called once the section's place in the config (``skip.<name>``) is known."""
+
+    @classmethod
+    def coerce(cls, local_config: Any, where: str | None = None) -> Any:
+        """Normalise a role's section once: a config dataclass stays as it is; a mapping or an
+        attribute object (as verl-style code passes) becomes ``cls``, validated.
+
+        Objects of a role's own config class that does not derive from :class:`SkipRoleConfig`
+        are returned unchanged.
+        """
+        if isinstance(local_config, SkipRoleConfig) or (dataclasses.is_dataclass(local_config)
+                                                         and not isinstance(local_config, type)):
+            return local_config
+        plain = to_plain(local_config)
+        if isinstance(plain, Mapping) and not isinstance(local_config, Mapping):
+            known = {f.name for f in dataclasses.fields(cls) if f.init}
+            plain = {k: v for k, v in plain.items() if k in known}  # attribute objects carry more than settings
+        return cls.from_mapping(plain, where)
+
+
+@dataclass
+class StageSkipConfig(SkipRoleConfig):
+    """``skip.<name>`` with ``kind: stage``: a generic stage role; the same fields as every role, and
+
+    Args:
+        row_wise: the stage maps each input row to one output row (a reward, a log-prob ...), so
+            ``action: match`` may replay it prompt group by prompt group.
+    """
+
+    section: ClassVar[str] = "skip.<stage>"
+
+    kind: str = "stage"
+    row_wise: bool = False
+
+    def validate(self, where: str) -> None:
+        super().validate(where)
+        if self.kind != "stage":
+            raise SkipConfigError(f"{where}.kind = {self.kind!r} is not valid; allowed values: stage")
+        _boolean(f"{where}.row_wise", self.row_wise)
+        if self.action == SkipAction.MATCH and not self.row_wise:
+            raise SkipConfigError(
+                f"{where}.action = 'match' replays prompt groups row by row; declare the stage row-wise with "
+                f"{where}.row_wise = true (each input row gives one output row), or choose another action"
+            )
 
 
 @dataclass
@@ -406,7 +454,7 @@ class SkipManagerConfig:
                 body_plain = to_plain(body)
                 kind = body_plain.get("kind") if isinstance(body_plain, Mapping) else None
                 if kind == "stage":
-                    config_class = _stage_config_class()
+                    config_class = StageSkipConfig
                 else:
                     raise SkipConfigError(
                         f"skip.{name} is not a known skip role; known roles: {', '.join(sorted(classes))} "
@@ -436,12 +484,6 @@ def _plain_config(config_class: type, body: Any, where: str) -> Any:
         return config_class(**{k: to_plain(v) for k, v in plain.items()})
     except TypeError as err:
         raise SkipConfigError(f"{where}: {err}") from err
-
-
-def _stage_config_class() -> type[SkipRoleConfig]:
-    from stepskip.roles.stage import StageSkipConfig
-
-    return StageSkipConfig
 
 
 # --------------------------------------------------------------------------- legacy flag

@@ -10,7 +10,7 @@ are compared with the live run and call; what happens on a difference is the rol
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,7 @@ import torch
 import xxhash
 from tensordict import TensorDictBase, is_non_tensor
 
-from stepskip.config import select, to_plain
+from stepskip.identity import VERL_FINGERPRINT_KEYS, fingerprint_diff, fingerprint_of
 
 __all__ = ["FINGERPRINT_KEYS", "DIGEST_PREFIX", "run_fingerprint", "fingerprint_diff", "prompt_digest"]
 
@@ -26,57 +26,18 @@ __all__ = ["FINGERPRINT_KEYS", "DIGEST_PREFIX", "run_fingerprint", "fingerprint_
 #: hold digests that cannot be compared with this one: a reader should skip the check for them.
 DIGEST_PREFIX = "xxh3v2:"
 
-#: Config keys that determine what a rollout produces (SPEC §1); never a run id, time or host.
-FINGERPRINT_KEYS = (
-    "actor_rollout_ref.model.path",
-    "actor_rollout_ref.rollout.name",
-    "actor_rollout_ref.rollout.temperature",
-    "actor_rollout_ref.rollout.top_p",
-    "actor_rollout_ref.rollout.top_k",
-    "actor_rollout_ref.rollout.n",
-    "actor_rollout_ref.rollout.prompt_length",
-    "actor_rollout_ref.rollout.response_length",
-    "data.train_files",
-    "data.max_prompt_length",
-    "data.max_response_length",
-    "data.seed",
-)
-
-
-def _jsonable(value: Any) -> Any:
-    value = to_plain(value)
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return repr(value)
+#: verl's config keys that determine what a rollout produces (SPEC §1).
+FINGERPRINT_KEYS = VERL_FINGERPRINT_KEYS
 
 
 def run_fingerprint(config: Any, extra_keys: Iterable[str] = ()) -> dict[str, Any]:
-    """The values of the fingerprint keys (and ``extra_keys``) that are set in ``config``.
+    """The values of verl's fingerprint keys (and ``extra_keys``) that are set in ``config``.
 
     Example:
         >>> run_fingerprint({"data": {"seed": 1}, "trainer": {"run_id": "x"}})
         {'data.seed': 1}
     """
-    out: dict[str, Any] = {}
-    for key in (*FINGERPRINT_KEYS, *extra_keys):
-        value = select(config, key)
-        if value is not None:
-            out[key] = _jsonable(value)
-    return out
-
-
-def fingerprint_diff(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``key: recorded X, now Y`` for every key whose value differs (a key absent on one side counts)."""
-    lines = []
-    for key in sorted(set(recorded) | set(current)):
-        old, new = recorded.get(key), current.get(key)
-        if old != new:
-            lines.append(f"{key}: recorded {old!r}, now {new!r}")
-    return lines
+    return fingerprint_of(config, (*VERL_FINGERPRINT_KEYS, *extra_keys))
 
 
 def _hash_tensor(h: xxhash.xxh3_64, name: str, tensor: torch.Tensor) -> None:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from stepskip.config import select
+from stepskip.identity import RunIdentity
 
 __all__ = ["Layout", "safe_component"]
 
@@ -24,13 +24,6 @@ def safe_component(name: str) -> str:
     """Make ``name`` usable as one path component that cannot leave its parent directory."""
     name = _UNSAFE.sub("_", str(name)).replace("..", "__")
     return name if name not in ("", ".") else "_"
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0
 
 
 def is_url(path: str) -> bool:
@@ -58,24 +51,26 @@ class Layout:
     subdir: str | None = None
 
     @classmethod
-    def from_config(cls, dump_dir: str, config: Any, subdir: str | None = None) -> Layout:
-        """Read the run shape from the training config as the seed §2.5 says."""
-        gbs = select(config, "data.gen_batch_size")
-        if gbs is None:
-            gbs = select(config, "data.train_batch_size", 0)
+    def for_identity(cls, dump_dir: str, identity: RunIdentity, subdir: str | None = None) -> Layout:
+        """The paths of a run with ``identity`` under ``dump_dir`` (``~`` expanded, ``file://`` dropped)."""
         if dump_dir.startswith("file://"):
             dump_dir = dump_dir[len("file://"):]
         root = dump_dir if is_url(dump_dir) else os.path.abspath(os.path.expanduser(dump_dir))
         return cls(
             dump_dir=root.rstrip("/") or "/",
-            experiment_name=str(select(config, "trainer.experiment_name", "default_experiment_name")),
-            project_name=str(select(config, "trainer.project_name", "default_project_name")),
-            gbs=_int(gbs),
-            n=_int(select(config, "actor_rollout_ref.rollout.n", 0)),
-            prompt_len=_int(select(config, "data.max_prompt_length", 0)),
-            response_len=_int(select(config, "data.max_response_length", 0)),
+            experiment_name=identity.experiment_name,
+            project_name=identity.project_name,
+            gbs=identity.gbs,
+            n=identity.n,
+            prompt_len=identity.prompt_len,
+            response_len=identity.response_len,
             subdir=subdir,
         )
+
+    @classmethod
+    def from_config(cls, dump_dir: str, config: Any, subdir: str | None = None) -> Layout:
+        """Read the run shape from a verl training config as the seed §2.5 says."""
+        return cls.for_identity(dump_dir, RunIdentity.from_config(config), subdir)
 
     @property
     def run_name(self) -> str:

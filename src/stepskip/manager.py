@@ -13,10 +13,12 @@ import uuid
 from collections.abc import Callable, Generator, Iterable
 from typing import Any, ClassVar, TypeVar
 
+from stepskip.calls import CURRENT_CALL, BypassTest, CallInfo, PromptsFinder, find_prompts, is_validation
 from stepskip.config import SkipManagerConfig, SkipRoleConfig, disable_legacy_flag, select
-from stepskip.errors import CacheMissError
-from stepskip.roles.base import SKIP_REGISTRY, BaseSkip, SkipAction
-from stepskip.roles.rollout import GENERATION_SECONDS
+from stepskip.errors import CacheMissError, SkipConfigError
+from stepskip.identity import RunIdentity
+from stepskip.policies import SkipAction
+from stepskip.roles.base import SKIP_REGISTRY, BaseSkip, RunContext
 from stepskip.worker import default_worker
 
 __all__ = ["SkipManager"]
@@ -26,50 +28,99 @@ logger = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 
 # One step of a call's plan: ("io", fn, args, kwargs) runs storage work (off the event loop in
-# coroutine wrappers); ("call",) runs the decorated function and sends back its result.
+# coroutine wrappers); ("call",) runs the unit being cached and sends back its result.
 _Instruction = tuple[Any, ...]
 _BUILTIN_ROLES = ("rollout", "rollout_tq", "async_rollout")
 
 
-def _is_validation(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """The seed's validation bypass: ``meta_info["validate"]`` or TensorDict ``non_tensor_data["validate"]``."""
-    prompts = kwargs.get("prompts")
-    if prompts is None:
-        if len(args) > 1:
-            prompts = args[1]
-        elif len(args) == 1 and hasattr(args[0], "meta_info"):
-            prompts = args[0]
-        else:
-            return False
-    meta_info = getattr(prompts, "meta_info", None)
-    if isinstance(meta_info, dict) and meta_info.get("validate"):
-        return True
-    non_tensor_data = getattr(prompts, "non_tensor_data", None)
-    if non_tensor_data is not None:
-        try:
-            return bool(non_tensor_data.get("validate", False))
-        except (AttributeError, TypeError, KeyError):
-            return False
-    return False
+class _Hooks:
+    """What the decision plan needs from a role for one call: is it cached, load it, record it.
+
+    ``annotate`` maps these onto the seed's ``meet_precondition`` / ``warp_function`` /
+    ``prepare_data``; ``annotate_tq``'s submit phase onto the V1 role's ``meet_precondition`` /
+    ``inject`` / ``begin_recording``.
+    """
+
+    __slots__ = ("skip", "step", "args", "kwargs", "prompts")
+
+    def __init__(self, skip: Any, step: int, args: tuple[Any, ...], kwargs: dict[str, Any], prompts: Any) -> None:
+        self.skip, self.step, self.args, self.kwargs, self.prompts = skip, step, args, kwargs, prompts
+
+    def cached(self, func: Callable[..., Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        return self.skip.meet_precondition, (self.step, func, *self.args), self.kwargs
+
+    def load(self, func: Callable[..., Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        return self.skip.warp_function, (self.step, func, *self.args), self.kwargs
+
+    def record(self, result: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        return self.skip.prepare_data, (self.step, result, *self.args), self.kwargs
 
 
-def _plan(skip: BaseSkip, step: int, func: Callable[..., Any], args: tuple[Any, ...],
-          kwargs: dict[str, Any]) -> Generator[_Instruction, Any, Any]:
-    """The one decision path of a decorated call on an eligible step (sync and async alike)."""
-    if (yield ("io", skip.meet_precondition, (step, func, *args), kwargs)):
+class _SubmitHooks(_Hooks):
+    """The V1 submit phase: the cached result is an injection into the queue, the miss a submission."""
+
+    __slots__ = ()
+
+    def cached(self, func: Callable[..., Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        return self.skip.meet_precondition, (self.step,), {}
+
+    def load(self, func: Callable[..., Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        return self.skip.inject, (self.step, list(self.prompts["uid"])), {"prompts": self.prompts}
+
+    def record(self, result: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        return self.skip.begin_recording, (self.step, self.prompts), {}
+
+
+def _with_prompts(args: tuple[Any, ...], kwargs: dict[str, Any], prompts: Any
+                  ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call's arguments with its prompts (verl's convention: keyword, else second positional) replaced."""
+    if "prompts" in kwargs:
+        return args, {**kwargs, "prompts": prompts}
+    if len(args) > 1:
+        return (args[0], prompts, *args[2:]), kwargs
+    if len(args) == 1:
+        return (prompts,), kwargs
+    raise SkipConfigError("action 'match' calls the function with only the missing prompts, so it needs them as "
+                          "the keyword `prompts` or the second positional argument (verl's convention)")
+
+
+def _match_plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_Instruction, Any, Any]:
+    """``action: match``: replay the recorded prompt groups, call ``func`` once with the missing ones."""
+    skip = hooks.skip
+    split = yield ("io", skip.match_split, (hooks.step, hooks.prompts), {})
+    generated = None
+    if split.missing_rows:
+        args, kwargs = hooks.args, hooks.kwargs
+        if split.found:
+            args, kwargs = _with_prompts(args, kwargs, split.subset)
+        start = time.perf_counter()
+        generated = yield ("call", args, kwargs)
+        token = CURRENT_CALL.set(CallInfo(split.subset, time.perf_counter() - start))
         try:
-            return (yield ("io", skip.warp_function, (step, func, *args), kwargs))
+            return (yield ("io", skip.match_merge, (hooks.step, split, hooks.prompts, generated), {}))
+        finally:
+            CURRENT_CALL.reset(token)
+    return (yield ("io", skip.match_merge, (hooks.step, split, hooks.prompts, None), {}))
+
+
+def _plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_Instruction, Any, Any]:
+    """The one decision path of a call on an eligible step (sync, async and the V1 submit phase alike)."""
+    if hooks.skip.action is SkipAction.MATCH:
+        return (yield from _match_plan(hooks, func))
+    if (yield ("io", *hooks.cached(func))):
+        try:
+            return (yield ("io", *hooks.load(func)))
         except CacheMissError:
-            if skip.action is SkipAction.REPLAY:
+            if hooks.skip.action is SkipAction.REPLAY:
                 raise
             # corrupt or vanished entry: already logged and counted by the role; regenerate it
     start = time.perf_counter()
     result = yield ("call",)
-    token = GENERATION_SECONDS.set(time.perf_counter() - start)
+    token = CURRENT_CALL.set(CallInfo(hooks.prompts, time.perf_counter() - start))
     try:
-        yield ("io", skip.prepare_data, (step, result, *args), kwargs)
+        yield ("io", *hooks.record(result))
     finally:
-        GENERATION_SECONDS.reset(token)
+        CURRENT_CALL.reset(token)
     return result
 
 
@@ -82,37 +133,46 @@ def _resume(plan: Generator[_Instruction, Any, Any], value: Any, error: BaseExce
 
 
 def _drive_sync(plan: Generator[_Instruction, Any, Any], func: Callable[..., Any], args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> Any:
-    value, error = None, None
-    while True:
-        done, instruction = _resume(plan, value, error)
-        if done:
-            return instruction
+                kwargs: dict[str, Any], prompts: Any) -> Any:
+    token = CURRENT_CALL.set(CallInfo(prompts))
+    try:
         value, error = None, None
-        try:
-            if instruction[0] == "call":
-                value = func(*args, **kwargs)
-            else:
-                value = instruction[1](*instruction[2], **instruction[3])
-        except Exception as err:  # handed back to the plan, which decides
-            error = err
+        while True:
+            done, instruction = _resume(plan, value, error)
+            if done:
+                return instruction
+            value, error = None, None
+            try:
+                if instruction[0] == "call":
+                    value = func(*instruction[1], **instruction[2]) if len(instruction) > 1 else func(*args, **kwargs)
+                else:
+                    value = instruction[1](*instruction[2], **instruction[3])
+            except Exception as err:  # handed back to the plan, which decides
+                error = err
+    finally:
+        CURRENT_CALL.reset(token)
 
 
 async def _drive_async(plan: Generator[_Instruction, Any, Any], func: Callable[..., Any], args: tuple[Any, ...],
-                       kwargs: dict[str, Any]) -> Any:
-    value, error = None, None
-    while True:
-        done, instruction = _resume(plan, value, error)
-        if done:
-            return instruction
+                       kwargs: dict[str, Any], prompts: Any) -> Any:
+    token = CURRENT_CALL.set(CallInfo(prompts))
+    try:
         value, error = None, None
-        try:
-            if instruction[0] == "call":
-                value = await func(*args, **kwargs)
-            else:  # storage work runs in a worker thread: the event loop never blocks on disk
-                value = await asyncio.to_thread(instruction[1], *instruction[2], **instruction[3])
-        except Exception as err:
-            error = err
+        while True:
+            done, instruction = _resume(plan, value, error)
+            if done:
+                return instruction
+            value, error = None, None
+            try:
+                if instruction[0] == "call":
+                    call_args, call_kwargs = instruction[1:] if len(instruction) > 1 else (args, kwargs)
+                    value = await func(*call_args, **call_kwargs)
+                else:  # storage work runs in a worker thread (it copies the context): the loop never blocks on disk
+                    value = await asyncio.to_thread(instruction[1], *instruction[2], **instruction[3])
+            except Exception as err:
+                error = err
+    finally:
+        CURRENT_CALL.reset(token)
 
 
 class SkipManager:
@@ -123,12 +183,13 @@ class SkipManager:
     entry it dumps).
 
     Example:
+        >>> import tempfile
         >>> from stepskip import SkipManager, Batch
         >>> class Loop:
         ...     @SkipManager.annotate(role="rollout")
         ...     def generate_sequences(self, prompts):
         ...         return prompts
-        >>> SkipManager.init({"skip": {"rollout": {"enable": True, "steps": [1], "dump_dir": "/tmp/ex"}}})
+        >>> SkipManager.init({"skip": {"rollout": {"enable": True, "steps": [1], "dump_dir": tempfile.mkdtemp()}}})
         >>> SkipManager.set_step(1)
         >>> out = Loop().generate_sequences(Batch.from_dict(non_tensors={"uid": ["a"]}))
         >>> SkipManager.reset()
@@ -138,36 +199,47 @@ class SkipManager:
     step: ClassVar[int] = -1
     skip_instances: ClassVar[dict[str, BaseSkip]] = {}
     run_id: ClassVar[str | None] = None
+    identity: ClassVar[RunIdentity | None] = None
+    # The roles that serve calls (``is_enabled()`` at init): what the decorators look up on every call.
+    _serving: ClassVar[dict[str, BaseSkip]] = {}
     _closed: ClassVar[bool] = False
     _atexit_registered: ClassVar[bool] = False
 
     @classmethod
-    def init(cls, config: Any, **runtime: Any) -> None:
+    def init(cls, config: Any, identity: RunIdentity | None = None, **runtime: Any) -> None:
         """Build the roles from ``config.skip`` (OmegaConf node, nested dict or attribute object).
 
         Args:
             config: the whole training config.
+            identity: the run's identity (cache directory shape and fingerprint values) for trainers
+                whose config does not use verl's keys; default: read from ``config`` with verl's keys.
             **runtime: live objects a role needs, e.g. ``tq_client=`` for ``rollout_tq``.
 
         Raises:
-            SkipConfigError: a bad value or an unknown role under ``skip``.
+            SkipConfigError: a bad value, an unknown role under ``skip``, or an identity that is not
+                a :class:`~stepskip.identity.RunIdentity`.
         """
+        import stepskip.roles  # noqa: F401  (registers the built-in roles)
+        from stepskip.roles.stage import StageSkip
+
+        if identity is None:
+            identity = RunIdentity.from_config(config)
+        elif not isinstance(identity, RunIdentity):
+            raise SkipConfigError(f"identity = {identity!r} is not valid; expected a stepskip.identity.RunIdentity")
         extra_classes: dict[str, type[SkipRoleConfig]] = {
-            name: getattr(skip_cls, "config_class", SkipRoleConfig)
-            for name, skip_cls in SKIP_REGISTRY.items() if name not in _BUILTIN_ROLES
+            name: skip_cls.config_class for name, skip_cls in SKIP_REGISTRY.items() if name not in _BUILTIN_ROLES
         }
         skip_config = SkipManagerConfig.from_section(select(config, "skip"), extra_classes)
         disable_legacy_flag(config, skip_config)
         run_id = uuid.uuid4().hex
+        classes: dict[str, type[BaseSkip]] = dict(SKIP_REGISTRY)
+        classes.update({name: StageSkip for name in skip_config.extra if name not in classes})  # `kind: stage`
         instances: dict[str, BaseSkip] = {}
-        for name, skip_cls in SKIP_REGISTRY.items():
+        for name, skip_cls in classes.items():
             local = skip_config.role(name) or skip_cls.config_class()
-            instances[name] = cls._build(name, skip_cls, local, config, run_id, runtime)
-        for name, local in skip_config.extra.items():
-            if name not in instances:  # generic `kind: stage` roles
-                from stepskip.roles.stage import StageSkip
-
-                instances[name] = cls._build(name, StageSkip, local, config, run_id, runtime)
+            instance = skip_cls(local, config)
+            instance.bind(RunContext(name=name, run_id=run_id, identity=identity, runtime=runtime))
+            instances[name] = instance
         cls.close()  # only now: a bad new config leaves the previous run untouched
         if not cls._atexit_registered:  # a run that never calls close() still flushes and summarises
             atexit.register(cls.close)
@@ -175,20 +247,12 @@ class SkipManager:
         cls.config = skip_config
         cls.step = -1
         cls.run_id = run_id
+        cls.identity = identity
         cls.skip_instances = instances
+        cls._serving = {name: skip for name, skip in instances.items() if skip.is_enabled()}
         cls._closed = False
-        enabled = [n for n, s in instances.items() if s.is_enabled()]
-        if enabled:
-            logger.info("stepskip run %s: enabled roles %s", run_id[:12], ", ".join(enabled))
-
-    @staticmethod
-    def _build(name: str, skip_cls: type[BaseSkip], local: Any, config: Any, run_id: str,
-               runtime: dict[str, Any]) -> BaseSkip:
-        instance = skip_cls(local, config)
-        instance.name = name
-        instance.run_id = run_id
-        instance.runtime = dict(runtime)
-        return instance
+        if cls._serving:
+            logger.info("stepskip run %s: enabled roles %s", run_id[:12], ", ".join(cls._serving))
 
     @classmethod
     def set_step(cls, step: int) -> None:
@@ -200,63 +264,89 @@ class SkipManager:
         cls.step = operator.index(step)
 
     @classmethod
-    def _route(cls, skip: BaseSkip, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    def _should_bypass_for_validation(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """verl's name for the validation test of a call (``meta_info["validate"]``)."""
+        return is_validation(*args, **kwargs)
+
+    @classmethod
+    def _route(cls, skip: BaseSkip, args: tuple[Any, ...], kwargs: dict[str, Any], bypass: BypassTest,
+               prompts: Any) -> int | None:
         """The step an enabled role's call is subject to, or None to pass the call through.
 
         Offline roles test the (cheap) step first; online roles must not parse a step out of a
         validation batch, so they test the validation flag first.
         """
         if skip.support_online_step:
-            if _is_validation(args, kwargs):
+            if bypass(*args, **kwargs):
                 return None
-            step = skip.extract_step(*args, **kwargs)
-            return step if step in skip.steps else None
+            token = CURRENT_CALL.set(CallInfo(prompts))
+            try:
+                step = skip.extract_step(*args, **kwargs)
+            finally:
+                CURRENT_CALL.reset(token)
+            return step if step in skip._step_lookup else None
         step = cls.step
-        if step not in skip.steps or _is_validation(args, kwargs):
+        if step not in skip._step_lookup or bypass(*args, **kwargs):
             return None
         return step
 
     @classmethod
-    def annotate(cls, role: str, **_: Any) -> Callable[[F], F]:
+    def annotate(cls, role: str, *, bypass: BypassTest | None = None,
+                 prompts: PromptsFinder | None = None) -> Callable[[F], F]:
         """Decorate a sync or coroutine function as the skip unit of ``role``.
 
         On an eligible step the cached result is returned without calling the function (a hit),
-        or the function runs and its result is dumped (a miss). Validation calls
-        (``meta_info["validate"]``) always run. Coroutine wrappers do their disk I/O in worker
-        threads, never on the event loop.
+        or the function runs and its result is dumped (a miss). Validation calls always run.
+        Coroutine wrappers do their disk I/O in worker threads, never on the event loop.
+
+        Args:
+            role: the role's name (its key under ``skip``).
+            bypass: ``bypass(*args, **kwargs) -> bool``: True for calls that must run untouched
+                (validation); default: verl's ``meta_info["validate"]`` convention.
+            prompts: ``prompts(*args, **kwargs)`` -> the call's prompts (identity columns are
+                rebound from them, their digest is recorded and checked); default: verl's
+                convention (keyword ``prompts``, else the second positional argument).
+
+        Raises:
+            TypeError: any other keyword argument.
 
         Example:
             >>> @SkipManager.annotate(role="rollout")
             ... def generate_sequences(self, prompts): ...
         """
+        is_bypassed = bypass if bypass is not None else is_validation
+        find = prompts if prompts is not None else find_prompts
 
         def decorator(func: F) -> F:
             if inspect.iscoroutinefunction(func):
 
                 @functools.wraps(func)
                 async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                    skip = cls.skip_instances.get(role)
-                    if skip is None or not skip.enable:
+                    skip = cls._serving.get(role)
+                    if skip is None:
                         return await func(*args, **kwargs)
-                    step = cls._route(skip, args, kwargs)
+                    found = find(*args, **kwargs)
+                    step = cls._route(skip, args, kwargs, is_bypassed, found)
                     if step is None:
                         return await func(*args, **kwargs)
-                    return await _drive_async(_plan(skip, step, func, args, kwargs), func, args, kwargs)
+                    plan = _plan(_Hooks(skip, step, args, kwargs, found), func)
+                    return await _drive_async(plan, func, args, kwargs, found)
 
                 return async_wrapper  # type: ignore[return-value]
 
             # The pass-through path is inlined: it runs on every call of the trainer's hot function.
             @functools.wraps(func)
             def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-                skip = cls.skip_instances.get(role)
-                if skip is None or not skip.enable:
+                skip = cls._serving.get(role)
+                if skip is None:
                     return func(*args, **kwargs)
-                if not skip.support_online_step and cls.step not in skip.steps:
+                if not skip.support_online_step and cls.step not in skip._step_lookup:
                     return func(*args, **kwargs)
-                step = cls._route(skip, args, kwargs)
+                found = find(*args, **kwargs)
+                step = cls._route(skip, args, kwargs, is_bypassed, found)
                 if step is None:
                     return func(*args, **kwargs)
-                return _drive_sync(_plan(skip, step, func, args, kwargs), func, args, kwargs)
+                return _drive_sync(_plan(_Hooks(skip, step, args, kwargs, found), func), func, args, kwargs, found)
 
             return sync_wrapper  # type: ignore[return-value]
 
@@ -268,10 +358,12 @@ class SkipManager:
 
         ``phase="submit"`` decorates ``_add_batch_to_generate(self)``. On an eligible step it
         replaces the body: ``batch = self._next_train_batch()`` always runs (the dataloader stays
-        aligned), then a cached step is injected into the queue (hit: return None without
-        submitting) or ``self._submit_batch_to_rollout(batch)`` runs (miss: its value is returned).
-        ``phase="sample"`` decorates ``ReplayBuffer.sample``; after it runs, a train-partition result
-        of a step without a complete cache is saved as the step's next inner entry.
+        aligned), then the call goes through the same decision plan as :meth:`annotate`, whose
+        unit is ``self._submit_batch_to_rollout(batch)``: a cached step is injected into the queue
+        (hit: return None without submitting), or the batch is submitted (miss: its value is
+        returned) and the step is recorded as it is sampled. ``phase="sample"`` decorates
+        ``ReplayBuffer.sample``; after it runs, a train-partition result of a step without a
+        complete cache is saved as the step's next inner entry.
 
         Raises:
             ValueError: ``phase`` is neither ``"submit"`` nor ``"sample"``.
@@ -280,24 +372,33 @@ class SkipManager:
             raise ValueError(f"annotate_tq phase must be 'submit' or 'sample', got {phase!r}")
 
         def decorator(func: F) -> F:
+            if phase == "submit":
+
+                @functools.wraps(func)
+                def submit_wrapper(owner: Any, *args: Any, **kwargs: Any) -> Any:
+                    skip = cls._serving.get(role)
+                    if skip is None or cls.step not in skip._step_lookup:
+                        return func(owner, *args, **kwargs)
+                    batch = owner._next_train_batch()
+                    submit = owner._submit_batch_to_rollout
+                    plan = _plan(_SubmitHooks(skip, cls.step, (batch,), {}, batch), submit)
+                    return _drive_sync(plan, submit, (batch,), {}, batch)
+
+                return submit_wrapper  # type: ignore[return-value]
+
             @functools.wraps(func)
-            def wrapper(owner: Any, *args: Any, **kwargs: Any) -> Any:
-                skip = cls.skip_instances.get(role)
-                if skip is None or not skip.enable or cls.step not in skip.steps:
+            def sample_wrapper(owner: Any, *args: Any, **kwargs: Any) -> Any:
+                skip = cls._serving.get(role)
+                if skip is None or cls.step not in skip._step_lookup:
                     return func(owner, *args, **kwargs)
                 step = cls.step
-                if phase == "submit":
-                    batch = owner._next_train_batch()
-                    if skip.maybe_load_and_inject(step, list(batch["uid"]), prompts=batch):  # type: ignore[attr-defined]
-                        return None
-                    return owner._submit_batch_to_rollout(batch)
                 result = func(owner, *args, **kwargs)
                 sampled = result[0] if isinstance(result, tuple) else result
                 if skip.should_save(step, getattr(sampled, "partition_id", None)):  # type: ignore[attr-defined]
-                    skip.prepare_data(step=step, batch=sampled, global_steps=step)
+                    skip.save_sample(step, sampled)  # type: ignore[attr-defined]
                 return result
 
-            return wrapper  # type: ignore[return-value]
+            return sample_wrapper  # type: ignore[return-value]
 
         return decorator
 
@@ -315,13 +416,13 @@ class SkipManager:
 
     @classmethod
     def stats(cls) -> dict[str, float]:
-        """Counters of every role as ``{"skip/{role}/{name}": value}``, ready for a metrics logger.
+        """Counters of every enabled role as ``{"skip/{role}/{name}": value}``, ready for a metrics logger.
 
         Names: hits, misses, dumps, dump_failures, corrupt, load_seconds, dump_seconds,
-        bytes_read, bytes_written, saved_seconds.
+        bytes_read, bytes_written, saved_seconds. Roles that are off are left out.
         """
         out: dict[str, float] = {}
-        for name, skip in cls.skip_instances.items():
+        for name, skip in cls._serving.items():
             stats = getattr(skip, "stats", None)
             if stats is not None:
                 out.update(stats.snapshot(name))
@@ -358,4 +459,6 @@ class SkipManager:
         cls.config = None
         cls.step = -1
         cls.skip_instances = {}
+        cls._serving = {}
         cls.run_id = None
+        cls.identity = None

@@ -40,9 +40,12 @@ STALE_SECONDS = 3600.0
 
 
 class EntryState(enum.Enum):
+    """What a look at an entry found (SPEC §6): damaged entries are regenerated, unreadable ones kept."""
+
     MISSING = "missing"
     PRESENT = "present"
     DAMAGED = "damaged"
+    UNREADABLE = "unreadable"
 
 
 @dataclass(frozen=True)

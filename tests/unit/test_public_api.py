@@ -11,6 +11,8 @@ SPEC_NAMES = {
     "RolloutSkipConfig", "RolloutTqSkipConfig", "AsyncRolloutSkipConfig", "SkipConfigError",
     "CacheMissError", "CorruptEntryError", "RolloutSkip", "RolloutTqSkip", "AsyncRolloutSkip",
     "parse_async_rollout_sample_step", "Batch",
+    # round 2 (SPEC §6)
+    "SkipRoleConfig", "RunIdentity", "UnreadableEntryError",
 }
 
 

@@ -19,10 +19,9 @@ from stepskip.cli.content import read_entry, value_digest
 from stepskip.cli.errors import CliError
 from stepskip.cli.removal import retire
 from stepskip.cli.scan import EntryRecord, Issue, local_store, scan_cache, scan_entry
+from stepskip.entries import storage_format
 from stepskip.errors import CorruptEntryError, UnstorableValueError
 from stepskip.formats import Format, get_format
-from stepskip.roles.rollout import RolloutSkip
-from stepskip.roles.rollout_tq import RolloutTqSkip
 from stepskip.store import EntryState
 
 __all__ = ["ConvertReport", "ConvertedEntry", "TARGETS", "convert_cache", "plan_convert"]
@@ -72,10 +71,7 @@ class _Job:
 
 
 def _target_format(to: str, entry: EntryRecord) -> Format:
-    if to == "safe":
-        return get_format("safe")
-    role_cls = RolloutTqSkip if entry.inner is not None else RolloutSkip
-    return get_format(role_cls.verl_format)
+    return get_format(storage_format(to, v1=entry.inner is not None).name)
 
 
 def plan_convert(src: str, dst: str, to: str, allow_pickle: bool, overwrite: bool = False,

@@ -1,81 +1,94 @@
-"""The role protocol: ``SkipAction``, ``BaseSkip`` and the role registry."""
+"""The role protocol: ``SkipAction``, ``BaseSkip``, the run context a role is bound to, the registry."""
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from stepskip.config import SkipRoleConfig, StepSet
+from stepskip.errors import SkipConfigError
+from stepskip.identity import RunIdentity
+from stepskip.policies import SkipAction
 
-__all__ = ["SkipAction", "BaseSkip", "register_skip", "SKIP_REGISTRY"]
+__all__ = ["SkipAction", "BaseSkip", "RunContext", "register_skip", "SKIP_REGISTRY"]
 
 
-class SkipAction(str, enum.Enum):
-    """What a role does on an eligible step.
+@dataclass(frozen=True)
+class RunContext:
+    """What a role learns when ``SkipManager.init`` binds it to a run.
 
-    ``CACHE``: load the exact step, else generate and dump. ``REPEAT``: load the nearest
-    available step. ``RANDOM``: load a seeded random available step. ``REPLAY``: load the exact
-    step or raise :class:`CacheMissError`. ``RECORD``: always generate and overwrite. ``EMPTY``:
-    reserved, as in verl.
+    Args:
+        name: the role's name (its key under ``skip``).
+        run_id: the run's random id, recorded in every entry it writes.
+        identity: the run's identity (directory shape and fingerprint).
+        runtime: live objects passed to ``SkipManager.init(config, **runtime)``.
     """
 
-    CACHE = "cache"
-    REPEAT = "repeat"
-    RANDOM = "random"
-    EMPTY = "empty"
-    REPLAY = "replay"
-    RECORD = "record"
-
-    @classmethod
-    def parse(cls, value: Any) -> SkipAction:
-        """The action named ``value``; the error lists the valid names."""
-        try:
-            return cls(value)
-        except ValueError:
-            allowed = ", ".join(a.value for a in cls)
-            raise ValueError(f"Unsupported action {value!r}; valid actions: {allowed}") from None
+    name: str
+    run_id: str
+    identity: RunIdentity = field(default_factory=RunIdentity)
+    runtime: Mapping[str, Any] = field(default_factory=dict)
 
 
 class BaseSkip:
-    """Base class of every skip role.
+    """Base class of every skip role (seed §6.3).
 
     One instance per role is shared by every call of the decorated function, including calls
-    that overlap in async pipelines: keep per-call state out of ``self``.
+    that overlap in async pipelines: keep per-call state out of ``self``. The constructor only
+    reads configuration (no I/O); :meth:`bind` then tells the role its name, run and runtime
+    objects, once, before any call.
 
     Args:
-        local_config: the role's section (``skip.<role>``), a :class:`SkipRoleConfig` or any
-            object with ``enable``, ``dump_dir``, ``steps`` and ``action`` attributes.
+        local_config: the role's section (``skip.<role>``): a :class:`SkipRoleConfig`, a mapping or
+            any object with ``enable``, ``dump_dir``, ``steps`` and ``action`` attributes; it is
+            normalised once into ``config_class`` and kept as ``local_config``.
         global_config: the whole training config.
 
     Raises:
-        ValueError: the configured action is not in ``support_actions``.
+        ValueError: the configured action is not in ``support_actions`` (a :class:`SkipConfigError`).
     """
 
     support_actions: ClassVar[list[SkipAction]] = []
     support_online_step: ClassVar[bool] = False
-    config_class: ClassVar[type[SkipRoleConfig]] = SkipRoleConfig
+    config_class: ClassVar[type[Any]] = SkipRoleConfig
     name: str = ""
 
     def __init__(self, local_config: Any, global_config: Any) -> None:
+        config_class = self.config_class if isinstance(self.config_class, type) else SkipRoleConfig
+        if issubclass(config_class, SkipRoleConfig):
+            local_config = config_class.coerce(local_config)
         self.local_config = local_config
         self.global_config = global_config
-        self.action = SkipAction.parse(local_config.action)
+        section = getattr(local_config, "section", "skip.<role>")
+        self.action = SkipAction.parse(local_config.action, f"{section}.action")
+        if self.action not in self.support_actions:
+            supported = ", ".join(a.value for a in self.support_actions)
+            raise SkipConfigError(f"Unsupported action: {section}.action = {self.action.value!r} for "
+                                  f"{type(self).__name__}; supported actions: {supported}")
         self.enable = bool(local_config.enable)
         self.dump_dir = local_config.dump_dir
         step_set = getattr(local_config, "step_set", None)
         if not isinstance(step_set, StepSet):
-            step_set = StepSet.parse(local_config.steps)
+            step_set = StepSet.parse(local_config.steps, f"{section}.steps")
         self.step_set = step_set
-        self.steps = step_set.fast()  # what `step in self.steps` tests on every decorated call
+        #: The configured ``steps``, as verl's roles expose them.
+        self.steps: list[Any] = list(local_config.steps) if isinstance(local_config.steps, (list, tuple)) \
+            else [local_config.steps]
+        self._step_lookup = step_set.fast()  # what the decorators test on every call (C-level ``in``)
         self.run_id = ""
-        self.runtime: dict[str, Any] = {}
-        if self.action not in self.support_actions:
-            supported = ", ".join(a.value for a in self.support_actions)
-            raise ValueError(f"Unsupported action: {self.action.value!r} for {type(self).__name__}; "
-                             f"supported actions: {supported}")
+        self.identity = RunIdentity()
+        self.runtime: Mapping[str, Any] = {}
+
+    def bind(self, context: RunContext) -> None:
+        """Attach the role to a run; ``SkipManager.init`` calls it once, before any decorated call."""
+        self.name = context.name
+        self.run_id = context.run_id
+        self.identity = context.identity
+        self.runtime = dict(context.runtime)
 
     def is_enabled(self) -> bool:
+        """Whether the role serves calls; consulted once, when ``SkipManager.init`` binds it."""
         return self.enable
 
     def meet_precondition(self, step: int, func: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:

@@ -12,21 +12,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from stepskip.config import RolloutTqSkipConfig, select
-from stepskip.entries import TQ_BATCH_FILE
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
-from stepskip.fidelity import prompt_digest
-from stepskip.layout import Layout
-from stepskip.roles.base import SkipAction, register_skip
+from stepskip.policies import SkipAction
+from stepskip.resolve import remap_v1
+from stepskip.roles.base import register_skip
+from stepskip.roles.cached import ALL_ACTIONS, _prompt_digest, _seconds
 from stepskip.roles.rollout import RolloutSkip
 from stepskip.store import EntryState, Probe
-from stepskip.tq.rows import concat_rows, num_rows, select_rows
 
 __all__ = ["RolloutTqSkip"]
 
 logger = logging.getLogger(__name__)
+
+#: More inner entries per step than any trainer uses: a bound on what a config may ask for.
+MAX_PARAMETER_SYNC_STEP = 4096
 
 
 @register_skip("rollout_tq")
@@ -36,30 +38,37 @@ class RolloutTqSkip(RolloutSkip):
     Wire it with ``SkipManager.annotate_tq(role="rollout_tq", phase="submit")`` on
     ``_add_batch_to_generate`` and ``phase="sample"`` on ``ReplayBuffer.sample``. The queue client
     is ``SkipManager.init(cfg, tq_client=...)``, or the real ``transfer_queue`` module.
+
+    The two phases speak a small protocol that ``SkipManager.annotate_tq`` drives through the same
+    decision plan as ``annotate``: :meth:`meet_precondition`, :meth:`inject` (the cached result),
+    :meth:`begin_recording` (a miss submitted to rollout), :meth:`should_save` and :meth:`save_sample`.
     """
 
-    config_class = RolloutTqSkipConfig
-    legacy_files = (TQ_BATCH_FILE,)
-    verl_format = "verl-tq"
+    config_class: ClassVar[type[Any]] = RolloutTqSkipConfig
+    support_actions = ALL_ACTIONS
+    v1 = True
 
     def __init__(self, local_config: Any, global_config: Any) -> None:
         super().__init__(local_config, global_config)
         mode = select(global_config, "trainer.v1.trainer_mode")
-        sync_step = select(global_config, f"trainer.v1.{mode}.parameter_sync_step", 1) if mode else 1
-        if isinstance(sync_step, bool) or not isinstance(sync_step, int) or sync_step < 1:
+        key = f"trainer.v1.{mode}.parameter_sync_step"
+        sync_step = select(global_config, key, 1) if mode else 1
+        valid = isinstance(sync_step, int) and not isinstance(sync_step, bool)
+        if not valid or not 1 <= sync_step <= MAX_PARAMETER_SYNC_STEP:
             raise SkipConfigError(
-                f"trainer.v1.{mode}.parameter_sync_step = {sync_step!r} is not valid; expected an int >= 1"
+                f"{key} = {sync_step!r} is not valid; expected an int from 1 to {MAX_PARAMETER_SYNC_STEP}"
             )
         self.parameter_sync_step = sync_step
-        if self.enable:  # inner entries are built inside their step directory: clean there too
-            for name in self.store.list_dir(self.project_dump_dir):
-                if Layout.parse_step(name) is not None:
-                    self.store.remove_leftovers(self.step_dump_dir(int(name)))
         self._lock = threading.Lock()
         self._saved: dict[int, int] = {}  # step -> inner entries this run has written or queued
         self._clock: dict[int, float] = {}  # step -> when its rollout (or last inner sample) began
         self._recording: set[int] = set()  # steps this run decided to (re)generate at submit time
         self._digests: dict[int, str | None] = {}  # step -> digest of the prompts submitted
+
+    def start(self) -> None:
+        super().start()
+        for step in self.listed_steps():  # inner entries are built inside their step directory: clean there too
+            self.store.remove_leftovers(self.step_dump_dir(step))
 
     # ------------------------------------------------------------------ queue and paths
 
@@ -82,24 +91,17 @@ class RolloutTqSkip(RolloutSkip):
         """The entry directory of one sample call of ``step``."""
         return self.layout.inner_dir(step, inner_idx)
 
-    def _inner_probes(self, step: int) -> list[Probe]:
-        return [self.store.probe(self.inner_dump_dir(step, i), self.legacy_files)
-                for i in range(self.parameter_sync_step)]
+    def _probes(self, step: int) -> list[Probe]:
+        return [self._probe(self.inner_dump_dir(step, i)) for i in range(self.parameter_sync_step)]
 
     def _present(self, step: int) -> bool:
-        probes = self._inner_probes(step)
+        probes = self._probes(step)
         if any(p.state is not EntryState.PRESENT for p in probes):
             return False
         runs = {(p.meta or {}).get("run_id") for p in probes}
         return len(runs) == 1  # a step half-written by a crashed run is never completed by another
 
     # ------------------------------------------------------------------ the seed's V1 interface
-
-    def would_replay(self, step: int) -> bool:
-        if step not in self.steps:
-            return False
-        load_step = self.resolve_load_step(step)
-        return load_step != -1 and all(self._servable(p.meta or {}) for p in self._inner_probes(load_step))
 
     def has_v1_cache(self, step: int) -> bool:
         """True when the action would load a complete cached step for ``step``."""
@@ -112,10 +114,11 @@ class RolloutTqSkip(RolloutSkip):
         elif action is SkipAction.REPLAY:
             return True
         else:
-            if action is SkipAction.CACHE:
-                for i, probe in enumerate(self._inner_probes(step)):
-                    if probe.state is EntryState.DAMAGED:
-                        self._report_corrupt(step, self.inner_dump_dir(step, i), probe.reason)
+            for i, probe in enumerate(self._probes(step)):
+                if probe.state is EntryState.UNREADABLE:
+                    raise self._unreadable(probe.reason)  # the step would be re-recorded over it: never
+                if action is SkipAction.CACHE and probe.state is EntryState.DAMAGED:
+                    self._report_corrupt(step, self.inner_dump_dir(step, i), probe.reason)
             hit = self.has_v1_cache(step)
         if not hit:
             self.stats.add(misses=1)
@@ -138,6 +141,9 @@ class RolloutTqSkip(RolloutSkip):
                               prompts: Any = None) -> bool:
         """Inject the cached step into the queue under the new uids; False (a miss) when there is none.
 
+        The seed's one-call form of the submit phase (``SkipManager.annotate_tq`` drives the same
+        steps): on a miss the step is marked for recording.
+
         Args:
             step: the trainer step.
             new_prompt_uids: the uids ``_next_train_batch`` just assigned.
@@ -149,25 +155,45 @@ class RolloutTqSkip(RolloutSkip):
         """
         if self.meet_precondition(step):
             try:
-                self.load_dump_data(step=step, new_prompt_uids=new_prompt_uids, n=self.layout.n,
-                                    global_steps=step, partition_id=partition_id, prompts=prompts)
+                self.inject(step, new_prompt_uids, partition_id=partition_id, prompts=prompts)
                 return True
-            except CacheMissError as err:
+            except CacheMissError:
                 if self.action is SkipAction.REPLAY:
                     raise
+        self.begin_recording(step, prompts)
+        return False
+
+    def inject(self, step: int, new_prompt_uids: list[str], partition_id: str = "train", prompts: Any = None) -> None:
+        """The submit phase's cached result: put the step the action resolves into the queue.
+
+        Raises:
+            CacheMissError: nothing could be replayed (counted as a miss unless the action is ``replay``).
+        """
+        try:
+            self.load_dump_data(step=step, new_prompt_uids=new_prompt_uids, n=self.layout.n,
+                                global_steps=step, partition_id=partition_id, prompts=prompts)
+        except CacheMissError as err:
+            if self.action is not SkipAction.REPLAY:
                 self.stats.add(misses=1)
                 logger.warning("%s: step %d could not be replayed (%s); generating and dumping it",
                                self.name, step, err)
-        digest = prompt_digest(prompts, self.rebind_keys) if prompts is not None else None
+            raise
+
+    def begin_recording(self, step: int, prompts: Any = None) -> None:
+        """The submit phase's miss: the step's samples are to be saved as they are drawn."""
+        digest = _prompt_digest(prompts, self.rebind_keys) if prompts is not None else None
         with self._lock:
             self._clock[step] = time.perf_counter()
             self._saved.pop(step, None)
             self._recording.add(step)  # a damaged cached step must be overwritten, not kept
             self._digests[step] = digest
-        return False
 
-    def prepare_data(self, step: int, batch: Any = None, global_steps: int | None = None,
-                     *args: Any, **kwargs: Any) -> None:
+    def save_sample(self, step: int, sampled: Any) -> None:
+        """The sample phase: save what ``ReplayBuffer.sample`` drew as the step's next inner entry."""
+        self.prepare_data(step=step, batch=sampled, global_steps=step)
+
+    def prepare_data(self, step: int, batch: Any = None, global_steps: int | None = None,  # type: ignore[override]
+                     *args: Any, **kwargs: Any) -> None:  # verl's V1 signature (seed §4), not the flat one
         """Save one sample call of ``step``: every field of ``batch.keys`` read back from the queue.
 
         Args:
@@ -187,6 +213,8 @@ class RolloutTqSkip(RolloutSkip):
             started = self._clock.get(step)
             self._clock[step] = now
             digest = self._digests.get(step)
+        from stepskip.tq.rows import num_rows
+
         path = self.inner_dump_dir(step, inner)
         keys = list(batch.keys)
         try:
@@ -200,13 +228,13 @@ class RolloutTqSkip(RolloutSkip):
             return
         payload = {"tensordict": data, "tags": [dict(t) for t in batch.tags], "keys": keys,
                    "global_steps": int(global_steps)}
-        frozen = self._freeze(step, path, payload, copy=False)  # the read-back is already a private copy
-        if frozen is None:
-            return
-        meta = self._entry_meta(global_steps, None if started is None else now - started,
-                                num_trajectories=len(keys), inner_idx=inner, prompt_digest=digest,
-                                parameter_sync_step=self.parameter_sync_step)
-        self._submit_write(path, step, frozen, meta)
+        seconds = None if started is None else now - started
+        prepared = self._snapshot(  # the read-back is already a private copy
+            step, path, payload, copy=False,
+            meta=lambda: self._entry_meta(global_steps, seconds, num_trajectories=len(keys), inner_idx=inner,
+                                          prompt_digest=digest, parameter_sync_step=self.parameter_sync_step))
+        if prepared is not None:
+            self._submit_write(path, step, *prepared)
 
     def load_dump_data(self, step: int, new_prompt_uids: list[str], n: int, global_steps: int,
                        partition_id: str = "train", prompts: Any = None) -> None:
@@ -227,6 +255,8 @@ class RolloutTqSkip(RolloutSkip):
                 f"{self.name}: no complete V1 entry for step {step} under {self.project_dump_dir} "
                 f"(action {self.action.value!r}, parameter_sync_step {self.parameter_sync_step})"
             )
+        from stepskip.tq.rows import concat_rows, num_rows, select_rows
+
         start = time.perf_counter()
         parts, keys, tags, nbytes, saved = [], [], [], 0, 0.0
         for inner in range(self.parameter_sync_step):
@@ -236,40 +266,25 @@ class RolloutTqSkip(RolloutSkip):
             keys.extend(payload["keys"])
             tags.extend(payload["tags"])
             nbytes += size
-            saved += float(meta.get("generation_seconds") or 0.0)
+            saved += _seconds(meta.get("generation_seconds"))
         data = concat_rows(parts)
         if num_rows(data) != len(keys):
             reason = f"step {load_step} holds {num_rows(data)} rows for {len(keys)} keys"
             self._report_corrupt(step, self.step_dump_dir(load_step), reason)
             raise CorruptEntryError(f"{self.name}: {reason}")
 
-        groups: dict[str, list[int]] = {}
-        for index, key in enumerate(keys):
-            groups.setdefault(str(key).split("_")[0], []).append(index)
-        group_list = list(groups.values())
-        if not group_list:
-            raise CacheMissError(f"{self.name}: step {load_step} holds no trajectories")
-        if len(group_list) != len(new_prompt_uids):
+        try:
+            plan = remap_v1(keys, tags, new_prompt_uids, n, global_steps)
+        except ValueError as err:
+            raise CacheMissError(f"{self.name}: step {load_step} cannot be replayed: {err}") from err
+        if plan.groups != len(new_prompt_uids):
             logger.warning("%s: step %d cached %d prompt groups for %d prompts; %s", self.name, load_step,
-                           len(group_list), len(new_prompt_uids),
-                           "cycling through them" if len(group_list) < len(new_prompt_uids) else "using the first ones")
-        sessions = n if n > 0 else max(len(g) for g in group_list)
-        new_keys: list[str] = []
-        new_tags: list[dict[str, Any]] = []
-        rows: list[int] = []
-        for prompt_idx, uid in enumerate(new_prompt_uids):
-            group = group_list[prompt_idx % len(group_list)]
-            for session in range(sessions):
-                row = group[session % len(group)]
-                rows.append(row)
-                new_keys.append(f"{uid}_{session}_0")
-                tag = dict(tags[row])
-                tag["global_steps"] = tag["min_global_steps"] = tag["max_global_steps"] = global_steps
-                tag.pop("is_prompt", None)
-                new_tags.append(tag)
-
+                           plan.groups, len(new_prompt_uids),
+                           "cycling through them" if plan.groups < len(new_prompt_uids) else "using the first ones")
+        new_keys, new_tags, sessions = plan.keys, plan.tags, plan.sessions
         client = self.tq_client
-        client.kv_batch_put(keys=new_keys, fields=select_rows(data, rows), tags=new_tags, partition_id=partition_id)
+        client.kv_batch_put(keys=new_keys, fields=select_rows(data, plan.rows), tags=new_tags,
+                            partition_id=partition_id)
         client.kv_batch_put(keys=list(new_prompt_uids), partition_id=partition_id,
                             tags=[{"is_prompt": True, "status": "finished", "global_steps": global_steps}
                                   for _ in new_prompt_uids])
@@ -279,3 +294,26 @@ class RolloutTqSkip(RolloutSkip):
                     "(%d bytes, %.3fs)",
                     self.name, step, load_step, self.step_dump_dir(load_step), len(new_keys),
                     len(new_prompt_uids), sessions, nbytes, seconds)
+
+    # ------------------------------------------------------------------ verl's names (its tests and trainer use them)
+
+    def _get_v1_inner_dir(self, step: int, inner_idx: int) -> Any:
+        return self._path(self.inner_dump_dir(step, inner_idx))
+
+    def _check_valid_v1_step(self, step: int) -> bool:
+        return self._present(step)
+
+    def _check_valid_v1_step_path(self, path: Any) -> bool:
+        return self._probe(str(path)).state is EntryState.PRESENT
+
+    def _find_first_missing_inner(self, step: int) -> int:
+        for inner, probe in enumerate(self._probes(step)):
+            if probe.state is not EntryState.PRESENT:
+                return inner
+        return -1
+
+    def _get_available_steps_v1(self) -> list[int]:
+        return self.available_steps()
+
+    def _resolve_load_step_v1(self, step: int) -> int:
+        return self.resolve_load_step(step)

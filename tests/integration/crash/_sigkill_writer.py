@@ -28,7 +28,9 @@ STEPS = KILLS * SLICE
 ROWS = 64
 COLS = 8192  # 64 x 8192 float32 = 2 MiB per entry, plus ids and text
 #: A child that was not killed by then exits on its own (the test then fails): no orphan writers.
-CHILD_LIFETIME = 10.0
+#: Generous, so that a loaded machine cannot make a child outlive it before the test kills it;
+#: a child also stops as soon as its server process is gone.
+CHILD_LIFETIME = 300.0
 
 
 def step_data(step: int) -> Batch:
@@ -65,11 +67,13 @@ def generate_sequences(prompts: Batch) -> Batch:
     return step_data(SkipManager.step)
 
 
-def write_forever(dump_dir: str, action: str, async_dump: bool, seed: int, child: int) -> None:
+def write_forever(dump_dir: str, action: str, async_dump: bool, seed: int, child: int, progress: str) -> None:
     """Record this child's own steps in order, each followed half the time by an older step.
 
     Under ``record`` the older step is overwritten (a kill may land in the replace window); under
     ``cache`` it is a hit. Once its own steps are done the child keeps cycling until killed.
+    After every call one line is appended to ``progress``: the number of dumps completed so far
+    (the test waits on it to choose its kill instant by progress, not by the clock).
     """
     deadline = time.monotonic() + CHILD_LIFETIME
     parent = os.getppid()
@@ -77,13 +81,18 @@ def write_forever(dump_dir: str, action: str, async_dump: bool, seed: int, child
     rng = random.Random(seed)
     own = list(range(child * SLICE + 1, (child + 1) * SLICE + 1))
     older = list(range(1, own[0]))
+    report = os.open(progress, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def call(step: int) -> None:
+        SkipManager.set_step(step)
+        generate_sequences(PROMPTS)
+        os.write(report, f"{int(SkipManager.stats()['skip/rollout/dumps'])}\n".encode())
+
     while time.monotonic() < deadline and os.getppid() == parent:
         for step in own:
-            SkipManager.set_step(step)
-            generate_sequences(PROMPTS)
+            call(step)
             if older and rng.random() < 0.5:
-                SkipManager.set_step(rng.choice(older))
-                generate_sequences(PROMPTS)
+                call(rng.choice(older))
 
 
 def serve() -> None:

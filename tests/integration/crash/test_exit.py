@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_pending_dumps_are_written_at_exit_and_summarised(tmp_path):
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     run_dir = tmp_path / "default_experiment_name_default_project_name" / "GBS0_N0_in0_out0"
     assert sorted(p.name for p in run_dir.iterdir()) == ["1", "2", "3"]

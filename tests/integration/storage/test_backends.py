@@ -88,31 +88,49 @@ def test_concurrent_writers_never_mix_files(backend):
 
 
 def test_readers_never_see_partial_entries(backend):
+    """A reader probing and reading while the entry is overwritten 14 times sees whole entries only.
+
+    Each write waits until the reader has finished one more attempt, so reads and writes interleave
+    whatever the scheduler does; the reader's last attempt starts after the last write and must read
+    the final entry.
+    """
     store = open_store(backend.dump_dir, backend.storage_options)
     store.write_entry(entry(backend), files_for(0), {"global_steps": 1, "writer": 0})
-    stop = threading.Event()
-    seen, bad = [], []
+    stop, attempted = threading.Event(), threading.Event()
+    seen, bad, last = [], [], []
+
+    def attempt():
+        probe = store.probe(entry(backend))
+        if probe.state is not EntryState.PRESENT:
+            return None
+        try:
+            data = store.read_files(entry(backend), probe.meta, ["data.safetensors", "data.json"], verify=True)
+        except CorruptEntryError:
+            return None  # replaced between meta and data: a retry reads the new entry
+        if data != files_for(probe.meta["writer"]):
+            bad.append(probe.meta["writer"])
+        seen.append(probe.meta["writer"])
+        return probe.meta["writer"]
 
     def read():
         while not stop.is_set():
-            probe = store.probe(entry(backend))
-            if probe.state is not EntryState.PRESENT:
-                continue
-            try:
-                data = store.read_files(entry(backend), probe.meta, ["data.safetensors", "data.json"], verify=True)
-            except CorruptEntryError:
-                continue  # replaced between meta and data: a retry reads the new entry
-            if data != files_for(probe.meta["writer"]):
-                bad.append(probe.meta["writer"])
-            seen.append(probe.meta["writer"])
+            attempt()
+            attempted.set()
+        last.append(attempt())
 
     reader = threading.Thread(target=read)
     reader.start()
-    for writer in range(1, 15):
-        store.write_entry(entry(backend), files_for(writer), {"global_steps": 1, "writer": writer})
-    stop.set()
-    reader.join()
+    try:
+        for writer in range(1, 15):
+            assert attempted.wait(60), "the reader thread made no progress"
+            attempted.clear()
+            store.write_entry(entry(backend), files_for(writer), {"global_steps": 1, "writer": writer})
+    finally:
+        stop.set()
+        reader.join(60)
+    assert not reader.is_alive()
     assert not bad and seen
+    assert last == [14]
 
 
 class Loop:

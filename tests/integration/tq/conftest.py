@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 
-TQ_INIT_TIMEOUT_S = 120.0
+TQ_INIT_TIMEOUT_S = 300.0
 
 
 

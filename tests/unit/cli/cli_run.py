@@ -46,7 +46,7 @@ class Call:
 
     def result(self) -> Result:
         if self._result is None:
-            out, err = self.proc.communicate(timeout=180)
+            out, err = self.proc.communicate(timeout=600)  # a hang guard, not a timing
             self._result = Result(self.args, self.proc.returncode, out, err)
         return self._result
 

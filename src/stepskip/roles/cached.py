@@ -1,0 +1,748 @@
+"""``CachedRole``: everything a role that keeps its results in a cache shares.
+
+It owns the store, the layout, the format, the counters, the fidelity checks and the bookkeeping
+of background dumps; the concrete roles (``rollout``, ``async_rollout``, ``rollout_tq``, stage
+roles, custom roles) only say what a call's unit of caching is. Entries are in one of four
+states (SPEC §6): *missing*, *present*, *damaged* (regenerated; raised under ``replay``) and
+*unreadable* (intact but not decodable here: an error naming the entry and the fix; never
+regenerated over or deleted — only ``action: record`` replaces it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from stepskip._version import __version__
+from stepskip.calls import CURRENT_CALL, call_prompts
+from stepskip.config import SkipRoleConfig
+from stepskip.entries import FormatSpec, format_spec, legacy_format, storage_format, unsupported_format_message
+from stepskip.errors import (
+    CacheMissError,
+    CorruptEntryError,
+    FingerprintMismatchError,
+    PromptMismatchError,
+    ReplayMissError,
+    SkipConfigError,
+    TruncatedEntryError,
+    UnreadableEntryError,
+)
+from stepskip.identity import fingerprint_diff, fingerprint_of
+from stepskip.layout import Layout, is_url
+from stepskip.policies import CheckPrompts, MatchN, OnMismatch, SkipAction
+from stepskip.resolve import load_candidates
+from stepskip.roles.base import BaseSkip, RunContext
+from stepskip.stats import RoleStats
+from stepskip.store import EntryState, Probe, open_store
+from stepskip.worker import default_worker
+
+__all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS", "VERL_LAYOUT_ROLES"]
+
+logger = logging.getLogger(__name__)
+
+ALL_ACTIONS = [SkipAction.CACHE, SkipAction.REPEAT, SkipAction.RANDOM, SkipAction.REPLAY, SkipAction.RECORD]
+#: Roles whose output rows map one to one onto their prompt rows also replay by prompt (``match``).
+ROW_WISE_ACTIONS = [*ALL_ACTIONS, SkipAction.MATCH]
+
+#: Roles whose entries live directly in the run directory, as verl lays them out (seed §2.5).
+#: Every other role gets ``{run}/{role}/``, so that two roles never read each other's entries.
+VERL_LAYOUT_ROLES = frozenset({"rollout", "async_rollout", "rollout_tq"})
+
+_RETRY_SECONDS = 0.05
+
+
+def _prompt_digest(prompts: Any, exclude: Iterable[str]) -> str | None:
+    from stepskip.fidelity import prompt_digest  # hashes tensors: torch loads with the first dump
+
+    return prompt_digest(prompts, exclude)
+
+
+class CachedRole(BaseSkip):
+    """Base of every role that records results to a cache and replays them.
+
+    Subclasses say what one cached unit is; the base does the rest. ``config_class`` must derive
+    from :class:`~stepskip.SkipRoleConfig`.
+    """
+
+    support_actions = ROW_WISE_ACTIONS
+    config_class: ClassVar[type[Any]] = SkipRoleConfig
+    #: Entries are V1 inner entries (``{step}/{inner}/``, verl's ``tq_batch.pt``).
+    v1: ClassVar[bool] = False
+
+    def __init__(self, local_config: Any, global_config: Any) -> None:
+        super().__init__(local_config, global_config)
+        config = self.local_config
+        if not isinstance(config, SkipRoleConfig):
+            raise SkipConfigError(
+                f"{type(self).__name__}.config_class = {type(config).__qualname__} must derive from "
+                "stepskip.SkipRoleConfig: a cached role reads dump_dir, format, verify ... from it"
+            )
+        self.config: SkipRoleConfig = config
+        self.format_spec: FormatSpec = storage_format(config.format, self.v1)
+        self.legacy: FormatSpec = legacy_format(self.v1)
+        self.allow_pickle = config.allow_pickle
+        self.verify = config.verify
+        self.async_dump = config.async_dump
+        self.seed = config.seed
+        self.rebind_keys = list(config.rebind_keys)
+        self.check_prompts = config.check_prompts
+        self.on_mismatch = config.on_mismatch
+        self.stats = RoleStats()
+        self.fingerprint: dict[str, Any] = {}
+        self._codec: Any = None
+        self._layout: Layout | None = None
+        self._store: Any = None
+        self._warned: set[tuple[str, ...]] = set()
+        self._pending: dict[str, threading.Event] = {}  # entry path -> its background dump finished
+        self._pending_lock = threading.Lock()
+        self._index: Any = None  # the prompt index of ``action: match``, built on first use
+        self._index_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def bind(self, context: RunContext) -> None:
+        """Attach to the run: paths from its identity, the store, and (when enabled) a clean-up of
+        temporaries that crashed writers left behind."""
+        super().bind(context)
+        identity = context.identity.with_fingerprint(fingerprint_of(self.global_config, self.config.fingerprint_keys))
+        self.fingerprint = dict(identity.fingerprint)
+        self._layout = Layout.for_identity(self.dump_dir, identity, subdir=self.layout_subdir())
+        self._store = open_store(self._layout.dump_dir, self.config.storage_options)
+        if self.enable:
+            self.start()
+
+    def layout_subdir(self) -> str | None:
+        """The directory under the run directory that holds this role's steps (None: the run directory)."""
+        return None if self.name in VERL_LAYOUT_ROLES else self.name
+
+    def start(self) -> None:
+        """Startup I/O of an enabled role (after :meth:`bind`)."""
+        self.store.remove_leftovers(self.layout.project_dir)
+
+    @property
+    def layout(self) -> Layout:
+        """Every path of this role's cache (available once bound)."""
+        if self._layout is None:
+            raise RuntimeError(f"{type(self).__name__} is not bound to a run yet: call SkipManager.init first")
+        return self._layout
+
+    @property
+    def store(self) -> Any:
+        """The store holding this role's entries (available once bound)."""
+        if self._store is None:
+            raise RuntimeError(f"{type(self).__name__} is not bound to a run yet: call SkipManager.init first")
+        return self._store
+
+    @property
+    def format(self) -> Any:
+        """The codec that writes this role's entries (imported on first use)."""
+        if self._codec is None:
+            from stepskip.formats import get_format
+
+            self._codec = get_format(self.format_spec.name, compress=str(self.config.compress))
+        return self._codec
+
+    # ------------------------------------------------------------------ paths and lookups
+
+    @property
+    def project_dump_dir(self) -> str:
+        """The directory holding this role's step entries."""
+        return self.layout.project_dir
+
+    def step_dump_dir(self, step: int) -> str:
+        """The entry directory of ``step``."""
+        return self.layout.step_dir(step)
+
+    def listed_steps(self) -> list[int]:
+        """Steps that have a directory (one listing; nothing is read or validated)."""
+        steps = (Layout.parse_step(name) for name in self.store.list_dir(self.project_dump_dir))
+        return sorted(s for s in steps if s is not None)
+
+    def available_steps(self) -> list[int]:
+        """Steps with a valid entry, sorted (damaged and unreadable entries and temporaries are left out)."""
+        return [step for step in self.listed_steps() if self._present(step)]
+
+    def resolve_load_step(self, step: int) -> int:
+        """The step this role's action would load for a call at ``step``; -1 for none.
+
+        ``cache``/``replay``: ``step`` itself. ``repeat``: ``step``, else the largest smaller
+        available step, else the smallest larger one (seed §2.3). ``random``: an available step
+        drawn reproducibly from ``seed`` and ``step``. ``record``: never loads. Re-resolved on
+        every call; only the candidates tried are validated.
+        """
+        listed = () if self.action in (SkipAction.CACHE, SkipAction.REPLAY) else self.listed_steps()
+        for candidate in load_candidates(self.action, step, listed, self.seed):
+            if self._present(candidate):
+                return candidate
+        return -1
+
+    def would_replay(self, step: int) -> bool:
+        if step not in self._step_lookup:
+            return False
+        load_step = self.resolve_load_step(step)
+        return load_step != -1 and all(self._servable(p.meta or {}) for p in self._probes(load_step))
+
+    def _servable(self, meta: dict[str, Any]) -> bool:
+        """False when an entry's meta alone shows a call would not be served from it."""
+        spec = format_spec(meta.get("format", self.legacy.name))
+        if spec is None or (spec.uses_pickle and not self.allow_pickle):
+            return False
+        recorded = meta.get("fingerprint")
+        return not (self.on_mismatch is OnMismatch.REGENERATE and isinstance(recorded, dict)
+                    and fingerprint_diff(recorded, self.fingerprint))
+
+    def _probes(self, step: int) -> list[Probe]:
+        """The probes of every file set ``step`` consists of (one flat entry here)."""
+        return [self._probe(self.step_dump_dir(step))]
+
+    def _probe(self, path: str) -> Probe:
+        """Probe and classify the entry at ``path`` (a present entry this role cannot use is unreadable)."""
+        if self._pending:
+            self._await_pending(path)
+        return self._classify(path, self.store.probe(path, self.legacy.files))
+
+    def _classify(self, path: str, probe: Probe) -> Probe:
+        if probe.state is not EntryState.PRESENT:
+            return probe
+        meta = probe.meta or {}
+        name = meta.get("format", self.legacy.name)
+        spec = format_spec(name)
+        if spec is None:
+            return Probe(EntryState.UNREADABLE, meta, unsupported_format_message(path, name))
+        if spec.v1 != self.v1 and spec.uses_pickle:
+            kind = "V1 inner entries" if spec.v1 else "flat entries"
+            return Probe(EntryState.UNREADABLE, meta, f"{path} is in format {name!r}, which holds {kind}; "
+                         f"role {self.name!r} cannot replay it. Move it away or re-record with action: record")
+        role = meta.get("role")
+        if role is not None and role != self.name:
+            return Probe(EntryState.UNREADABLE, meta,
+                         f"{path} was recorded by role {role!r}, not {self.name!r} (two roles shared one "
+                         "directory). Move it to its own role's directory or re-record with action: record")
+        return probe
+
+    def _probe_settled(self, path: str) -> Probe:
+        """Probe, looking twice before calling an entry damaged (it may be mid-replacement)."""
+        probe = self._probe(path)
+        if probe.state is EntryState.DAMAGED:
+            time.sleep(_RETRY_SECONDS)
+            probe = self._probe(path)
+        return probe
+
+    def _present(self, step: int) -> bool:
+        """True when ``step`` has a complete, usable-looking entry (no data read)."""
+        return all(p.state is EntryState.PRESENT for p in self._probes(step))
+
+    # ------------------------------------------------------------------ the role protocol
+
+    def meet_precondition(self, step: int, func: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> bool:
+        """True when the call at ``step`` is served from the cache.
+
+        Raises:
+            UnreadableEntryError: the step's entry is intact but cannot be used here (it is kept).
+        """
+        action = self.action
+        if action is SkipAction.RECORD:
+            return False
+        if action is SkipAction.REPLAY:
+            return True  # warp_function raises when there is nothing to load
+        if action is SkipAction.CACHE:
+            hit = self._exact_step_usable(step)
+        else:
+            self._refuse_unreadable(step)  # the exact step would be regenerated over: never
+            hit = self.resolve_load_step(step) != -1
+        if not hit:
+            self.stats.add(misses=1)
+            logger.info("%s miss: step %d has no usable entry under %s; generating and dumping it",
+                        self.name, step, self.project_dump_dir)
+        return hit
+
+    def _exact_step_usable(self, step: int) -> bool:
+        probe = self._probe_settled(self.step_dump_dir(step))
+        if probe.state is EntryState.UNREADABLE:
+            raise self._unreadable(probe.reason)
+        if probe.state is EntryState.DAMAGED:
+            self._report_corrupt(step, self.step_dump_dir(step), probe.reason)
+        return probe.state is EntryState.PRESENT
+
+    def _refuse_unreadable(self, step: int) -> None:
+        for probe in self._probes(step):
+            if probe.state is EntryState.UNREADABLE:
+                raise self._unreadable(probe.reason)
+
+    def _unreadable(self, reason: str) -> UnreadableEntryError:
+        return UnreadableEntryError(f"{self.name}: {reason}")
+
+    def warp_function(self, step: int, func: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
+        """Load the entry the action resolves for ``step`` and rebind identity columns.
+
+        Raises:
+            ReplayMissError: nothing to load (a ``CacheMissError`` and a ``RuntimeError``, as verl's).
+            CorruptEntryError: the entry is damaged.
+            UnreadableEntryError: the entry is intact but cannot be decoded here, or is a pickle
+                while ``allow_pickle`` is false.
+        """
+        load_step = self.resolve_load_step(step)
+        if load_step == -1 and self.action is not SkipAction.RECORD:
+            probe = self._probe_settled(self.step_dump_dir(step))
+            if probe.state is EntryState.PRESENT:
+                load_step = step  # it appeared, or was being replaced, while we looked
+            elif probe.state is EntryState.UNREADABLE:
+                raise self._unreadable(probe.reason)
+            elif probe.state is EntryState.DAMAGED:
+                path = self.step_dump_dir(step)
+                self._report_corrupt(step, path, probe.reason)
+                raise CorruptEntryError(f"{self.name}: entry for step {step} at {path} is damaged: {probe.reason}")
+        if load_step == -1:
+            raise ReplayMissError(
+                f"{self.name}: no entry for step {step} under {self.project_dump_dir} (action {self.action.value!r}); "
+                "record it first with action 'cache' or 'record', or check dump_dir and the run shape "
+                "(GBS/N/in/out) in the directory name"
+            )
+        prompts = call_prompts(args, kwargs)
+        try:
+            value, meta, seconds, nbytes = self.load_entry(load_step, step, prompts=prompts)
+        except CacheMissError:
+            if self.action is not SkipAction.REPLAY:
+                self.stats.add(misses=1)  # the call is regenerated
+            raise
+        self._rebind(value, prompts)
+        saved = _seconds(meta.get("generation_seconds"))
+        self.stats.add(hits=1, load_seconds=seconds, bytes_read=nbytes, saved_seconds=saved)
+        logger.info("%s hit: step %d replayed from step %d at %s (%d bytes, %.3fs)",
+                    self.name, step, load_step, self.step_dump_dir(load_step), nbytes, seconds)
+        return value
+
+    def prepare_data(self, step: int, result: Any, *args: Any, **kwargs: Any) -> None:
+        """Snapshot ``result`` and write it as the entry of ``step`` (in the background with ``async_dump``).
+
+        Failures are logged and counted in ``dump_failures``; they never reach the caller.
+        """
+        path = self.step_dump_dir(step)
+        info = CURRENT_CALL.get()
+        seconds = info.generation_seconds if info is not None else None
+        prompts = call_prompts(args, kwargs)
+
+        def meta() -> dict[str, Any]:
+            return self._entry_meta(step, seconds, prompt_digest=_prompt_digest(prompts, self.rebind_keys),
+                                    row_prompts=self._row_prompts(prompts, result))
+
+        prepared = self._snapshot(step, path, result, copy=self.async_dump, meta=meta)
+        if prepared is not None:
+            self._submit_write(path, step, *prepared)
+
+    def _row_prompts(self, prompts: Any, result: Any) -> list[str] | None:
+        """One prompt digest per result row, for roles that ``match``: what the prompt index is built of."""
+        if not self.row_wise or prompts is None:
+            return None
+        from stepskip.matching import batch_rows, row_digests
+
+        rows = batch_rows(result)
+        if rows < 0 or batch_rows(prompts) != rows:
+            return None  # not row-aligned with its prompts: this entry cannot serve prompt groups
+        try:
+            return row_digests(prompts, self.rebind_keys)
+        except (TypeError, ValueError):
+            return None
+
+    # ------------------------------------------------------------------ action: match
+
+    @property
+    def row_wise(self) -> bool:
+        """Output rows map one to one onto prompt rows (stage roles say so with ``row_wise: true``)."""
+        return SkipAction.MATCH in self.support_actions and bool(getattr(self.config, "row_wise", True))
+
+    def match_split(self, step: int, prompts: Any) -> Any:
+        """Divide the live batch into prompt groups recorded anywhere in this run and groups to generate.
+
+        Raises:
+            SkipConfigError: the prompts are not a batch of rows (``match`` needs DataProto-like or
+                TensorDict prompts).
+        """
+        from stepskip.matching import MatchSplit, group_rows, row_digests, select_batch_rows
+
+        try:
+            digests = row_digests(prompts, self.rebind_keys)
+        except ValueError as err:
+            raise SkipConfigError(f"skip.{self.name}.action = 'match': {err}") from err
+        index = self._match_index()
+        found: dict[int, tuple[int, int]] = {}
+        missing: list[int] = []
+        steps: dict[int, int] = {}
+        strict = self.config.match_n is MatchN.STRICT
+        for digest, rows in group_rows(digests).items():
+            where = index.groups.get(digest)
+            if where is None or (strict and len(where[1]) != len(rows)):
+                missing.extend(rows)
+                continue
+            recorded_step, recorded_rows = where
+            steps[recorded_step] = steps.get(recorded_step, 0) + 1
+            for session, row in enumerate(rows):  # a different sample count cycles, as the V1 remap does
+                found[row] = (recorded_step, recorded_rows[session % len(recorded_rows)])
+        missing.sort()
+        subset = None
+        if missing:
+            subset = prompts if not found else select_batch_rows(prompts, missing)
+        return MatchSplit(digests=digests, found=found, missing_rows=missing, subset=subset, steps=steps)
+
+    def _match_index(self) -> Any:
+        """The prompt index, refreshed from entries it has not seen (one listing, new entries only)."""
+        from stepskip.matching import PromptIndex
+
+        with self._index_lock:
+            if self._index is None:
+                self._index = PromptIndex()
+            index = self._index
+            listed = set(self.listed_steps())
+            for step in [s for s in index.steps if s not in listed]:
+                index.forget(step)
+            for step in sorted(listed - set(index.steps)):
+                self._index_step(index, step)
+            return index
+
+    def _index_step(self, index: Any, step: int) -> None:
+        probe = self._probe(self.step_dump_dir(step))
+        meta = probe.meta or {}
+        digests = meta.get("row_prompts")
+        usable = probe.state is EntryState.PRESENT and self._servable(meta)
+        if usable and isinstance(digests, list) and all(isinstance(d, str) for d in digests):
+            index.add(step, str(meta.get("run_id")), digests)
+        else:
+            index.forget(step)
+
+    def match_merge(self, step: int, split: Any, prompts: Any, generated: Any) -> Any:
+        """The live batch in live row order: recorded rows for the found groups, ``generated`` for the rest.
+
+        Records what was generated (the live batch as the step's entry, or appended to the entry the
+        step already has, so that no recorded group is lost).
+        """
+        from stepskip.matching import concat_batches, select_batch_rows
+
+        start = time.perf_counter()
+        sources: list[Any] = []
+        offsets: dict[int, tuple[int, dict[int, int]]] = {}  # recorded step -> (first row in sources, row map)
+        nbytes, saved, base = 0, 0.0, 0
+        needed: dict[int, list[int]] = {}
+        for live_row in sorted(split.found):
+            recorded_step, recorded_row = split.found[live_row]
+            rows = needed.setdefault(recorded_step, [])
+            if recorded_row not in rows:
+                rows.append(recorded_row)
+        for recorded_step, rows in needed.items():
+            value, meta, _, size = self.load_entry(recorded_step, step)
+            nbytes += size
+            recorded_rows = len(meta.get("row_prompts") or ()) or len(rows)
+            saved += _seconds(meta.get("generation_seconds")) * len(rows) / recorded_rows
+            sources.append(select_batch_rows(value, rows))
+            offsets[recorded_step] = (base, {row: i for i, row in enumerate(rows)})
+            base += len(rows)
+        if not split.found:
+            merged = generated
+        else:
+            generated_at = {row: base + i for i, row in enumerate(split.missing_rows)}
+            order = []
+            for live_row in range(len(split.digests)):
+                if live_row in split.found:
+                    recorded_step, recorded_row = split.found[live_row]
+                    first, positions = offsets[recorded_step]
+                    order.append(first + positions[recorded_row])
+                else:
+                    order.append(generated_at[live_row])
+            if generated is not None:
+                sources.append(generated)
+            merged = select_batch_rows(concat_batches(sources), order)
+            self._rebind(merged, prompts)
+        replayed = len(split.found)
+        self.stats.add(rows_replayed=replayed, rows_generated=len(split.missing_rows), bytes_read=nbytes,
+                       load_seconds=time.perf_counter() - start if split.found else 0.0, saved_seconds=saved,
+                       hits=0 if split.missing_rows else 1, misses=1 if split.missing_rows else 0)
+        if split.found:
+            origin = ", ".join(f"{n} from step {s}" for s, n in sorted(split.steps.items()))
+            logger.info("%s match: step %d replayed %d of %d rows (%d prompt groups: %s); %d rows generated",
+                        self.name, step, replayed, len(split.digests), sum(split.steps.values()), origin,
+                        len(split.missing_rows))
+        if split.missing_rows:
+            self._record_match(step, split, prompts, merged, generated)
+        return merged
+
+    def _record_match(self, step: int, split: Any, prompts: Any, merged: Any, generated: Any) -> None:
+        from stepskip.matching import concat_batches, row_digests, select_batch_rows
+
+        path = self.step_dump_dir(step)
+        info = CURRENT_CALL.get()
+        seconds = info.generation_seconds if info is not None else None
+        to_write, digests = merged, list(split.digests)
+        if self._probe(path).state is EntryState.PRESENT:  # the step recorded other prompts before: keep them
+            existing, meta, _, _ = self.load_entry(step)
+            recorded = meta.get("row_prompts")
+            if isinstance(recorded, list):
+                to_write = concat_batches([existing, generated])
+                subset = select_batch_rows(prompts, split.missing_rows) if split.found else prompts
+                digests = list(recorded) + row_digests(subset, self.rebind_keys)
+        prepared = self._snapshot(step, path, to_write, copy=self.async_dump,
+                                  meta=lambda: self._entry_meta(step, seconds, row_prompts=digests))
+        if prepared is not None:
+            self._submit_write(path, step, *prepared)
+        with self._index_lock:
+            if self._index is not None:
+                self._index.forget(step)  # re-read from the entry once it is written
+
+    def _snapshot(self, step: int, path: str, value: Any, copy: bool,
+                  meta: Callable[[], dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
+        """``(frozen value, meta)`` for a dump, or None after counting a failure (the dump boundary)."""
+        try:
+            return self.format.freeze(value, copy=copy), meta()
+        except Exception as err:  # the dump boundary: nothing about a result may stop the training run
+            self.stats.add(dump_failures=1)
+            logger.error("%s dump failed: step %d not written to %s: %s: %s",
+                         self.name, step, path, type(err).__name__, err)
+            return None
+
+    def _entry_meta(self, step: int, generation_seconds: float | None, **extra: Any) -> dict[str, Any]:
+        return {
+            "global_steps": int(step),
+            "role": self.name,
+            "format": self.format_spec.name,
+            "stepskip_version": __version__,
+            "run_id": self.run_id,
+            "created_unix": time.time(),
+            "generation_seconds": generation_seconds,
+            "fingerprint": self.fingerprint,
+            **extra,
+        }
+
+    def _submit_write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> None:
+        if not self.async_dump:
+            self._write(path, step, frozen, meta)
+            return
+        done = threading.Event()
+        with self._pending_lock:
+            self._pending[path] = done
+
+        def job() -> None:
+            try:
+                self._write(path, step, frozen, meta)
+            finally:
+                with self._pending_lock:
+                    if self._pending.get(path) is done:
+                        del self._pending[path]
+                done.set()
+
+        default_worker().submit(job)
+
+    def _await_pending(self, path: str) -> None:
+        """Wait for this run's queued dump of ``path``: a call at that step then replays it
+        instead of generating (and dumping) the same step a second time."""
+        done = self._pending.get(path)
+        if done is not None:
+            done.wait()
+
+    def _write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> None:
+        start = time.perf_counter()
+        try:
+            files = self.format.encode(frozen)
+            written = self.store.write_entry(path, files, meta)
+        except Exception as err:  # the dump boundary: no storage error may stop the training run
+            self.stats.add(dump_failures=1)
+            logger.error("%s dump failed: step %d not written to %s: %s: %s",
+                         self.name, step, path, type(err).__name__, err)
+            return
+        seconds = time.perf_counter() - start
+        self.stats.add(dumps=1, dump_seconds=seconds, bytes_written=written)
+        logger.info("%s dump: step %d written to %s (%d bytes, %.3fs)", self.name, step, path, written, seconds)
+
+    # ------------------------------------------------------------------ loading
+
+    def load_entry(self, load_step: int, step: int | None = None,
+                   prompts: Any = None) -> tuple[Any, dict[str, Any], float, int]:
+        """Read and decode the entry of ``load_step``: ``(value, meta, seconds, bytes)``.
+
+        Args:
+            load_step: the entry to read.
+            step: the step of the call being served (defaults to ``load_step``).
+            prompts: the live call's prompts, compared with the entry's prompt digest when the
+                entry's step is the call's step.
+
+        Raises:
+            CorruptEntryError: damaged entry (logged and counted).
+            CacheMissError: the entry vanished, or the fingerprint differs and ``on_mismatch`` is
+                ``regenerate``.
+            UnreadableEntryError: intact but not decodable here, or a pickle while ``allow_pickle`` is false.
+            SkipConfigError: a fingerprint or prompt mismatch under the ``error`` policy.
+        """
+        step = load_step if step is None else step
+        return self._read_entry(self.step_dump_dir(load_step), step, load_step, prompts)
+
+    def _read_entry(self, path: str, step: int, load_step: int | None = None,
+                    prompts: Any = None) -> tuple[Any, dict[str, Any], float, int]:
+        start = time.perf_counter()
+        for attempt in range(2):
+            try:
+                value, meta, nbytes = self._read_entry_once(path, step, load_step, prompts)
+                return value, meta, time.perf_counter() - start, nbytes
+            except CorruptEntryError as err:
+                if attempt:
+                    self._report_corrupt(step, path, str(err))
+                    raise
+                time.sleep(_RETRY_SECONDS)  # a concurrent writer may be replacing the entry: look again
+        raise AssertionError("unreachable")
+
+    def _read_entry_once(self, path: str, step: int, load_step: int | None,
+                         prompts: Any) -> tuple[Any, dict[str, Any], int]:
+        probe = self._classify(path, self.store.probe(path, self.legacy.files))
+        if probe.state is EntryState.MISSING:
+            raise ReplayMissError(f"{self.name}: the entry at {path} vanished (removed while it was being read)")
+        if probe.state is EntryState.UNREADABLE:
+            raise self._unreadable(probe.reason)
+        if probe.state is not EntryState.PRESENT:
+            raise CorruptEntryError(f"{path}: {probe.reason}")
+        meta = probe.meta or {}
+        self._check_fidelity(meta, path, step, step if load_step is None else load_step, prompts)
+        spec = format_spec(meta.get("format", self.legacy.name))
+        assert spec is not None  # _classify made sure
+        if spec.uses_pickle and not self.allow_pickle:
+            raise UnreadableEntryError(
+                f"{path} holds a pickle-based entry (format {spec.name!r}, as verl writes it) and "
+                f"skip.{self.name}.allow_pickle is false. Either set skip.{self.name}.allow_pickle=true "
+                "(read through an allow-list unpickler), or convert the cache once with "
+                "`stepskip convert SRC DST --to safe --allow-pickle`. The entry was left untouched."
+            )
+        from stepskip.formats import get_format
+
+        files = self.store.read_files(path, meta, spec.files, self.verify)
+        nbytes = sum(len(b) for b in files.values())
+        try:
+            return get_format(spec.name).decode(files, consume=True), meta, nbytes
+        except CorruptEntryError as err:
+            raise self._decode_failure(path, meta, spec, err) from err
+
+    def _decode_failure(self, path: str, meta: dict[str, Any], spec: FormatSpec, err: CorruptEntryError) -> Exception:
+        """Bytes that did not decode: damage only when they are provably not what was written."""
+        listed = meta.get("files")
+        if isinstance(listed, dict) and listed:
+            if not self.verify:  # the bytes were not checked: check them now, to tell damage apart
+                try:
+                    self.store.read_files(path, meta, spec.files, True)
+                except CorruptEntryError as damage:
+                    return damage
+            intact = "its files match their checksums"
+        elif isinstance(err, TruncatedEntryError):
+            return err  # no checksums (verl wrote it), but the bytes end early: damage
+        else:
+            intact = "its file is complete"
+        return self._unreadable(
+            f"the entry at {path} cannot be decoded by this stepskip although {intact}: {err}. It was left "
+            "untouched; read it with the stepskip (or verl) that wrote it, or re-record the step with action: record"
+        )
+
+    def _check_fidelity(self, meta: dict[str, Any], path: str, step: int, load_step: int, prompts: Any) -> None:
+        """Compare the entry's run fingerprint and prompt digest with the live run and call."""
+        recorded = meta.get("fingerprint")
+        if isinstance(recorded, dict):
+            diffs = fingerprint_diff(recorded, self.fingerprint)
+            if diffs:
+                message = (f"{self.name}: the entry at {path} was recorded with other rollout settings: "
+                           + "; ".join(diffs))
+                if self.on_mismatch is OnMismatch.ERROR:
+                    raise FingerprintMismatchError(message + f" (skip.{self.name}.on_mismatch = error)")
+                if self.on_mismatch is OnMismatch.REGENERATE:
+                    logger.warning("%s; regenerating step %d", message, step)
+                    raise CacheMissError(message)
+                if tuple(diffs) not in self._warned:
+                    self._warned.add(tuple(diffs))
+                    logger.warning("%s; replaying it anyway (set skip.%s.on_mismatch to error or regenerate)",
+                                   message, self.name)
+        recorded_digest = meta.get("prompt_digest")
+        if self.check_prompts is CheckPrompts.OFF or load_step != step or prompts is None or not recorded_digest:
+            return
+        digest = _prompt_digest(prompts, self.rebind_keys)
+        if digest is None or digest == recorded_digest:
+            return
+        message = (f"{self.name}: step {step} was recorded for other prompts than this call's (entry {path}); "
+                   "the data order or dataset changed since it was recorded (e.g. another shuffle seed)")
+        if self.check_prompts is CheckPrompts.ERROR:
+            raise PromptMismatchError(message + f" (skip.{self.name}.check_prompts = error)")
+        logger.warning("%s; replaying it anyway (set skip.%s.check_prompts to error or off)", message, self.name)
+
+    def _report_corrupt(self, step: int, path: str, reason: str) -> None:
+        self.stats.add(corrupt=1)
+        if self.action is SkipAction.REPLAY:
+            logger.error("%s corrupt entry for step %d at %s: %s", self.name, step, path, reason)
+        else:
+            logger.warning("%s corrupt entry for step %d at %s: %s; it will be regenerated and overwritten",
+                           self.name, step, path, reason)
+
+    def _rebind(self, value: Any, prompts: Any) -> None:
+        """Copy identity columns (``rebind_keys``) row-wise from the live prompts onto a replayed batch."""
+        target = getattr(value, "non_tensor_batch", None)
+        source = getattr(prompts, "non_tensor_batch", None)
+        if not self.rebind_keys or not isinstance(target, dict) or not isinstance(source, dict):
+            return
+        for key in self.rebind_keys:
+            if key in target and key in source and len(target[key]) == len(source[key]):
+                target[key] = np.array(source[key], copy=True)
+            elif key in target and key in source:
+                logger.debug("%s: not rebinding %r: %d replayed rows vs %d live rows",
+                             self.name, key, len(target[key]), len(source[key]))
+
+    # ------------------------------------------------------------------ verl's names (its tests and trainer use them)
+
+    def _path(self, path: str) -> Any:
+        return path if is_url(path) else Path(path)
+
+    def _get_project_dump_dir(self) -> Any:
+        return self._path(self.project_dump_dir)
+
+    def _get_step_dump_dir(self, step: int) -> Any:
+        return self._path(self.step_dump_dir(step))
+
+    def _check_valid_step_path(self, path: Any) -> bool:
+        return self._probe(str(path)).state is EntryState.PRESENT
+
+    def _get_available_steps(self) -> list[int]:
+        return self.available_steps()
+
+    def _find_latest_step(self, step: int) -> int:
+        for candidate in load_candidates(SkipAction.REPEAT, step, self.listed_steps()):
+            if self._present(candidate):
+                return candidate
+        return -1
+
+    @property
+    def exp_name(self) -> str:
+        return self.layout.experiment_name
+
+    @property
+    def project_name(self) -> str:
+        return self.layout.project_name
+
+    @property
+    def gbs(self) -> int:
+        return self.layout.gbs
+
+    @property
+    def n(self) -> int:
+        return self.layout.n
+
+    @property
+    def prompt_len(self) -> int:
+        return self.layout.prompt_len
+
+    @property
+    def response_len(self) -> int:
+        return self.layout.response_len
+
+    prompt_length = prompt_len
+    response_length = response_len
+
+
+def _seconds(value: Any) -> float:
+    """A recorded duration as a float; anything else (a planted string, a NaN) counts as zero."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+        return 0.0
+    return float(value)
