@@ -15,7 +15,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,7 @@ class Frozen:
     tensors: dict[str, torch.Tensor]
     tree: dict[str, Any]
     deferred: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
 class _Deferred:
@@ -368,12 +369,9 @@ class SafeFormat:
             raise CorruptEntryError(f"cannot decode a 'safe' entry: {type(err).__name__}: {err}") from err
 
 
-_COMPLETE_LOCK = threading.Lock()
-
-
 def _complete(frozen: Frozen) -> None:
     """Encode the snapshots a :class:`Frozen` holds (once; later calls find nothing left)."""
-    with _COMPLETE_LOCK:
+    with frozen.lock:
         if not frozen.deferred:
             return
         encoder = _Encoder(copy=False)  # the snapshots are private already: their tensors need no clone
