@@ -235,10 +235,16 @@ def stepskip_colocated(inputs: dict[str, Any], workdir: str, repeat: int) -> dic
     non_tensor_only = Batch(batch=None, non_tensor_batch=result.non_tensor_batch, meta_info=result.meta_info)
     snap_tensors = timed(lambda: fmt.freeze(tensors_only, copy=True), repeat)
     snap_non_tensor = timed(lambda: fmt.freeze(non_tensor_only, copy=True), repeat)
+    try:  # the per-row prompt digests an entry records for action match (stepskip.matching), where present
+        from stepskip.matching import row_digests
+    except ImportError:
+        row_prompts = None
+    else:
+        row_prompts = timed(lambda: row_digests(prompts, ["uid"]), repeat)
     stats = SkipManager.stats()
     assert stats["skip/rollout/hits"] == repeat and stats["skip/rollout/dumps"] == repeat, stats
     out = {"miss": miss, "write": write, "hit": hits, "digest": digest, "bytes": dir_bytes(skip.step_dump_dir(100)),
-           "snap_tensors": snap_tensors, "snap_non_tensor": snap_non_tensor}
+           "snap_tensors": snap_tensors, "snap_non_tensor": snap_non_tensor, "row_prompts": row_prompts}
     SkipManager.reset()
     return out
 
@@ -472,6 +478,8 @@ def render_colocated(size: str, threads: str, ours: dict[str, Any], verl: dict[s
                  f"{times(v.get('peak')):>20s} {'':>11s} {'<= 1.3':>7s}")
     lines.append(f"{'miss breakdown: snapshot of the tensors':44s} {ms(ours['snap_tensors']):>22s}")
     lines.append(f"{'  snapshot of the non-tensor columns':44s} {ms(ours['snap_non_tensor']):>22s}")
+    if ours.get("row_prompts") is not None:
+        lines.append(f"{'  per-row prompt digests (matching)':44s} {ms(ours['row_prompts']):>22s}")
     d = best(ours["digest"])
     lines.append(f"{'prompt check (prompt_digest) alone':44s} {ms(ours['digest']):>22s} {'':>20s} "
                  f"{'':>11s} {'':>7s} {noise(ours['digest']):>6s}")

@@ -18,7 +18,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 
 from stepskip import Batch
 from stepskip.errors import UnstorableValueError
-from stepskip.formats.safe import SafeFormat
+from stepskip.formats.safe import SafeFormat, release_snapshot_buffers
 from stepskip.formats.snapshot import snapshot_object_array, snapshot_value
 
 Exact = Callable[[Any, Any], None]
@@ -137,3 +137,34 @@ def test_snapshot_value_shares_immutables_and_copies_containers() -> None:
     assert snap == value and snap is not value
     assert snap["a"][1] is not value["a"][1] and snap["c"] is value["c"] and snap["d"] is value["d"]
     assert snapshot_value(value, "v", FMT_CHECK, copy=False) is value
+
+
+def big_batch(value: int) -> Batch:
+    rows = 512  # 512 x 512 int64 = 2 MiB per tensor: above POOL_MIN_BYTES
+    return Batch(batch=TensorDict({"ids": torch.full((rows, 512), value), "mask": torch.ones(rows, 512).bool()[:, :300],
+                                   "small": torch.arange(rows)}, batch_size=[rows]),
+                 non_tensor_batch={"uid": np.array([str(i) for i in range(rows)], dtype=object)})
+
+
+def test_large_snapshots_reuse_the_memory_of_encoded_ones_without_mixing_them_up(exact: Exact) -> None:
+    release_snapshot_buffers()
+    first = FMT.freeze(big_batch(1), copy=True)
+    first_ptr = first.tensors["t0"].data_ptr()
+    first_files = FMT.encode(first)
+    assert first.tensors == {}  # its buffers went back to the pool
+    second = FMT.freeze(big_batch(2), copy=True)
+    assert second.tensors["t0"].data_ptr() == first_ptr  # the next snapshot of that size took the buffer
+    assert FMT.encode(first) == first_files  # the encoded bytes are kept, not re-read from the buffer
+    exact(FMT.decode(FMT.encode(second)), big_batch(2))
+    exact(FMT.decode(first_files), big_batch(1))
+    assert release_snapshot_buffers() == 512 * 512 * 8  # the ids tensor; the small ones are plain clones
+
+
+def test_an_unencoded_snapshot_keeps_its_buffers(exact: Exact) -> None:
+    release_snapshot_buffers()
+    held = FMT.freeze(big_batch(3), copy=True)
+    FMT.encode(FMT.freeze(big_batch(4), copy=True))
+    other = FMT.freeze(big_batch(5), copy=True)
+    assert other.tensors["t0"].data_ptr() != held.tensors["t0"].data_ptr()
+    exact(FMT.decode(FMT.encode(held)), big_batch(3))
+    exact(FMT.decode(FMT.encode(other)), big_batch(5))
