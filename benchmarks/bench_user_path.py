@@ -214,6 +214,10 @@ def stepskip_colocated(inputs: dict[str, Any], workdir: str, repeat: int) -> dic
     loop.result = to_batch(inputs["result"])
     SkipManager.init(config(workdir, inputs["shape"], "rollout"))
     skip = SkipManager.skip_instances["rollout"]
+    SkipManager.set_step(99)  # warm-up, untimed: lazy imports, first-use allocations; then a hit of it
+    loop.generate_sequences(prompts)
+    SkipManager.flush()
+    touch(loop.generate_sequences(prompts))
     miss, write = [], []
     for i in range(repeat):
         SkipManager.set_step(100 + i)
@@ -242,7 +246,7 @@ def stepskip_colocated(inputs: dict[str, Any], workdir: str, repeat: int) -> dic
     else:
         row_prompts = timed(lambda: row_digests(prompts, ["uid"]), repeat)
     stats = SkipManager.stats()
-    assert stats["skip/rollout/hits"] == repeat and stats["skip/rollout/dumps"] == repeat, stats
+    assert stats["skip/rollout/hits"] == repeat + 1 and stats["skip/rollout/dumps"] == repeat + 1, stats
     out = {"miss": miss, "write": write, "hit": hits, "digest": digest, "bytes": dir_bytes(skip.step_dump_dir(100)),
            "snap_tensors": snap_tensors, "snap_non_tensor": snap_non_tensor, "row_prompts": row_prompts}
     SkipManager.reset()
