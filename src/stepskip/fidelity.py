@@ -20,7 +20,8 @@ from tensordict import TensorDictBase, is_non_tensor
 
 from stepskip.identity import VERL_FINGERPRINT_KEYS, fingerprint_diff, fingerprint_of
 
-__all__ = ["FINGERPRINT_KEYS", "DIGEST_PREFIX", "run_fingerprint", "fingerprint_diff", "prompt_digest"]
+__all__ = ["FINGERPRINT_KEYS", "DIGEST_PREFIX", "run_fingerprint", "fingerprint_diff", "prompt_digest",
+           "prompt_row_digests"]
 
 #: The scheme of :func:`prompt_digest` values. Entries recorded by an older scheme (``xxh3_64:``)
 #: hold digests that cannot be compared with this one: a reader should skip the check for them.
@@ -246,3 +247,96 @@ def _hash_tensordict(h: xxhash.xxh3_64, td: TensorDictBase, skip: set[str], pref
             _hash_tensordict(h, item, skip, prefix=f"{name}.")
         else:
             _hash_tensor(h, name, item)
+
+
+# ------------------------------------------------------------------ per-row digests (action match)
+
+
+def _tensor_row_digests(name: str, tensor: torch.Tensor, rows: int) -> np.ndarray:
+    """64-bit digest of each row's bytes (the dtype and row shape go in the seed)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.is_nested:
+        parts = t.unbind()
+        if len(parts) != rows:
+            raise ValueError(f"column {name!r} has {len(parts)} rows, the batch {rows}")
+        return np.fromiter((_row_hash(name, p) for p in parts), dtype=np.uint64, count=rows)
+    if t.dim() == 0 or int(t.shape[0]) != rows:
+        raise ValueError(f"column {name!r} has {int(t.shape[0]) if t.dim() else 0} rows, the batch {rows}")
+    seed = xxhash.xxh3_64_intdigest(f"{name}|{t.dtype}|{tuple(t.shape[1:])}|".encode())
+    t = t.contiguous()
+    flat = (t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)).reshape(rows, -1).numpy()
+    digest = xxhash.xxh3_64_intdigest
+    return np.fromiter((digest(row, seed) for row in flat), dtype=np.uint64, count=rows)
+
+
+def _row_hash(name: str, part: torch.Tensor) -> int:
+    p = part.contiguous()
+    seed = xxhash.xxh3_64_intdigest(f"{name}|{p.dtype}|{tuple(p.shape)}|".encode())
+    if not p.numel():
+        return seed
+    return xxhash.xxh3_64_intdigest((p.view(torch.uint8) if p.dtype != torch.bool else p.to(torch.uint8))
+                                    .reshape(-1).numpy(), seed)
+
+
+def _object_row_digests(name: str, items: list[Any], rows: int) -> np.ndarray:
+    """64-bit content digest of each row's value, each distinct object computed once."""
+    if len(items) != rows:
+        raise ValueError(f"non-tensor column {name!r} has {len(items)} rows, the batch {rows}")
+    ids = np.fromiter(map(id, items), dtype=np.uint64, count=rows)
+    distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    digests = np.fromiter((_value_digest(items[i]) for i in first.tolist()), dtype=np.uint64, count=len(distinct))
+    seed = np.uint64(xxhash.xxh3_64_intdigest(f"{name}|".encode()))
+    return digests[inverse.reshape(-1)] ^ seed
+
+
+def prompt_row_digests(prompts: Any, exclude: Iterable[str] = ()) -> list[str]:
+    """One digest per row of ``prompts``, over every column but ``exclude``: rows with equal
+    digests asked for the same thing (the content rules of :func:`prompt_digest`).
+
+    A fast form of :func:`stepskip.matching.row_digests` (its values differ: one scheme must be
+    used by the recording and the replaying run): tensor rows are hashed on their bytes without
+    copies, and each distinct non-tensor object once.
+
+    Raises:
+        ValueError: ``prompts`` is not a batch of rows, or a column's length is not the row count.
+
+    Example:
+        >>> from stepskip import Batch
+        >>> b = Batch.from_dict(tensors={"ids": torch.tensor([[1, 2], [1, 2], [3, 4]])}, non_tensors={"uid": "abc"})
+        >>> d = prompt_row_digests(b, exclude=["uid"])
+        >>> d[0] == d[1] != d[2]
+        True
+    """
+    skip = set(exclude)
+    dataproto = hasattr(prompts, "non_tensor_batch") and hasattr(prompts, "batch")
+    td = prompts.batch if dataproto else prompts
+    if td is not None and not isinstance(td, TensorDictBase):
+        raise ValueError(f"row digests need a DataProto-like batch or a TensorDict, got {type(prompts).__qualname__}")
+    if td is not None and len(td.batch_size):
+        rows = int(td.batch_size[0])
+    elif dataproto and prompts.non_tensor_batch:
+        rows = len(next(iter(prompts.non_tensor_batch.values())))
+    else:
+        raise ValueError(f"row digests need a batch with rows, got {type(prompts).__qualname__}")
+    columns: list[np.ndarray] = []
+    if td is not None:
+        for key in sorted(td.keys()):
+            if key in skip:
+                continue
+            item = td.get(key)
+            if is_non_tensor(item):
+                values = item.tolist() if hasattr(item, "tolist") else [item.data] * rows
+                columns.append(_object_row_digests(key, list(values), rows))
+            elif isinstance(item, torch.Tensor):
+                columns.append(_tensor_row_digests(key, item, rows))
+    if dataproto:
+        for key in sorted(prompts.non_tensor_batch):
+            if key not in skip:
+                column = np.asarray(prompts.non_tensor_batch[key], dtype=object).reshape(-1)
+                columns.append(_object_row_digests(key, column.tolist(), rows))
+    if not columns:
+        return [DIGEST_PREFIX + xxhash.xxh3_64_hexdigest(b"")] * rows
+    table = np.ascontiguousarray(np.stack(columns, axis=1))
+    return [DIGEST_PREFIX + xxhash.xxh3_64_hexdigest(row) for row in table.view(np.uint8).reshape(rows, -1)]

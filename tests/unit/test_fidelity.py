@@ -8,12 +8,13 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 from omegaconf import OmegaConf
 from tensordict import NonTensorStack, TensorDict
 
 from stepskip import Batch
-from stepskip.fidelity import DIGEST_PREFIX, fingerprint_diff, prompt_digest, run_fingerprint
+from stepskip.fidelity import DIGEST_PREFIX, fingerprint_diff, prompt_digest, prompt_row_digests, run_fingerprint
 
 
 def test_fingerprint_takes_the_listed_keys_that_are_set_and_user_keys():
@@ -153,3 +154,31 @@ def test_prompt_digest_is_the_same_in_another_process_whatever_the_hash_seed():
     seen = {subprocess.run([sys.executable, "-c", script], env=dict(env, PYTHONHASHSEED=seed), capture_output=True,
                            text=True, check=True).stdout.strip() for seed in ("1", "2", "3")}
     assert len(seen) == 1 and next(iter(seen)).startswith(DIGEST_PREFIX)
+
+
+def test_prompt_row_digests_group_equal_rows_by_content():
+    shared, copied = verl_like(shared=True), verl_like(shared=False)
+    rows = prompt_row_digests(shared, ["uid"])
+    assert rows == prompt_row_digests(copied, ["uid"])  # sharing does not count
+    assert len(rows) == 12 and all(r.startswith(DIGEST_PREFIX) for r in rows)
+    assert len(set(rows)) == 12  # input_ids differ on every row
+    same_ids = verl_like(shared=False)
+    same_ids.batch["input_ids"] = torch.arange(3).repeat_interleave(4)[:, None].expand(12, 5).contiguous()
+    groups = prompt_row_digests(same_ids, ["uid"])
+    assert [len({groups[i] for i in range(g * 4, g * 4 + 4)}) for g in range(3)] == [1, 1, 1]  # a group: one digest
+    assert len(set(groups)) == 3
+    same_ids.non_tensor_batch["raw_prompt"][5] = [{"role": "user", "content": "other"}]
+    changed = prompt_row_digests(same_ids, ["uid"])
+    assert [i for i in range(12) if changed[i] != groups[i]] == [5]
+    assert prompt_row_digests(verl_like(uid=["a", "b", "c"]), ["uid"]) == rows  # rebind columns do not count
+
+
+def test_prompt_row_digests_of_a_tensordict_with_jagged_and_non_tensor_columns():
+    td = TensorDict({"ids": torch.nested.nested_tensor([torch.arange(2), torch.arange(2), torch.arange(3)],
+                                                       layout=torch.jagged)}, batch_size=[3])
+    td.set("msg", NonTensorStack.from_list(["a", "a", "a"]))
+    d = prompt_row_digests(td)
+    assert d[0] == d[1] != d[2]
+    with pytest.raises(ValueError, match="rows"):
+        prompt_row_digests(Batch(batch=TensorDict({"x": torch.zeros(2)}, batch_size=[2]),
+                                 non_tensor_batch={"v": np.array(["a"], dtype=object)}))
