@@ -343,13 +343,14 @@ class CachedRole(BaseSkip):
         """One prompt digest per result row, for roles that ``match``: what the prompt index is built of."""
         if not self.row_wise or prompts is None:
             return None
-        from stepskip.matching import batch_rows, row_digests
+        from stepskip.fidelity import prompt_row_digests
+        from stepskip.matching import batch_rows
 
         rows = batch_rows(result)
         if rows < 0 or batch_rows(prompts) != rows:
             return None  # not row-aligned with its prompts: this entry cannot serve prompt groups
         try:
-            return row_digests(prompts, self.rebind_keys)
+            return prompt_row_digests(prompts, self.rebind_keys)
         except (TypeError, ValueError):
             return None
 
@@ -367,10 +368,11 @@ class CachedRole(BaseSkip):
             SkipConfigError: the prompts are not a batch of rows (``match`` needs DataProto-like or
                 TensorDict prompts).
         """
-        from stepskip.matching import MatchSplit, group_rows, row_digests, select_batch_rows
+        from stepskip.fidelity import prompt_row_digests
+        from stepskip.matching import MatchSplit, group_rows, select_batch_rows
 
         try:
-            digests = row_digests(prompts, self.rebind_keys)
+            digests = prompt_row_digests(prompts, self.rebind_keys)
         except ValueError as err:
             raise SkipConfigError(f"skip.{self.name}.action = 'match': {err}") from err
         index = self._match_index()
@@ -488,7 +490,8 @@ class CachedRole(BaseSkip):
         return merged
 
     def _record_match(self, step: int, split: Any, prompts: Any, merged: Any, generated: Any) -> None:
-        from stepskip.matching import concat_batches, row_digests, select_batch_rows
+        from stepskip.fidelity import prompt_row_digests
+        from stepskip.matching import concat_batches, select_batch_rows
 
         path = self.step_dump_dir(step)
         info = CURRENT_CALL.get()
@@ -500,7 +503,7 @@ class CachedRole(BaseSkip):
             if isinstance(recorded, list):
                 to_write = concat_batches([existing, generated])
                 subset = select_batch_rows(prompts, split.missing_rows) if split.found else prompts
-                digests = list(recorded) + row_digests(subset, self.rebind_keys)
+                digests = list(recorded) + prompt_row_digests(subset, self.rebind_keys)
         prepared = self._snapshot(step, path, to_write, copy=self.async_dump,
                                   meta=lambda: self._entry_meta(step, seconds, row_prompts=digests))
         if prepared is not None:
@@ -689,6 +692,10 @@ class CachedRole(BaseSkip):
         recorded_digest = meta.get("prompt_digest")
         if self.check_prompts is CheckPrompts.OFF or load_step != step or prompts is None or not recorded_digest:
             return
+        from stepskip.fidelity import DIGEST_PREFIX
+
+        if not str(recorded_digest).startswith(DIGEST_PREFIX):
+            return  # recorded under an earlier digest scheme: not comparable, so not a mismatch
         digest = _prompt_digest(prompts, self.rebind_keys)
         if digest is None or digest == recorded_digest:
             return
