@@ -17,7 +17,7 @@ from typing import Any
 
 from stepskip.errors import CorruptEntryError
 
-__all__ = ["capture_rng_state", "restore_rng_state"]
+__all__ = ["RngState", "capture_rng_state", "parse_rng_state", "restore_rng_state"]
 
 
 def _b64(data: Any) -> str:
@@ -56,6 +56,51 @@ def _bytes_tensor(text: Any, size: int, where: str) -> Any:
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()
 
 
+class RngState:
+    """A checked random state, ready to be set (:func:`parse_rng_state`)."""
+
+    __slots__ = ("cpu", "cuda", "skipped")
+
+    def __init__(self, cpu: Any, cuda: list[Any], skipped: list[str]) -> None:
+        self.cpu, self.cuda, self.skipped = cpu, cuda, skipped
+
+    def apply(self) -> list[str]:
+        """Set torch's generators; returns what was not restored and why."""
+        import torch
+
+        torch.set_rng_state(self.cpu)
+        if self.cuda:
+            torch.cuda.set_rng_state_all(self.cuda)
+        return list(self.skipped)
+
+
+def parse_rng_state(recorded: Any, where: str) -> RngState:
+    """Check ``recorded`` (what :func:`capture_rng_state` returned) against this torch, setting nothing.
+
+    Raises:
+        CorruptEntryError: it is not a state this torch accepts (wrong type or size).
+    """
+    import torch
+
+    if not isinstance(recorded, dict):
+        raise CorruptEntryError(f"{where}: the recorded random state is {type(recorded).__name__}, expected a mapping")
+    cpu = _bytes_tensor(recorded.get("cpu"), torch.get_rng_state().numel(), where)
+    skipped: list[str] = []
+    cuda_states: list[Any] = []
+    cuda = recorded.get("cuda")
+    if cuda is not None:
+        if not isinstance(cuda, list):
+            raise CorruptEntryError(f"{where}: the recorded CUDA random states are {type(cuda).__name__}, "
+                                    "expected a list")
+        if torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+            sizes = [s.numel() for s in torch.cuda.get_rng_state_all()]
+            cuda_states = [_bytes_tensor(text, size, where) for text, size in zip(cuda, sizes)]
+        else:
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            skipped.append(f"CUDA random states recorded for {len(cuda)} device(s), this process has {count}")
+    return RngState(cpu, cuda_states, skipped)
+
+
 def restore_rng_state(recorded: Any, where: str) -> list[str]:
     """Set torch's generators to ``recorded`` (what :func:`capture_rng_state` returned).
 
@@ -78,25 +123,4 @@ def restore_rng_state(recorded: Any, where: str) -> list[str]:
         []
         True
     """
-    import torch
-
-    if not isinstance(recorded, dict):
-        raise CorruptEntryError(f"{where}: the recorded random state is {type(recorded).__name__}, expected a mapping")
-    cpu = _bytes_tensor(recorded.get("cpu"), torch.get_rng_state().numel(), where)
-    skipped: list[str] = []
-    cuda_states: list[Any] = []
-    cuda = recorded.get("cuda")
-    if cuda is not None:
-        if not isinstance(cuda, list):
-            raise CorruptEntryError(f"{where}: the recorded CUDA random states are {type(cuda).__name__}, "
-                                    "expected a list")
-        if torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
-            sizes = [s.numel() for s in torch.cuda.get_rng_state_all()]
-            cuda_states = [_bytes_tensor(text, size, where) for text, size in zip(cuda, sizes)]
-        else:
-            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            skipped.append(f"CUDA random states recorded for {len(cuda)} device(s), this process has {count}")
-    torch.set_rng_state(cpu)
-    if cuda_states:
-        torch.cuda.set_rng_state_all(cuda_states)
-    return skipped
+    return parse_rng_state(recorded, where).apply()
