@@ -1,0 +1,1 @@
+"""Integrations with training frameworks; each module imports its framework (``stepskip`` imports none)."""
