@@ -11,6 +11,7 @@ times generation really ran, the calls as the integration saw them and the skip 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -47,7 +48,10 @@ def build_model(tokenizer):
 def build_dataset(size: int = 32):
     from datasets import Dataset
 
-    prompts = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(3 + i % 3)) for i in range(size)]
+    n = len(WORDS)  # every prompt differs from every other: (i mod n, i div n) names it
+    prompts = [" ".join([WORDS[i % n], WORDS[(i // n + 3) % n], WORDS[(i * 5) % n]][: 2 + i % 2] + ["yes"] * (i % 3))
+               for i in range(size)]
+    assert len(set(prompts)) == size
     return Dataset.from_dict({"prompt": prompts})
 
 
@@ -60,6 +64,7 @@ def main(spec_path: str, out_path: str) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(1)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     with open(spec_path) as f:
         spec = json.load(f)
     generated = []
@@ -124,6 +129,11 @@ def main(spec_path: str, out_path: str) -> None:
     with open(out_path, "w") as f:
         json.dump(result, f, default=repr)
     SkipManager.reset()
+    if spec.get("destroy"):
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":
