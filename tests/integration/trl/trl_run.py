@@ -3,8 +3,9 @@
 Everything is built locally (nothing downloaded): a 2-layer ``LlamaConfig`` model, a ``tokenizers``
 WordLevel tokenizer wrapped in ``PreTrainedTokenizerFast``, a 32-prompt dataset and a reward that
 counts one word. Run as ``python trl_run.py SPEC.json OUT.json`` (or under ``torchrun``); SPEC holds
-``skip`` (the role's section, or null for plain TRL), ``args`` (GRPOConfig overrides) and ``eval``
-(evaluate after training). OUT (per rank: ``OUT.rank{r}.json``) gets the log history, how many
+``skip`` (the role's section, or null for plain TRL), ``args`` (GRPOConfig overrides), ``eval``
+(evaluate after training), ``hidden_size`` and ``destroy`` (destroy the process group at the end).
+OUT (per rank: ``OUT.rank{r}.json``) gets the log history, how many
 times generation really ran, the calls as the integration saw them and the skip stats.
 """
 
@@ -33,15 +34,15 @@ def build_tokenizer():
                                    unk_token="<unk>")
 
 
-def build_model(tokenizer):
+def build_model(tokenizer, hidden_size: int = 32):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(1234)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=None)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
     return LlamaForCausalLM(config)
 
 
@@ -83,7 +84,8 @@ def main(spec_path: str, out_path: str) -> None:
     defaults.update(spec.get("args", {}))
     tokenizer = build_tokenizer()
     dataset = build_dataset()
-    trainer = CountingTrainer(model=build_model(tokenizer), args=GRPOConfig(**defaults), reward_funcs=count_blue,
+    model = build_model(tokenizer, spec.get("hidden_size", 32))
+    trainer = CountingTrainer(model=model, args=GRPOConfig(**defaults), reward_funcs=count_blue,
                               train_dataset=dataset, eval_dataset=dataset.select(range(4)),
                               processing_class=tokenizer)
     seen_logs = []
