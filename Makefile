@@ -16,7 +16,7 @@ ifeq ($(VERL_ENV),1)
 TEST_DEPS += $(VERL_STAMP)
 endif
 
-.PHONY: demo test venv verl-env clean
+.PHONY: demo test typecheck venv verl-env clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,8 +41,12 @@ verl-env: $(VERL_STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/stepskip demo
 
-test: $(TEST_DEPS)
+# mypy over src/stepskip with pyproject's [tool.mypy]; `make test` fails on a type error too.
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
+test: $(TEST_DEPS) typecheck
 	STEPSKIP_VERL_PYTHON=$(abspath $(VERL_VENV))/bin/python $(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(VERL_VENV) build dist src/*.egg-info .pytest_cache .mypy_cache

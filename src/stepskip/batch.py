@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 from tensordict import TensorDict
+from tensordict import cat as cat_tensordicts
 
 __all__ = ["Batch"]
 
@@ -60,6 +61,24 @@ class Batch:
         non_tensor = {k: _object_array(v) for k, v in (non_tensors or {}).items()}
         return cls(batch=td, non_tensor_batch=non_tensor, meta_info=dict(meta_info or {}))
 
+    @property
+    def tensors(self) -> TensorDict:
+        """``batch``, for code that needs the tensors: a batch without them is an error, not ``None``.
+
+        Raises:
+            ValueError: the batch holds no tensors (``batch`` is None).
+
+        Example:
+            >>> Batch.from_dict(tensors={"ids": torch.zeros(2, 3)}).tensors["ids"].shape
+            torch.Size([2, 3])
+        """
+        if self.batch is None:
+            raise ValueError(
+                f"this Batch holds no tensors (batch is None; non-tensor columns: {sorted(self.non_tensor_batch)}); "
+                "build it with Batch.from_dict(tensors=...)"
+            )
+        return self.batch
+
     def __len__(self) -> int:
         if self.batch is not None and self.batch.batch_dims > 0:
             return int(self.batch.batch_size[0])
@@ -89,8 +108,8 @@ class Batch:
         """Concatenate batches row-wise; ``meta_info`` is taken from the first."""
         if not batches:
             raise ValueError("Batch.concat needs at least one batch")
-        tds = [b.batch for b in batches]
-        td = None if any(t is None for t in tds) else torch.cat(tds, dim=0)  # type: ignore[arg-type]
+        tds = [b.batch for b in batches if b.batch is not None]
+        td = cat_tensordicts(tds, dim=0) if len(tds) == len(batches) else None
         keys = batches[0].non_tensor_batch.keys()
         non_tensor = {k: np.concatenate([b.non_tensor_batch[k] for b in batches], axis=0) for k in keys}
         return Batch(batch=td, non_tensor_batch=non_tensor, meta_info=dict(batches[0].meta_info))

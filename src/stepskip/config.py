@@ -19,7 +19,7 @@ import numpy as np
 
 from stepskip.entries import CONFIG_FORMATS
 from stepskip.errors import SkipConfigError
-from stepskip.policies import CheckPrompts, Compress, OnMismatch, SkipAction, parse_choice
+from stepskip.policies import CheckPrompts, Compress, MatchN, OnMismatch, SkipAction, parse_choice
 
 __all__ = [
     "ACTIONS",
@@ -229,6 +229,8 @@ class SkipRoleConfig:
         restore_rng: save torch's CPU (and, when initialised, CUDA) random generator state right
             after a recorded call and restore it when the call is replayed, so that code drawing
             from the global generator after the call (e.g. a shuffle) sees what it saw when recording.
+        match_n: under ``action: match``, a recorded prompt group whose sample count differs from
+            the live one is ``cycle``-d through, or (``strict``) generated anew.
 
     Example:
         >>> RolloutSkipConfig(enable=True, steps=["1-3"], action="repeat").action
@@ -254,6 +256,7 @@ class SkipRoleConfig:
     fingerprint_keys: list[str] = field(default_factory=list)
     storage_options: dict[str, Any] = field(default_factory=dict)
     restore_rng: bool = False
+    match_n: MatchN = MatchN.CYCLE
 
     def __post_init__(self) -> None:
         self.validate(self.section)
@@ -282,6 +285,7 @@ class SkipRoleConfig:
         self.on_mismatch = parse_choice(OnMismatch, self.on_mismatch, f"{where}.on_mismatch")
         _str_list(f"{where}.fingerprint_keys", self.fingerprint_keys)
         _boolean(f"{where}.restore_rng", self.restore_rng)
+        self.match_n = parse_choice(MatchN, self.match_n, f"{where}.match_n")
         if not isinstance(self.storage_options, Mapping) or not all(isinstance(k, str) for k in self.storage_options):
             raise SkipConfigError(
                 f"{where}.storage_options = {self.storage_options!r} is not valid; expected a mapping of "
@@ -344,16 +348,28 @@ class SkipRoleConfig:
 
 @dataclass
 class StageSkipConfig(SkipRoleConfig):
-    """``skip.<name>`` with ``kind: stage``: a generic stage role; the same fields as every role."""
+    """``skip.<name>`` with ``kind: stage``: a generic stage role; the same fields as every role, and
+
+    Args:
+        row_wise: the stage maps each input row to one output row (a reward, a log-prob ...), so
+            ``action: match`` may replay it prompt group by prompt group.
+    """
 
     section: ClassVar[str] = "skip.<stage>"
 
     kind: str = "stage"
+    row_wise: bool = False
 
     def validate(self, where: str) -> None:
         super().validate(where)
         if self.kind != "stage":
             raise SkipConfigError(f"{where}.kind = {self.kind!r} is not valid; allowed values: stage")
+        _boolean(f"{where}.row_wise", self.row_wise)
+        if self.action == SkipAction.MATCH and not self.row_wise:
+            raise SkipConfigError(
+                f"{where}.action = 'match' replays prompt groups row by row; declare the stage row-wise with "
+                f"{where}.row_wise = true (each input row gives one output row), or choose another action"
+            )
 
 
 @dataclass

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 __all__ = [
-    "SkipConfigError", "CacheMissError", "CorruptEntryError", "TruncatedEntryError", "UnreadableEntryError",
+    "SkipConfigError", "CacheMissError", "CorruptEntryError", "TruncatedEntryError", "DecodeLimitError",
+    "UnreadableEntryError",
     "UnstorableValueError", "FingerprintMismatchError", "PromptMismatchError", "ReplayMissError",
 ]
 
@@ -29,6 +30,14 @@ class CorruptEntryError(CacheMissError):
 
 class TruncatedEntryError(CorruptEntryError):
     """A decoder saw an entry's bytes end early: damage even for verl entries that list no checksums."""
+
+
+class DecodeLimitError(CorruptEntryError):
+    """Decoding an entry would allocate more than the decode bound (see :mod:`stepskip.formats.bounds`).
+
+    Shapes, widths and sizes recorded in the entry ask for far more memory than its bytes justify:
+    the entry is damaged or hostile. The message names the file, the field and the bound.
+    """
 
 
 class UnreadableEntryError(SkipConfigError):

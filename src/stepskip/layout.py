@@ -54,9 +54,11 @@ class Layout:
 
     @classmethod
     def for_identity(cls, dump_dir: str, identity: RunIdentity, subdir: str | None = None) -> Layout:
-        """The paths of a run with ``identity`` under ``dump_dir`` (``~`` expanded, ``file://`` dropped)."""
-        if dump_dir.startswith("file://"):
-            dump_dir = dump_dir[len("file://"):]
+        """The paths of a run with ``identity`` under ``dump_dir`` (``~`` expanded, ``file://`` and
+        ``local://`` dropped: local files behind a URL are plain paths, one LocalStore)."""
+        for prefix in ("file://", "local://"):
+            if dump_dir.startswith(prefix):
+                dump_dir = dump_dir[len(prefix):]
         root = dump_dir if is_url(dump_dir) else os.path.abspath(os.path.expanduser(dump_dir))
         return cls(
             dump_dir=root.rstrip("/") or "/",

@@ -71,8 +71,42 @@ class _SubmitHooks(_Hooks):
         return self.skip.begin_recording, (self.step, self.prompts), {}
 
 
+def _with_prompts(args: tuple[Any, ...], kwargs: dict[str, Any], prompts: Any
+                  ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call's arguments with its prompts (verl's convention: keyword, else second positional) replaced."""
+    if "prompts" in kwargs:
+        return args, {**kwargs, "prompts": prompts}
+    if len(args) > 1:
+        return (args[0], prompts, *args[2:]), kwargs
+    if len(args) == 1:
+        return (prompts,), kwargs
+    raise SkipConfigError("action 'match' calls the function with only the missing prompts, so it needs them as "
+                          "the keyword `prompts` or the second positional argument (verl's convention)")
+
+
+def _match_plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_Instruction, Any, Any]:
+    """``action: match``: replay the recorded prompt groups, call ``func`` once with the missing ones."""
+    skip = hooks.skip
+    split = yield ("io", skip.match_split, (hooks.step, hooks.prompts), {})
+    generated = None
+    if split.missing_rows:
+        args, kwargs = hooks.args, hooks.kwargs
+        if split.found:
+            args, kwargs = _with_prompts(args, kwargs, split.subset)
+        start = time.perf_counter()
+        generated = yield ("call", args, kwargs)
+        token = CURRENT_CALL.set(CallInfo(split.subset, time.perf_counter() - start))
+        try:
+            return (yield ("io", skip.match_merge, (hooks.step, split, hooks.prompts, generated), {}))
+        finally:
+            CURRENT_CALL.reset(token)
+    return (yield ("io", skip.match_merge, (hooks.step, split, hooks.prompts, None), {}))
+
+
 def _plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_Instruction, Any, Any]:
     """The one decision path of a call on an eligible step (sync, async and the V1 submit phase alike)."""
+    if hooks.skip.action is SkipAction.MATCH:
+        return (yield from _match_plan(hooks, func))
     if (yield ("io", *hooks.cached(func))):
         try:
             return (yield ("io", *hooks.load(func)))
@@ -110,7 +144,7 @@ def _drive_sync(plan: Generator[_Instruction, Any, Any], func: Callable[..., Any
             value, error = None, None
             try:
                 if instruction[0] == "call":
-                    value = func(*args, **kwargs)
+                    value = func(*instruction[1], **instruction[2]) if len(instruction) > 1 else func(*args, **kwargs)
                 else:
                     value = instruction[1](*instruction[2], **instruction[3])
             except Exception as err:  # handed back to the plan, which decides
@@ -131,7 +165,8 @@ async def _drive_async(plan: Generator[_Instruction, Any, Any], func: Callable[.
             value, error = None, None
             try:
                 if instruction[0] == "call":
-                    value = await func(*args, **kwargs)
+                    call_args, call_kwargs = instruction[1:] if len(instruction) > 1 else (args, kwargs)
+                    value = await func(*call_args, **call_kwargs)
                 else:  # storage work runs in a worker thread (it copies the context): the loop never blocks on disk
                     value = await asyncio.to_thread(instruction[1], *instruction[2], **instruction[3])
             except Exception as err:

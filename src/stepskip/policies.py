@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from typing import Any, TypeVar
 
-__all__ = ["SkipAction", "OnMismatch", "CheckPrompts", "Compress", "parse_choice"]
+__all__ = ["SkipAction", "OnMismatch", "CheckPrompts", "Compress", "MatchN", "parse_choice"]
 
 _E = TypeVar("_E", bound="Choice")
 
@@ -50,7 +50,8 @@ class SkipAction(Choice):
     ``CACHE``: load the exact step, else generate and dump. ``REPEAT``: load the nearest
     available step. ``RANDOM``: load a seeded random available step. ``REPLAY``: load the exact
     step or raise :class:`~stepskip.CacheMissError`. ``RECORD``: always generate and overwrite.
-    ``EMPTY``: reserved, as in verl.
+    ``MATCH``: replay each prompt group's recorded responses, whichever step recorded them, and
+    generate only the groups never recorded. ``EMPTY``: reserved, as in verl.
 
     Example:
         >>> SkipAction.parse("repeat") is SkipAction.REPEAT
@@ -63,6 +64,7 @@ class SkipAction(Choice):
     EMPTY = "empty"
     REPLAY = "replay"
     RECORD = "record"
+    MATCH = "match"
 
     @classmethod
     def parse(cls, value: Any, key: str | None = None) -> SkipAction:
@@ -89,6 +91,14 @@ class CheckPrompts(Choice):
     WARN = "warn"
     ERROR = "error"
     OFF = "off"
+
+
+class MatchN(Choice):
+    """``match_n``: a recorded prompt group with another sample count than the live one is
+    ``cycle``-d through (as the V1 remap does) or, ``strict``, treated as missing."""
+
+    CYCLE = "cycle"
+    STRICT = "strict"
 
 
 class Compress(Choice):

@@ -23,13 +23,14 @@ def load_candidates(action: SkipAction, step: int, listed: Iterable[int], seed: 
     only costs the next one. ``cache``/``replay``: ``step`` alone. ``repeat`` (seed §2.3):
     ``step``, then the smaller steps downwards, then the larger ones upwards. ``random``: steps
     drawn reproducibly from ``seed`` and ``step`` without replacement (when every listed step is
-    valid, the first draw is uniform over them). ``record`` and ``empty``: nothing.
+    valid, the first draw is uniform over them). ``record``, ``empty`` and ``match`` (which looks
+    prompts up, not steps): nothing.
 
     Example:
         >>> list(load_candidates(SkipAction.REPEAT, 5, [1, 3, 7, 9]))
         [3, 1, 7, 9]
     """
-    if action in (SkipAction.RECORD, SkipAction.EMPTY):
+    if action in (SkipAction.RECORD, SkipAction.EMPTY, SkipAction.MATCH):
         return
     if action in (SkipAction.CACHE, SkipAction.REPLAY):
         yield step

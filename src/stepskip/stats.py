@@ -9,6 +9,7 @@ __all__ = ["RoleStats", "STAT_NAMES"]
 STAT_NAMES = (
     "hits", "misses", "dumps", "dump_failures", "corrupt",
     "load_seconds", "dump_seconds", "bytes_read", "bytes_written", "saved_seconds",
+    "rows_replayed", "rows_generated",
 )
 
 

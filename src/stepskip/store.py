@@ -1,10 +1,17 @@
-"""Entries on disk: atomic commit, checksums, validity checks, leftovers.
+"""Entries on disk: atomic commit, checksums, validity checks, leftovers — safe against a hostile cache.
 
 An entry is a directory holding data files and ``meta.json``. A writer builds the whole entry
 in a hidden temporary directory beside its final place (``.tmp-{name}-{uuid}``), syncs it, and
 publishes it with one ``rename``; so whatever instant the writer dies, readers see no entry or
 a complete one. ``meta.json`` lists every data file with its size and xxh3-64 checksum; readers
 check both. Leftover temporaries are never parsed as steps and are removed once stale.
+
+A cache may have been written by someone else, so readers trust nothing in it (README, "Sharing a
+cache safely"): ``meta.json`` is bounded in size and depth and checked value by value
+(:func:`check_meta`); file names are single path components; files are opened without following
+symbolic links, must be regular files and are read for exactly their recorded size; directories
+are walked without following links below the dump dir; deletions stay inside the entry being
+replaced. A read sees one version of an entry even while writers replace it (:meth:`read_entry`).
 """
 
 from __future__ import annotations
@@ -14,21 +21,24 @@ import enum
 import errno
 import json
 import logging
+import math
 import os
+import re
 import shutil
+import stat
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import xxhash
 
-from stepskip.errors import CorruptEntryError, SkipConfigError
+from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 
 __all__ = [
-    "EntryState", "Probe", "LocalStore", "FsspecStore", "open_store", "checksum", "META_FILE", "TMP_PREFIX",
-    "TRASH_PREFIX",
+    "EntryState", "Probe", "LocalStore", "FsspecStore", "open_store", "checksum", "check_meta", "check_dump_dir",
+    "valid_name", "META_FILE", "TMP_PREFIX", "TRASH_PREFIX", "META_MAX_BYTES", "GRACE_SECONDS",
 ]
 
 logger = logging.getLogger(__name__)
@@ -37,6 +47,21 @@ META_FILE = "meta.json"
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
 STALE_SECONDS = 3600.0
+#: ``meta.json`` larger than this is damage (ours are a few KiB): parsing stays cheap and bounded.
+META_MAX_BYTES = 1 << 20
+#: Nesting deeper than this in ``meta.json`` is damage (ours nest 3 levels).
+META_MAX_DEPTH = 32
+#: Bound on V1 inner entries a step may claim (``parameter_sync_step``, ``inner_idx``).
+MAX_INNER_ENTRIES = 4096
+#: Object stores keep a replaced entry's objects this long, for readers holding the old ``meta.json``.
+GRACE_SECONDS = 600.0
+NAME_MAX = 255  # bytes in one file name on Linux filesystems (ext4, xfs, btrfs, NFS)
+_MAX_ATTEMPTS = 32  # reads of an entry that writers keep replacing, before it counts as damaged
+_INT64_MAX = 2**63 - 1
+# the names FsspecStore writers give data objects: {stem}.{12 hex token}{.suffix}; only these are deleted
+_OBJECT_NAME = re.compile(r"^[^./\\\x00]+\.[0-9a-f]{12}(?:\.[^/\\\x00]+)?$")
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: a FIFO cannot hang open()
 
 
 class EntryState(enum.Enum):
@@ -61,6 +86,203 @@ def checksum(data: bytes | memoryview) -> str:
     return "xxh3_64:" + xxhash.xxh3_64_hexdigest(data)
 
 
+# --------------------------------------------------------------------------- metadata checks
+
+
+def valid_name(name: object) -> bool:
+    """True when ``name`` can name an entry's file: one path component that cannot leave the entry.
+
+    Example:
+        >>> valid_name("data.json"), valid_name("../other/data.json"), valid_name("/etc/hostname")
+        (True, False, False)
+    """
+    if not isinstance(name, str) or name in ("", ".", "..") or ".." in name:
+        return False
+    if "/" in name or "\\" in name or "\x00" in name:
+        return False
+    try:
+        return len(name.encode("utf-8")) <= NAME_MAX
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _shape_problem(meta: object, strings: bool = True) -> str | None:
+    """Depth (and, with ``strings``, string) check over the whole document, iteratively (no recursion
+    to exhaust)."""
+    stack: list[tuple[object, int]] = [(meta, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            if not node.isascii():
+                try:
+                    node.encode("utf-8")
+                except UnicodeEncodeError:
+                    return f"{META_FILE} holds a string that is not valid Unicode"
+            continue
+        if isinstance(node, (dict, list)) and depth > META_MAX_DEPTH:
+            return f"{META_FILE} nests deeper than {META_MAX_DEPTH} levels"
+        if isinstance(node, dict):
+            if strings:
+                stack.extend((k, depth) for k in node)
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (dict, list)) or strings)
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, (dict, list)) or strings)
+    return None
+
+
+# a JSON escape of a UTF-16 surrogate: the only way a parsed meta.json can hold a string Python cannot encode
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _bounded_int(meta: Mapping[str, Any], key: str, low: int, high: int) -> str | None:
+    if key not in meta:
+        return None
+    value = meta[key]
+    if not _is_int(value) or not low <= value <= high:
+        return f"{META_FILE}: {key} is {_show(value)}, expected an int from {low} to {high}"
+    return None
+
+
+def check_meta(meta: object) -> str | None:
+    """Why ``meta`` (a parsed ``meta.json``) cannot be trusted, or None when every value it holds
+    has the type and range stepskip writes.
+
+    Checked: ``global_steps`` (int >= 0), ``format``/``run_id``/``role``/``stepskip_version`` (str),
+    ``prompt_digest`` (str or null), ``generation_seconds``/``created_unix`` (null or a finite
+    number >= 0), ``fingerprint`` (object), the V1 fields ``inner_idx``, ``num_trajectories`` and
+    ``parameter_sync_step`` (bounded ints), ``files`` (single-component names to ``{bytes: int >= 0,
+    checksum: str, object?: name}``), ``retired`` (names to times), nesting depth and strings.
+
+    Returns:
+        A reason naming the bad key and value, or None.
+
+    Example:
+        >>> check_meta({"global_steps": 3}) is None
+        True
+        >>> check_meta({"global_steps": 3, "format": ["safe"]})
+        "meta.json: format is ['safe'], expected a string"
+    """
+    return _check_meta(meta, None)
+
+
+def _check_meta(meta: object, raw: bytes | None) -> str | None:
+    """:func:`check_meta`; given the ``raw`` document it skips the walks the bytes show needless."""
+    if not isinstance(meta, dict):
+        return f"{META_FILE} is not a JSON object"
+    if raw is None:
+        shape = _shape_problem(meta)
+    else:
+        shallow = raw.count(b"[") + raw.count(b"{") <= META_MAX_DEPTH  # cannot nest deeper than it has brackets
+        strings = _SURROGATE_ESCAPE.search(raw) is not None
+        shape = None if shallow and not strings else _shape_problem(meta, strings)
+    if shape:
+        return shape
+    if "global_steps" not in meta:
+        return f"{META_FILE} lacks global_steps"
+    problem = _bounded_int(meta, "global_steps", 0, _INT64_MAX)
+    if problem:
+        return problem
+    for key in ("format", "run_id", "role", "stepskip_version"):
+        if key in meta and not isinstance(meta[key], str):
+            return f"{META_FILE}: {key} is {_show(meta[key])}, expected a string"
+    digest = meta.get("prompt_digest")
+    if digest is not None and not isinstance(digest, str):
+        return f"{META_FILE}: prompt_digest is {_show(digest)}, expected a string or null"
+    for key in ("generation_seconds", "created_unix"):
+        value = meta.get(key)
+        if value is not None and not (_is_number(value) and value >= 0):
+            return f"{META_FILE}: {key} is {_show(value)}, expected null or a finite number >= 0"
+    if "fingerprint" in meta and meta["fingerprint"] is not None and not isinstance(meta["fingerprint"], dict):
+        return f"{META_FILE}: fingerprint is {_show(meta['fingerprint'])}, expected an object"
+    for key, low, high in (("inner_idx", 0, MAX_INNER_ENTRIES - 1), ("parameter_sync_step", 1, MAX_INNER_ENTRIES),
+                           ("num_trajectories", 0, 2**31 - 1)):
+        problem = _bounded_int(meta, key, low, high)
+        if problem:
+            return problem
+    return _files_problem(meta.get("files")) or _retired_problem(meta.get("retired"))
+
+
+def _files_problem(files: object) -> str | None:
+    if files is None:
+        return None
+    if not isinstance(files, dict):
+        return f"{META_FILE} has a malformed file list: {_show(files)}"
+    for name, info in files.items():
+        if not valid_name(name) or name == META_FILE:
+            return f"{META_FILE} names a file {_show(name)}, which is not a single file name inside the entry"
+        if not isinstance(info, dict):
+            return f"{META_FILE} has a malformed file list: {name} -> {_show(info)}"
+        size = info.get("bytes")
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= _INT64_MAX:
+            return f"{META_FILE}: {name} has bytes {_show(size)}, expected an int >= 0"
+        if not isinstance(info.get("checksum"), str):
+            return f"{META_FILE}: {name} has checksum {_show(info.get('checksum'))}, expected a string"
+        obj = info.get("object")
+        if obj is not None and (not valid_name(obj) or obj == META_FILE):
+            return f"{META_FILE}: {name} is stored as {_show(obj)}, which is not a single file name inside the entry"
+    return None
+
+
+def _retired_problem(retired: object) -> str | None:
+    if retired is None:
+        return None
+    if not isinstance(retired, dict) or not all(valid_name(k) and _is_number(v) for k, v in retired.items()):
+        return f"{META_FILE} has a malformed list of retired objects: {_show(retired)}"
+    return None
+
+
+def _parse_meta(raw: bytes) -> tuple[dict[str, Any] | None, str]:
+    """``(meta, "")`` for a trustworthy ``meta.json``, else ``(None, reason)``; never raises."""
+    if len(raw) > META_MAX_BYTES:
+        return None, f"{META_FILE} is {len(raw)} bytes, more than the {META_MAX_BYTES} a meta.json may have"
+    try:
+        meta = json.loads(raw)
+    except RecursionError:
+        return None, f"{META_FILE} nests deeper than {META_MAX_DEPTH} levels"
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, int digits limit
+        return None, f"unreadable {META_FILE}: {err}"
+    reason = _check_meta(meta, raw)
+    return (None, reason) if reason else (meta, "")
+
+
+def _object(name: str, info: Mapping[str, Any]) -> str:
+    return str(info.get("object") or name)
+
+
+def _meta_bytes(meta: Mapping[str, Any], listing: Mapping[str, Any],
+                retired: Mapping[str, float] | None = None) -> bytes:
+    body = dict(meta)
+    body.pop("retired", None)  # only a store writes it (FsspecStore), from the entry it replaces
+    body["files"] = dict(listing)
+    if retired:
+        body["retired"] = dict(retired)
+    return json.dumps(body, indent=1, sort_keys=True).encode("utf-8")
+
+
+class _BadFile(Exception):
+    """A file of an entry is there but unusable (a link, not regular, wrong size): damage."""
+
+
+class _Raced(Exception):
+    """The entry changed while it was read: read it again."""
+
+
+# --------------------------------------------------------------------------- renameat2
+
+
 def _load_renameat2() -> Any:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -73,19 +295,18 @@ def _load_renameat2() -> Any:
 
 
 _RENAMEAT2 = _load_renameat2()
-_AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
 
-def _exchange(a: str, b: str) -> bool:
-    """Swap two existing paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``).
+def _exchange(dir_fd: int, a: str, b: str) -> bool:
+    """Swap two existing names in ``dir_fd`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``).
 
     Returns False where the call or the filesystem does not support it.
     """
     global _RENAMEAT2
     if _RENAMEAT2 is None:
         return False
-    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+    if _RENAMEAT2(dir_fd, os.fsencode(a), dir_fd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
@@ -96,37 +317,156 @@ def _exchange(a: str, b: str) -> bool:
     raise OSError(err, os.strerror(err), b)
 
 
-def _fsync_dir(path: str) -> None:
+# --------------------------------------------------------------------------- openat2
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _load_syscall() -> Any:
+    import platform
+
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
+        return None
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        fn = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_long
+    return fn
+
+
+_SYSCALL = _load_syscall()
+_SYS_OPENAT2 = 437  # the same number on every architecture (Linux >= 5.6)
+_RESOLVE_NO_SYMLINKS = 0x04
+_RESOLVE_BENEATH = 0x08
+
+
+def _openat2_dir(dir_fd: int, relative: str) -> int | None:
+    """Open the directory ``relative`` below ``dir_fd`` in one call, refusing any symbolic link on the
+    way (Linux ``openat2`` with ``RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH``).
+
+    Returns None when the call is unavailable or failed for a reason the caller's component-wise
+    walk should classify (a link, a file); raises FileNotFoundError for a missing component.
+    """
+    global _SYSCALL
+    if _SYSCALL is None:
+        return None
+    how = _OpenHow(_O_DIR, 0, _RESOLVE_NO_SYMLINKS | _RESOLVE_BENEATH)
+    fd = _SYSCALL(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dir_fd), ctypes.c_char_p(os.fsencode(relative)),
+                  ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    if fd >= 0:
+        return int(fd)
+    err = ctypes.get_errno()
+    if err == errno.ENOENT:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), relative)
+    if err in (errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG):
+        _SYSCALL = None  # an older kernel or a seccomp filter: walk component by component from now on
+    return None
+
+
+# --------------------------------------------------------------------------- the store interface
 
 
 class _EntryStore:
-    """All entry logic (probe, verified reads), written against a few filesystem primitives."""
+    """What every store offers; entry logic shared by the stores lives in the module functions above."""
 
-    def _read(self, path: str) -> bytes:  # raises FileNotFoundError / NotADirectoryError / OSError
+    def probe(self, path: str, legacy_files: Iterable[str] = ()) -> Probe:
+        """Classify the entry at ``path`` as missing, present or damaged without reading its data.
+
+        An entry written by verl itself has a ``meta.json`` without a file list; it is present when
+        one of ``legacy_files`` (verl's data file names) exists beside it. Never raises.
+        """
+        return self._look(path, tuple(legacy_files), None, verify=False, read=False)[0]
+
+    def read_entry(self, path: str, legacy_files: Iterable[str] = (),
+                   names: Iterable[str] | Callable[[dict[str, Any]], Iterable[str]] | None = None,
+                   verify: bool = True) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """Check and read one entry as one version: its ``meta.json`` and the named data files.
+
+        Unlike :meth:`probe` followed by :meth:`read_files`, the files read are those of the
+        ``meta.json`` returned even while other writers replace the entry; a read that meets a
+        newer version reads that version instead.
+
+        Args:
+            path: the entry directory.
+            legacy_files: verl's data file names, for entries verl wrote (no file list).
+            names: the data files to read; None for every listed one (every legacy file present);
+                or a function given the checked ``meta`` of the version being read that returns
+                them — it may also raise (a format or fidelity refusal, say) to stop the read
+                before any data is read; it is called again should a newer version be read.
+            verify: check each file's checksum (sizes are always checked).
+
+        Returns:
+            ``(meta, {name: bytes})``.
+
+        Raises:
+            CacheMissError: there is no entry (never written, or removed meanwhile).
+            CorruptEntryError: the entry is damaged: the message says how.
+
+        Example:
+            >>> meta, files = store.read_entry(path, names=["data.json"])  # doctest: +SKIP
+        """
+        wanted: _Names = names if names is None or callable(names) else list(names)
+        probe, files = self._look(path, tuple(legacy_files), wanted, verify, read=True)
+        if probe.state is EntryState.MISSING:
+            raise CacheMissError(f"{path}: no entry there (never written, or removed meanwhile)")
+        if probe.state is EntryState.DAMAGED:
+            raise CorruptEntryError(f"{path}: {probe.reason}")
+        return probe.meta or {}, files
+
+    def read_files(self, path: str, meta: Mapping[str, Any], names: Iterable[str], verify: bool) -> dict[str, bytes]:
+        """Read the named data files of a present entry, checking sizes and (``verify``) checksums.
+
+        Prefer :meth:`read_entry`, which cannot mix two versions of an entry being replaced.
+
+        Raises:
+            CorruptEntryError: a file is missing, truncated or does not match its checksum, or
+                ``meta`` itself is ill-typed.
+        """
+        reason = _files_problem(meta.get("files"))  # the names and sizes this read trusts
+        if reason:
+            raise CorruptEntryError(f"{path}: {reason}")
+        try:
+            return self._read_listed(path, meta, list(names), verify)
+        except _BadFile as err:
+            raise CorruptEntryError(f"{path}: {err}") from None
+
+    def is_dir(self, path: str) -> bool:
+        """True when ``path`` is a directory reached without following a symbolic link in the store."""
         raise NotImplementedError
 
-    def _size(self, path: str) -> int:
-        raise NotImplementedError
+    def list_dir(self, path: str, dirs_only: bool = False) -> list[str]:
+        """Names (not paths) directly under ``path``; empty when it does not exist or is a link.
 
-    def _isfile(self, path: str) -> bool:
-        raise NotImplementedError
-
-    def list_dir(self, path: str) -> list[str]:
-        """Names (not paths) directly under ``path``; empty when it does not exist."""
+        Args:
+            path: the directory to list.
+            dirs_only: only real subdirectories (symbolic links to directories are left out).
+        """
         raise NotImplementedError
 
     def remove(self, path: str) -> None:
-        """Delete a file or a whole directory; a missing path is fine."""
+        """Delete a file or a whole directory; a missing path is fine. A symbolic link is removed
+        itself, never its target; nothing inside a removed directory is followed either.
+
+        Raises:
+            OSError: ``path`` is spelled with ``..``, lies outside the root or is the root (object
+                stores, which have no links to refuse instead), or reaching it would follow a
+                symbolic link below the root; nothing is deleted then.
+        """
+        raise NotImplementedError
+
+    def retire_entry(self, path: str) -> bool:
+        """Remove one entry so that readers see it whole or not at all; returns False when none was there.
+
+        Locally the entry is renamed to a ``.trash-`` sibling, then deleted without following any
+        link (a linked entry loses its link, its target is untouched); on object stores its
+        ``meta.json`` goes first, then its objects.
+
+        Raises:
+            OSError: as :meth:`remove`.
+        """
         raise NotImplementedError
 
     def write_entry(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any],
@@ -136,98 +476,390 @@ class _EntryStore:
     def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS) -> list[str]:
         raise NotImplementedError
 
-    @staticmethod
-    def _object(name: str, info: Mapping[str, Any]) -> str:
-        return str(info.get("object") or name)
+    def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
+              read: bool) -> tuple[Probe, dict[str, bytes]]:
+        raise NotImplementedError
 
-    def probe(self, path: str, legacy_files: Iterable[str] = ()) -> Probe:
-        """Classify the entry at ``path`` as missing, present or damaged without reading its data.
+    def _read_listed(self, path: str, meta: Mapping[str, Any], names: list[str], verify: bool) -> dict[str, bytes]:
+        raise NotImplementedError
 
-        An entry written by verl itself has a ``meta.json`` without a file list; it is present when
-        one of ``legacy_files`` (verl's data file names) exists beside it.
-        """
-        meta_path = f"{path}/{META_FILE}"
+
+#: What a read wants: names, every file (None), or a function choosing names from the version read.
+_Names = list[str] | Callable[[dict[str, Any]], Iterable[str]] | None
+
+
+def _resolve(names: _Names, meta: dict[str, Any]) -> list[str] | None:
+    return list(names(meta)) if callable(names) else names
+
+
+def _check_files(meta: Mapping[str, Any], names: list[str] | None) -> list[str]:
+    """The listed files to read; raises _BadFile for a name the entry does not list."""
+    listed = meta["files"]
+    wanted = list(listed) if names is None else names
+    for name in wanted:
+        if name not in listed:
+            raise _BadFile(f"{name} is not listed in {META_FILE}")
+    return wanted
+
+
+def _verified(name: str, data: bytes, info: Mapping[str, Any], verify: bool) -> bytes:
+    if verify and checksum(data) != info.get("checksum"):
+        raise _BadFile(f"{name} does not match its checksum in {META_FILE}")
+    return data
+
+
+# --------------------------------------------------------------------------- local filesystem
+
+
+def _local_path(path: str) -> str | None:
+    """The filesystem path of a local dump dir or entry path, or None for an object-store URL."""
+    for prefix in ("file://", "local://"):
+        if path.startswith(prefix):
+            return path[len(prefix):] or "/"
+    return None if "://" in path else path
+
+
+def _read_fd(fd: int, size: int) -> bytes:
+    """Exactly ``size`` bytes from ``fd``: one allocation, never a byte past ``size``."""
+    if size == 0:
+        return b""
+    data = os.read(fd, size)
+    if len(data) == size or not data:
+        return data
+    chunks = [data]
+    got = len(data)
+    while got < size:
+        chunk = os.read(fd, size - got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _read_at(dir_fd: int, name: str, expected: int | None, limit: int | None = None) -> bytes:
+    """Read a regular file of an entry directory without following links or reading past its size.
+
+    Raises:
+        FileNotFoundError: no such file (damage, or a concurrent removal: the caller tells).
+        _BadFile: a link, a FIFO, a device, a directory, the wrong size, over ``limit``.
+    """
+    try:
+        fd = os.open(name, _O_FILE, dir_fd=dir_fd)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise _BadFile(f"{name} is a symbolic link (links are not followed inside a cache)") from None
+        if err.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name) from None
+        raise _BadFile(f"cannot open {name}: {err}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _BadFile(f"{name} is not a regular file")
+        if expected is not None and st.st_size != expected:
+            raise _BadFile(f"{name} has {st.st_size} bytes, {META_FILE} says {expected}")
+        if limit is not None and st.st_size > limit:
+            raise _BadFile(f"{name} is {st.st_size} bytes, more than the {limit} it may have")
         try:
-            raw = self._read(meta_path)
-        except FileNotFoundError:
-            return Probe(EntryState.MISSING)
-        except NotADirectoryError:
-            if self._isfile(path):
-                return Probe(EntryState.DAMAGED, reason=f"{path} is a file, not an entry directory")
-            return Probe(EntryState.MISSING)  # a parent is a file: no entry can exist there
+            data = _read_fd(fd, st.st_size)
+        except MemoryError:
+            raise _BadFile(f"{name} ({st.st_size} bytes) does not fit in memory") from None
         except OSError as err:
-            return Probe(EntryState.DAMAGED, reason=f"cannot read {meta_path}: {err}")
+            raise _BadFile(f"cannot read {name}: {err}") from None
+        if len(data) != st.st_size:
+            raise _BadFile(f"{name} ended after {len(data)} of its {st.st_size} bytes")
+        return data
+    finally:
+        os.close(fd)
+
+
+def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _regular_size(dir_fd: int, name: str, expected: int) -> None:
+    """Check a listed file by its metadata only; raises FileNotFoundError / _BadFile."""
+    st = _lstat_at(dir_fd, name)
+    if st is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+    if stat.S_ISLNK(st.st_mode):
+        raise _BadFile(f"{name} is a symbolic link (links are not followed inside a cache)")
+    if not stat.S_ISREG(st.st_mode):
+        raise _BadFile(f"{name} is not a regular file")
+    if st.st_size != expected:
+        raise _BadFile(f"{name} has {st.st_size} bytes, {META_FILE} says {expected}")
+
+
+def _remove_at(dir_fd: int, name: str) -> None:
+    """Delete ``name`` in ``dir_fd``: a link is unlinked (its target untouched), a directory
+    removed without following any link inside it."""
+    st = _lstat_at(dir_fd, name)
+    if st is None:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=dir_fd, ignore_errors=True)  # fd-based: never follows links
+    else:
         try:
-            meta = json.loads(raw)
-        except ValueError as err:
-            return Probe(EntryState.DAMAGED, reason=f"unreadable {META_FILE}: {err}")
-        if not isinstance(meta, dict) or "global_steps" not in meta:
-            return Probe(EntryState.DAMAGED, reason=f"{META_FILE} lacks global_steps")
-        files = meta.get("files")
-        if files is None:
-            if any(self._isfile(f"{path}/{name}") for name in legacy_files):
-                return Probe(EntryState.PRESENT, meta)
-            return Probe(EntryState.DAMAGED, meta, reason="no data file beside meta.json")
-        if not isinstance(files, dict) or not all(isinstance(i, dict) for i in files.values()):
-            return Probe(EntryState.DAMAGED, meta, reason=f"{META_FILE} has a malformed file list")
-        for name, info in files.items():
-            try:
-                size = self._size(f"{path}/{self._object(name, info)}")
-            except OSError:
-                return Probe(EntryState.DAMAGED, meta, reason=f"missing data file {name}")
-            if size != info.get("bytes"):
-                reason = f"{name} has {size} bytes, meta.json says {info.get('bytes')}"
-                return Probe(EntryState.DAMAGED, meta, reason=reason)
-        return Probe(EntryState.PRESENT, meta)
-
-    def read_files(self, path: str, meta: Mapping[str, Any], names: Iterable[str], verify: bool) -> dict[str, bytes]:
-        """Read the named data files of a present entry, checking sizes and (``verify``) checksums.
-
-        Raises:
-            CorruptEntryError: a file is missing, truncated or does not match its checksum.
-        """
-        listed = meta.get("files")
-        out: dict[str, bytes] = {}
-        for name in names:
-            info = listed.get(name) if listed is not None else {}
-            if info is None:
-                raise CorruptEntryError(f"{path}/{name} is not listed in {META_FILE}")
-            file_path = f"{path}/{self._object(name, info)}"
-            try:
-                data = self._read(file_path)
-            except FileNotFoundError:
-                if listed is None:
-                    continue
-                raise CorruptEntryError(f"{file_path} is missing") from None
-            except OSError as err:
-                raise CorruptEntryError(f"cannot read {file_path}: {err}") from err
-            if listed is not None:
-                if len(data) != info.get("bytes"):
-                    raise CorruptEntryError(f"{file_path} has {len(data)} bytes, {META_FILE} says {info.get('bytes')}")
-                if verify and checksum(data) != info.get("checksum"):
-                    raise CorruptEntryError(f"{file_path} does not match its checksum in {META_FILE}")
-            out[name] = data
-        return out
+            os.unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
 
 
-def _meta_bytes(meta: Mapping[str, Any], listing: Mapping[str, Any]) -> bytes:
-    body = dict(meta)
-    body["files"] = dict(listing)
-    return json.dumps(body, indent=1, sort_keys=True).encode("utf-8")
+class _NotFollowed(NotADirectoryError):
+    """A component of a path is a link or a file: the walk stops there."""
+
+    def __init__(self, message: str, path: str, last: bool) -> None:
+        super().__init__(errno.ENOTDIR, message, path)
+        self.message = message
+        self.last = last
 
 
 class LocalStore(_EntryStore):
-    """Entries on a local (or locally mounted shared) filesystem, published by directory rename."""
+    """Entries on a local (or locally mounted shared) filesystem, published by directory rename.
+
+    Every path below ``root`` (the dump dir, whose own location is trusted configuration) is walked
+    one component at a time without following symbolic links; files and subdirectories of an
+    entry are opened relative to the entry's opened directory, so a read cannot be pointed outside
+    the dump dir or mix two versions of an entry.
+
+    Args:
+        root: the dump dir. Without one, only an entry's own directory and files are opened
+            without following links (its parents are followed).
+    """
+
+    def __init__(self, root: str | None = None) -> None:
+        self.root = self._abs(root) if root is not None else None
+
+    @staticmethod
+    def _abs(path: str) -> str:
+        local = _local_path(path)
+        return os.path.abspath(os.path.expanduser(local if local is not None else path))
+
+    # ------------------------------------------------------------------ walking without links
+
+    def _split(self, path: str) -> tuple[str, list[str]]:
+        full = self._abs(path)
+        root = self.root
+        if root is not None and (full == root or full.startswith(root.rstrip("/") + "/")):
+            return root, [p for p in full[len(root):].split("/") if p]
+        parent, name = os.path.split(full)
+        return parent or "/", [name] if name else []
+
+    def _open_dir(self, path: str, create: bool = False) -> int:
+        """An fd of the directory ``path``, reached without following links below the base.
+
+        Raises:
+            FileNotFoundError: a component does not exist (and ``create`` is False).
+            _NotFollowed: a component is a symbolic link or not a directory.
+        """
+        base, parts = self._split(path)
+        if create:
+            os.makedirs(base, exist_ok=True)
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        if len(parts) > 1 and not create:  # the common case in one system call; the walk below explains failures
+            try:
+                child = _openat2_dir(fd, "/".join(parts))
+            except FileNotFoundError:
+                os.close(fd)
+                raise
+            if child is not None:
+                os.close(fd)
+                return child
+        for i, part in enumerate(parts):
+            try:
+                try:
+                    child = os.open(part, _O_DIR, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    try:
+                        os.mkdir(part, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                    child = os.open(part, _O_DIR, dir_fd=fd)
+            except OSError as err:
+                if err.errno in (errno.ENOTDIR, errno.ELOOP):
+                    where = "/".join([base.rstrip("/"), *parts[: i + 1]])
+                    st = _lstat_at(fd, part)
+                    link = st is not None and stat.S_ISLNK(st.st_mode)
+                    os.close(fd)
+                    what = ("is a symbolic link; stepskip does not follow links inside the dump dir "
+                            "(point dump_dir at the real directory, or replace the link by a directory)"
+                            if link else "is a file, not a directory")
+                    raise _NotFollowed(f"{where} {what}", where, last=i == len(parts) - 1) from None
+                os.close(fd)
+                raise
+            os.close(fd)
+            fd = child
+        return fd
+
+    def _same_dir(self, dir_fd: int, path: str) -> bool:
+        """True when ``path`` still names the directory open as ``dir_fd`` (not replaced or removed)."""
+        try:
+            fd = self._open_dir(path)
+        except OSError:
+            return False
+        try:
+            a, b = os.fstat(dir_fd), os.fstat(fd)
+            return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+        finally:
+            os.close(fd)
+
+    def _confined(self, path: str) -> tuple[int, str]:
+        """``(fd of the parent, name)`` for deleting ``path``, its parent reached without following links
+        below the root (the final component is never followed by the callers); refuses ``..``."""
+        if ".." in path.split("/"):
+            raise OSError(errno.EPERM, "refusing to delete a path spelled with '..'", path)
+        parent, name = os.path.split(self._abs(path))
+        if not name:
+            raise OSError(errno.EPERM, "refusing to delete the filesystem root", path)
+        return self._open_dir(parent or "/"), name
+
+    # ------------------------------------------------------------------ reading
+
+    def is_dir(self, path: str) -> bool:
+        try:
+            os.close(self._open_dir(path))
+        except OSError:
+            return False
+        return True
+
+    def list_dir(self, path: str, dirs_only: bool = False) -> list[str]:
+        try:
+            fd = self._open_dir(path)
+        except OSError:
+            return []
+        try:
+            with os.scandir(fd) as it:
+                return [e.name for e in it if not dirs_only or e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return []
+        finally:
+            os.close(fd)
 
     def _read(self, path: str) -> bytes:
-        with open(path, "rb") as fh:
-            return fh.read()
+        """One whole regular file (no links followed), e.g. for tests and tools."""
+        parent, name = os.path.split(self._abs(path))
+        fd = self._open_dir(parent)
+        try:
+            return _read_at(fd, name, None)
+        except _BadFile as err:
+            raise OSError(errno.EINVAL, str(err), path) from None
+        finally:
+            os.close(fd)
 
-    def _size(self, path: str) -> int:
-        return os.path.getsize(path)
+    def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
+              read: bool) -> tuple[Probe, dict[str, bytes]]:
+        for _ in range(_MAX_ATTEMPTS):
+            try:
+                dir_fd = self._open_dir(path)
+            except FileNotFoundError:
+                return Probe(EntryState.MISSING), {}
+            except _NotFollowed as err:
+                if err.last:
+                    return Probe(EntryState.DAMAGED, reason=err.message), {}
+                return Probe(EntryState.MISSING), {}  # no entry can exist below a file or a link
+            except NotADirectoryError:
+                return Probe(EntryState.MISSING), {}  # the dump dir itself lies below a file
+            except OSError as err:
+                return Probe(EntryState.DAMAGED, reason=f"cannot open {path}: {err}"), {}
+            try:
+                return self._look_at(dir_fd, path, legacy_files, names, verify, read)
+            except _Raced:
+                continue
+            except OSError as err:  # e.g. a permission denied on one file: never an exception from a probe
+                return Probe(EntryState.DAMAGED, reason=f"cannot read {path}: {err}"), {}
+            finally:
+                os.close(dir_fd)
+        return Probe(EntryState.DAMAGED, reason=f"kept changing while read ({_MAX_ATTEMPTS} attempts)"), {}
 
-    def _isfile(self, path: str) -> bool:
-        return os.path.isfile(path)
+    def _look_at(self, dir_fd: int, path: str, legacy_files: tuple[str, ...], names: _Names,
+                 verify: bool, read: bool) -> tuple[Probe, dict[str, bytes]]:
+        try:
+            raw = _read_at(dir_fd, META_FILE, None, META_MAX_BYTES)
+        except FileNotFoundError:
+            if not self._same_dir(dir_fd, path):
+                raise _Raced() from None
+            return Probe(EntryState.MISSING), {}
+        except _BadFile as err:
+            return Probe(EntryState.DAMAGED, reason=str(err)), {}
+        meta, reason = _parse_meta(raw)
+        if meta is None:
+            return Probe(EntryState.DAMAGED, reason=reason), {}
+        names = _resolve(names, meta) if read else None
+        try:
+            if meta.get("files") is None:
+                return self._look_legacy(dir_fd, path, meta, legacy_files, names, read)
+            wanted = _check_files(meta, names) if read else []
+            listed = meta["files"]
+            for name, info in listed.items():
+                if name not in wanted:
+                    _regular_size(dir_fd, _object(name, info), info["bytes"])
+            out = {}
+            for name in wanted:
+                info = listed[name]
+                data = _read_at(dir_fd, _object(name, info), info["bytes"])
+                out[name] = _verified(name, data, info, verify)
+            return Probe(EntryState.PRESENT, meta), out
+        except (FileNotFoundError, _BadFile) as err:
+            if not self._same_dir(dir_fd, path):
+                raise _Raced() from None  # replaced or removed while we read: look again
+            if isinstance(err, FileNotFoundError):
+                return Probe(EntryState.DAMAGED, meta, reason=f"missing data file {err.filename}"), {}
+            return Probe(EntryState.DAMAGED, meta, reason=str(err)), {}
+
+    def _look_legacy(self, dir_fd: int, path: str, meta: dict[str, Any], legacy_files: tuple[str, ...],
+                     names: list[str] | None, read: bool) -> tuple[Probe, dict[str, bytes]]:
+        present = [n for n in legacy_files if valid_name(n) and (st := _lstat_at(dir_fd, n)) is not None
+                   and stat.S_ISREG(st.st_mode)]
+        if not present:
+            if not self._same_dir(dir_fd, path):
+                raise _Raced()
+            return Probe(EntryState.DAMAGED, meta, reason="no data file beside meta.json"), {}
+        out = {}
+        if read:
+            for name in (present if names is None else names):
+                if not valid_name(name):
+                    raise _BadFile(f"{name!r} is not a file name inside the entry")
+                try:
+                    out[name] = _read_at(dir_fd, name, None)
+                except FileNotFoundError:
+                    continue  # verl's entries hold one of their formats' files, not all of them
+        return Probe(EntryState.PRESENT, meta), out
+
+    def _read_listed(self, path: str, meta: Mapping[str, Any], names: list[str], verify: bool) -> dict[str, bytes]:
+        try:
+            dir_fd = self._open_dir(path)
+        except OSError as err:
+            raise CorruptEntryError(f"{path} cannot be read: {err}") from err
+        try:
+            listed = meta.get("files")
+            out: dict[str, bytes] = {}
+            for name in names:
+                if listed is None:
+                    if not valid_name(name):
+                        raise _BadFile(f"{name!r} is not a file name inside the entry")
+                    try:
+                        out[name] = _read_at(dir_fd, name, None)
+                    except FileNotFoundError:
+                        continue
+                    continue
+                info = listed.get(name)
+                if info is None:
+                    raise _BadFile(f"{name} is not listed in {META_FILE}")
+                try:
+                    data = _read_at(dir_fd, _object(name, info), info["bytes"])
+                except FileNotFoundError:
+                    raise _BadFile(f"{path}/{name} is missing") from None
+                out[name] = _verified(name, data, info, verify)
+            return out
+        finally:
+            os.close(dir_fd)
+
+    # ------------------------------------------------------------------ writing
 
     def write_entry(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any],
                     overwrite: bool = True) -> int:
@@ -235,90 +867,139 @@ class LocalStore(_EntryStore):
         ``overwrite`` is False).
 
         Raises:
-            OSError: the entry could not be written; nothing partial is left behind.
+            OSError: the entry could not be written (a bad file name, a link in the way, a full
+                disk ...); nothing partial is left behind.
         """
-        parent, name = os.path.split(path.rstrip("/"))
-        os.makedirs(parent, exist_ok=True)
-        tmp = f"{parent}/{TMP_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
-        os.mkdir(tmp)
+        for file_name in files:
+            if not valid_name(file_name) or file_name == META_FILE:
+                raise OSError(errno.EINVAL, f"cannot store a data file named {file_name!r}: "
+                                            "it must be one file name (no '/', '..', NUL)", path)
+        parent, name = os.path.split(self._abs(path))
+        if not valid_name(name):
+            raise OSError(errno.EINVAL, f"{name!r} cannot name an entry", path)
+        parent_fd = self._open_dir(parent, create=True)
+        tmp = f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
         try:
-            listing: dict[str, dict[str, Any]] = {}
-            total = 0
-            for file_name, data in files.items():
-                self._write_file(f"{tmp}/{file_name}", data)
-                listing[file_name] = {"bytes": len(data), "checksum": checksum(data)}
-                total += len(data)
-            meta_bytes = _meta_bytes(meta, listing)
-            self._write_file(f"{tmp}/{META_FILE}", meta_bytes)
-            _fsync_dir(tmp)
-            if not self._publish(tmp, path, overwrite):
-                return 0
-            _fsync_dir(parent)
-            return total + len(meta_bytes)
+            os.mkdir(tmp, dir_fd=parent_fd)
+            try:
+                tmp_fd = os.open(tmp, _O_DIR, dir_fd=parent_fd)
+                try:
+                    listing: dict[str, dict[str, Any]] = {}
+                    total = 0
+                    for file_name, data in files.items():
+                        self._write_file(tmp_fd, file_name, data)
+                        listing[file_name] = {"bytes": len(data), "checksum": checksum(data)}
+                        total += len(data)
+                    meta_bytes = _meta_bytes(meta, listing)
+                    self._write_file(tmp_fd, META_FILE, meta_bytes)
+                    os.fsync(tmp_fd)
+                finally:
+                    os.close(tmp_fd)
+                if not self._publish(parent_fd, tmp, name, path, overwrite):
+                    return 0
+                try:
+                    os.fsync(parent_fd)
+                except OSError:
+                    pass
+                return total + len(meta_bytes)
+            finally:
+                _remove_at(parent_fd, tmp)  # gone already when published
         finally:
-            if os.path.exists(tmp):
-                shutil.rmtree(tmp, ignore_errors=True)
+            os.close(parent_fd)
 
     @staticmethod
-    def _write_file(path: str, data: bytes) -> None:
-        with open(path, "wb") as fh:
+    def _write_file(dir_fd: int, name: str, data: bytes) -> None:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                     dir_fd=dir_fd)
+        with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
 
-    def _publish(self, tmp: str, path: str, overwrite: bool) -> bool:
-        parent, name = os.path.split(path.rstrip("/"))
+    @staticmethod
+    def _publish(parent_fd: int, tmp: str, name: str, path: str, overwrite: bool) -> bool:
         for _ in range(16):
             try:
-                os.rename(tmp, path)
+                os.rename(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
                 return True
             except OSError as err:
                 if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR, errno.ENOTDIR):
                     raise
             if not overwrite:
                 return False
-            if _exchange(tmp, path):  # readers see the old entry, then the new one, never a gap
-                self.remove(tmp)
+            if _exchange(parent_fd, tmp, name):  # readers see the old entry, then the new one, never a gap
+                _remove_at(parent_fd, tmp)  # the old entry (or a link or file that stood there)
                 return True
-            trash = f"{parent}/{TRASH_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
+            trash = f"{TRASH_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
             try:
-                os.rename(path, trash)
+                os.rename(name, trash, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
             except FileNotFoundError:
                 continue  # another writer moved it away first; try again
-            self.remove(trash)
+            _remove_at(parent_fd, trash)
         raise OSError(errno.EBUSY, f"could not publish {path}: too many concurrent writers")
 
-    def list_dir(self, path: str) -> list[str]:
-        try:
-            return os.listdir(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return []
+    # ------------------------------------------------------------------ deleting
 
     def remove(self, path: str) -> None:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass
+        try:
+            parent_fd, name = self._confined(path)
+        except FileNotFoundError:
+            return
+        try:
+            st = _lstat_at(parent_fd, name)
+            if st is not None and stat.S_ISDIR(st.st_mode) and not name.startswith((TMP_PREFIX, TRASH_PREFIX)):
+                self._retire_at(parent_fd, name)
+            else:
+                _remove_at(parent_fd, name)
+        finally:
+            os.close(parent_fd)
+
+    def retire_entry(self, path: str) -> bool:
+        try:
+            parent_fd, name = self._confined(path)
+        except FileNotFoundError:
+            return False
+        try:
+            if _lstat_at(parent_fd, name) is None:
+                return False
+            self._retire_at(parent_fd, name)
+            return True
+        finally:
+            os.close(parent_fd)
+
+    @staticmethod
+    def _retire_at(parent_fd: int, name: str) -> None:
+        """Rename to a ``.trash-`` sibling (readers see the entry whole or gone), then delete that."""
+        trash = f"{TRASH_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
+        try:
+            os.rename(name, trash, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+        except FileNotFoundError:
+            return
+        _remove_at(parent_fd, trash)
 
     def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS) -> list[str]:
         """Delete temporaries and trash under ``path`` (one level) older than ``older_than`` seconds."""
-        removed = []
-        now = time.time()
-        for name in self.list_dir(path):
-            if not name.startswith((TMP_PREFIX, TRASH_PREFIX)):
-                continue
-            full = f"{path}/{name}"
-            try:
-                if now - os.path.getmtime(full) < older_than:
+        removed: list[str] = []
+        try:
+            dir_fd = self._open_dir(path)
+        except OSError:
+            return removed
+        try:
+            now = time.time()
+            with os.scandir(dir_fd) as it:
+                names = [e.name for e in it if e.name.startswith((TMP_PREFIX, TRASH_PREFIX))]
+            for name in names:
+                st = _lstat_at(dir_fd, name)
+                if st is None or now - st.st_mtime < older_than:
                     continue
-            except OSError:
-                continue
-            self.remove(full)
-            removed.append(full)
+                _remove_at(dir_fd, name)
+                removed.append(f"{path.rstrip('/')}/{name}")
+        finally:
+            os.close(dir_fd)
         return removed
+
+
+# --------------------------------------------------------------------------- fsspec (object stores)
 
 
 class FsspecStore(_EntryStore):
@@ -326,46 +1007,202 @@ class FsspecStore(_EntryStore):
 
     Object stores have no directory rename, so a commit is: write each data object under a name
     unique to this writer (``data.<token>.safetensors``), then ``meta.json`` — one atomic PUT that
-    names exactly those objects — then delete the objects the replaced ``meta.json`` named. A
-    reader follows ``meta.json``, so it never mixes two writers' files; objects no ``meta.json``
-    names are leftovers, removed once stale.
+    names exactly those objects. A reader follows ``meta.json``, so it never mixes two writers'
+    files. The objects of the replaced entry are not deleted at once: the new ``meta.json`` lists
+    them as ``retired`` with the time, and a later writer (or :meth:`remove_leftovers`) deletes
+    them once ``grace_seconds`` have passed, so that a reader holding the old ``meta.json`` still
+    finds them. Objects no ``meta.json`` names (a crashed writer's) are removed once stale. Only
+    objects named as this class names them are ever deleted, and only inside the entry.
+
+    Args:
+        fs: the fsspec filesystem.
+        root: the dump dir (URL or path); :meth:`remove` refuses anything outside it.
+        grace_seconds: how long replaced objects stay readable.
+        clock: the time source (``time.time``), injectable for tests.
     """
 
-    def __init__(self, fs: Any) -> None:
+    def __init__(self, fs: Any, root: str | None = None, grace_seconds: float = GRACE_SECONDS,
+                 clock: Callable[[], float] = time.time) -> None:
         self.fs = fs
+        self.root = self._p(root).rstrip("/") if root is not None else None
+        self.grace_seconds = float(grace_seconds)
+        self.clock = clock
 
     def _p(self, path: str) -> str:
-        return self.fs._strip_protocol(path)
+        return str(self.fs._strip_protocol(path))
+
+    # ------------------------------------------------------------------ primitives
 
     def _read(self, path: str) -> bytes:
         try:
-            return self.fs.cat_file(self._p(path))
+            return bytes(self.fs.cat_file(self._p(path)))
         except IsADirectoryError as err:
             raise FileNotFoundError(path) from err
+
+    def _read_exact(self, path: str, size: int) -> bytes:
+        """An object's bytes, at most ``size + 1`` fetched; raises FileNotFoundError / _BadFile."""
+        p = self._p(path)
+        name = p.rsplit("/", 1)[-1]
+        try:
+            if size == 0:
+                actual = int(self.fs.size(p))
+                if actual:
+                    raise _BadFile(f"{name} has {actual} bytes, {META_FILE} says 0")
+                return b""
+            data = bytes(self.fs.cat_file(p, start=0, end=size + 1))
+        except IsADirectoryError:
+            raise _BadFile(f"{name} is not a file") from None
+        except MemoryError:
+            raise _BadFile(f"{name} ({size} bytes) does not fit in memory") from None
+        if len(data) != size:
+            raise _BadFile(f"{name} has {'more than ' if len(data) > size else ''}{len(data)} bytes, "
+                           f"{META_FILE} says {size}")
+        return data
+
+    def _read_meta(self, path: str) -> bytes:
+        p = self._p(f"{path}/{META_FILE}")
+        try:
+            return bytes(self.fs.cat_file(p, start=0, end=META_MAX_BYTES + 1))
+        except IsADirectoryError as err:
+            raise FileNotFoundError(p) from err
+        except FileNotFoundError:
+            raise
+        except OSError:
+            if self.fs.size(p) == 0:  # some servers refuse a byte range of an empty object
+                return b""
+            raise
 
     def _size(self, path: str) -> int:
         return int(self.fs.size(self._p(path)))
 
     def _isfile(self, path: str) -> bool:
-        return bool(self.fs.isfile(self._p(path)))
-
-    def list_dir(self, path: str) -> list[str]:
         try:
-            entries = self.fs.ls(self._p(path), detail=False)
+            return bool(self.fs.isfile(self._p(path)))
+        except OSError:
+            return False
+
+    def is_dir(self, path: str) -> bool:
+        try:
+            return bool(self.fs.isdir(self._p(path)))
+        except OSError:
+            return False
+
+    def list_dir(self, path: str, dirs_only: bool = False) -> list[str]:
+        root = self._p(path).rstrip("/")
+        try:
+            entries = self.fs.ls(root, detail=True)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        root = self._p(path).rstrip("/")
-        return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != root})
+        names = set()
+        for e in entries:
+            full = str(e.get("name", "")).rstrip("/")
+            if full == root or (dirs_only and e.get("type") != "directory"):
+                continue
+            names.add(full.rsplit("/", 1)[-1])
+        return sorted(names)
 
-    def remove(self, path: str) -> None:
+    # ------------------------------------------------------------------ reading
+
+    def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
+              read: bool) -> tuple[Probe, dict[str, bytes]]:
         try:
-            self.fs.rm(self._p(path), recursive=True)
-        except FileNotFoundError:
-            pass
+            raw = self._read_meta(path)
+        except (FileNotFoundError, NotADirectoryError):
+            if self._isfile(path):
+                return Probe(EntryState.DAMAGED, reason=f"{path} is a file, not an entry directory"), {}
+            return Probe(EntryState.MISSING), {}
+        except OSError as err:
+            return Probe(EntryState.DAMAGED, reason=f"cannot read {path}/{META_FILE}: {err}"), {}
+        for _ in range(_MAX_ATTEMPTS):
+            meta, reason = _parse_meta(raw)
+            if meta is None:
+                return Probe(EntryState.DAMAGED, reason=reason), {}
+            try:
+                return self._look_version(path, meta, legacy_files, names, verify, read)
+            except (FileNotFoundError, _BadFile) as err:
+                failure: Exception = err
+            except OSError as err:  # a network or permission error: never an exception from a probe
+                return Probe(EntryState.DAMAGED, meta, reason=f"cannot read {path}: {err}"), {}
+            # a reader holding an older meta.json than the store's: read the current version instead
+            try:
+                now = self._read_meta(path)
+            except (FileNotFoundError, NotADirectoryError):
+                return Probe(EntryState.MISSING), {}
+            except OSError as err:
+                return Probe(EntryState.DAMAGED, meta, reason=f"cannot read {path}/{META_FILE}: {err}"), {}
+            if now == raw:
+                if isinstance(failure, FileNotFoundError):
+                    missing = str(failure.filename or failure).rsplit("/", 1)[-1]
+                    return Probe(EntryState.DAMAGED, meta, reason=f"missing data file {missing}"), {}
+                return Probe(EntryState.DAMAGED, meta, reason=str(failure)), {}
+            raw = now
+        return Probe(EntryState.DAMAGED, reason=f"kept changing while read ({_MAX_ATTEMPTS} attempts)"), {}
+
+    def _look_version(self, path: str, meta: dict[str, Any], legacy_files: tuple[str, ...], names: _Names,
+                      verify: bool, read: bool) -> tuple[Probe, dict[str, bytes]]:
+        names = _resolve(names, meta) if read else None
+        listed = meta.get("files")
+        if listed is None:
+            present = [n for n in legacy_files if valid_name(n) and self._isfile(f"{path}/{n}")]
+            if not present:
+                return Probe(EntryState.DAMAGED, meta, reason="no data file beside meta.json"), {}
+            out = {}
+            if read:
+                for name in (present if names is None else names):
+                    if not valid_name(name):
+                        raise _BadFile(f"{name!r} is not a file name inside the entry")
+                    try:
+                        out[name] = self._read(f"{path}/{name}")
+                    except FileNotFoundError:
+                        continue
+            return Probe(EntryState.PRESENT, meta), out
+        wanted = _check_files(meta, names) if read else []
+        for name, info in listed.items():
+            if name in wanted:
+                continue
+            try:
+                size = self._size(f"{path}/{_object(name, info)}")
+            except IsADirectoryError:
+                raise _BadFile(f"{name} is not a file") from None
+            if size != info["bytes"]:
+                raise _BadFile(f"{name} has {size} bytes, {META_FILE} says {info['bytes']}")
+        out = {}
+        for name in wanted:
+            info = listed[name]
+            out[name] = _verified(name, self._read_exact(f"{path}/{_object(name, info)}", info["bytes"]), info, verify)
+        return Probe(EntryState.PRESENT, meta), out
+
+    def _read_listed(self, path: str, meta: Mapping[str, Any], names: list[str], verify: bool) -> dict[str, bytes]:
+        listed = meta.get("files")
+        out: dict[str, bytes] = {}
+        for name in names:
+            if listed is None:
+                if not valid_name(name):
+                    raise _BadFile(f"{name!r} is not a file name inside the entry")
+                try:
+                    out[name] = self._read(f"{path}/{name}")
+                except FileNotFoundError:
+                    continue
+                continue
+            info = listed.get(name)
+            if info is None:
+                raise _BadFile(f"{name} is not listed in {META_FILE}")
+            try:
+                data = self._read_exact(f"{path}/{_object(name, info)}", info["bytes"])
+            except FileNotFoundError:
+                raise _BadFile(f"{path}/{name} is missing") from None
+            out[name] = _verified(name, data, info, verify)
+        return out
+
+    # ------------------------------------------------------------------ writing
 
     def write_entry(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any],
                     overwrite: bool = True) -> int:
         """Publish an entry: unique data objects first, ``meta.json`` last (see the class docstring)."""
+        for name in files:
+            if not valid_name(name) or name == META_FILE:
+                raise OSError(errno.EINVAL, f"cannot store a data file named {name!r}: "
+                                            "it must be one file name (no '/', '..', NUL)", path)
         previous = self.probe(path)
         if previous.state is EntryState.PRESENT and not overwrite:
             return 0
@@ -379,41 +1216,133 @@ class FsspecStore(_EntryStore):
                 self.fs.pipe_file(self._p(f"{path}/{obj}"), data)
                 written.append(obj)
                 listing[name] = {"bytes": len(data), "checksum": checksum(data), "object": obj}
-            meta_bytes = _meta_bytes(meta, listing)
+            keep, expired = self._retire(previous.meta, set(written))
+            meta_bytes = _meta_bytes(meta, listing, keep)
             self.fs.pipe_file(self._p(f"{path}/{META_FILE}"), meta_bytes)
         except BaseException:
             for obj in written:  # nothing names them: remove what we can, leftovers handle the rest
                 try:
-                    self.remove(f"{path}/{obj}")
+                    self._delete_object(path, obj)
                 except OSError:
                     pass
             raise
-        old = (previous.meta or {}).get("files") if previous.meta else None
-        if isinstance(old, dict):
-            keep = {info["object"] for info in listing.values()}
-            for name, info in old.items():
-                obj = self._object(name, info) if isinstance(info, dict) else name
-                if obj not in keep:
-                    self.remove(f"{path}/{obj}")
+        for obj in expired:
+            try:
+                self._delete_object(path, obj)
+            except OSError as err:  # left for a later writer or remove_leftovers
+                logger.debug("could not delete replaced object %s/%s: %s", path, obj, err)
         return sum(len(d) for d in files.values()) + len(meta_bytes)
 
+    def _retire(self, previous: Mapping[str, Any] | None, new: set[str]) -> tuple[dict[str, float], list[str]]:
+        """Which objects of the replaced entry stay (``retired``, with when) and which may go now.
+
+        Only objects the replaced ``meta.json`` names and that carry this class's naming pattern are
+        considered: whatever else a damaged or planted ``meta.json`` names is never deleted.
+        """
+        keep: dict[str, float] = {}
+        expired: list[str] = []
+        if not previous:  # probe() returns no meta for an ill-typed meta.json: nothing it names is touched
+            return keep, expired
+        now = self.clock()
+        candidates: dict[str, float] = {}
+        for name, info in (previous.get("files") or {}).items():
+            candidates[_object(name, info)] = now
+        for obj, when in (previous.get("retired") or {}).items():
+            candidates.setdefault(obj, float(when))
+        for obj, when in candidates.items():
+            if obj in new or not _OBJECT_NAME.match(obj):
+                continue
+            if now - when >= self.grace_seconds:
+                expired.append(obj)
+            else:
+                keep[obj] = when
+        return keep, expired
+
+    def _delete_object(self, path: str, obj: str) -> None:
+        if not _OBJECT_NAME.match(obj) or not valid_name(obj):
+            raise OSError(errno.EPERM, f"refusing to delete {obj!r}: not an object stepskip wrote", path)
+        try:
+            self.fs.rm_file(self._p(f"{path}/{obj}"))
+        except FileNotFoundError:
+            pass
+
+    # ------------------------------------------------------------------ deleting
+
+    def _confined(self, path: str) -> str:
+        p = self._p(path).rstrip("/")
+        parts = p.split("/")
+        if any(part in ("", ".", "..") for part in parts[1:]):
+            raise OSError(errno.EPERM, "refusing to delete a path with '.' or '..' components", path)
+        if self.root is not None and not p.startswith(self.root + "/"):
+            raise OSError(errno.EPERM, f"refusing to delete outside the dump dir {self.root}", path)
+        return p
+
+    def remove(self, path: str) -> None:
+        p = self._confined(path)
+        try:
+            if self.fs.isfile(p):
+                self.fs.rm_file(p)
+                return
+        except FileNotFoundError:
+            return
+        self._remove_tree(p)
+
+    def _remove_tree(self, p: str) -> None:
+        try:
+            found = self.fs.find(p, withdirs=True, detail=True)
+        except FileNotFoundError:
+            return
+        prefix = p + "/"
+        inside = {str(k).rstrip("/"): v for k, v in found.items() if str(k).startswith(prefix)}
+        files = sorted((k for k, v in inside.items() if v.get("type") != "directory"),
+                       key=lambda k: not k.endswith("/" + META_FILE))  # meta.json first: readers see a miss
+        for key in files:
+            try:
+                self.fs.rm_file(key)
+            except FileNotFoundError:
+                pass
+        for key in sorted((k for k, v in inside.items() if v.get("type") == "directory"), key=len, reverse=True) + [p]:
+            try:
+                self.fs.rmdir(key)
+            except (OSError, NotImplementedError):
+                pass  # object stores have no directories to remove
+
+    def retire_entry(self, path: str) -> bool:
+        p = self._confined(path)
+        try:
+            exists = bool(self.fs.exists(p))
+        except OSError:
+            exists = False
+        if not exists:
+            return False
+        self.remove(path)
+        return True
+
     def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS) -> list[str]:
-        """Delete stale objects of the entries under ``path`` that their ``meta.json`` does not name."""
+        """Delete, in the entries under ``path``, replaced objects past their grace period and stale
+        objects that no ``meta.json`` names; only objects with the names this class writes."""
         removed = []
-        now = time.time()
+        now = self.clock()
         for step in self.list_dir(path):
             entry = f"{path}/{step}"
             probe = self.probe(entry)
             if probe.state is not EntryState.PRESENT or not isinstance((probe.meta or {}).get("files"), dict):
                 continue
-            named = {self._object(n, i) for n, i in probe.meta["files"].items()} | {META_FILE}
+            assert probe.meta is not None
+            named = {_object(n, i) for n, i in probe.meta["files"].items()}
+            retired = probe.meta.get("retired") or {}
             for name in self.list_dir(entry):
-                if name in named:
+                if name in named or not _OBJECT_NAME.match(name):
                     continue
-                modified = self._modified(f"{entry}/{name}")
-                if modified is not None and now - modified >= older_than:
-                    self.remove(f"{entry}/{name}")
-                    removed.append(f"{entry}/{name}")
+                if name in retired:
+                    if now - float(retired[name]) < self.grace_seconds:
+                        continue
+                else:
+                    modified = self._modified(f"{entry}/{name}")
+                    if modified is None or now - modified < older_than:
+                        continue
+                self._delete_object(entry, name)
+                removed.append(f"{entry}/{name}")
         return removed
 
     def _modified(self, path: str) -> float | None:
@@ -434,14 +1363,24 @@ class FsspecStore(_EntryStore):
         return None
 
 
-def open_store(dump_dir: str, storage_options: Mapping[str, Any] | None = None) -> _EntryStore:
-    """The store for ``dump_dir``: local paths get :class:`LocalStore`, URLs :class:`FsspecStore`.
+# --------------------------------------------------------------------------- opening and checking a dump dir
+
+
+def open_store(dump_dir: str, storage_options: Mapping[str, Any] | None = None, *,
+               grace_seconds: float = GRACE_SECONDS) -> _EntryStore:
+    """The store for ``dump_dir``: local paths (also ``file://``, ``local://``) get :class:`LocalStore`,
+    other URLs :class:`FsspecStore`.
 
     Raises:
         SkipConfigError: the URL's filesystem is not installed or not known to fsspec.
+
+    Example:
+        >>> type(open_store("/tmp/dump")).__name__, type(open_store("memory://bucket/dump")).__name__
+        ('LocalStore', 'FsspecStore')
     """
-    if "://" not in dump_dir or dump_dir.startswith("file://"):
-        return LocalStore()
+    local = _local_path(dump_dir)
+    if local is not None:
+        return LocalStore(root=local)
     try:
         import fsspec
 
@@ -451,4 +1390,75 @@ def open_store(dump_dir: str, storage_options: Mapping[str, Any] | None = None) 
             f"dump_dir = {dump_dir!r}: cannot open this URL ({err}); install the filesystem's package "
             "(e.g. `pip install stepskip[s3]` for s3://) or use a local path"
         ) from err
-    return FsspecStore(fs)
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    if {"file", "local"} & set(protocols):  # a local filesystem behind a URL: walk it as one
+        return LocalStore(root=fs._strip_protocol(dump_dir))
+    return FsspecStore(fs, root=dump_dir, grace_seconds=grace_seconds)
+
+
+def check_dump_dir(dump_dir: str, storage_options: Mapping[str, Any] | None = None, *, key: str = "dump_dir",
+                   entry_dir: str | None = None) -> None:
+    """Check at startup that a dump dir can be used, with an error that names the key and the fix.
+
+    Local dump dirs must be directories this process can list and enter (or not exist yet, below
+    a directory); every name the cache creates below it must fit in a file name (255 bytes).
+    Object-store URLs are only checked for their filesystem being installed.
+
+    Args:
+        dump_dir: the configured dump dir.
+        storage_options: fsspec options for URLs.
+        key: the configuration key to name in errors (e.g. ``skip.rollout.dump_dir``).
+        entry_dir: a path below ``dump_dir`` the cache will create (e.g. a role's project dir);
+            its components are checked for length.
+
+    Raises:
+        SkipConfigError: the dump dir cannot be read or created, or a name is too long.
+
+    Example:
+        >>> check_dump_dir("/tmp/stepskip-doc", key="skip.rollout.dump_dir")
+    """
+    local = _local_path(dump_dir)
+    if local is None:
+        open_store(dump_dir, storage_options)
+        return
+    root = os.path.abspath(os.path.expanduser(local))
+    if entry_dir is not None:
+        target = LocalStore._abs(entry_dir)
+        below = target[len(root):] if target.startswith(root.rstrip("/") + "/") else target
+        for part in [p for p in below.split("/") if p]:
+            size = len(part.encode("utf-8", "surrogateescape"))
+            if size > NAME_MAX:
+                raise SkipConfigError(
+                    f"{key} = {dump_dir!r}: the cache would create a directory named {part[:40]!r}... of {size} "
+                    f"bytes, more than the {NAME_MAX} bytes a file name may have; shorten trainer.experiment_name "
+                    "and trainer.project_name (joined into that name)")
+    for part in [p for p in root.split("/") if p]:
+        if len(part.encode("utf-8", "surrogateescape")) > NAME_MAX:
+            raise SkipConfigError(f"{key} = {dump_dir!r}: the component {part[:40]!r}... is longer than "
+                                  f"{NAME_MAX} bytes; choose a shorter dump_dir")
+    existing = root
+    while True:
+        try:
+            st = os.stat(existing)
+            break
+        except (FileNotFoundError, NotADirectoryError):  # not there yet (or below a file: said below)
+            parent = os.path.dirname(existing)
+            if parent == existing:
+                return
+            existing = parent
+        except OSError as err:
+            raise SkipConfigError(f"{key} = {dump_dir!r}: cannot look at {existing}: {err.strerror}; make it "
+                                  "accessible to this user (chmod/chown) or choose another dump_dir") from err
+    if not stat.S_ISDIR(st.st_mode):
+        raise SkipConfigError(f"{key} = {dump_dir!r}: {existing} is a file, not a directory; "
+                              "remove it or choose another dump_dir")
+    if existing == root and not os.access(root, os.R_OK | os.X_OK):
+        raise SkipConfigError(f"{key} = {dump_dir!r}: this process ({_whoami()}) cannot list or enter the "
+                              "directory; make it readable (e.g. `chmod u+rx`) or choose another dump_dir")
+    if existing != root and not os.access(existing, os.W_OK | os.X_OK):
+        raise SkipConfigError(f"{key} = {dump_dir!r} does not exist, and this process ({_whoami()}) cannot "
+                              f"create it inside {existing}; create it, or choose a writable dump_dir")
+
+
+def _whoami() -> str:
+    return f"uid {os.getuid()}" if hasattr(os, "getuid") else "this user"

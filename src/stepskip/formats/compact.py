@@ -16,10 +16,14 @@ The whole tensor file may then be compressed with zstd. Decoding restores dtype 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+
+from stepskip.errors import CorruptEntryError, TruncatedEntryError
+from stepskip.formats.bounds import DecodeBudget, shape_of
 
 __all__ = ["encode_tensor", "decode_tensor", "find_concat", "narrow", "pack", "unpack", "compress_bytes"]
 
@@ -31,6 +35,7 @@ MIN_TRIM_GAIN = 0.9  # trim only when it keeps at most this share of the element
 ZSTD_LEVEL = 1  # decompression speed barely depends on the level; compression does
 _SAMPLE_BYTES = 1 << 18
 
+TREE = "data.json"  # the file whose fields the decoders check (error messages name it)
 Sink = Callable[[torch.Tensor], str]
 Source = Callable[[str], torch.Tensor]
 
@@ -39,8 +44,17 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
+_DTYPES = {_name: getattr(torch, _name) for _name in (
+    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64", "float16", "bfloat16",
+    "float32", "float64")}
+
+
+def _dtype(name: Any, field: str = "dtype") -> torch.dtype:
+    """The torch dtype called ``name`` in ``data.json``; only the dtypes format 'safe' stores."""
+    dtype = _DTYPES.get(name) if isinstance(name, str) else None
+    if dtype is None:
+        raise CorruptEntryError(f"{TREE}: {field}: {str(name)[:40]!r} is not a dtype format 'safe' stores")
+    return dtype
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
@@ -53,7 +67,8 @@ def narrow(tensor: torch.Tensor) -> torch.Tensor:
     """The smallest integer dtype that holds ``tensor``'s values exactly (itself if none is smaller)."""
     if tensor.dtype not in _INTS or tensor.numel() == 0 or tensor.dtype in (torch.uint64, torch.uint32):
         return tensor
-    low, high = (int(v) for v in torch.aminmax(tensor))
+    # torch has no min/max for uint16 on CPU: its values fit int32 exactly
+    low, high = (int(v) for v in torch.aminmax(tensor.to(torch.int32) if tensor.dtype == torch.uint16 else tensor))
     for dtype in _NARROW:
         info = torch.iinfo(dtype)
         if info.min <= low and high <= info.max:
@@ -99,31 +114,77 @@ def encode_tensor(tensor: torch.Tensor, add: Sink) -> dict[str, Any]:
     return {"kind": "tensor", "ref": add(tensor)}
 
 
-def decode_tensor(node: Mapping[str, Any], get: Source, sibling: Callable[[str], torch.Tensor]) -> torch.Tensor:
-    """Invert :func:`encode_tensor` (and ``concat`` nodes, whose parts come from ``sibling``)."""
+def decode_tensor(node: Mapping[str, Any], get: Source, sibling: Callable[[str], torch.Tensor] | None = None,
+                  budget: DecodeBudget | None = None, field: str = "tensor") -> torch.Tensor:
+    """Invert :func:`encode_tensor` (and ``concat`` nodes, whose parts come from ``sibling``).
+
+    Every shape, width and count is checked against the parts actually stored, and every output is
+    charged to ``budget`` before it is allocated.
+
+    Raises:
+        CorruptEntryError: a field that does not fit the stored parts, naming ``field``.
+        DecodeLimitError: the output would exceed the budget.
+    """
+    budget = budget if budget is not None else DecodeBudget(1 << 62, "unbounded")
     enc = node.get("enc")
     if enc is None:
         return get(node["ref"])
-    dtype = _dtype(node["dtype"])
+    dtype = _dtype(node["dtype"], field)
     if enc == "narrow":
-        return get(node["ref"]).to(dtype)
+        stored = get(node["ref"])
+        if stored.dtype not in _INTS or dtype not in _INTS:
+            raise CorruptEntryError(f"{TREE}: {field}: narrowed {stored.dtype} cannot stand for {dtype}")
+        budget.charge(stored.numel() * dtype.itemsize, TREE, field)
+        return stored.to(dtype)
     if enc == "concat":
-        return torch.cat([sibling(key) for key in node["parts"]], dim=1)
+        if sibling is None or not isinstance(node.get("parts"), list) or len(node["parts"]) != 2:
+            raise CorruptEntryError(f"{TREE}: {field}: a concat node needs two sibling tensors")
+        parts = [sibling(key) for key in node["parts"]]
+        if any(p.is_nested or p.dim() != 2 or p.dtype != dtype or p.size(0) != parts[0].size(0) for p in parts):
+            raise CorruptEntryError(f"{TREE}: {field}: concat parts {node['parts']!r} are not 2-D {dtype} tensors "
+                                    "with the same rows")
+        budget.charge(sum(p.numel() for p in parts) * dtype.itemsize, TREE, field)
+        return torch.cat(parts, dim=1)
     if enc == "trim":
-        rows, width = node["shape"]
-        bits_dtype = _dtype(node["bits"])
-        left = get(node["left"]).to(torch.int64)[:, None]
-        right = get(node["right"]).to(torch.int64)[:, None]
-        columns = torch.arange(width)
-        in_left = columns < left
-        out = torch.where(in_left, get(node["lval"]).to(bits_dtype)[:, None], get(node["rval"]).to(bits_dtype)[:, None])
-        values = get(node["values"])
-        if values.numel():  # masks are all runs: nothing in the middle
-            keep = in_left.logical_not_()  # reuse the buffer: peak memory matters on load
-            keep &= columns < width - right
-            out.numpy()[keep.numpy()] = values.numpy()  # numpy's masked assignment is the fastest here
-        return out.view(dtype) if dtype in _BITS else out
-    raise ValueError(f"unknown tensor encoding {enc!r}")
+        return _decode_trim(node, get, dtype, budget, field)
+    raise CorruptEntryError(f"{TREE}: {field}: unknown tensor encoding {str(enc)[:40]!r}")
+
+
+def _decode_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budget: DecodeBudget,
+                 field: str) -> torch.Tensor:
+    shape = shape_of(node["shape"], TREE, f"{field}.shape")
+    if len(shape) != 2:
+        raise CorruptEntryError(f"{TREE}: {field}.shape: a trimmed tensor is 2-D, not {list(shape)}")
+    rows, width = shape
+    bits_dtype = _dtype(node["bits"], f"{field}.bits")
+    if bits_dtype != _BITS.get(dtype, dtype):
+        raise CorruptEntryError(f"{TREE}: {field}.bits: {bits_dtype} is not the bit pattern of {dtype}")
+    parts = {name: get(node[name]) for name in ("left", "right", "lval", "rval", "values")}
+    for name, part in parts.items():
+        if part.is_nested or part.dim() != 1 or part.dtype not in _INTS | {torch.uint8}:
+            raise CorruptEntryError(f"{TREE}: {field}.{name}: a 1-D integer tensor is expected, "
+                                    f"not {part.dtype} of shape {list(part.shape)}")
+        if name != "values" and part.numel() != rows:
+            raise CorruptEntryError(f"{TREE}: {field}.{name}: {part.numel()} values for {rows} rows")
+    # the output, the two run masks and the column index, charged before any of them exists
+    budget.charge(rows * width * (dtype.itemsize + 2) + width * 8, TREE, field)
+    left = parts["left"].to(torch.int64)
+    right = parts["right"].to(torch.int64)
+    if rows and (int(left.min()) < 0 or int(right.min()) < 0 or int((left + right).max()) > width):
+        raise CorruptEntryError(f"{TREE}: {field}: run lengths outside the row width {width}")
+    values = parts["values"]
+    if values.numel() != rows * width - int((left + right).sum()):
+        raise CorruptEntryError(f"{TREE}: {field}.values: {values.numel()} values for "
+                                f"{rows * width - int((left + right).sum())} kept positions")
+    left, right = left[:, None], right[:, None]
+    columns = torch.arange(width)
+    in_left = columns < left
+    out = torch.where(in_left, parts["lval"].to(bits_dtype)[:, None], parts["rval"].to(bits_dtype)[:, None])
+    if values.numel():  # masks are all runs: nothing in the middle
+        keep = in_left.logical_not_()  # reuse the buffer: peak memory matters on load
+        keep &= columns < width - right
+        out.numpy()[keep.numpy()] = values.numpy()  # numpy's masked assignment is the fastest here
+    return out.view(dtype) if dtype in _BITS else out
 
 
 def find_concat(tensors: Mapping[str, torch.Tensor]) -> dict[str, list[str]]:
@@ -179,20 +240,54 @@ def pack(tensor: torch.Tensor, mode: str) -> tuple[torch.Tensor, dict[str, Any] 
     return torch.frombuffer(bytearray(packed), dtype=torch.uint8), info
 
 
-def unpack(stored: torch.Tensor, info: Mapping[str, Any]) -> torch.Tensor:
-    """Invert :func:`pack`, decompressing straight into the output tensor (no intermediate copy)."""
+def unpack(stored: torch.Tensor, info: Mapping[str, Any], budget: DecodeBudget | None = None,
+           field: str = "packed") -> torch.Tensor:
+    """Invert :func:`pack`, decompressing straight into the output tensor (no intermediate copy).
+
+    The zstd frame must declare exactly the output's size; decompression never writes past it.
+
+    Raises:
+        CorruptEntryError: the info or the frame do not match, naming ``field``.
+        DecodeLimitError: the output would exceed the budget.
+    """
     import zstandard
 
-    out = torch.empty(info["shape"], dtype=_dtype(info["dtype"]))
+    if not isinstance(info, Mapping) or info.get("codec") != "zstd":
+        raise CorruptEntryError(f"{TREE}: {field}: unknown packing {str(info)[:60]!r}")
+    dtype = _dtype(info["dtype"], f"{field}.dtype")
+    budget = budget if budget is not None else DecodeBudget(1 << 62, "unbounded")
+    shape = budget.tensor(info["shape"], dtype.itemsize, TREE, field)
+    expected = math.prod(shape) * dtype.itemsize
+    if stored.dtype != torch.uint8 or stored.dim() != 1:
+        raise CorruptEntryError(f"{TREE}: {field}: a zstd frame is stored as 1-D uint8, not {stored.dtype}")
+    frame = memoryview(stored.numpy())
+    try:
+        declared = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as err:
+        raise CorruptEntryError(f"{TREE}: {field}: not a zstd frame: {err}") from err
+    if declared != expected:  # our writer always records the content size
+        raise CorruptEntryError(f"{TREE}: {field}: the zstd frame holds {declared} bytes, not the {expected} of "
+                                f"{list(shape)} {dtype}")
+    out = torch.empty(shape, dtype=dtype)
     target = memoryview(out.view(torch.uint8).numpy() if out.dtype != torch.bool else out.numpy()).cast("B")
-    with zstandard.ZstdDecompressor().stream_reader(memoryview(stored.numpy())) as reader:
-        filled = 0
-        while filled < len(target):
-            count = reader.readinto(target[filled:])
-            if not count:
-                raise ValueError("zstd stream ended early")
-            filled += count
+    # the window is at most the content size: a frame cannot make zstd allocate more than its output
+    decompressor = zstandard.ZstdDecompressor(max_window_size=max(1 << 10, min(1 << 27, _pow2_at_least(expected))))
+    try:
+        with decompressor.stream_reader(frame) as reader:
+            filled = 0
+            while filled < len(target):
+                count = reader.readinto(target[filled:])
+                if not count:
+                    raise TruncatedEntryError(f"{TREE}: {field}: the zstd stream ended after {filled} of "
+                                              f"{len(target)} bytes")
+                filled += count
+    except zstandard.ZstdError as err:
+        raise CorruptEntryError(f"{TREE}: {field}: damaged zstd frame: {err}") from err
     return out
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
 def compress_bytes(data: bytes) -> bytes:

@@ -25,8 +25,17 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from stepskip.batch import Batch
 from stepskip.errors import CorruptEntryError, UnstorableValueError
+from stepskip.formats.bounds import DecodeBudget, check_jagged, shape_of
 from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, pack, unpack
-from stepskip.formats.values import decode_object_array, decode_value, encode_object_array, encode_value, is_plain
+from stepskip.formats.values import (
+    decode_object_array,
+    decode_value,
+    encode_object_array,
+    encode_value,
+    is_plain,
+    unstorable_recursion,
+    unstorable_tensor,
+)
 
 __all__ = ["SafeFormat"]
 
@@ -57,6 +66,9 @@ class _Encoder:
     def add(self, tensor: torch.Tensor, path: str) -> str:
         if tensor.is_nested:
             raise UnstorableValueError(f"{path}: nested tensors are stored through their components")
+        refused = unstorable_tensor(tensor, path, "safe")
+        if refused is not None:
+            raise refused
         if tensor.dtype not in _STORABLE_DTYPES:
             raise UnstorableValueError(
                 f"{path}: tensors of dtype {tensor.dtype} cannot be stored by format 'safe'; "
@@ -145,28 +157,48 @@ class _Encoder:
             "kind": "batch",
             "cls": f"{cls.__module__}.{cls.__qualname__}",
             "batch": None if td is None else self.tensordict_node(td, f"{path}.batch"),
-            "non_tensor_batch": {k: self.array_node(np.asarray(v) if not isinstance(v, np.ndarray) else v,
+            "non_tensor_batch": {k: self.array_node(_column(v, f"{path}.non_tensor_batch[{k!r}]"),
                                                     f"{path}.non_tensor_batch[{k!r}]")
                                  for k, v in value.non_tensor_batch.items()},
             "meta_info": self.value(dict(value.meta_info), f"{path}.meta_info"),
         }
 
 
+def _column(value: Any, path: str) -> np.ndarray:
+    """A ``non_tensor_batch`` column as the numpy array DataProto keeps; ragged lists are refused by name."""
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError) as err:  # numpy 2 refuses ragged nested lists
+        raise UnstorableValueError(
+            f"{path}: a {type(value).__name__} that numpy cannot turn into an array ({err}); store an object "
+            "array instead (out = np.empty(len(rows), dtype=object); out[:] = rows)"
+        ) from err
+
+
 _POOL: ThreadPoolExecutor | None = None
 
 
 def _parallel_map(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
-    """``map`` on a small thread pool (torch, numpy and zstd release the GIL); sequential when the
-    interpreter is shutting down, where dumps still pending at exit are finished."""
+    """``map`` on a small thread pool (torch, numpy and zstd release the GIL); each item runs exactly once.
+
+    When the interpreter is shutting down (dumps still pending at exit are finished then), the pool
+    refuses new work: the items it did not take run here. An exception raised by ``fn`` propagates.
+    """
     global _POOL
     if len(items) < 2:
         return [fn(item) for item in items]
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="stepskip-codec")
+    futures = []
     try:
-        return list(_POOL.map(fn, items))
-    except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
-        return [fn(item) for item in items]
+        for item in items:
+            futures.append(_POOL.submit(fn, item))
+    except RuntimeError:  # "cannot schedule new futures after interpreter shutdown": never raised by fn
+        pass
+    inline = [fn(item) for item in items[len(futures):]]
+    return [future.result() for future in futures] + inline
 
 
 def _is_dataproto_like(value: Any) -> bool:
@@ -174,75 +206,117 @@ def _is_dataproto_like(value: Any) -> bool:
 
 
 class _Decoder:
-    def __init__(self, tensors: dict[str, torch.Tensor], packed: Mapping[str, Any] | None = None) -> None:
+    """Rebuilds a value from ``data.json``'s tree; every field is checked before it is trusted."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], packed: Any, budget: DecodeBudget) -> None:
+        if not isinstance(packed, dict):
+            raise CorruptEntryError(f"{TREE_FILE}: packed: a mapping is expected, not {type(packed).__name__}")
         self.tensors = tensors
-        self.packed = packed or {}
+        self.packed = packed
+        self.budget = budget
 
-    def tensor(self, ref: str) -> torch.Tensor:
+    def tensor(self, ref: Any, field: str) -> torch.Tensor:
         # each stored part is used once: dropping it here frees it as soon as its output exists
-        stored = self.tensors.pop(ref)
+        stored = self.tensors.pop(ref, None) if isinstance(ref, str) else None
+        if stored is None:
+            raise CorruptEntryError(f"{TREE_FILE}: {field}: tensor {str(ref)[:40]!r} is not in {TENSORS_FILE} "
+                                    "(or another field already used it)")
         info = self.packed.get(ref)
-        return stored if info is None else unpack(stored, info)
+        return stored if info is None else unpack(stored, info, self.budget, f"packed[{ref!r}]")
 
-    def part(self, ref: str | dict[str, Any]) -> torch.Tensor:
-        return self.tensor(ref) if isinstance(ref, str) else self.node(ref)
+    def getter(self, field: str) -> Callable[[str], torch.Tensor]:
+        return lambda ref: self.tensor(ref, field)
 
-    def node(self, node: dict[str, Any], sibling: Any = None) -> Any:
-        kind = node["kind"]
+    def part(self, ref: Any, field: str) -> torch.Tensor:
+        return self.tensor(ref, field) if not isinstance(ref, dict) else self.node(ref, field)
+
+    def node(self, node: Any, field: str, sibling: Any = None) -> Any:
+        if not isinstance(node, dict):
+            raise CorruptEntryError(f"{TREE_FILE}: {field}: a node is expected, not {type(node).__name__}")
+        kind = node.get("kind")
         if kind == "tensor":
-            return decode_tensor(node, self.tensor, sibling)
+            return decode_tensor(node, self.getter(field), sibling, self.budget, field)
         if kind == "jagged":
-            lengths = node.get("lengths")
-            return torch.nested.nested_tensor_from_jagged(
-                self.part(node["values"]), self.part(node["offsets"]),
-                lengths=None if lengths is None else self.part(lengths), jagged_dim=node["ragged_idx"],
-            )
+            return self.jagged(node, field)
         if kind == "nested":
-            return torch.nested.nested_tensor([self.tensor(r) for r in node["parts"]])
+            parts = node["parts"]
+            if not isinstance(parts, list):
+                raise CorruptEntryError(f"{TREE_FILE}: {field}.parts: a list is expected")
+            tensors = [self.tensor(r, f"{field}.parts[{i}]") for i, r in enumerate(parts)]
+            self.budget.charge(sum(t.numel() * t.element_size() for t in tensors), TREE_FILE, field)
+            return torch.nested.nested_tensor(tensors)
         if kind == "tensordict":
-            return self.tensordict(node)
+            return self.tensordict(node, field)
         if kind == "batch":
-            return self.batch(node)
+            return self.batch(node, field)
         if kind == "array":
-            return self.tensor(node["ref"]).numpy().view(np.dtype(node["dtype"])).reshape(node["shape"])
+            stored = self.tensor(node["ref"], field)
+            dtype = _numeric_dtype(node["dtype"], stored, field)
+            shape = shape_of(node["shape"], TREE_FILE, f"{field}.shape")
+            return stored.numpy().view(dtype).reshape(shape)
         if kind == "object_array":
-            return decode_object_array(node["v"], self.tensor, node.get("plain", False)).reshape(node["shape"])
+            shape = shape_of(node["shape"], TREE_FILE, f"{field}.shape")
+            items = decode_object_array(node["v"], self.getter(field), node.get("plain", False) is True,
+                                        self.budget, field)
+            return items.reshape(shape)
         if kind == "dict":
-            return {k: self.node(v) for k, v in node["entries"].items()}
+            return {k: self.node(v, f"{field}[{k!r}]") for k, v in _mapping(node, "entries", field).items()}
         if kind == "value":
-            return decode_value(node["v"], self.tensor)
-        raise ValueError(f"unknown node kind {kind!r}")
+            return decode_value(node["v"], self.getter(field), self.budget, field)
+        raise CorruptEntryError(f"{TREE_FILE}: {field}: unknown node kind {str(kind)[:40]!r}")
 
-    def tensordict(self, node: dict[str, Any]) -> TensorDict:
-        td = TensorDict({}, batch_size=node["batch_size"])
-        entries = node["entries"]
+    def jagged(self, node: dict[str, Any], field: str) -> torch.Tensor:
+        values = self.part(node["values"], f"{field}.values")
+        offsets = self.part(node["offsets"], f"{field}.offsets")
+        lengths = node.get("lengths")
+        lengths = None if lengths is None else self.part(lengths, f"{field}.lengths")
+        check_jagged(values, offsets, lengths, node.get("ragged_idx"), TREE_FILE, field)
+        return torch.nested.nested_tensor_from_jagged(values, offsets, lengths=lengths, jagged_dim=node["ragged_idx"])
+
+    def batch_size(self, node: dict[str, Any], field: str) -> list[int]:
+        # a batch size costs nothing until someone lists its rows: charge a reference per row
+        dims = self.budget.tensor(node["batch_size"], 8, TREE_FILE, f"{field}.batch_size")
+        return list(dims)
+
+    def tensordict(self, node: dict[str, Any], field: str) -> TensorDict:
+        td = TensorDict({}, batch_size=self.batch_size(node, field))
+        entries = _mapping(node, "entries", field)
+        if not all(isinstance(c, dict) for c in entries.values()):
+            raise CorruptEntryError(f"{TREE_FILE}: {field}.entries: every entry must be a node")
         decoded: dict[str, Any] = {}
-        dense = [k for k, c in entries.items() if c["kind"] == "tensor" and c.get("enc") not in (None, "concat")]
+        dense = [k for k, c in entries.items() if c.get("kind") == "tensor" and c.get("enc") not in (None, "concat")]
         if len(dense) > 1:  # torch and zstd release the GIL: decode the big tensors side by side
-            decoded.update(zip(dense, _parallel_map(lambda k: self.node(entries[k]), dense)))
+            decoded.update(zip(dense, _parallel_map(lambda k: self.node(entries[k], f"{field}[{k!r}]"), dense)))
         # entries stored as a concatenation of siblings decode after those siblings
         order = sorted((k for k in entries if k not in decoded), key=lambda k: entries[k].get("enc") == "concat")
         for key in decoded:
             td.set(key, decoded[key])
         for key in order:
             child = entries[key]
-            kind = child["kind"]
+            kind = child.get("kind")
+            where = f"{field}[{key!r}]"
             if kind == "non_tensor_data":
-                td.set(key, NonTensorData(data=decode_value(child["v"], self.tensor), batch_size=child["batch_size"]))
+                data = decode_value(child["v"], self.getter(where), self.budget, where)
+                td.set(key, NonTensorData(data=data, batch_size=self.batch_size(child, where)))
             elif kind == "non_tensor_stack":
-                rows = decode_value(child["v"], self.tensor)
-                stack = NonTensorStack(*(NonTensorData(data=r, batch_size=child["batch_size"][1:]) for r in rows))
+                rows = decode_value(child["v"], self.getter(where), self.budget, where)
+                size = self.batch_size(child, where)
+                if not isinstance(rows, list) or not size or len(rows) != size[0]:
+                    raise CorruptEntryError(f"{TREE_FILE}: {where}: the rows do not match batch size {size}")
+                stack = NonTensorStack(*(NonTensorData(data=r, batch_size=size[1:]) for r in rows))
                 td.set(key, stack)
             else:
-                decoded[key] = self.node(child, decoded.__getitem__)
+                decoded[key] = self.node(child, where, _siblings(decoded, where))
                 td.set(key, decoded[key])
         # keep the recorded key order
         return td.select(*entries.keys()) if list(td.keys()) != list(entries.keys()) else td
 
-    def batch(self, node: dict[str, Any]) -> Any:
-        td = None if node["batch"] is None else self.tensordict(node["batch"])
-        non_tensor = {k: self.node(v) for k, v in node["non_tensor_batch"].items()}
-        meta_info = decode_value(node["meta_info"], self.tensor)
+    def batch(self, node: dict[str, Any], field: str) -> Any:
+        td = None if node["batch"] is None else self.tensordict(node["batch"], f"{field}.batch")
+        non_tensor = {k: self.node(v, f"{field}.non_tensor_batch[{k!r}]")
+                      for k, v in _mapping(node, "non_tensor_batch", field).items()}
+        meta_info = decode_value(node["meta_info"], self.getter(f"{field}.meta_info"), self.budget,
+                                 f"{field}.meta_info")
         if node["cls"] == "verl.protocol.DataProto":
             try:
                 from verl.protocol import DataProto  # type: ignore[import-not-found]
@@ -251,6 +325,35 @@ class _Decoder:
             except ImportError:
                 pass
         return Batch(batch=td, non_tensor_batch=non_tensor, meta_info=meta_info)
+
+
+def _siblings(decoded: dict[str, Any], field: str) -> Callable[[str], Any]:
+    def sibling(key: str) -> Any:
+        if not isinstance(key, str) or key not in decoded:
+            raise CorruptEntryError(f"{TREE_FILE}: {field}.parts: {str(key)[:40]!r} is not a sibling decoded before it")
+        return decoded[key]
+
+    return sibling
+
+
+def _mapping(node: dict[str, Any], key: str, field: str) -> dict[str, Any]:
+    value = node[key]
+    if not isinstance(value, dict):
+        raise CorruptEntryError(f"{TREE_FILE}: {field}.{key}: a mapping is expected, not {type(value).__name__}")
+    return value
+
+
+def _numeric_dtype(text: Any, stored: torch.Tensor, field: str) -> np.dtype:
+    """The numpy dtype an ``array`` node views its stored tensor as: numeric and just as wide, never objects."""
+    try:
+        dtype = np.dtype(text) if isinstance(text, str) and len(text) <= 8 else None
+    except (TypeError, ValueError):
+        dtype = None
+    if dtype is None or dtype.kind not in "biuf" or dtype.fields is not None or \
+            dtype.itemsize != stored.element_size() or stored.is_nested:
+        raise CorruptEntryError(f"{TREE_FILE}: {field}.dtype: {str(text)[:40]!r} is not a numeric dtype as wide "
+                                f"as the stored {stored.dtype}")
+    return dtype
 
 
 class SafeFormat:
@@ -277,7 +380,10 @@ class SafeFormat:
             UnstorableValueError: a part of ``value`` cannot be stored; the message names it.
         """
         encoder = _Encoder(copy)
-        root = encoder.node(value, "result")
+        try:
+            root = encoder.node(value, "result")
+        except RecursionError as err:
+            raise unstorable_recursion(value, "result", self.name) from err
         return Frozen(tensors=encoder.tensors, tree={"format": self.name, "version": VERSION, "root": root})
 
     def encode(self, frozen: Frozen) -> dict[str, bytes]:
@@ -293,25 +399,42 @@ class SafeFormat:
                     packed[ref] = info
             if packed:
                 tree = dict(tree, packed=packed)
-        text = json.dumps(tree, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        return {TENSORS_FILE: st_save(tensors), TREE_FILE: text}
+        text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"))
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates: JSON's \u escapes keep them exactly, and json.loads reads them
+            data = json.dumps(tree, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+        return {TENSORS_FILE: st_save(tensors), TREE_FILE: data}
 
-    def decode(self, files: Mapping[str, bytes], consume: bool = False) -> Any:
+    def decode(self, files: Mapping[str, bytes], consume: bool = False, max_bytes: int | None = None) -> Any:
         """Rebuild the value from the entry's files.
 
         Args:
             files: the entry's files by name.
             consume: empty ``files`` (a dict) while reading, so the raw bytes are freed before
                 the tensors are expanded (lower peak memory when the caller is done with them).
+            max_bytes: the most the decode may allocate (``max_decode_bytes``); by default
+                :data:`~stepskip.formats.bounds.DECODE_RATIO` x the files' size plus
+                :data:`~stepskip.formats.bounds.DECODE_FLOOR`.
 
         Raises:
-            CorruptEntryError: the files cannot be parsed.
+            CorruptEntryError: the files cannot be parsed, or a field does not fit the stored bytes
+                (the message names the file and the field).
+            DecodeLimitError: decoding would allocate more than the bound.
         """
         try:
+            budget = DecodeBudget.for_files(files, max_bytes)
             take = files.pop if consume and isinstance(files, dict) else files.__getitem__
             tree = json.loads(take(TREE_FILE))
-            tensors = st_load(take(TENSORS_FILE))
-            return _Decoder(tensors, tree.get("packed", {})).node(tree["root"])
+            if not isinstance(tree, dict) or not isinstance(tree.get("root"), dict):
+                raise CorruptEntryError(f"{TREE_FILE}: not an object with a 'root' node")
+            raw = take(TENSORS_FILE)
+            budget.charge(len(raw), TENSORS_FILE, "tensors")
+            tensors = st_load(raw)
+            del raw
+            return _Decoder(tensors, tree.get("packed", {}), budget).node(tree["root"], "root")
+        except (CorruptEntryError, MemoryError):  # the bound keeps hostile entries from causing a MemoryError
+            raise
         except Exception as err:  # the decode boundary: any failure to parse these bytes is a damaged entry
             raise CorruptEntryError(f"cannot decode a 'safe' entry: {type(err).__name__}: {err}") from err
 

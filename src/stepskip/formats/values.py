@@ -10,15 +10,19 @@ returns a reference. Anything else is an :class:`UnstorableValueError` naming th
 from __future__ import annotations
 
 import base64
+import binascii
+import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from stepskip.errors import UnstorableValueError
+from stepskip.errors import CorruptEntryError, UnstorableValueError
+from stepskip.formats.bounds import DecodeBudget, shape_of
 
-__all__ = ["encode_value", "decode_value", "encode_object_array", "decode_object_array"]
+__all__ = ["encode_value", "decode_value", "encode_object_array", "decode_object_array", "unstorable_recursion",
+           "unstorable_tensor"]
 
 TAG = "__t"
 _PLAIN = (str, int, float, bool, type(None))
@@ -58,13 +62,16 @@ def encode_value(value: Any, path: str, add_tensor: TensorSink = _no_tensors) ->
     if kind is tuple:
         return {TAG: "tuple", "v": [encode_value(v, f"{path}[{i}]", add_tensor) for i, v in enumerate(value)]}
     if isinstance(value, np.ndarray):
-        return {TAG: "ndarray", "dtype": value.dtype.str, "shape": list(value.shape),
-                "v": encode_object_array(value.reshape(-1), path, add_tensor)
-                if value.dtype.hasobject else _plain_items(value, path)}
+        if value.dtype.fields is not None or value.dtype.subdtype is not None:
+            raise _unstorable(value, path)
+        return _encode_array(value, path, add_tensor)
     if isinstance(value, np.generic):
         if value.dtype.hasobject or value.dtype.kind in "MmV":
             raise _unstorable(value, path)
-        return {TAG: "np", "dtype": value.dtype.str, "v": _plain_items(np.asarray(value).reshape(1), path)[0]}
+        item = np.asarray(value).reshape(1)
+        if _exact_floats_needed(item):
+            return {TAG: "np", "dtype": value.dtype.str, "b64": base64.b64encode(item.tobytes()).decode("ascii")}
+        return {TAG: "np", "dtype": value.dtype.str, "v": _plain_items(item, path)[0]}
     if isinstance(value, torch.Tensor):
         return {TAG: "tensor", "ref": add_tensor(value)}
     if kind is bytes:
@@ -79,6 +86,24 @@ def encode_value(value: Any, path: str, add_tensor: TensorSink = _no_tensors) ->
     if isinstance(value, list):
         return encode_value(list(value), path, add_tensor)
     raise _unstorable(value, path)
+
+
+def _encode_array(value: np.ndarray, path: str, add_tensor: TensorSink) -> dict[str, Any]:
+    node: dict[str, Any] = {TAG: "ndarray", "dtype": value.dtype.str, "shape": list(value.shape)}
+    if value.dtype.hasobject:
+        node["v"] = encode_object_array(value.reshape(-1), path, add_tensor)
+    elif _exact_floats_needed(value):
+        # NaN payloads and signs do not survive JSON: such arrays keep their exact bytes
+        node["b64"] = base64.b64encode(np.ascontiguousarray(value).tobytes()).decode("ascii")
+    else:
+        node["v"] = _plain_items(value, path)
+    return node
+
+
+def _exact_floats_needed(array: np.ndarray) -> bool:
+    """True for float/complex arrays JSON would not keep bit for bit (NaN payloads and signs)."""
+    kind, size = array.dtype.kind, array.dtype.itemsize
+    return ((kind == "f" and size <= 8) or (kind == "c" and size <= 16)) and not bool(np.isfinite(array).all())
 
 
 def _plain_items(array: np.ndarray, path: str) -> list[Any]:
@@ -124,37 +149,97 @@ def _no_source(ref: str) -> torch.Tensor:
     raise KeyError(ref)
 
 
-def decode_value(data: Any, get_tensor: TensorSource = _no_source) -> Any:
-    """Invert :func:`encode_value`."""
+_TREE = "data.json"
+_ARRAY_KINDS = "biufcUSO"
+
+
+def _np_dtype(text: Any, field: str, kinds: str = _ARRAY_KINDS) -> np.dtype:
+    """The numpy dtype recorded as ``text``: a plain dtype of ``kinds``, never a structured or forged one."""
+    try:
+        dtype = np.dtype(text) if isinstance(text, str) and len(text) <= 16 else None
+    except (TypeError, ValueError):
+        dtype = None
+    if dtype is None or dtype.kind not in kinds or dtype.fields is not None or dtype.subdtype is not None:
+        raise CorruptEntryError(f"{_TREE}: {field}: {str(text)[:40]!r} is not a numpy dtype an entry can hold")
+    return dtype
+
+
+def _from_bytes(data: dict[str, Any], dtype: np.dtype, count: int, field: str) -> np.ndarray:
+    raw = data["b64"]
+    if not isinstance(raw, str) or len(raw) > 4 * (count * dtype.itemsize + 2) // 3 + 4:
+        raise CorruptEntryError(f"{_TREE}: {field}: the bytes of {count} {dtype} values do not fit their record")
+    try:
+        buffer = base64.b64decode(raw, validate=True)
+    except binascii.Error as err:
+        raise CorruptEntryError(f"{_TREE}: {field}: the recorded bytes are not base64: {err}") from err
+    if len(buffer) != count * dtype.itemsize:
+        raise CorruptEntryError(f"{_TREE}: {field}: {len(buffer)} bytes for {count} {dtype} values")
+    return np.frombuffer(buffer, dtype=dtype).copy()
+
+
+def decode_value(data: Any, get_tensor: TensorSource = _no_source, budget: DecodeBudget | None = None,
+                 field: str = "value") -> Any:
+    """Invert :func:`encode_value`.
+
+    Args:
+        data: what :func:`encode_value` returned, parsed back from JSON.
+        get_tensor: the tensor stored under a reference.
+        budget: charged for every array before it is allocated (see :mod:`stepskip.formats.bounds`).
+        field: where ``data`` lives, for error messages.
+
+    Raises:
+        CorruptEntryError: a dtype, shape or size that does not fit the data, naming ``field``.
+        DecodeLimitError: an array larger than the budget allows.
+    """
     kind = type(data)
     if kind is list:
-        return [decode_value(v, get_tensor) for v in data]
+        return [decode_value(v, get_tensor, budget, field) for v in data]
     if kind is not dict:
         return data
     tag = data.get(TAG)
     if tag is None:
-        return {k: decode_value(v, get_tensor) for k, v in data.items()}
+        return {k: decode_value(v, get_tensor, budget, field) for k, v in data.items()}
     if tag == "dict":
-        return {decode_value(k, get_tensor): decode_value(v, get_tensor) for k, v in data["v"]}
+        return {decode_value(k, get_tensor, budget, field): decode_value(v, get_tensor, budget, field)
+                for k, v in data["v"]}
     if tag == "tuple":
-        return tuple(decode_value(v, get_tensor) for v in data["v"])
+        return tuple(decode_value(v, get_tensor, budget, field) for v in data["v"])
     if tag == "ndarray":
-        dtype = np.dtype(data["dtype"])
-        if dtype.hasobject:
-            return decode_object_array(data["v"], get_tensor).reshape(data["shape"])
-        return _array_from_items(data["v"], dtype).reshape(data["shape"])
+        return _decode_array(data, get_tensor, budget, field)
     if tag == "np":
-        dtype = np.dtype(data["dtype"])
+        dtype = _np_dtype(data["dtype"], field, "biufcUS")
+        if budget is not None:
+            budget.charge(dtype.itemsize, _TREE, field)
+        if "b64" in data:
+            return _from_bytes(data, dtype, 1, field)[0]
         return _array_from_items([data["v"]], dtype)[0]
     if tag == "tensor":
         return get_tensor(data["ref"])
     if tag == "bytes":
         return base64.b64decode(data["v"])
     if tag == "set":
-        return {decode_value(v, get_tensor) for v in data["v"]}
+        return {decode_value(v, get_tensor, budget, field) for v in data["v"]}
     if tag == "frozenset":
-        return frozenset(decode_value(v, get_tensor) for v in data["v"])
+        return frozenset(decode_value(v, get_tensor, budget, field) for v in data["v"])
     raise ValueError(f"unknown value tag {tag!r}")
+
+
+def _decode_array(data: dict[str, Any], get_tensor: TensorSource, budget: DecodeBudget | None,
+                  field: str) -> np.ndarray:
+    dtype = _np_dtype(data["dtype"], field)
+    shape = shape_of(data["shape"], _TREE, f"{field}.shape")
+    count = math.prod(shape)
+    if budget is not None:
+        budget.charge(count * dtype.itemsize, _TREE, field)
+    if dtype.hasobject:
+        return decode_object_array(data["v"], get_tensor, budget=budget, field=field, count=count).reshape(shape)
+    if "b64" in data:
+        return _from_bytes(data, dtype, count, field).reshape(shape)
+    items = data["v"]
+    if not isinstance(items, list) or len(items) != count:
+        raise CorruptEntryError(f"{_TREE}: {field}: {len(items) if isinstance(items, list) else 'no'} items "
+                                f"for shape {list(shape)}")
+    return _array_from_items(items, dtype).reshape(shape)
 
 
 def _array_from_items(items: list[Any], dtype: np.dtype) -> np.ndarray:
@@ -165,16 +250,72 @@ def _array_from_items(items: list[Any], dtype: np.dtype) -> np.ndarray:
     return np.array(items, dtype=dtype)
 
 
-def decode_object_array(items: list[Any], get_tensor: TensorSource = _no_source, plain: bool = False) -> np.ndarray:
+def decode_object_array(items: list[Any], get_tensor: TensorSource = _no_source, plain: bool = False,
+                        budget: DecodeBudget | None = None, field: str = "value",
+                        count: int | None = None) -> np.ndarray:
     """A 1-D object array holding the decoded items (never a 2-D array of nested lists).
 
     ``plain`` (from :func:`is_plain` at encode time) skips decoding: the items are final.
+    ``count``, when given, is how many items the recorded shape calls for.
+
+    Raises:
+        CorruptEntryError: ``items`` is not a list (of ``count`` items).
     """
+    if not isinstance(items, list) or (count is not None and len(items) != count):
+        raise CorruptEntryError(f"{_TREE}: {field}: {len(items) if isinstance(items, list) else 'no'} items "
+                                f"where {count if count is not None else 'a list'} are recorded")
+    if budget is not None and count is None:
+        budget.charge(8 * len(items), _TREE, field)
     out = np.empty(len(items), dtype=object)
     if plain:
         for i, v in enumerate(items):
             out[i] = v
         return out
     for i, v in enumerate(items):
-        out[i] = decode_value(v, get_tensor)
+        out[i] = decode_value(v, get_tensor, budget, field)
     return out
+
+
+def _cycle(value: Any, path: str) -> str | None:
+    """The path of a container that holds one of its own ancestors, if ``value`` has one (iterative)."""
+    stack: list[tuple[Any, str, frozenset[int]]] = [(value, path, frozenset())]
+    visits = 0
+    while stack and visits < 1_000_000:  # shared references can make the walk long: it is only a diagnosis
+        visits += 1
+        item, where, ancestors = stack.pop()
+        if isinstance(item, dict):
+            children = [(v, f"{where}[{k!r}]") for k, v in item.items()]
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            children = [(v, f"{where}[{i}]") for i, v in enumerate(item)]
+        elif isinstance(item, np.ndarray) and item.dtype.hasobject:
+            children = [(v, f"{where}[{i}]") for i, v in enumerate(item.reshape(-1))]
+        elif hasattr(item, "non_tensor_batch") and hasattr(item, "meta_info"):
+            children = [(item.non_tensor_batch, f"{where}.non_tensor_batch"), (item.meta_info, f"{where}.meta_info")]
+        else:
+            continue
+        if id(item) in ancestors:
+            return where
+        inner = ancestors | {id(item)}
+        stack.extend((child, child_path, inner) for child, child_path in children)
+    return None
+
+
+def unstorable_recursion(value: Any, path: str, fmt: str) -> UnstorableValueError:
+    """The error for a value whose encoding hit Python's recursion limit: it contains itself, or is too deep."""
+    where = _cycle(value, path)
+    if where is not None:
+        return UnstorableValueError(f"{where}: the value contains itself (a reference cycle); format {fmt!r} "
+                                    "stores trees only: break the cycle before returning it")
+    return UnstorableValueError(f"{path}: the value is nested too deeply to store with format {fmt!r}; "
+                                "flatten it")
+
+
+def unstorable_tensor(tensor: torch.Tensor, path: str, fmt: str) -> UnstorableValueError | None:
+    """The error for a tensor that holds no values a reader could get back (meta device, sparse), else None."""
+    if tensor.device.type == "meta":
+        return UnstorableValueError(f"{path}: a tensor on the meta device has no values to store with format "
+                                    f"{fmt!r}; materialise it first (tensor.to('cpu') after filling it)")
+    if tensor.layout not in (torch.strided, torch.jagged):
+        return UnstorableValueError(f"{path}: a {tensor.layout} tensor cannot be stored by format {fmt!r}; "
+                                    "store it dense (tensor.to_dense())")
+    return None

@@ -14,7 +14,10 @@ from __future__ import annotations
 import copy as copylib
 import copyreg
 import io
+import math
 import pickle
+import re
+import sys
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +30,8 @@ from tensordict import TensorDictBase
 from stepskip.batch import Batch
 from stepskip.entries import GEN_BATCH_FILE, TQ_BATCH_FILE
 from stepskip.errors import CorruptEntryError, TruncatedEntryError, UnstorableValueError
+from stepskip.formats.bounds import DecodeBudget, check_loaded, check_torch_zip
+from stepskip.formats.values import unstorable_recursion, unstorable_tensor
 
 __all__ = ["VerlFormat", "dumps_dataproto", "loads_dataproto", "restricted_loads"]
 
@@ -59,46 +64,285 @@ class _VerlPickler(pickle._Pickler):  # type: ignore[name-defined]
         return None
 
 
-def _numpy_reconstruct() -> Any:
-    return np._core.multiarray._reconstruct  # type: ignore[attr-defined]
+# --------------------------------------------------------------------------- the allow-list reader
+#
+# Numpy's own pickle reconstruction is not safe on foreign bytes: ``dtype.__setstate__`` takes
+# flags and fields from the pickle (a forged dtype can say "object field, holds no references"
+# and make numpy read raw bytes as object pointers), and ``ndarray(shape, 'O')`` allocates any
+# size. So the reader never hands pickle data to those functions. It admits exactly the shapes
+# numpy writes, ``_reconstruct(ndarray, (0,), b'b')`` + BUILD ``(1, shape, dtype, fortran, data)``,
+# ``dtype(spec, False, True)`` + BUILD ``(3, byteorder, None, None, None, elsize, alignment, flags)``,
+# ``scalar(dtype, bytes)`` and protocol 5's ``_frombuffer(buffer, dtype, shape, order)``, and
+# rebuilds each dtype from its description (kind, size, byte order: nothing else) and each array
+# only when its data is exactly what its shape calls for: the items of an object array as a list
+# of them, any other array as its bytes. The pure-Python unpickler is used because the C one
+# grows its memo to any index a pickle names (``LONG_BINPUT 2**28`` costs 4 GiB).
 
 
-def _numpy_scalar() -> Any:
-    return np._core.multiarray.scalar  # type: ignore[attr-defined]
+class _ArrayClass:
+    """Stands for ``numpy.ndarray``: only an argument of ``_reconstruct``; calling it is refused."""
+
+    def __reduce__(self) -> Any:  # pragma: no cover - never pickled
+        raise pickle.PicklingError("not picklable")
+
+
+_NDARRAY = _ArrayClass()
+_DTYPE_SPEC = re.compile(r"[biufcOSU]\d{0,10}")
+_ARRAY_KINDS = "biufcOSU"
+
+
+class _PendingArray:
+    """What ``_reconstruct`` returns: replaced by the real array when its state arrives (BUILD)."""
+
+    __hash__ = None  # type: ignore[assignment]  # an array is no dict key, so this cannot be one either
+
+
+class _PendingDtype:
+    """What ``dtype(spec, ...)`` returns: replaced by a dtype rebuilt from its description at BUILD."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+
+
+def _reconstruct(cls: Any, shape: Any, typecode: Any) -> _PendingArray:
+    if cls is not _NDARRAY or shape != (0,) or typecode != b"b":
+        raise pickle.UnpicklingError("numpy _reconstruct called with arguments numpy never writes")
+    return _PendingArray()
+
+
+def _dtype(spec: Any, align: Any = False, copy: Any = True) -> _PendingDtype:
+    if type(spec) is not str or not _DTYPE_SPEC.fullmatch(spec) or align is not False or copy is not True:
+        raise pickle.UnpicklingError(f"numpy dtype {str(spec)[:40]!r}: only plain numeric, string and object "
+                                     "dtypes are read (no structured, void or datetime dtypes)")
+    return _PendingDtype(spec)
+
+
+def _real_dtype(value: Any, what: str) -> np.dtype:
+    # every np.dtype a pickle can reach was rebuilt by _build_dtype: a forged one cannot exist
+    if not isinstance(value, np.dtype):
+        raise pickle.UnpicklingError(f"{what}: a numpy dtype is expected, not {type(value).__name__}")
+    return value
+
+
+def _build_dtype(pending: _PendingDtype, state: Any) -> np.dtype:
+    if not isinstance(state, tuple) or len(state) not in (8, 9) or state[0] not in (3, 4) or \
+            state[2:5] != (None, None, None) or (len(state) == 9 and state[8] is not None):
+        raise pickle.UnpicklingError(f"numpy dtype {pending.spec!r}: a state numpy never writes for a plain dtype")
+    byteorder, elsize = state[1], state[5]
+    if byteorder not in ("<", ">", "|", "=") or type(elsize) is not int:
+        raise pickle.UnpicklingError(f"numpy dtype {pending.spec!r}: bad byte order or size")
+    kind = pending.spec[0]
+    try:
+        return _describe(kind, pending.spec, byteorder, elsize)
+    except (TypeError, ValueError) as err:
+        raise pickle.UnpicklingError(f"numpy dtype {pending.spec!r}: {err}") from err
+
+
+def _describe(kind: str, spec: str, byteorder: str, elsize: int) -> np.dtype:
+    """A dtype from its description only: kind, size and byte order (numpy derives the flags itself)."""
+    if kind in "SU":
+        unit = 4 if kind == "U" else 1
+        if not 0 <= elsize < 1 << 31 or elsize % unit:
+            raise ValueError(f"element size {elsize}")
+        return np.dtype(f"{byteorder if kind == 'U' else '|'}{kind}{elsize // unit}")
+    dtype = np.dtype(spec)
+    if dtype.kind != kind or dtype.fields is not None or dtype.hasobject != (kind == "O"):
+        raise ValueError("not a plain dtype")
+    if byteorder in "<>" and dtype.itemsize > 1 and kind != "O":
+        dtype = dtype.newbyteorder(byteorder)
+    return dtype
+
+
+def _shape(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, tuple) or len(value) > 64 or not all(type(d) is int and d >= 0 for d in value):
+        raise pickle.UnpicklingError(f"{what}: shape {str(value)[:60]} is not a tuple of non-negative ints")
+    return value
+
+
+def _build_array(state: Any) -> np.ndarray:
+    if not isinstance(state, tuple) or len(state) != 5 or state[0] != 1 or type(state[3]) is not bool:
+        raise pickle.UnpicklingError("numpy array state is not (1, shape, dtype, fortran, data)")
+    shape = _shape(state[1], "numpy array")
+    dtype = _real_dtype(state[2], "numpy array")
+    data = state[4]
+    count = math.prod(shape)
+    if dtype.hasobject:
+        if type(data) is not list or len(data) != count:
+            raise pickle.UnpicklingError(f"numpy object array of shape {shape}: its items must be a list of {count}")
+    elif type(data) is not bytes or len(data) != count * dtype.itemsize:
+        raise pickle.UnpicklingError(f"numpy array of shape {shape} and dtype {dtype}: the data must be "
+                                     f"{count * dtype.itemsize} bytes")
+    array = np.ndarray.__new__(np.ndarray, (0,), np.uint8)
+    array.__setstate__((1, shape, dtype, state[3], data))  # numpy's own code, on arguments just checked
+    return array
+
+
+def _scalar(dtype: Any, data: Any = None) -> Any:
+    dtype = _real_dtype(dtype, "numpy scalar")
+    if dtype.hasobject or type(data) is not bytes or len(data) != dtype.itemsize:
+        raise pickle.UnpicklingError(f"numpy scalar of dtype {dtype}: the data must be {dtype.itemsize} bytes")
+    if not dtype.itemsize:  # np.str_('') and np.bytes_(b'')
+        return dtype.type()
+    return np.frombuffer(data, dtype=dtype)[0]
+
+
+def _frombuffer(buffer: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
+    dtype = _real_dtype(dtype, "numpy array")
+    shape = _shape(shape, "numpy array")
+    if dtype.hasobject or order not in ("C", "F") or type(buffer) not in (bytes, bytearray) or \
+            len(buffer) != math.prod(shape) * dtype.itemsize:
+        raise pickle.UnpicklingError(f"numpy array of shape {shape} and dtype {dtype}: the buffer does not fit")
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape, order=order)
+
+
+def _refuse_ndarray(*args: Any) -> Any:
+    raise pickle.UnpicklingError("calling numpy.ndarray directly is refused: numpy never writes it")
 
 
 _ALLOWED: dict[tuple[str, str], Any] = {
     ("verl.protocol", "DataProto"): _DataProtoStandIn,
-    ("numpy", "ndarray"): np.ndarray,
-    ("numpy", "dtype"): np.dtype,
-    ("numpy.core.multiarray", "_reconstruct"): _numpy_reconstruct(),
-    ("numpy._core.multiarray", "_reconstruct"): _numpy_reconstruct(),
-    ("numpy.core.multiarray", "scalar"): _numpy_scalar(),
-    ("numpy._core.multiarray", "scalar"): _numpy_scalar(),
+    ("numpy", "ndarray"): _NDARRAY,
+    ("numpy", "dtype"): _dtype,
+    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy.core.multiarray", "scalar"): _scalar,
+    ("numpy._core.multiarray", "scalar"): _scalar,
+    ("numpy.core.numeric", "_frombuffer"): _frombuffer,
+    ("numpy._core.numeric", "_frombuffer"): _frombuffer,
     ("collections", "OrderedDict"): OrderedDict,
     ("builtins", "complex"): complex,
 }
+_BUILDABLE = (_PendingArray, _PendingDtype, _DataProtoStandIn)
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
+_PENDING = (_PendingArray, _PendingDtype)
+
+
+class _Source(io.BytesIO):
+    """The pickle's bytes: a read that ends early is truncation (the pure-Python unpickler would go on)."""
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = super().read(size)
+        if size is not None and size > 0 and len(data) < size:
+            raise EOFError("pickle data was truncated")
+        return data
+
+
+class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
+    """The pure-Python unpickler with the allow-list, and BUILD admitted only on the stand-ins above."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(_Source(data))
+        self.size = len(data)
+        self.pending = 0  # stand-ins made and not yet built
+        self.pending_keys: dict[int, list[int]] = {}  # id(stand-in) -> memo keys holding it
+
     def find_class(self, module: str, name: str) -> Any:
         found = _ALLOWED.get((module, name))
-        if found is None and module == "numpy.dtypes" and name.endswith("DType"):
-            found = getattr(np.dtypes, name, None)
         if found is None:
             raise pickle.UnpicklingError(
                 f"refusing to load global {module}.{name}: not one of the data types a verl cache holds"
             )
         return found
 
+    def _made(self) -> None:
+        if type(self.stack[-1]) in _PENDING:
+            self.pending += 1
+
+    def load_reduce(self) -> None:
+        stack = self.stack
+        args = stack.pop()
+        func = stack[-1]
+        if func is _NDARRAY:
+            _refuse_ndarray()
+        stack[-1] = func(*args)
+        self._made()
+
+    dispatch[pickle.REDUCE[0]] = load_reduce
+
+    def _instantiate(self, klass: Any, args: Any) -> None:  # INST and OBJ, protocols 0 and 1
+        if klass is _NDARRAY:
+            _refuse_ndarray()
+        super()._instantiate(klass, args)
+        self._made()
+
+    def _put(self, key: int) -> None:
+        if key < 0:
+            raise pickle.UnpicklingError("negative memo index")
+        top = self.stack[-1]
+        self.memo[key] = top
+        if type(top) in _PENDING:
+            self.pending_keys.setdefault(id(top), []).append(key)
+
+    def load_memoize(self) -> None:
+        self._put(len(self.memo))
+
+    def load_put(self) -> None:
+        self._put(int(self.readline()[:-1]))
+
+    def load_binput(self) -> None:
+        self._put(self.read(1)[0])
+
+    def load_long_binput(self) -> None:
+        self._put(int.from_bytes(self.read(4), "little"))
+
+    dispatch[pickle.MEMOIZE[0]] = load_memoize
+    dispatch[pickle.PUT[0]] = load_put
+    dispatch[pickle.BINPUT[0]] = load_binput
+    dispatch[pickle.LONG_BINPUT[0]] = load_long_binput
+
+    def load_build(self) -> None:
+        stack = self.stack
+        state = stack.pop()
+        inst = stack[-1]
+        kind = type(inst)
+        if kind not in _BUILDABLE:
+            raise pickle.UnpicklingError(f"refusing to set the state of a {kind.__name__}: numpy and verl "
+                                         "never write that")
+        if kind is _DataProtoStandIn:
+            inst.__setstate__(state)
+            return
+        keys = [k for k in self.pending_keys.pop(id(inst), ()) if self.memo.get(k) is inst]
+        # the stand-in must be nowhere but on the stack and in the memo: a container holding it
+        # would keep the placeholder instead of the value (refs: stack slot, `inst`, the argument, memo)
+        if sys.getrefcount(inst) > 3 + len(keys):
+            raise pickle.UnpicklingError("a numpy value is used before its state is set: numpy never writes that")
+        built = _build_array(state) if kind is _PendingArray else _build_dtype(inst, state)
+        stack[-1] = built
+        for key in keys:
+            self.memo[key] = built
+        self.pending -= 1
+
+    dispatch[pickle.BUILD[0]] = load_build
+
+    def load_bytearray8(self) -> None:
+        # the pure-Python unpickler allocates the declared size before reading: check it against the bytes
+        size = int.from_bytes(self.read(8), "little")
+        if size > self.size:
+            raise EOFError(f"pickle data was truncated: BYTEARRAY8 of {size} bytes in a {self.size}-byte pickle")
+        self.append(bytearray(self.read(size)))
+
+    dispatch[pickle.BYTEARRAY8[0]] = load_bytearray8
+
+    def load(self) -> Any:
+        value = super().load()
+        if self.pending:
+            raise pickle.UnpicklingError(f"{self.pending} numpy value(s) without their state: numpy never writes that")
+        return value
+
 
 def restricted_loads(data: bytes) -> Any:
-    """Unpickle ``data`` allowing only the globals a verl ``gen_batch.dp`` contains.
+    """Unpickle ``data`` allowing only the globals a verl ``gen_batch.dp`` contains, rebuilt safely.
 
     Raises:
-        pickle.UnpicklingError: the pickle names any other global; nothing of it was executed.
+        pickle.UnpicklingError: the pickle names any other global, or uses an allowed one in a way
+            numpy and verl never write; nothing of it was executed.
     """
-    return _RestrictedUnpickler(io.BytesIO(data)).load()
+    return _RestrictedUnpickler(data).load()
 
 
 def dumps_dataproto(batch: TensorDictBase | None, non_tensor_batch: Mapping[str, np.ndarray],
@@ -124,13 +368,15 @@ def loads_dataproto(data: bytes) -> tuple[TensorDictBase | None, dict[str, np.nd
     tensor_bytes, non_tensor_batch, meta_info = obj.state
     if not isinstance(tensor_bytes, bytes) or not isinstance(non_tensor_batch, dict) or not isinstance(meta_info, dict):
         raise pickle.UnpicklingError("the DataProto state is not (bytes, dict, dict)")
+    check_torch_zip(tensor_bytes, GEN_BATCH_FILE)  # before torch.load: no storage larger than the bytes
     batch = torch.load(io.BytesIO(tensor_bytes), weights_only=True, map_location="cpu")
     if batch is not None and not isinstance(batch, TensorDictBase):
         raise pickle.UnpicklingError(f"the DataProto batch is a {type(batch).__qualname__}, not a TensorDict")
     return batch, non_tensor_batch, meta_info
 
 
-_TRUNCATION_SIGNS = ("truncated", "ran out of input", "failed finding central directory", "unexpected eof")
+_TRUNCATION_SIGNS = ("truncated", "ran out of input", "failed finding central directory", "unexpected eof",
+                     "exhausted before end of frame")
 
 
 def decode_failure(file_name: str, err: BaseException) -> CorruptEntryError:
@@ -207,9 +453,17 @@ class VerlFormat:
             raise UnstorableValueError(
                 f"result.batch: format 'verl' stores a TensorDict, got {type(batch).__qualname__}"
             )
-        for key, column in non_tensor.items():
-            _check_readable(column, f"result.non_tensor_batch[{key!r}]")
-        _check_readable(meta, "result.meta_info")
+        if batch is not None:
+            for key, tensor in batch.items(include_nested=True, leaves_only=True):
+                if isinstance(tensor, torch.Tensor) and (refused := unstorable_tensor(tensor, f"result.batch[{key!r}]",
+                                                                                      "verl")) is not None:
+                    raise refused
+        try:
+            for key, column in non_tensor.items():
+                _check_readable(column, f"result.non_tensor_batch[{key!r}]")
+            _check_readable(meta, "result.meta_info")
+        except RecursionError as err:
+            raise unstorable_recursion(value, "result", self.name) from err
         if copy:
             batch = None if batch is None else batch.clone()
             non_tensor = copylib.deepcopy(non_tensor)
@@ -219,14 +473,23 @@ class VerlFormat:
     def encode(self, frozen: _FrozenDataProto) -> dict[str, bytes]:
         return {GEN_BATCH_FILE: dumps_dataproto(frozen.batch, frozen.non_tensor_batch, frozen.meta_info)}
 
-    def decode(self, files: Mapping[str, bytes], consume: bool = False) -> Any:
+    def decode(self, files: Mapping[str, bytes], consume: bool = False, max_bytes: int | None = None) -> Any:
         """Rebuild the batch: verl's ``DataProto`` when verl is importable, else :class:`~stepskip.Batch`.
 
+        Every array is rebuilt from exactly the bytes the file holds, so a decode allocates a small
+        multiple of the file's size; ``max_bytes`` (``max_decode_bytes``) caps it further.
+
         Raises:
-            CorruptEntryError: unreadable bytes, or a pickle that names a global outside the allow-list.
+            CorruptEntryError: unreadable bytes, a pickle that names a global outside the allow-list
+                or uses an allowed one as numpy never does, or a jagged tensor with invalid offsets.
         """
         try:
-            batch, non_tensor, meta = loads_dataproto(files[GEN_BATCH_FILE])
+            data = files[GEN_BATCH_FILE]
+            DecodeBudget.for_files(files, max_bytes).charge(len(data), GEN_BATCH_FILE, "file")
+            batch, non_tensor, meta = loads_dataproto(data)
+            check_loaded(batch, GEN_BATCH_FILE, "batch")
+        except (CorruptEntryError, MemoryError):  # the bound keeps hostile entries from causing a MemoryError
+            raise
         except Exception as err:  # the decode boundary: no failure to parse these bytes escapes as anything else
             raise decode_failure(GEN_BATCH_FILE, err) from err
         try:
@@ -266,11 +529,22 @@ class VerlTqFormat:
         torch.save(payload, buffer)
         return {TQ_BATCH_FILE: buffer.getvalue()}
 
-    def decode(self, files: Mapping[str, bytes], consume: bool = False) -> Any:
+    def decode(self, files: Mapping[str, bytes], consume: bool = False, max_bytes: int | None = None) -> Any:
+        """The V1 payload dict; jagged tensors in it are checked before it is returned.
+
+        Raises:
+            CorruptEntryError: unreadable bytes, not a V1 payload, or a jagged tensor with invalid offsets.
+        """
         try:
-            payload = torch.load(io.BytesIO(files[TQ_BATCH_FILE]), weights_only=True, map_location="cpu")
+            data = files[TQ_BATCH_FILE]
+            DecodeBudget.for_files(files, max_bytes).charge(len(data), TQ_BATCH_FILE, "file")
+            check_torch_zip(data, TQ_BATCH_FILE)
+            payload = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        except (CorruptEntryError, MemoryError):  # the bound keeps hostile entries from causing a MemoryError
+            raise
         except Exception as err:  # the decode boundary: no failure to parse these bytes escapes as anything else
             raise decode_failure(TQ_BATCH_FILE, err) from err
         if not isinstance(payload, dict) or not {"tensordict", "tags", "keys"} <= set(payload):
             raise CorruptEntryError(f"{TQ_BATCH_FILE} does not hold a V1 payload")
+        check_loaded(payload.get("tensordict"), TQ_BATCH_FILE, "tensordict")
         return payload

@@ -121,7 +121,7 @@ class RewardManager:
             A Batch with ``scores`` ``[rows]`` and ``token_level_scores`` ``[rows, T]``.
         """
         self.calls.append((int(batch.meta_info.get("global_steps", 0)), bool(batch.meta_info.get("validate"))))
-        tensors = batch.batch
+        tensors = batch.tensors
         scores = self.task.score(tensors["prompts"], tensors["responses"], tensors["response_mask"])
         token_level = torch.zeros(tensors["responses"].shape, dtype=torch.float32)
         last = (tensors["response_mask"].sum(dim=1) - 1).clamp_min(0)
@@ -196,9 +196,9 @@ class ColocatedTrainer:
 
         batch.meta_info["global_steps"] = self.global_steps
         rewards = self.reward_manager.compute_reward(batch)
-        scores = rewards.batch["scores"]
+        scores = rewards.tensors["scores"]
         advantages = grpo_advantages(scores, list(batch.non_tensor_batch["uid"]), self.parts.norm_adv_by_std)
-        tensors = batch.batch
+        tensors = batch.tensors
         update = self.parts.actor.update(tensors["prompts"], tensors["responses"], tensors["response_mask"],
                                          tensors["rollout_log_probs"], advantages)
         return StepRecord(
@@ -217,7 +217,7 @@ class ColocatedTrainer:
         prompts.non_tensor_batch["uid"] = np.array([f"val{i}" for i in range(len(prompts))], dtype=object)
         out = self.agent_loop.generate_sequences(prompts)
         out.meta_info["validate"] = True
-        score = float(self.reward_manager.compute_reward(out).batch["scores"].mean())
+        score = float(self.reward_manager.compute_reward(out).tensors["scores"].mean())
         logger.info("validation at step %d: score %.3f", self.global_steps, score)
         return score
 

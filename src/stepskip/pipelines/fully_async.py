@@ -244,8 +244,8 @@ class Rollouter:
                       meta_info={"validate": True, "global_steps": step})
         batch.non_tensor_batch["uid"] = np.array([f"val_{step}"] * len(prompts), dtype=object)
         out = await self.manager.generate_sequences_single(batch, f"val_{step}")
-        return float(self.parts.task.score(out.batch["prompts"], out.batch["responses"],
-                                           out.batch["response_mask"]).mean())
+        return float(self.parts.task.score(out.tensors["prompts"], out.tensors["responses"],
+                                           out.tensors["response_mask"]).mean())
 
     async def stop(self) -> None:
         self._stop = True
@@ -308,7 +308,7 @@ class Trainer:
             samples = self._collect(queue, (step - 1) * self.samples_per_step, timeout)
             rollout_s = time.perf_counter() - t0
             batch = Batch.concat([s["batch"] for s in samples])
-            tensors = batch.batch
+            tensors = batch.tensors
             scores = self.parts.task.score(tensors["prompts"], tensors["responses"], tensors["response_mask"])
             advantages = grpo_advantages(scores, list(batch.non_tensor_batch["uid"]), self.parts.norm_adv_by_std)
             update = self.parts.actor.update(tensors["prompts"], tensors["responses"], tensors["response_mask"],
@@ -329,6 +329,17 @@ class Trainer:
         return {"records": records, "validations": validations}
 
 
+def _actor(cls: type, num_cpus: float, *args: Any) -> Any:
+    """Start ``cls(*args)`` as a Ray actor.
+
+    Returns:
+        Its handle, as ``Any``: Ray's stubs do not type ``handle.method.remote(...)``.
+    """
+    import ray
+
+    return ray.remote(cls).options(num_cpus=num_cpus).remote(*args)
+
+
 def run(config: Any) -> RunResult:
     """Start (or reuse) Ray, run a Rollouter and a Trainer actor to the end, return the Trainer's records."""
     from omegaconf import OmegaConf
@@ -340,10 +351,10 @@ def run(config: Any) -> RunResult:
 
         cpus = float(config.ray.actor_num_cpus)
         queue = Queue(actor_options={"num_cpus": 0})
-        rollouter = ray.remote(Rollouter).options(num_cpus=cpus).remote(container)
-        trainer = ray.remote(Trainer).options(num_cpus=cpus).remote(container)
+        rollouter, trainer = _actor(Rollouter, cpus, container), _actor(Trainer, cpus, container)
+        queue_actor: Any = queue.actor
         try:
-            ray.get([rollouter.ready.remote(), trainer.ready.remote(), queue.actor.qsize.remote()])
+            ray.get([rollouter.ready.remote(), trainer.ready.remote(), queue_actor.qsize.remote()])
             start = time.perf_counter()
             # validation before training, before the Rollouter starts feeding (else it would get a head start)
             first = [ray.get(rollouter.validate.remote(0))] if bool(config.trainer.val_before_train) else []
@@ -352,10 +363,10 @@ def run(config: Any) -> RunResult:
             done, _ = ray.wait([training, feeding], num_returns=1)
             if feeding in done and training not in done:
                 ray.get(feeding)  # the Rollouter stopped first: surface its error
-            out = ray.get(training)
+            out: dict[str, Any] = ray.get(training)
             ray.get(rollouter.stop.remote())
             ray.get(feeding)
-            finished = ray.get(rollouter.finish.remote())
+            finished: dict[str, Any] = ray.get(rollouter.finish.remote())
             seconds = time.perf_counter() - start
         finally:
             for handle in (rollouter, trainer):

@@ -197,7 +197,7 @@ def generate_batch(policy: TinyPolicy, prompts: Batch, response_length: int, tem
         ``attention_mask`` and ``rollout_log_probs`` tensors; the prompts' non-tensor columns
         (``uid``, ``index``, ``data_source``) carried over.
     """
-    input_ids = prompts.batch["input_ids"]
+    input_ids = prompts.tensors["input_ids"]
     out = policy.generate(input_ids, response_length, temperature, torch.Generator().manual_seed(seed))
     full = torch.cat([input_ids, out.responses], dim=1)
     attention = torch.cat([torch.ones_like(input_ids), out.response_mask], dim=1)

@@ -36,7 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -46,13 +46,28 @@ from stepskip import SkipManager
 from stepskip.pipelines.grpo import grpo_advantages
 from stepskip.pipelines.policy import TinyPolicy
 from stepskip.pipelines.runtime import RunResult, StepRecord, build_parts, derive_seed, timed_run
-from stepskip.tq import InProcessTQClient, KVBatchMeta
+from stepskip.tq import InProcessTQClient, KVBatchMeta, TQClient
 
-__all__ = ["AgentLoopManagerTQ", "ReplayBuffer", "V1Trainer", "transfer_queue_session", "main"]
+__all__ = ["AgentLoopManagerTQ", "KVQueue", "ReplayBuffer", "V1Trainer", "transfer_queue_session", "main"]
 
 logger = logging.getLogger(__name__)
 
 MODES = ("sync", "colocate_async", "separate_async")
+
+
+class KVQueue(TQClient, Protocol):
+    """The queue the reference trainer drives: what stepskip reads and writes, plus listing and clearing keys.
+
+    Both the ``transfer_queue`` module and :class:`stepskip.tq.InProcessTQClient` satisfy it.
+    """
+
+    def kv_list(self, partition_id: str | None = None) -> dict[str, dict[str, Any]]:
+        """``{partition: {key: tags}}`` of one partition (or of all)."""
+        ...
+
+    def kv_clear(self, keys: list[str] | str, partition_id: str) -> None:
+        """Remove ``keys`` from ``partition_id``."""
+        ...
 
 
 def _strings(values: Sequence[str]) -> NonTensorStack:
@@ -85,7 +100,7 @@ class AgentLoopManagerTQ:
     ``pending`` → ``running`` → ``finished``.
 
     Args:
-        tq: the TransferQueue client (module or object with ``kv_batch_put``).
+        tq: the TransferQueue client (the ``transfer_queue`` module or an object with its KV methods).
         policy: the rollout's own weights (synced by :meth:`update_weights`).
         n: sessions per prompt.
         num_workers: prompts of a job are generated in this many chunks.
@@ -94,7 +109,7 @@ class AgentLoopManagerTQ:
         seed: base seed; each chunk's sampler is seeded from it, the job's step and the chunk.
     """
 
-    def __init__(self, tq: Any, policy: TinyPolicy, n: int, num_workers: int, response_length: int,
+    def __init__(self, tq: KVQueue, policy: TinyPolicy, n: int, num_workers: int, response_length: int,
                  temperature: float, val_temperature: float, seed: int) -> None:
         self.tq, self.policy, self.n = tq, policy, n
         self.num_workers, self.response_length = max(1, num_workers), response_length
@@ -221,7 +236,7 @@ class ReplayBuffer:
         health_check: called at every poll (raises when the generation side died).
     """
 
-    def __init__(self, tq: Any, trainer_mode: str, max_off_policy_threshold: int, poll_interval: float = 0.002,
+    def __init__(self, tq: KVQueue, trainer_mode: str, max_off_policy_threshold: int, poll_interval: float = 0.002,
                  timeout: float = 300.0, refill_fn: Callable[[int], None] | None = None,
                  health_check: Callable[[], None] | None = None) -> None:
         self.tq, self.trainer_mode = tq, trainer_mode
@@ -325,7 +340,7 @@ class V1Trainer:
 
     pipeline = "v1"
 
-    def __init__(self, config: Any, tq_client: Any = None) -> None:
+    def __init__(self, config: Any, tq_client: KVQueue | None = None) -> None:
         self.config = config
         v1 = config.trainer.v1
         self.trainer_mode = str(v1.trainer_mode)
@@ -338,7 +353,7 @@ class V1Trainer:
         if self.parameter_sync_step < 1 or self.train_batch_size % self.parameter_sync_step:
             raise ValueError(f"data.train_batch_size ({self.train_batch_size}) must be a multiple of "
                              f"trainer.v1.{self.trainer_mode}.parameter_sync_step ({self.parameter_sync_step})")
-        self.tq = tq_client if tq_client is not None else InProcessTQClient()
+        self.tq: KVQueue = tq_client if tq_client is not None else InProcessTQClient()
         self.parts = parts = build_parts(config)
         rollout = config.actor_rollout_ref.rollout
         self.agent_loop_manager = AgentLoopManagerTQ(
@@ -365,7 +380,7 @@ class V1Trainer:
         indices = self.parts.train_loader.next_indices(num_prompts)
         self._loader_indices.extend(indices)
         prompts = self.parts.train_loader.dataset.collate(indices)
-        batch = TensorDict({"input_ids": prompts.batch["input_ids"],
+        batch = TensorDict({"input_ids": prompts.tensors["input_ids"],
                             "index": torch.tensor(indices, dtype=torch.long)}, batch_size=[len(indices)])
         batch.set("uid", _strings([self._new_uid() for _ in indices]))
         batch.set("data_source", _strings(list(prompts.non_tensor_batch["data_source"])))
@@ -413,7 +428,7 @@ class V1Trainer:
                 record, batches = self.step()
                 self.on_step_end()
                 for meta in batches:  # the trajectories of this step leave the queue
-                    self.tq.kv_clear(keys=meta.keys, partition_id=meta.partition_id)
+                    self.tq.kv_clear(keys=meta.keys, partition_id="train")
                 result.records.append(record)
                 if test_freq > 0 and (step % test_freq == 0 or step == total):
                     result.validations.append(self._validate())
@@ -441,7 +456,7 @@ class V1Trainer:
                 self.on_sample_end()
             rollout_s += time.perf_counter() - t_sample
             batches.append(meta)
-            data = self.tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id)
+            data = self.tq.kv_batch_get(keys=meta.keys, partition_id="train")
             prompts, responses = _dense(data["prompts"]), _dense(data["responses"])
             mask, old_log_probs = _dense(data["response_mask"]), _dense(data["rollout_log_probs"])
             score = self.parts.task.score(prompts, responses, mask)
@@ -482,7 +497,7 @@ class V1Trainer:
     def _validate(self) -> float:
         """Greedy rollout of the validation prompts through the ``val`` partition (never cached)."""
         prompts = self.parts.val_prompts
-        batch = TensorDict({"input_ids": prompts.batch["input_ids"],
+        batch = TensorDict({"input_ids": prompts.tensors["input_ids"],
                             "index": torch.tensor([int(i) for i in prompts.non_tensor_batch["index"]])},
                            batch_size=[len(prompts)])
         batch.set("uid", _strings([self._new_uid() for _ in range(len(prompts))]))

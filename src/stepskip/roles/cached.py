@@ -34,19 +34,21 @@ from stepskip.errors import (
     UnreadableEntryError,
 )
 from stepskip.identity import fingerprint_diff, fingerprint_of
-from stepskip.layout import Layout, is_url
-from stepskip.policies import CheckPrompts, OnMismatch, SkipAction
+from stepskip.layout import RUN_DIR, Layout, is_url, safe_component
+from stepskip.policies import CheckPrompts, MatchN, OnMismatch, SkipAction
 from stepskip.resolve import load_candidates
 from stepskip.roles.base import BaseSkip, RunContext
 from stepskip.stats import RoleStats
 from stepskip.store import EntryState, Probe, open_store
 from stepskip.worker import default_worker
 
-__all__ = ["CachedRole", "ALL_ACTIONS", "VERL_LAYOUT_ROLES"]
+__all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS", "VERL_LAYOUT_ROLES"]
 
 logger = logging.getLogger(__name__)
 
 ALL_ACTIONS = [SkipAction.CACHE, SkipAction.REPEAT, SkipAction.RANDOM, SkipAction.REPLAY, SkipAction.RECORD]
+#: Roles whose output rows map one to one onto their prompt rows also replay by prompt (``match``).
+ROW_WISE_ACTIONS = [*ALL_ACTIONS, SkipAction.MATCH]
 
 #: Roles whose entries live directly in the run directory, as verl lays them out (seed §2.5).
 #: Every other role gets ``{run}/{role}/``, so that two roles never read each other's entries.
@@ -68,7 +70,7 @@ class CachedRole(BaseSkip):
     from :class:`~stepskip.SkipRoleConfig`.
     """
 
-    support_actions = ALL_ACTIONS
+    support_actions = ROW_WISE_ACTIONS
     config_class: ClassVar[type[Any]] = SkipRoleConfig
     #: Entries are V1 inner entries (``{step}/{inner}/``, verl's ``tq_batch.pt``).
     v1: ClassVar[bool] = False
@@ -99,6 +101,8 @@ class CachedRole(BaseSkip):
         self._warned: set[tuple[str, ...]] = set()
         self._pending: dict[str, threading.Event] = {}  # entry path -> its background dump finished
         self._pending_lock = threading.Lock()
+        self._index: Any = None  # the prompt index of ``action: match``, built on first use
+        self._index_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -325,8 +329,10 @@ class CachedRole(BaseSkip):
         info = CURRENT_CALL.get()
         seconds = info.generation_seconds if info is not None else None
         prompts = call_prompts(args, kwargs)
+
         def meta() -> dict[str, Any]:
-            return self._entry_meta(step, seconds, prompt_digest=_prompt_digest(prompts, self.rebind_keys), **rng)
+            return self._entry_meta(step, seconds, prompt_digest=_prompt_digest(prompts, self.rebind_keys),
+                                    row_prompts=self._row_prompts(prompts, result), **rng)
 
         prepared = self._snapshot(step, path, result, copy=self.async_dump, meta=meta)
         if prepared is not None:
@@ -369,6 +375,180 @@ class CachedRole(BaseSkip):
             raise
         for reason in skipped:
             logger.warning("%s: step %d replayed without part of its random state: %s", self.name, step, reason)
+    def _row_prompts(self, prompts: Any, result: Any) -> list[str] | None:
+        """One prompt digest per result row, for roles that ``match``: what the prompt index is built of."""
+        if not self.row_wise or prompts is None:
+            return None
+        from stepskip.matching import batch_rows, row_digests
+
+        rows = batch_rows(result)
+        if rows < 0 or batch_rows(prompts) != rows:
+            return None  # not row-aligned with its prompts: this entry cannot serve prompt groups
+        try:
+            return row_digests(prompts, self.rebind_keys)
+        except (TypeError, ValueError):
+            return None
+
+    # ------------------------------------------------------------------ action: match
+
+    @property
+    def row_wise(self) -> bool:
+        """Output rows map one to one onto prompt rows (stage roles say so with ``row_wise: true``)."""
+        return SkipAction.MATCH in self.support_actions and bool(getattr(self.config, "row_wise", True))
+
+    def match_split(self, step: int, prompts: Any) -> Any:
+        """Divide the live batch into prompt groups recorded anywhere in this run and groups to generate.
+
+        Raises:
+            SkipConfigError: the prompts are not a batch of rows (``match`` needs DataProto-like or
+                TensorDict prompts).
+        """
+        from stepskip.matching import MatchSplit, group_rows, row_digests, select_batch_rows
+
+        try:
+            digests = row_digests(prompts, self.rebind_keys)
+        except ValueError as err:
+            raise SkipConfigError(f"skip.{self.name}.action = 'match': {err}") from err
+        index = self._match_index()
+        found: dict[int, tuple[str, int]] = {}
+        missing: list[int] = []
+        sources: dict[str, int] = {}
+        strict = self.config.match_n is MatchN.STRICT
+        for digest, rows in group_rows(digests).items():
+            where = index.groups.get(digest)
+            if where is None or (strict and len(where[1]) != len(rows)):
+                missing.extend(rows)
+                continue
+            path, recorded_rows = where
+            sources[path] = sources.get(path, 0) + 1
+            for session, row in enumerate(rows):  # a different sample count cycles, as the V1 remap does
+                found[row] = (path, recorded_rows[session % len(recorded_rows)])
+        missing.sort()
+        subset = None
+        if missing:
+            subset = prompts if not found else select_batch_rows(prompts, missing)
+        return MatchSplit(digests=digests, found=found, missing_rows=missing, subset=subset, sources=sources)
+
+    def _match_index(self) -> Any:
+        """The prompt index, refreshed from entries it has not seen (one listing per run directory).
+
+        It spans every run directory of this experiment whose prompt and response lengths are this
+        run's: a run with another batch size or sample count (``GBS``/``N``) still finds the prompts
+        recorded by the others. Only entries this role could replay are indexed.
+        """
+        from stepskip.matching import PromptIndex
+
+        with self._index_lock:
+            if self._index is None:
+                self._index = PromptIndex()
+            index = self._index
+            listed = set(self._match_sources())
+            for path in [p for p in index.entries if p not in listed]:
+                index.forget(path)
+            for path in sorted(listed - set(index.entries)):
+                probe = self._probe(path)
+                meta = probe.meta or {}
+                digests = meta.get("row_prompts")
+                if (probe.state is EntryState.PRESENT and self._servable(meta) and isinstance(digests, list)
+                        and all(isinstance(d, str) for d in digests)):
+                    index.add(path, _step_of(meta), digests)
+            return index
+
+    def _match_sources(self) -> list[str]:
+        """Every entry directory of this role in the run directories :meth:`_match_index` spans."""
+        layout = self.layout
+        root = layout.project_dir.rsplit("/", 2 if layout.subdir else 1)[0]
+        paths: list[str] = []
+        for run_name in self.store.list_dir(root):
+            shape = RUN_DIR.match(run_name)
+            if shape is None or (int(shape[3]), int(shape[4])) != (layout.prompt_len, layout.response_len):
+                continue
+            project = f"{root}/{run_name}" + (f"/{safe_component(layout.subdir)}" if layout.subdir else "")
+            steps = (Layout.parse_step(name) for name in self.store.list_dir(project))
+            paths.extend(f"{project}/{step}" for step in sorted(s for s in steps if s is not None))
+        return paths
+
+    def match_merge(self, step: int, split: Any, prompts: Any, generated: Any) -> Any:
+        """The live batch in live row order: recorded rows for the found groups, ``generated`` for the rest.
+
+        Records what was generated (the live batch as the step's entry, or appended to the entry the
+        step already has, so that no recorded group is lost).
+        """
+        from stepskip.matching import concat_batches, select_batch_rows
+
+        start = time.perf_counter()
+        sources: list[Any] = []
+        offsets: dict[str, tuple[int, dict[int, int]]] = {}  # entry -> (its first row in sources, row map)
+        nbytes, saved, base = 0, 0.0, 0
+        needed: dict[str, list[int]] = {}
+        for live_row in sorted(split.found):
+            path, recorded_row = split.found[live_row]
+            rows = needed.setdefault(path, [])
+            if recorded_row not in rows:
+                rows.append(recorded_row)
+        for path, rows in needed.items():
+            value, meta, _, size = self._read_entry(path, step, -1)
+            nbytes += size
+            recorded_rows = len(meta.get("row_prompts") or ()) or len(rows)
+            saved += _seconds(meta.get("generation_seconds")) * len(rows) / recorded_rows
+            sources.append(select_batch_rows(value, rows))
+            offsets[path] = (base, {row: i for i, row in enumerate(rows)})
+            base += len(rows)
+        if not split.found:
+            merged = generated
+        else:
+            generated_at = {row: base + i for i, row in enumerate(split.missing_rows)}
+            order = []
+            for live_row in range(len(split.digests)):
+                if live_row in split.found:
+                    path, recorded_row = split.found[live_row]
+                    first, positions = offsets[path]
+                    order.append(first + positions[recorded_row])
+                else:
+                    order.append(generated_at[live_row])
+            if generated is not None:
+                sources.append(generated)
+            merged = select_batch_rows(concat_batches(sources), order)
+            self._rebind(merged, prompts)
+        replayed = len(split.found)
+        self.stats.add(rows_replayed=replayed, rows_generated=len(split.missing_rows), bytes_read=nbytes,
+                       load_seconds=time.perf_counter() - start if split.found else 0.0, saved_seconds=saved,
+                       hits=0 if split.missing_rows else 1, misses=1 if split.missing_rows else 0)
+        if split.found:
+            origin = ", ".join(f"{n} from {self._short(path)}" for path, n in sorted(split.sources.items()))
+            logger.info("%s match: step %d replayed %d of %d rows (%d prompt groups: %s); %d rows generated",
+                        self.name, step, replayed, len(split.digests), sum(split.sources.values()), origin,
+                        len(split.missing_rows))
+        if split.missing_rows:
+            self._record_match(step, split, prompts, merged, generated)
+        return merged
+
+    def _record_match(self, step: int, split: Any, prompts: Any, merged: Any, generated: Any) -> None:
+        from stepskip.matching import concat_batches, row_digests, select_batch_rows
+
+        path = self.step_dump_dir(step)
+        info = CURRENT_CALL.get()
+        seconds = info.generation_seconds if info is not None else None
+        to_write, digests = merged, list(split.digests)
+        if self._probe(path).state is EntryState.PRESENT:  # the step recorded other prompts before: keep them
+            existing, meta, _, _ = self.load_entry(step)
+            recorded = meta.get("row_prompts")
+            if isinstance(recorded, list):
+                to_write = concat_batches([existing, generated])
+                subset = select_batch_rows(prompts, split.missing_rows) if split.found else prompts
+                digests = list(recorded) + row_digests(subset, self.rebind_keys)
+        prepared = self._snapshot(step, path, to_write, copy=self.async_dump,
+                                  meta=lambda: self._entry_meta(step, seconds, row_prompts=digests))
+        if prepared is not None:
+            self._submit_write(path, step, *prepared)
+        with self._index_lock:
+            if self._index is not None:
+                self._index.forget(path)  # re-read from the entry once it is written
+
+    def _short(self, path: str) -> str:
+        """``step N`` for an entry of this run directory, ``{run}/step N`` for one of another."""
+        run_dir, _, step = path.rpartition("/")
+        return f"step {step}" if run_dir == self.project_dump_dir else f"{run_dir.rsplit('/', 1)[-1]} step {step}"
 
     def _snapshot(self, step: int, path: str, value: Any, copy: bool,
                   meta: Callable[[], dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
@@ -617,6 +797,11 @@ class CachedRole(BaseSkip):
 
     prompt_length = prompt_len
     response_length = response_len
+
+
+def _step_of(meta: dict[str, Any]) -> int:
+    step = meta.get("global_steps")
+    return step if isinstance(step, int) and not isinstance(step, bool) else -1
 
 
 def _seconds(value: Any) -> float:

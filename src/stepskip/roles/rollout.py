@@ -64,6 +64,7 @@ class AsyncRolloutSkip(RolloutSkip):
     """
 
     support_online_step = True
+    support_actions = ALL_ACTIONS  # one sample per call: nothing to match row by row
     config_class: ClassVar[type[Any]] = AsyncRolloutSkipConfig
 
     def extract_step(self, *args: Any, **kwargs: Any) -> int:

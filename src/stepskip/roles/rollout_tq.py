@@ -12,16 +12,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 from stepskip.policies import SkipAction
 from stepskip.resolve import remap_v1
 from stepskip.roles.base import register_skip
-from stepskip.roles.cached import _prompt_digest, _seconds
+from stepskip.roles.cached import ALL_ACTIONS, _prompt_digest, _seconds
 from stepskip.roles.rollout import RolloutSkip
 from stepskip.store import EntryState, Probe
+
+if TYPE_CHECKING:
+    from stepskip.tq import TQClient  # stepskip.tq imports torch: only for type checkers
 
 __all__ = ["RolloutTqSkip"]
 
@@ -45,6 +48,7 @@ class RolloutTqSkip(RolloutSkip):
     """
 
     config_class: ClassVar[type[Any]] = RolloutTqSkipConfig
+    support_actions = ALL_ACTIONS
     v1 = True
 
     def __init__(self, local_config: Any, global_config: Any) -> None:
@@ -72,7 +76,7 @@ class RolloutTqSkip(RolloutSkip):
     # ------------------------------------------------------------------ queue and paths
 
     @property
-    def tq_client(self) -> Any:
+    def tq_client(self) -> TQClient:
         """The TransferQueue client: ``runtime["tq_client"]`` or the ``transfer_queue`` module."""
         client = self.runtime.get("tq_client")
         if client is not None:

@@ -1,6 +1,7 @@
-"""An in-process TransferQueue client with the semantics of ``transfer_queue``'s KV interface.
+"""The queue client stepskip talks to (:class:`TQClient`) and an in-process one with the semantics of
+``transfer_queue``'s KV interface.
 
-Used by tests and by the reference pipelines' embedded default; pass it explicitly as
+The in-process client is used by tests and by the reference pipelines' embedded default; pass it explicitly as
 ``SkipManager.init(cfg, tq_client=InProcessTQClient())``. Like the real queue it stores data per
 row: per-key fields and tags inside partitions, column-wise puts that add fields to existing
 keys, and reads that return per-row tensors as jagged nested tensors (per-row scalars come
@@ -14,14 +15,59 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_non_tensor
 
-__all__ = ["InProcessTQClient", "KVBatchMeta"]
+__all__ = ["InProcessTQClient", "KVBatchMeta", "TQClient"]
 
 logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class TQClient(Protocol):
+    """The TransferQueue client the ``rollout_tq`` role reads trajectories from and injects them into.
+
+    It is the part of ``transfer_queue``'s KV interface (0.1.11) that stepskip calls, with its
+    signatures: the ``transfer_queue`` module itself satisfies it, as does
+    :class:`InProcessTQClient`; anything else passed as ``SkipManager.init(cfg, tq_client=...)``
+    needs these two methods. ``isinstance(client, TQClient)`` checks that both exist (not their
+    signatures).
+
+    Example:
+        >>> isinstance(InProcessTQClient(), TQClient)
+        True
+    """
+
+    def kv_batch_put(self, keys: list[str], partition_id: str, fields: TensorDict | None = None,
+                     tags: list[dict[str, Any]] | None = None) -> object:
+        """Store rows and tags of ``keys`` in ``partition_id``.
+
+        Args:
+            keys: one key per row.
+            partition_id: the partition (``"train"``, ``"val"``, ...).
+            fields: one row per key; None for a put that only updates tags.
+            tags: one dict per key, merged into the key's stored tags.
+
+        Returns:
+            A batch meta (``keys``, ``tags``, ``partition_id``, ``fields``); stepskip does not read it.
+        """
+        ...
+
+    def kv_batch_get(self, keys: list[str] | str, partition_id: str,
+                     select_fields: list[str] | str | None = None) -> TensorDict:
+        """The rows of ``keys`` in ``partition_id``.
+
+        Args:
+            keys: a key or a list of keys.
+            partition_id: the partition they were put in.
+            select_fields: the fields to read; None reads every field all the keys hold.
+
+        Returns:
+            A TensorDict with one row per key found.
+        """
+        ...
 
 
 @dataclasses.dataclass

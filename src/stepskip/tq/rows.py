@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_non_tensor
 
+from stepskip.formats.bounds import jagged_problem
+
 __all__ = ["select_rows", "concat_rows", "num_rows"]
 
 
@@ -21,7 +23,20 @@ def _index(indices: Sequence[int] | torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(indices, dtype=torch.long).reshape(-1)
 
 
+def _checked(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself when it is a valid jagged tensor: the gathers below trust its offsets."""
+    problem = jagged_problem(tensor.values(), tensor.offsets(), tensor.lengths(), tensor._ragged_idx)
+    if problem is not None:
+        raise ValueError(f"invalid jagged tensor: {problem}")
+    return tensor
+
+
 def _select_jagged(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    _checked(tensor)
+    rows = tensor.size(0)
+    index = torch.where(index < 0, index + rows, index)  # negative rows count from the end, as for dense tensors
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= rows):
+        raise IndexError(f"row index out of range for a jagged tensor of {rows} rows")
     if tensor._ragged_idx != 1 or tensor.lengths() is not None:
         parts = tensor.unbind()  # rare layouts: fall back to rebuilding from the rows
         return torch.nested.as_nested_tensor([parts[i] for i in index.tolist()], layout=torch.jagged)
@@ -89,6 +104,8 @@ def _concat_tensors(parts: list[torch.Tensor]) -> torch.Tensor:
     if not parts[0].is_nested:
         return torch.cat(parts, dim=0)
     if all(p.layout == torch.jagged and p._ragged_idx == 1 and p.lengths() is None for p in parts):
+        for part in parts:
+            _checked(part)
         values = torch.cat([p.values() for p in parts], dim=0)
         lengths = torch.cat([p.offsets().diff() for p in parts])
         offsets = torch.zeros(lengths.numel() + 1, dtype=parts[0].offsets().dtype)

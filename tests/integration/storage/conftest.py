@@ -1,5 +1,5 @@
-"""Storage backends for the shared suite: a local directory, fsspec's memory://, and a real
-S3-compatible server (moto in server mode) started on 127.0.0.1 for the session."""
+"""Storage backends for the shared suite: a local directory (as a path and as local://), fsspec's
+memory://, and a real S3-compatible server (moto in server mode) started on 127.0.0.1 for the session."""
 
 from __future__ import annotations
 
@@ -39,10 +39,12 @@ def s3_server():
                 os.environ[k] = v
 
 
-@pytest.fixture(params=["local", "memory", "s3"])
+@pytest.fixture(params=["local", "local-url", "memory", "s3"])
 def backend(request, tmp_path) -> Backend:
     if request.param == "local":
         return Backend("local", str(tmp_path / "dump"))
+    if request.param == "local-url":  # fsspec's spelling of local files; no auto_mkdir needed
+        return Backend("local-url", f"local://{tmp_path}/dump")
     if request.param == "memory":
         return Backend("memory", f"memory://stepskip-{uuid.uuid4().hex[:8]}/dump")
     endpoint = request.getfixturevalue("s3_server")

@@ -1,4 +1,4 @@
-"""One storage suite, three backends: local files, fsspec memory://, a real S3-compatible server."""
+"""One storage suite, four backends: local files (a path, local://), fsspec memory://, a real S3-compatible server."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from stepskip import Batch, CorruptEntryError, SkipManager
-from stepskip.store import META_FILE, EntryState, open_store
+from stepskip.store import GRACE_SECONDS, META_FILE, EntryState, FsspecStore, open_store
 from stepskip.tq import InProcessTQClient
 
 
@@ -30,15 +30,38 @@ def test_write_probe_read_round_trip(backend):
     assert store.read_files(entry(backend), probe.meta, ["data.safetensors", "data.json"], verify=True) == files_for(1)
 
 
+def _objects(store, path) -> set[str]:
+    meta = store.probe(path).meta
+    return {info.get("object", name) for name, info in meta["files"].items()} | {META_FILE}
+
+
 def test_overwrite_leaves_one_entry_and_no_stray_objects(backend):
+    """Local entries are replaced at once; on object stores the replaced entry's objects stay for
+    readers that still hold the old meta.json, until a later writer finds their grace period over."""
     store = open_store(backend.dump_dir, backend.storage_options)
+    now = [1_000_000.0]
+    if isinstance(store, FsspecStore):
+        store.clock = lambda: now[0]
     store.write_entry(entry(backend), files_for(1), {"global_steps": 1})
+    first = _objects(store, entry(backend)) - {META_FILE}
     store.write_entry(entry(backend), files_for(2), {"global_steps": 1})
     probe = store.probe(entry(backend))
     assert store.read_files(entry(backend), probe.meta, ["data.safetensors", "data.json"], verify=True) == files_for(2)
-    named = {info.get("object", name) for name, info in probe.meta["files"].items()} | {META_FILE}
-    assert set(store.list_dir(entry(backend))) == named
-    assert store.write_entry(entry(backend), files_for(3), {"global_steps": 1}, overwrite=False) == 0
+    second = _objects(store, entry(backend))
+    if isinstance(store, FsspecStore):
+        assert set(store.list_dir(entry(backend))) == second | first  # still readable by an old reader
+        assert set(probe.meta["retired"]) == first
+        now[0] += GRACE_SECONDS
+        store.write_entry(entry(backend), files_for(3), {"global_steps": 1})
+        third = _objects(store, entry(backend))
+        assert set(store.list_dir(entry(backend))) == third | (second - {META_FILE})  # the first are gone
+        now[0] += GRACE_SECONDS
+        assert sorted(store.remove_leftovers(backend.dump_dir)) == sorted(
+            f"{entry(backend)}/{o}" for o in second - {META_FILE})
+        assert set(store.list_dir(entry(backend))) == third
+    else:
+        assert set(store.list_dir(entry(backend))) == second
+    assert store.write_entry(entry(backend), files_for(4), {"global_steps": 1}, overwrite=False) == 0
 
 
 def test_damage_is_detected(backend):
@@ -65,7 +88,7 @@ def _put(store, path, data):
     if hasattr(store, "fs"):
         store.fs.pipe_file(store._p(path), data)
     else:
-        with open(path, "wb") as fh:
+        with open(path.removeprefix("local://"), "wb") as fh:
             fh.write(data)
 
 
@@ -189,9 +212,9 @@ def test_v1_steps_on_the_backend(backend):
 def test_stale_unreferenced_objects_are_removed(backend):
     store = open_store(backend.dump_dir, backend.storage_options)
     store.write_entry(entry(backend, "7"), files_for(1), {"global_steps": 7})
-    if backend.name == "local":
+    if backend.name.startswith("local"):
         import os
-        os.makedirs(f"{backend.dump_dir}/.tmp-7-dead", exist_ok=True)
+        os.makedirs(f"{backend.dump_dir.removeprefix('local://')}/.tmp-7-dead", exist_ok=True)
         removed = store.remove_leftovers(backend.dump_dir, older_than=0)
         assert removed == [f"{backend.dump_dir}/.tmp-7-dead"]
     else:
@@ -199,3 +222,45 @@ def test_stale_unreferenced_objects_are_removed(backend):
         removed = store.remove_leftovers(backend.dump_dir, older_than=0)
         assert removed == [f"{entry(backend, '7')}/data.deadbeef0000.safetensors"]
     assert store.probe(entry(backend, "7")).state is EntryState.PRESENT
+
+
+def test_match_finds_prompts_across_batch_sizes_on_the_backend(backend):
+    """``action: match`` on every store: prompts recorded with batch size 4 replay in batches of 2
+    (another run directory), and only the never-recorded prompt is generated."""
+
+    class Rollout:
+        def __init__(self) -> None:
+            self.seen: list[list[int]] = []
+
+        @SkipManager.annotate(role="rollout")
+        def generate_sequences(self, prompts):
+            ids = prompts.batch["ids"][:, 0].tolist()
+            self.seen.append(ids)
+            return Batch.from_dict(tensors={"out": prompts.batch["ids"] * 10 + len(self.seen)},
+                                   non_tensors={"uid": prompts.non_tensor_batch["uid"]})
+
+    def prompts(ids: list[int], tag: str) -> Batch:
+        return Batch.from_dict(tensors={"ids": torch.tensor([[i, i] for i in ids])},
+                               non_tensors={"uid": [f"{tag}{i}" for i in ids]})
+
+    def config(gbs: int) -> dict:
+        return {"data": {"train_batch_size": gbs},
+                "skip": {"rollout": {"enable": True, "steps": "all", "action": "match", "dump_dir": backend.dump_dir,
+                                     "storage_options": backend.storage_options}}}
+
+    SkipManager.init(config(4))
+    SkipManager.set_step(1)
+    first = Rollout()
+    recorded = first.generate_sequences(prompts([1, 2, 3, 4], "a"))
+    SkipManager.flush()
+    SkipManager.init(config(2))
+    second = Rollout()
+    SkipManager.set_step(1)
+    replayed = second.generate_sequences(prompts([3, 1], "b"))
+    SkipManager.set_step(2)
+    mixed = second.generate_sequences(prompts([7, 2], "c"))
+    SkipManager.flush()
+    assert second.seen == [[7]]
+    assert replayed.batch["out"].tolist() == [recorded.batch["out"][2].tolist(), recorded.batch["out"][0].tolist()]
+    assert mixed.batch["out"].tolist() == [[71, 71], recorded.batch["out"][1].tolist()]
+    assert mixed.non_tensor_batch["uid"].tolist() == ["c7", "c2"]

@@ -30,6 +30,7 @@ from stepskip.worker import DumpWorker
 STAT_NAMES = (
     "hits", "misses", "dumps", "dump_failures", "corrupt",
     "load_seconds", "dump_seconds", "bytes_read", "bytes_written", "saved_seconds",
+    "rows_replayed", "rows_generated",
 )
 
 

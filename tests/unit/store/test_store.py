@@ -310,13 +310,14 @@ def _fail_on_nth_write(monkeypatch: pytest.MonkeyPatch, n: int, err: int = errno
     real = LocalStore._write_file
     calls = {"n": 0}
 
-    def flaky(path: str, data: bytes) -> None:
+    def flaky(dir_fd: int, name: str, data: bytes) -> None:
         calls["n"] += 1
         if calls["n"] == n:
-            with open(path, "wb") as fh:  # a partial file, as a full disk leaves it
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=dir_fd)
+            with os.fdopen(fd, "wb") as fh:  # a partial file, as a full disk leaves it
                 fh.write(data[: len(data) // 2])
             raise OSError(err, os.strerror(err))
-        real(path, data)
+        real(dir_fd, name, data)
 
     monkeypatch.setattr(LocalStore, "_write_file", staticmethod(flaky))
 

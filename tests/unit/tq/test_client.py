@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
+import types
+
 import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from stepskip.tq import InProcessTQClient
+from stepskip.tq import InProcessTQClient, TQClient
 
 
 def td(**columns):
@@ -41,7 +44,8 @@ def test_get_returns_common_fields_and_skips_missing_keys(caplog):
 def test_column_wise_puts_add_fields_and_merge_tags():
     tq = InProcessTQClient()
     tq.kv_batch_put(keys=["a"], partition_id="p", fields=td(x=torch.ones(1, 2)), tags=[{"status": "running"}])
-    meta = tq.kv_batch_put(keys=["a"], partition_id="p", fields=td(y=torch.zeros(1)), tags=[{"status": "finished", "n": 1}])
+    meta = tq.kv_batch_put(keys=["a"], partition_id="p", fields=td(y=torch.zeros(1)),
+                           tags=[{"status": "finished", "n": 1}])
     assert meta.fields == ["x", "y"] and meta.tags == [{"status": "finished", "n": 1}]
     tq.kv_batch_put(keys=["a"], partition_id="p", tags=[{"extra": True}])
     assert tq.kv_list("p") == {"p": {"a": {"status": "finished", "n": 1, "extra": True}}}
@@ -82,3 +86,21 @@ def test_bad_puts_are_refused():
     with pytest.raises(TypeError):
         tq.kv_batch_put(keys=["a"], partition_id="p", fields=batch_wide)
     assert tq.kv_list() == {}  # nothing half-written
+
+
+def test_the_in_process_client_is_a_tq_client():
+    assert isinstance(InProcessTQClient(), TQClient)
+    # a module offering the two functions (as the transfer_queue module does) is one too; half of it is not
+    both = types.SimpleNamespace(kv_batch_put=lambda **kw: None, kv_batch_get=lambda **kw: None)
+    assert isinstance(both, TQClient)
+    assert not isinstance(types.SimpleNamespace(kv_batch_put=lambda **kw: None), TQClient)
+
+
+@pytest.mark.parametrize("name", ["kv_batch_put", "kv_batch_get"])
+def test_the_in_process_client_accepts_every_argument_of_the_protocol(name):
+    """The role calls with keywords: each one the protocol names, with its default, the client takes."""
+    wanted = inspect.signature(getattr(TQClient, name)).parameters
+    offered = inspect.signature(getattr(InProcessTQClient, name)).parameters
+    for param in wanted.values():
+        assert param.name in offered, f"InProcessTQClient.{name} lacks {param.name!r}"
+        assert offered[param.name].default == param.default, f"{name}({param.name}=...) default differs"

@@ -1,0 +1,200 @@
+"""Row-level pieces of ``action: match``: prompt groups, the prompt index, row selection and merging.
+
+A *prompt group* is the set of rows of a batch whose prompt content is the same (the
+``rebind_keys`` columns excluded): a GRPO group of ``n`` samples is one group. Every entry a
+``match`` role writes records one digest per row (``meta["row_prompts"]``); the index maps a
+digest to the entry and rows that hold its responses.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from stepskip.calls import is_dataproto_like
+
+__all__ = ["row_digests", "group_rows", "PromptIndex", "MatchSplit", "select_batch_rows", "concat_batches",
+           "batch_rows"]
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, default=repr, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def _tensor_rows(name: str, tensor: Any, rows: int) -> list[bytes]:
+    if getattr(tensor, "is_nested", False):
+        return [name.encode() + b"|" + _row_bytes(part) for part in tensor.unbind()]
+    if int(tensor.shape[0]) != rows:
+        raise ValueError(f"column {name!r} has {int(tensor.shape[0])} rows, the batch {rows}")
+    return [name.encode() + b"|" + _row_bytes(tensor[i]) for i in range(rows)]
+
+
+def _row_bytes(row: Any) -> bytes:
+    t = row.detach().cpu().contiguous()
+    head = f"{t.dtype}|{tuple(t.shape)}|".encode()
+    if not t.numel():
+        return head
+    import torch
+
+    raw = t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)
+    return head + raw.numpy().tobytes()
+
+
+def batch_rows(value: Any) -> int:
+    """The row count of a DataProto-like batch or a TensorDict; -1 when it has no rows to speak of."""
+    if is_dataproto_like(value):
+        if value.batch is not None:
+            return int(value.batch.batch_size[0]) if len(value.batch.batch_size) else -1
+        columns = list(value.non_tensor_batch.values())
+        return len(columns[0]) if columns else -1
+    batch_size = getattr(value, "batch_size", None)
+    if batch_size is not None and len(batch_size):
+        return int(batch_size[0])
+    return -1
+
+
+def row_digests(prompts: Any, exclude: Iterable[str] = ()) -> list[str]:
+    """One digest per row of ``prompts`` (a DataProto-like batch or a TensorDict), over every column
+    but ``exclude``: rows with equal digests asked for the same thing.
+
+    Raises:
+        ValueError: ``prompts`` is not a batch of rows.
+
+    Example:
+        >>> import torch
+        >>> from stepskip import Batch
+        >>> b = Batch.from_dict(tensors={"ids": torch.tensor([[1, 2], [1, 2], [3, 4]])}, non_tensors={"uid": "abc"})
+        >>> d = row_digests(b, exclude=["uid"])
+        >>> d[0] == d[1] != d[2]
+        True
+    """
+    skip = set(exclude)
+    rows = batch_rows(prompts)
+    if rows < 0:
+        raise ValueError(f"action match needs prompts with rows (a DataProto-like batch or a TensorDict), "
+                         f"got {type(prompts).__qualname__}")
+    hashers = [xxhash.xxh3_64() for _ in range(rows)]
+    tensors = prompts.batch if is_dataproto_like(prompts) else prompts
+    if tensors is not None:
+        for key in sorted(tensors.keys()):
+            if key in skip:
+                continue
+            item = tensors.get(key)
+            if hasattr(item, "tolist") and not hasattr(item, "dtype"):  # a non-tensor column of a TensorDict
+                values = item.tolist()
+                parts = [key.encode() + b"|" + _canonical(v) for v in values]
+            elif not hasattr(item, "shape"):
+                continue
+            else:
+                parts = _tensor_rows(key, item, rows)
+            for h, part in zip(hashers, parts):
+                h.update(part)
+    if is_dataproto_like(prompts):
+        for key in sorted(prompts.non_tensor_batch):
+            if key in skip:
+                continue
+            column = prompts.non_tensor_batch[key]
+            if len(column) != rows:
+                raise ValueError(f"non-tensor column {key!r} has {len(column)} rows, the batch {rows}")
+            for h, item in zip(hashers, column):
+                h.update(key.encode() + b"|")
+                h.update(_canonical(item.tolist() if isinstance(item, np.ndarray | np.generic) else item))
+    return ["xxh3_64:" + h.hexdigest() for h in hashers]
+
+
+def group_rows(digests: Sequence[str]) -> dict[str, list[int]]:
+    """The rows of each prompt group, groups in order of first appearance.
+
+    Example:
+        >>> group_rows(["a", "b", "a"])
+        {'a': [0, 2], 'b': [1]}
+    """
+    groups: dict[str, list[int]] = {}
+    for row, digest in enumerate(digests):
+        groups.setdefault(digest, []).append(row)
+    return groups
+
+
+@dataclass
+class PromptIndex:
+    """Prompt digest -> ``(entry path, rows)`` of an entry that recorded its responses.
+
+    Built from the ``row_prompts`` of the entries' ``meta.json`` — written atomically with each
+    entry — so it never points at an entry that does not exist or holds other rows, and can
+    always be rebuilt from the entries alone. Among entries recording the same prompt, the one of
+    the latest step wins.
+    """
+
+    groups: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
+    entries: dict[str, int] = field(default_factory=dict)  # entry path -> its step
+
+    def add(self, path: str, step: int, digests: Sequence[str]) -> None:
+        self.forget(path)
+        self.entries[path] = step
+        for digest, rows in group_rows(digests).items():
+            current = self.groups.get(digest)
+            if current is None or self.entries.get(current[0], -1) <= step:
+                self.groups[digest] = (path, rows)
+
+    def forget(self, path: str) -> None:
+        if self.entries.pop(path, None) is not None:
+            self.groups = {d: where for d, where in self.groups.items() if where[0] != path}
+
+
+@dataclass
+class MatchSplit:
+    """How a live batch divides into recorded and missing prompt groups.
+
+    Args:
+        digests: one per live row.
+        found: live row -> ``(entry path, recorded row)`` for every row that is replayed.
+        missing_rows: live rows to generate, in live order.
+        subset: the live prompts restricted to ``missing_rows`` (None when nothing is missing).
+        sources: entry path -> how many prompt groups are taken from it.
+    """
+
+    digests: list[str]
+    found: dict[int, tuple[str, int]]
+    missing_rows: list[int]
+    subset: Any = None
+    sources: dict[str, int] = field(default_factory=dict)
+
+
+def select_batch_rows(value: Any, rows: Sequence[int]) -> Any:
+    """Rows ``rows`` (any order, repeats allowed) of a DataProto-like batch or a TensorDict, as the same type."""
+    from stepskip.tq.rows import select_rows
+
+    if is_dataproto_like(value):
+        index = np.asarray(rows, dtype=np.int64)
+        batch = None if value.batch is None else select_rows(value.batch, list(rows))
+        non_tensor = {k: np.asarray(v)[index] for k, v in value.non_tensor_batch.items()}
+        return _rebuild(value, batch, non_tensor, dict(value.meta_info))
+    return select_rows(value, list(rows))
+
+
+def concat_batches(parts: Sequence[Any]) -> Any:
+    """Join batches of one type row-wise (meta_info from the first)."""
+    from stepskip.tq.rows import concat_rows
+
+    first = parts[0]
+    if is_dataproto_like(first):
+        batches = [p.batch for p in parts]
+        batch = None if any(b is None for b in batches) else concat_rows(batches)
+        keys = list(first.non_tensor_batch)
+        non_tensor = {k: np.concatenate([np.asarray(p.non_tensor_batch[k]) for p in parts]) for k in keys}
+        return _rebuild(first, batch, non_tensor, dict(first.meta_info))
+    return concat_rows(list(parts))
+
+
+def _rebuild(like: Any, batch: Any, non_tensor: Mapping[str, np.ndarray], meta_info: dict[str, Any]) -> Any:
+    try:
+        return type(like)(batch=batch, non_tensor_batch=dict(non_tensor), meta_info=meta_info)
+    except TypeError:
+        from stepskip.batch import Batch
+
+        return Batch(batch=batch, non_tensor_batch=dict(non_tensor), meta_info=meta_info)
