@@ -135,6 +135,7 @@ def main(spec_path: str, out_path: str) -> None:
         import torch.distributed as dist
 
         if dist.is_initialized():
+            dist.barrier()  # no rank tears its connections down while another still uses them
             dist.destroy_process_group()
 
 
