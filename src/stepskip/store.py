@@ -38,7 +38,7 @@ from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 
 __all__ = [
     "EntryState", "Probe", "LocalStore", "FsspecStore", "open_store", "checksum", "check_meta", "check_dump_dir",
-    "valid_name", "META_FILE", "TMP_PREFIX", "TRASH_PREFIX", "META_MAX_BYTES", "GRACE_SECONDS",
+    "valid_name", "META_FILE", "TMP_PREFIX", "TRASH_PREFIX", "META_MAX_BYTES", "GRACE_SECONDS", "DirItem",
 ]
 
 logger = logging.getLogger(__name__)
@@ -80,6 +80,23 @@ class Probe:
     state: EntryState
     meta: dict[str, Any] | None = None
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class DirItem:
+    """One name in a directory, as seen without following symbolic links.
+
+    Args:
+        name: the name (one path component).
+        kind: ``dir``, ``file``, ``link`` (a symbolic link, never followed) or ``other`` (a FIFO, a device ...).
+        size: bytes of a file (0 for anything else).
+        mtime: the modification time, when the store knows it.
+    """
+
+    name: str
+    kind: str
+    size: int = 0
+    mtime: float | None = None
 
 
 def checksum(data: bytes | memoryview) -> str:
@@ -481,6 +498,15 @@ class _EntryStore:
         raise NotImplementedError
 
     def _read_listed(self, path: str, meta: Mapping[str, Any], names: list[str], verify: bool) -> dict[str, bytes]:
+        raise NotImplementedError
+
+    def list_items(self, path: str) -> list[DirItem]:
+        """What is directly under ``path`` with kind, size and time, links reported as links (never
+        followed); empty when ``path`` is not a directory reached without following a link."""
+        raise NotImplementedError
+
+    def stat_item(self, path: str) -> DirItem | None:
+        """``path`` itself, not followed if it is a link; None when it does not exist."""
         raise NotImplementedError
 
 
@@ -998,6 +1024,45 @@ class LocalStore(_EntryStore):
             os.close(dir_fd)
         return removed
 
+    def list_items(self, path: str) -> list[DirItem]:
+        try:
+            fd = self._open_dir(path)
+        except OSError:
+            return []
+        try:
+            with os.scandir(fd) as it:
+                names = [e.name for e in it]
+            return [_local_item(n, st) for n in names if (st := _lstat_at(fd, n)) is not None]
+        except OSError:
+            return []
+        finally:
+            os.close(fd)
+
+    def stat_item(self, path: str) -> DirItem | None:
+        full = self._abs(path).rstrip("/") or "/"
+        if self.root is not None and full == self.root.rstrip("/"):
+            try:  # the root is configuration the user gave: it is looked at as it is
+                return _local_item(os.path.basename(full), os.stat(full))
+            except OSError:
+                return None
+        parent, name = os.path.split(full)
+        try:
+            fd = self._open_dir(parent or "/")
+        except OSError:
+            return None
+        try:
+            st = _lstat_at(fd, name)
+            return None if st is None else _local_item(name, st)
+        finally:
+            os.close(fd)
+
+
+def _local_item(name: str, st: os.stat_result) -> DirItem:
+    mode = st.st_mode
+    kind = ("link" if stat.S_ISLNK(mode) else "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode)
+            else "other")
+    return DirItem(name, kind, st.st_size if kind == "file" else 0, st.st_mtime)
+
 
 # --------------------------------------------------------------------------- fsspec (object stores)
 
@@ -1361,6 +1426,46 @@ class FsspecStore(_EntryStore):
             except (TypeError, ValueError):
                 continue
         return None
+
+    def _item(self, info: Mapping[str, Any]) -> DirItem:
+        name = str(info.get("name", "")).rstrip("/").rsplit("/", 1)[-1]
+        kind = {"directory": "dir", "file": "file"}.get(str(info.get("type")), "other")
+        size = info.get("size") if kind == "file" else 0
+        return DirItem(name, kind, size if isinstance(size, int) else 0, _info_time(info))
+
+    def list_items(self, path: str) -> list[DirItem]:
+        root = self._p(path).rstrip("/")
+        try:
+            infos = self.fs.ls(root, detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        items: dict[str, DirItem] = {}
+        for info in infos:
+            if str(info.get("name", "")).rstrip("/") != root:
+                item = self._item(info)
+                items.setdefault(item.name, item)
+        return [items[n] for n in sorted(items)]
+
+    def stat_item(self, path: str) -> DirItem | None:
+        try:
+            return self._item(self.fs.info(self._p(path)))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+
+def _info_time(info: Mapping[str, Any]) -> float | None:
+    """The modification time in an fsspec ``info`` dict, whatever the filesystem calls it."""
+    for key in ("mtime", "LastModified", "created", "updated"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            continue
+    return None
 
 
 # --------------------------------------------------------------------------- opening and checking a dump dir

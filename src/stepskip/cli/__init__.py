@@ -1,9 +1,11 @@
 """The ``stepskip`` command line: ``ls``, ``info``, ``verify``, ``prune``, ``convert``, ``show``, ``demo``.
 
-The typer layer (:mod:`stepskip.cli.app`) parses arguments and renders; the work is done by small
-library modules that return data classes and can be used on their own:
+The typer layer (:mod:`stepskip.cli.app`) parses arguments and renders; the cache itself is read,
+checked and pruned through the library's index (:mod:`stepskip.index`), so every command works on
+every store the library writes to (local paths, ``memory://``, ``s3://``, any fsspec URL, with
+``--storage-option`` for its options). Small modules return data classes and can be used on their own:
 
-* :mod:`stepskip.cli.scan` — runs, roles, step directories and entries of a cache (no data read);
+* :mod:`stepskip.cli.scan` — opens the index on a path or URL (runs, roles, steps, entries);
 * :mod:`stepskip.cli.content` — decoded values: fields, statistics, sample rows;
 * :mod:`stepskip.cli.describe` — one entry described (``info``);
 * :mod:`stepskip.cli.verify` — checksums, completeness, leftovers and repair;

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import enum
 import functools
+import json
 import logging
-import os
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, Optional, TypeVar
@@ -17,6 +17,8 @@ from stepskip._version import __version__
 from stepskip.cli import render
 from stepskip.cli.errors import CliError
 from stepskip.config import SkipRoleConfig
+from stepskip.entries import CONFIG_FORMATS
+from stepskip.errors import SkipConfigError
 
 __all__ = ["app"]
 
@@ -35,13 +37,18 @@ app = typer.Typer(
 
 # Arguments and options shared by several commands.
 DumpDir = Annotated[str, typer.Argument(metavar="DUMP_DIR", help="The cache: a dump_dir (default "
-                                        "~/.verl/rollout_dump), an experiment directory or a run directory.")]
+                                        "~/.verl/rollout_dump), an experiment directory or a run directory; "
+                                        "a local path or a URL (memory://..., s3://bucket/prefix).")]
 Step = Annotated[Optional[int], typer.Option("--step", "-s", help="The step inside a given run directory.")]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Read pickle-based entries (verl's gen_batch.dp, "
                                            "tq_batch.pt) through the allow-list unpickler.")]
 Role = Annotated[Optional[str], typer.Option("--role", help="Only this role's steps (rollout, rollout_tq, "
                                              "a stage role's name ...).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+StorageOptions = Annotated[Optional[list[str]], typer.Option(
+    "--storage-option", "-o", metavar="KEY=VALUE", show_default=False,
+    help="An fsspec option for URL caches, repeatable: -o anon=true, -o client_kwargs.endpoint_url=http://host:9000 "
+         "(values are read as JSON when they parse), or one JSON object: -o '{\"profile\": \"dev\"}'.")]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,15 +60,56 @@ def _errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except CliError as error:
+        except (CliError, SkipConfigError) as error:  # a wrong path, option or URL; not a finding about a cache
             render.err.print(f"[bold red]error:[/] {escape(str(error))}")
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
 
 
-def _absolute(path: str) -> str:
-    return os.path.abspath(os.path.expanduser(path))
+def storage_options(values: list[str] | None) -> dict[str, Any]:
+    """The fsspec options of ``--storage-option`` values: ``KEY=VALUE`` (dotted keys nest) or JSON objects.
+
+    Raises:
+        CliError: a value is neither.
+
+    Example:
+        >>> storage_options(["anon=true", "client_kwargs.endpoint_url=http://127.0.0.1:9000"])
+        {'anon': True, 'client_kwargs': {'endpoint_url': 'http://127.0.0.1:9000'}}
+    """
+    options: dict[str, Any] = {}
+    for text in values or []:
+        if text.lstrip().startswith("{"):
+            try:
+                value = json.loads(text)
+            except ValueError as err:
+                raise CliError(f"--storage-option {text!r} is not a JSON object ({err})") from None
+            if not isinstance(value, dict):
+                raise CliError(f"--storage-option {text!r} is not a JSON object")
+            options.update(value)
+            continue
+        key, sep, raw = text.partition("=")
+        if not sep or not key.strip():
+            raise CliError(f"--storage-option {text!r} is not KEY=VALUE (e.g. anon=true) or a JSON object")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw  # a plain string: endpoint URLs, profile names ...
+        *parents, last = key.strip().split(".")
+        node = options
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise CliError(f"--storage-option {text!r}: {part!r} is already set to a value, not options")
+            node = child
+        node[last] = value
+    return options
+
+
+def _index(path: str, options: list[str] | None) -> Any:
+    from stepskip.cli.scan import open_index
+
+    return open_index(path, storage_options(options))
 
 
 def _version_callback(value: bool) -> None:
@@ -84,12 +132,15 @@ def _root(
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     if not verbose:  # torch's own one-time warnings (on nested tensors, say) are noise in a report
-        logging.getLogger("torch").setLevel(logging.ERROR)
+        # torch resets its root logger's level when it is imported, not its children's: both are set.
+        for name in ("torch", "torch.fx"):
+            logging.getLogger(name).setLevel(logging.ERROR)
 
 
 @app.command("ls")
 @_errors
-def ls_command(dump_dir: DumpDir = DEFAULT_DUMP_DIR, as_json: AsJson = False) -> None:
+def ls_command(dump_dir: DumpDir = DEFAULT_DUMP_DIR, as_json: AsJson = False,
+               options: StorageOptions = None) -> None:
     """List every run of a cache: roles, formats, steps, entries, size, newest entry.
 
     Steps are written as ranges in the syntax of skip.<role>.steps (1-5,8,10-20:2). Only valid
@@ -99,14 +150,14 @@ def ls_command(dump_dir: DumpDir = DEFAULT_DUMP_DIR, as_json: AsJson = False) ->
       stepskip ls
       stepskip ls /data/rollout_dump
       stepskip ls /data/rollout_dump --json | jq '.runs[].roles[].steps_spec'
+      stepskip ls s3://bucket/rollout_dump -o client_kwargs.endpoint_url=http://127.0.0.1:9000
     """
-    from stepskip.cli.scan import scan_cache
-
-    runs = scan_cache(dump_dir)
+    index = _index(dump_dir, options)
+    runs = index.runs()
     if as_json:
-        render.print_json(render.ls_json(runs, _absolute(dump_dir)))
+        render.print_json(render.ls_json(runs, index.root))
     else:
-        render.render_ls(runs, _absolute(dump_dir), dump_dir)
+        render.render_ls(runs, index.root, dump_dir)
 
 
 @app.command("info")
@@ -117,6 +168,7 @@ def info_command(
     step: Step = None,
     allow_pickle: AllowPickle = False,
     as_json: AsJson = False,
+    options: StorageOptions = None,
 ) -> None:
     """Show entries: meta.json, fields, statistics, generation seconds, fingerprint.
 
@@ -131,7 +183,7 @@ def info_command(
     """
     from stepskip.cli.describe import describe_entry
 
-    infos = [describe_entry(path, step, allow_pickle) for path in entry]
+    infos = [describe_entry(_index(path, options), step, allow_pickle) for path in entry]
     if as_json:
         data = [render.info_json(i) for i in infos]
         render.print_json(data if len(data) > 1 else data[0])
@@ -156,33 +208,38 @@ def verify_command(
     grace: Annotated[str, typer.Option("--grace", help="Leftovers, half-written and incomplete V1 steps modified "
                                        "more recently may be a write in progress: reported, not repaired.")] = "1h",
     as_json: AsJson = False,
+    options: StorageOptions = None,
 ) -> None:
     """Check checksums and completeness of every entry; find leftovers and half-written directories.
 
     Checks sizes, checksums and meta.json of every entry, that V1 steps are complete and written by
     one run, and finds leftovers of interrupted writes (.tmp-*, .trash-*) and step directories
-    without meta.json. Exit code 0 when the cache is clean, 1 when problems were found (or remain
+    without meta.json. Entries of a format this stepskip does not know, and entries whose intact
+    bytes do not decode here (--deep), are reported and never removed; symbolic links are never
+    followed. Exit code 0 when the cache is clean, 1 when problems were found (or remain
     after --repair).
 
     [bold]Examples[/]
       stepskip verify
       stepskip verify /data/rollout_dump --repair
       stepskip verify /data/rollout_dump --deep --allow-pickle --json
+      stepskip verify s3://bucket/rollout_dump --repair -o profile=dev
     """
     from stepskip.cli.prune import parse_duration
-    from stepskip.cli.scan import scan_cache
     from stepskip.cli.verify import count_entries, verify_runs
     from stepskip.cli.verify import repair as repair_problems
 
     grace_seconds = parse_duration(grace, "--grace")
-    runs = scan_cache(dump_dir)
+    index = _index(dump_dir, options)
+    runs = index.runs()
     with render.progress("verifying", count_entries(runs)) as advance:
-        report = verify_runs(runs, deep=deep, allow_pickle=allow_pickle, grace=grace_seconds, on_entry=advance)
-    result = repair_problems(report) if repair and report.problems else None
+        report = verify_runs(index, runs, deep=deep, allow_pickle=allow_pickle, grace=grace_seconds,
+                             on_entry=advance)
+    result = repair_problems(index, report) if repair else None
     if as_json:
-        render.print_json(render.verify_json(report, result, _absolute(dump_dir)))
+        render.print_json(render.verify_json(report, result, index.root))
     else:
-        render.render_verify(report, result, _absolute(dump_dir), grace)
+        render.render_verify(report, result, index.root, grace)
     remaining = report.problems if result is None else result.kept
     raise typer.Exit(1 if remaining else 0)
 
@@ -201,35 +258,41 @@ def prune_command(
     role: Role = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Show what would be removed; remove nothing.")]
     = False,
+    deep: Annotated[bool, typer.Option("--deep", help="Decode each chosen entry first and keep those whose intact "
+                                       "bytes do not decode here (pickle-based ones with --allow-pickle).")] = False,
+    allow_pickle: AllowPickle = False,
     as_json: AsJson = False,
+    options: StorageOptions = None,
 ) -> None:
     """Remove step directories of a run, chosen by count, age or step list (exactly one of them).
 
-    Each step vanishes at once (renamed away, then deleted), so a run reading the cache meanwhile
-    sees a step whole or not at all.
+    Each step vanishes at once (renamed away, then deleted; on object stores meta.json goes
+    first), so a run reading the cache meanwhile sees a step whole or not at all. Steps holding an
+    entry this stepskip cannot read (an unknown format; with --deep, intact bytes that do not
+    decode) are kept and listed; symbolic links are never followed.
 
     [bold]Examples[/]
       stepskip prune RUN_DIR --keep-last 10 --dry-run
       stepskip prune RUN_DIR --older-than 7d
       stepskip prune RUN_DIR --steps 1-5,8 --role rollout
+      stepskip prune s3://bucket/rollout_dump/exp_proj/GBS64_N8_in512_out1024 --keep-last 10
     """
     from stepskip.cli.prune import apply_prune, parse_duration, parse_steps, plan_prune
 
-    plan = plan_prune(run_dir, keep_last=keep_last,
+    index = _index(run_dir, options)
+    plan = plan_prune(index, keep_last=keep_last,
                       older_than=None if older_than is None else parse_duration(older_than),
-                      steps=None if steps is None else parse_steps(steps), role=role)
-    removed = [] if dry_run else apply_prune(plan)
+                      steps=None if steps is None else parse_steps(steps), role=role, deep=deep,
+                      allow_pickle=allow_pickle)
+    removed = [] if dry_run else apply_prune(index, plan)
     if as_json:
         render.print_json(render.prune_json(plan, removed, dry_run))
     else:
         render.render_prune(plan, dry_run)
 
 
-class Target(str, enum.Enum):
-    """What ``convert --to`` accepts."""
-
-    safe = "safe"
-    verl = "verl"
+#: What ``convert --to`` accepts: the values of the role option ``format``, from the format registry.
+Target = enum.Enum("Target", {name: name for name in CONFIG_FORMATS}, type=str)  # type: ignore[misc]
 
 
 @app.command("convert")
@@ -245,6 +308,7 @@ def convert_command(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace entries that exist in DST.")] = False,
     role: Role = None,
     as_json: AsJson = False,
+    options: StorageOptions = None,
 ) -> None:
     """Convert a cache to another format (safe or verl), keeping its layout and meta.json.
 
@@ -256,18 +320,20 @@ def convert_command(
     [bold]Examples[/]
       stepskip convert ~/.verl/rollout_dump /data/safe_dump --to safe --allow-pickle
       stepskip convert /data/safe_dump /data/for_verl --to verl --role rollout
+      stepskip convert ~/.verl/rollout_dump s3://bucket/safe_dump --to safe --allow-pickle
     """
     from stepskip.cli.convert import convert_cache, plan_convert
 
-    total = len(plan_convert(src, dst, to.value, allow_pickle, overwrite, role)[0])
+    source, dest = _index(src, options), _index(dst, options)
+    total = len(plan_convert(source, dest, to.value, allow_pickle, overwrite, role)[0])
     with render.progress("converting", total) as advance:
-        report = convert_cache(src, dst, to.value, allow_pickle=allow_pickle, overwrite=overwrite, role=role,
+        report = convert_cache(source, dest, to.value, allow_pickle=allow_pickle, overwrite=overwrite, role=role,
                                on_entry=advance)
     if as_json:
-        render.print_json({"src": _absolute(src), "dst": _absolute(dst), "to": to.value, "ok": report.ok,
+        render.print_json({"src": source.root, "dst": dest.root, "to": to.value, "ok": report.ok,
                            "converted": report.converted, "failed": report.failed, "skipped": report.skipped})
     else:
-        render.render_convert(report, _absolute(src), _absolute(dst), to.value)
+        render.render_convert(report, source.root, dest.root, to.value)
     if not report.ok:
         raise typer.Exit(1)
 
@@ -286,6 +352,7 @@ def show_command(
     allow_pickle: AllowPickle = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON: token ids, and text with --tokenizer.")]
     = False,
+    options: StorageOptions = None,
 ) -> None:
     """Print sample trajectories of an entry: prompt, response and reward.
 
@@ -296,16 +363,24 @@ def show_command(
       stepskip show RUN_DIR/12
       stepskip show RUN_DIR --step 12 --rows 5 --tokenizer /models/Qwen2.5-7B-Instruct
     """
-    from stepskip.cli.content import load_tokenizer, read_step, sample_rows
-    from stepskip.cli.scan import local_store, resolve_target
-    from stepskip.errors import CorruptEntryError
+    from stepskip.cli.content import load_tokenizer, sample_rows
+    from stepskip.errors import CorruptEntryError, UnreadableEntryError
+    from stepskip.index import IssueKind, PickleNotAllowedError
 
-    step_dir, inner = resolve_target(entry, step)
+    index = _index(entry, options)
+    step_dir, inner = index.resolve(step=step)
     issues = [i for i in step_dir.issues() if inner is None or i.path == inner.path]
     try:
+        if issues and issues[0].kind in (IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE):
+            raise UnreadableEntryError(f"{issues[0].path}: {issues[0].detail}")
         if issues:
             raise CorruptEntryError(f"{issues[0].path}: {issues[0].detail}")
-        value = read_step(local_store(step_dir.path), step_dir, allow_pickle, inner)
+        value = index.read_step(step_dir, allow_pickle, inner)
+    except PickleNotAllowedError as error:
+        raise CliError(str(error)) from None
+    except UnreadableEntryError as error:  # intact but not readable here: a finding (exit 1), kept as it is
+        render.err.print(f"[bold red]unreadable:[/] {escape(str(error))}")
+        raise typer.Exit(1) from None
     except CorruptEntryError as error:  # a damaged entry is a finding (exit 1), not a usage error
         render.err.print(f"[bold red]damaged:[/] {escape(str(error))}")
         raise typer.Exit(1) from None

@@ -1,8 +1,7 @@
-"""What an entry holds: its decoded value, its fields, response-length and reward statistics, sample rows.
+"""What a decoded entry holds: its fields, response-length and reward statistics, sample rows.
 
-Values are read with :meth:`LocalStore.read_files` (checksums checked) and decoded by the entry's
-format (:func:`stepskip.formats.get_format`); pickle-based formats are read only when the caller
-allows it. A V1 step's inner entries are merged row-wise, as ``rollout_tq`` replays them.
+Values are read by the cache index (:meth:`stepskip.index.CacheIndex.read_step`); this module
+only looks at them, and is the one part of the command line that imports torch.
 """
 
 from __future__ import annotations
@@ -18,15 +17,10 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase, is_non_tensor
 
-from stepskip.cli.errors import CliError, PickleRefusedError
-from stepskip.cli.scan import EntryRecord, StepDir, StepKind
-from stepskip.errors import CorruptEntryError
-from stepskip.formats import get_format
-from stepskip.store import LocalStore
-from stepskip.tq.rows import concat_rows
+from stepskip.cli.errors import CliError
 
 __all__ = [
-    "FieldInfo", "SampleRow", "Stat", "describe_fields", "read_entry", "read_step", "response_lengths",
+    "FieldInfo", "SampleRow", "Stat", "describe_fields", "response_lengths",
     "load_tokenizer", "rewards", "row_count", "sample_rows", "value_digest",
 ]
 
@@ -35,60 +29,6 @@ REWARD_KEYS = ("token_level_scores", "token_level_rewards", "rm_scores", "reward
                "score", "scores", "acc")
 #: Columns that hold the prompt as text when no token ids are stored.
 PROMPT_TEXT_KEYS = ("raw_prompt", "messages", "prompt")
-
-
-# --------------------------------------------------------------------------- reading
-
-
-def read_entry(store: LocalStore, entry: EntryRecord, allow_pickle: bool, verify: bool = True) -> Any:
-    """Decode one entry.
-
-    Args:
-        store: the store holding it.
-        entry: a present entry.
-        allow_pickle: read pickle-based formats (through the allow-list readers of ``stepskip.formats``).
-        verify: check the files' checksums.
-
-    Returns:
-        The value as the role would replay it (a Batch, a V1 payload dict, a TensorDict ...).
-
-    Raises:
-        PickleRefusedError: a pickle-based entry and ``allow_pickle`` is false.
-        CorruptEntryError: the entry is damaged, its checksums do not match, or it does not decode.
-    """
-    if not entry.valid or entry.meta is None:
-        raise CorruptEntryError(f"{entry.path}: {entry.reason or 'not a complete entry'}")
-    try:
-        fmt = get_format(entry.format or "")
-    except ValueError as err:
-        raise CorruptEntryError(f"{entry.path}: {err}") from err
-    if fmt.uses_pickle and not allow_pickle:
-        raise PickleRefusedError(entry.path, fmt.name)
-    files = store.read_files(entry.path, entry.meta, fmt.files, verify)
-    return fmt.decode(files)
-
-
-def read_step(store: LocalStore, step: StepDir, allow_pickle: bool, inner: EntryRecord | None = None) -> Any:
-    """Decode a step: its one entry, one V1 inner entry, or all inner entries merged row-wise.
-
-    Raises:
-        PickleRefusedError, CorruptEntryError: as :func:`read_entry`.
-    """
-    if inner is not None:
-        return read_entry(store, inner, allow_pickle)
-    if step.kind is StepKind.ENTRY:
-        return read_entry(store, step.entries[0], allow_pickle)
-    if step.kind is StepKind.HALF_WRITTEN or not step.entries:
-        raise CorruptEntryError(f"{step.path}: no entry in this step directory")
-    payloads = [read_entry(store, e, allow_pickle) for e in step.entries]
-    if not all(isinstance(p, Mapping) and "tensordict" in p for p in payloads):
-        return payloads[0]
-    return {
-        "tensordict": concat_rows([p["tensordict"] for p in payloads]),
-        "tags": [t for p in payloads for t in p.get("tags", [])],
-        "keys": [k for p in payloads for k in p.get("keys", [])],
-        "global_steps": payloads[0].get("global_steps"),
-    }
 
 
 # --------------------------------------------------------------------------- fields
@@ -130,7 +70,7 @@ def _is_batch(value: Any) -> bool:
     return all(hasattr(value, a) for a in ("batch", "non_tensor_batch", "meta_info"))
 
 
-def _tensor_info(name: str, t: torch.Tensor) -> FieldInfo:
+def _tensor_info(name: str, t: Any) -> FieldInfo:  # Any: torch's stubs lack the nested-tensor methods
     dtype = str(t.dtype).replace("torch.", "")
     if t.is_nested:
         lengths = _jagged_lengths(t)
@@ -143,7 +83,7 @@ def _tensor_info(name: str, t: torch.Tensor) -> FieldInfo:
     return FieldInfo(name, "tensor", dtype, list(t.shape), t.numel() * t.element_size())
 
 
-def _jagged_lengths(t: torch.Tensor) -> list[int]:
+def _jagged_lengths(t: Any) -> list[int]:
     if t.layout == torch.jagged and t.lengths() is None:
         return t.offsets().diff().tolist()
     return [p.shape[0] if p.dim() else 1 for p in t.unbind()]

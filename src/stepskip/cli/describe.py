@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stepskip.cli.content import FieldInfo, Stat, describe_fields, read_step, row_count, statistics
-from stepskip.cli.errors import PickleRefusedError
-from stepskip.cli.scan import EntryRecord, Issue, IssueKind, StepDir, local_store, resolve_target
-from stepskip.errors import CorruptEntryError
+from stepskip.errors import CorruptEntryError, UnreadableEntryError
+from stepskip.index import CacheIndex, EntryRecord, Issue, IssueKind, PickleNotAllowedError, StepDir
+
+if TYPE_CHECKING:  # the content helpers import torch: only when an entry is decoded
+    from stepskip.cli.content import FieldInfo, Stat
 
 __all__ = ["EntryInfo", "describe_entry"]
 
@@ -46,11 +47,11 @@ class EntryInfo:
     note: str | None = None
 
 
-def describe_entry(path: str, step: int | None = None, allow_pickle: bool = False) -> EntryInfo:
-    """Describe the entry at ``path`` (or ``path/step``): meta, files, fields, statistics.
+def describe_entry(index: CacheIndex, step: int | None = None, allow_pickle: bool = False) -> EntryInfo:
+    """Describe the entry the index was opened on (or its ``step``): meta, files, fields, statistics.
 
     Args:
-        path: a step directory, a V1 inner entry, or a run directory with ``step``.
+        index: opened on a step directory, a V1 inner entry, or a run directory (with ``step``).
         step: the step inside ``path``.
         allow_pickle: decode pickle-based entries (otherwise their fields are not shown).
 
@@ -58,14 +59,14 @@ def describe_entry(path: str, step: int | None = None, allow_pickle: bool = Fals
         The description; ``issues`` lists damage, ``note`` says why fields are missing.
 
     Raises:
-        CliError: ``path`` is not an entry.
+        NotACacheError: the path is not an entry.
 
     Example:
-        >>> info = describe_entry("/tmp/dump/exp_proj/GBS4_N2_in8_out6", step=3)  # doctest: +SKIP
+        >>> info = describe_entry(CacheIndex("/tmp/dump/exp_proj/GBS4_N2_in8_out6"), step=3)  # doctest: +SKIP
         >>> [f.name for f in info.fields]  # doctest: +SKIP
         ['prompts', 'responses', 'uid']
     """
-    step_dir, inner = resolve_target(path, step)
+    step_dir, inner = index.resolve(step=step)
     entries = [inner] if inner is not None else step_dir.entries
     issues = [i for i in step_dir.issues() if inner is None or i.path == inner.path]
     meta = entries[0].meta if entries else None
@@ -75,21 +76,28 @@ def describe_entry(path: str, step: int | None = None, allow_pickle: bool = Fals
     if issues:
         info.note = "content not decoded: the entry is not valid (see issues)"
         return info
-    _decode_into(info, step_dir, inner, allow_pickle)
+    _decode_into(index, info, step_dir, inner, allow_pickle)
     return info
 
 
-def _decode_into(info: EntryInfo, step_dir: StepDir, inner: EntryRecord | None, allow_pickle: bool) -> None:
+def _decode_into(index: CacheIndex, info: EntryInfo, step_dir: StepDir, inner: EntryRecord | None,
+                 allow_pickle: bool) -> None:
     try:
-        value = read_step(local_store(step_dir.path), step_dir, allow_pickle, inner)
-    except PickleRefusedError:
+        value = index.read_step(step_dir, allow_pickle, inner)
+    except PickleNotAllowedError:
         info.note = ("fields not shown: a pickle-based entry (as verl writes it); pass --allow-pickle to read it "
                      "through the allow-list unpickler")
+        return
+    except UnreadableEntryError as err:
+        info.issues.append(Issue(IssueKind.UNDECODABLE, info.path, str(err)))
+        info.note = "content not decoded: the entry's bytes are intact but do not decode here (see issues)"
         return
     except CorruptEntryError as err:
         info.issues.append(Issue(IssueKind.DAMAGED, info.path, str(err)))
         info.note = "content not decoded: the entry is damaged (see issues)"
         return
+    from stepskip.cli.content import describe_fields, row_count, statistics
+
     info.rows = row_count(value)
     info.fields = describe_fields(value)
     info.stats = statistics(value)

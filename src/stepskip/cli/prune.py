@@ -1,20 +1,26 @@
-"""``stepskip prune``: remove the step directories of a run chosen by count, age or step list."""
+"""``stepskip prune``: remove the step directories of a run chosen by count, age or step list.
+
+Steps holding an entry this stepskip cannot read — a format it does not know (a newer stepskip's),
+or, with ``deep``, intact bytes that do not decode here — are never removed: they are listed as
+protected. Nothing reached through a symbolic link is removed (or entered).
+"""
 
 from __future__ import annotations
 
-import os
+import logging
 import re
 import time
 from dataclasses import dataclass, field
 
 from stepskip.cli.errors import CliError
-from stepskip.cli.removal import retire
-from stepskip.cli.scan import RunDir, StepDir, local_store, scan_run
 from stepskip.config import StepSet
 from stepskip.errors import SkipConfigError
+from stepskip.index import CacheIndex, Issue, IssueKind, NotACacheError, RunDir, StepDir
 from stepskip.layout import RUN_DIR
 
 __all__ = ["PrunePlan", "apply_prune", "parse_duration", "parse_steps", "plan_prune"]
+
+logger = logging.getLogger(__name__)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -62,24 +68,29 @@ class PrunePlan:
         run: the run directory.
         remove: step directories to remove.
         keep: step directories left in place.
+        protected: why chosen steps are kept anyway (an unsupported or unreadable entry in them).
     """
 
     run: RunDir
     remove: list[StepDir] = field(default_factory=list)
     keep: list[StepDir] = field(default_factory=list)
+    protected: list[Issue] = field(default_factory=list)
 
 
-def plan_prune(path: str, keep_last: int | None = None, older_than: float | None = None,
-               steps: StepSet | None = None, role: str | None = None, now: float | None = None) -> PrunePlan:
+def plan_prune(index: CacheIndex, keep_last: int | None = None, older_than: float | None = None,
+               steps: StepSet | None = None, role: str | None = None, now: float | None = None,
+               deep: bool = False, allow_pickle: bool = False) -> PrunePlan:
     """Choose the step directories to remove; exactly one criterion is given.
 
     Args:
-        path: a run directory, or a stage role's subdirectory of one (prunes that role only).
+        index: opened on a run directory, or on a role's subdirectory of one (prunes that role only).
         keep_last: keep the N highest steps of each role, remove the others.
         older_than: remove steps recorded more than this many seconds ago.
         steps: remove these steps.
         role: only this role's steps.
         now: the current time (tests).
+        deep: decode every chosen entry first and keep those that do not decode here (unreadable).
+        allow_pickle: decode pickle-based entries when ``deep`` (otherwise they are not checked).
 
     Returns:
         The plan; nothing is removed yet.
@@ -88,25 +99,26 @@ def plan_prune(path: str, keep_last: int | None = None, older_than: float | None
         CliError: ``path`` is not a run directory, or not exactly one criterion is given.
 
     Example:
-        >>> plan = plan_prune("/tmp/dump/exp_proj/GBS4_N2_in8_out6", keep_last=2)  # doctest: +SKIP
+        >>> plan = plan_prune(CacheIndex("/tmp/dump/exp_proj/GBS4_N2_in8_out6"), keep_last=2)  # doctest: +SKIP
     """
     chosen = [c for c in (keep_last, older_than, steps) if c is not None]
     if len(chosen) != 1:
         raise CliError("give exactly one of --keep-last N, --older-than AGE, --steps SPEC")
     if keep_last is not None and keep_last < 0:
         raise CliError(f"--keep-last {keep_last} is not valid; expected a count >= 0")
-    full = os.path.abspath(os.path.expanduser(path))
-    if not os.path.isdir(full):
+    path, full = index.given, index.root
+    item = index.store.stat_item(full)
+    if item is None or item.kind != "dir":
         raise CliError(f"{path}: no such directory")
-    name, parent = os.path.basename(full), os.path.dirname(full)
+    parent, _, name = full.rpartition("/")
     if RUN_DIR.match(name):
-        run = scan_run(full)
-    elif RUN_DIR.match(os.path.basename(parent)):
-        run = scan_run(parent)
+        run = index.scan_run(full)
+    elif RUN_DIR.match(parent.rpartition("/")[2]):
+        run = index.scan_run(parent)
         if role is not None and role != name:
             raise CliError(f"{path} holds the steps of role {name!r}, not {role!r}")
         role = name
-        run.steps = [s for s in run.steps if os.path.dirname(s.path) == full]
+        run.steps = [s for s in run.steps if s.path.rpartition("/")[0] == full]
     else:
         raise CliError(f"{path} is not a run directory (GBS<gbs>_N<n>_in<prompt_len>_out<response_len>); "
                        "`stepskip ls DUMP_DIR` lists them")
@@ -129,15 +141,32 @@ def plan_prune(path: str, keep_last: int | None = None, older_than: float | None
     else:
         assert steps is not None
         plan.remove = [s for s in candidates if s.step in steps]
+    for s in list(plan.remove):  # what this stepskip cannot read is someone else's data: chosen, but kept
+        found = [i for i in s.issues() if i.kind in (IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE)]
+        if deep and not found:
+            found = [issue for e in s.entries if (issue := index.check_entry(e, decode=True, allow_pickle=allow_pickle))
+                     is not None and issue.kind is IssueKind.UNDECODABLE]
+        if found:
+            plan.protected += found
+            plan.remove.remove(s)
     removed = {s.path for s in plan.remove}
     plan.remove.sort(key=lambda s: (s.role or "", s.step))
     plan.keep = [s for s in run.steps if s.path not in removed]
     return plan
 
 
-def apply_prune(plan: PrunePlan) -> list[str]:
-    """Remove the planned step directories (each vanishes at once: see :func:`retire`); returns their paths."""
-    store = local_store(plan.run.path)
+def apply_prune(index: CacheIndex, plan: PrunePlan) -> list[str]:
+    """Remove the planned step directories (each vanishes at once: see :meth:`CacheIndex.retire`).
+
+    Returns:
+        The removed paths.
+    """
+    removed = []
     for step in plan.remove:
-        retire(store, step.path)
-    return [s.path for s in plan.remove]
+        try:
+            index.retire(step.path)
+        except NotACacheError as err:  # became a link since the scan: not followed, not removed
+            logger.warning("not removed: %s", err)
+            continue
+        removed.append(step.path)
+    return removed

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from stepskip.cli.scan import EntryRecord, RunDir, compress_steps
+from stepskip.cli.scan import EntryRecord, IssueKind, RunDir, compress_steps
 
 if TYPE_CHECKING:  # types only: importing them at run time would load torch for every command
     from stepskip.cli.content import SampleRow
@@ -63,9 +62,9 @@ def plural(count: int, one: str, many: str | None = None) -> str:
 
 
 def relative(path: str, root: str) -> str:
-    """``path`` below ``root`` when it is, else unchanged."""
-    rel = os.path.relpath(path, root)
-    return path if rel.startswith("..") else rel
+    """``path`` below ``root`` when it is (local paths and URLs alike), else unchanged."""
+    prefix = root.rstrip("/") + "/"
+    return path[len(prefix):] if path.startswith(prefix) else path
 
 
 def plain(value: Any) -> Any:
@@ -273,14 +272,22 @@ def render_verify(report: VerifyReport, result: RepairResult | None, root: str, 
     width = max((len(p.kind.value) for p in report.problems), default=0)
     for p in report.problems:  # one line each: easy to grep
         recent = f" (modified less than {grace} ago: may be in progress)" if p.recent else ""
-        out.print(f"[red]{p.kind.value:<{width}}[/]  {escape(relative(p.path, root))}: {escape(p.detail)}{recent}")
+        detail = _without_path(p.detail, p.path)
+        out.print(f"[red]{p.kind.value:<{width}}[/]  {escape(relative(p.path, root))}: {escape(detail)}{recent}")
     for path in report.others:
         out.print(f"[dim]not part of the cache layout, left alone: {escape(relative(path, root))}[/]")
-    if result is not None:
+    for path in report.links:
+        out.print(f"[dim]symbolic link, not followed, left alone: {escape(relative(path, root))}[/]")
+    if result is not None and report.problems:
         for path in sorted(result.removed):
             out.print(f"removed {escape(relative(path, root))}")
-        if result.kept:
-            out.print(f"[yellow]kept {plural(len(result.kept), 'problem')} modified less than {grace} ago "
+        unreadable = [p for p in result.kept if p.kind in (IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE)]
+        in_progress = [p for p in result.kept if p not in unreadable]
+        if unreadable:
+            out.print(f"[yellow]kept {plural(len(unreadable), 'entry', 'entries')} this stepskip cannot read "
+                      "(intact: never removed; upgrade stepskip, or re-record with action: record)[/]")
+        if in_progress:
+            out.print(f"[yellow]kept {plural(len(in_progress), 'problem')} modified less than {grace} ago "
                       "(a write may be in progress; --grace 0 removes them)[/]")
     elif report.problems:
         out.print(f"[red]{plural(len(report.problems), 'problem')}[/]; "
@@ -292,15 +299,26 @@ def render_verify(report: VerifyReport, result: RepairResult | None, root: str, 
 # --------------------------------------------------------------------------- prune
 
 
+def _without_path(detail: str, path: str) -> str:
+    """A message without the path it starts with (the line names it already)."""
+    for prefix in (f"{path}: ", f"{path} "):
+        if detail.startswith(prefix):
+            return detail[len(prefix):]
+    return detail
+
+
 def prune_json(plan: PrunePlan, removed: list[str], dry_run: bool) -> dict[str, Any]:
     return {"run": plan.run.path, "dry_run": dry_run,
             "remove": [{"path": s.path, "role": s.role, "step": s.step, "bytes": s.bytes,
                         "recorded": iso_time(s.time)} for s in plan.remove],
-            "removed": removed, "kept": [s.path for s in plan.keep]}
+            "removed": removed, "kept": [s.path for s in plan.keep], "protected": plain(plan.protected)}
 
 
 def render_prune(plan: PrunePlan, dry_run: bool) -> None:
     verb = "would remove" if dry_run else "removed"
+    for issue in plan.protected:
+        out.print(f"[yellow]kept[/] {escape(issue.path)}: {issue.kind.value}: "
+                  f"{escape(_without_path(issue.detail, issue.path))}")
     for s in plan.remove:
         out.print(f"{verb} {escape(s.role or '?')} step {s.step} ({human_bytes(s.bytes)}, "
                   f"recorded {human_time(s.time)})")

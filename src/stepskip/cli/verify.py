@@ -4,22 +4,23 @@ A problem names the path ``--repair`` would remove: the damaged entry, the whole
 inner entries can never be completed by another run), the half-written directory or the
 leftover. Valid entries are never targets. Things a writer may still be working on (leftovers,
 half-written directories, incomplete V1 steps) are left alone while they are younger than the
-grace period.
+grace period. Entries of a format this stepskip does not know and entries whose intact bytes do not
+decode here are reported and never removed; neither is anything reached through a symbolic link.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stepskip.cli.removal import retire
-from stepskip.cli.scan import EntryRecord, Issue, IssueKind, RunDir, StepKind, local_store, tree_stats
-from stepskip.entries import format_spec, unsupported_format_message
-from stepskip.errors import CorruptEntryError, TruncatedEntryError
-from stepskip.store import LocalStore
+from stepskip.entries import format_spec
+from stepskip.index import CacheIndex, EntryRecord, Issue, IssueKind, NotACacheError, RunDir, StepKind
 
 __all__ = ["Problem", "RepairResult", "VerifyReport", "count_entries", "repair", "verify_runs"]
+
+logger = logging.getLogger(__name__)
 
 #: Kinds of damage a live writer may be in the middle of producing (protected by the grace period).
 IN_PROGRESS_KINDS = frozenset({IssueKind.LEFTOVER, IssueKind.HALF_WRITTEN, IssueKind.INCOMPLETE,
@@ -59,6 +60,7 @@ class VerifyReport:
         unverified: entries without checksums (written by verl) that were not decoded.
         problems: everything wrong.
         others: paths that are no part of a cache's layout (left alone).
+        links: symbolic links in the layout (never followed, never removed).
     """
 
     runs: int = 0
@@ -68,6 +70,7 @@ class VerifyReport:
     unverified: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     others: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -87,41 +90,30 @@ def count_entries(runs: list[RunDir]) -> int:
     return sum(len(s.entries) for r in runs for s in r.steps)
 
 
-def _check_entry(store: LocalStore, entry: EntryRecord, deep: bool, allow_pickle: bool,
-                 report: VerifyReport) -> tuple[IssueKind, str] | None:
+def _check_entry(index: CacheIndex, entry: EntryRecord, deep: bool, allow_pickle: bool,
+                 report: VerifyReport) -> Issue | None:
     """Checksums (and, when ``deep``, decoding) of one present entry; the problem found, if any."""
-    spec = format_spec(entry.format)
-    if spec is None:
-        return IssueKind.UNSUPPORTED, unsupported_format_message(entry.path, entry.format)
-    uses_pickle = spec.uses_pickle
+    issue = index.check_entry(entry, decode=deep, allow_pickle=allow_pickle)
+    if issue is not None:
+        return issue
     if entry.has_checksums:
-        for name in (entry.meta or {})["files"]:
-            try:
-                store.read_files(entry.path, entry.meta or {}, [name], verify=True)  # one file in memory at a time
-            except CorruptEntryError as err:
-                return IssueKind.CHECKSUM, str(err).replace(f"{entry.path}/", "")
         report.checksummed += 1
-    if deep and (allow_pickle or not uses_pickle):
-        from stepskip.cli.content import read_entry  # decoding needs torch: imported only for --deep
-
-        try:
-            read_entry(store, entry, allow_pickle=allow_pickle, verify=False)
-        except CorruptEntryError as err:
-            # Bytes that end early are damage; intact bytes that do not decode here are only unreadable.
-            damaged = isinstance(err, TruncatedEntryError) and not entry.has_checksums
-            return IssueKind.DAMAGED if damaged else IssueKind.UNDECODABLE, str(err).replace(f"{entry.path}/", "")
+    spec = format_spec(entry.format)
+    if deep and (allow_pickle or not (spec is not None and spec.uses_pickle)):
         report.decoded += 1
     elif not entry.has_checksums:
         report.unverified.append(entry.path)
     return None
 
 
-def verify_runs(runs: list[RunDir], deep: bool = False, allow_pickle: bool = False, grace: float = 3600.0,
-                now: float | None = None, on_entry: Callable[[EntryRecord], None] | None = None) -> VerifyReport:
+def verify_runs(index: CacheIndex, runs: list[RunDir], deep: bool = False, allow_pickle: bool = False,
+                grace: float = 3600.0, now: float | None = None,
+                on_entry: Callable[[EntryRecord], None] | None = None) -> VerifyReport:
     """Check every entry of ``runs``.
 
     Args:
-        runs: from :func:`stepskip.cli.scan.scan_cache`.
+        index: the index the runs come from (it reads the entries).
+        runs: from :meth:`CacheIndex.runs`.
         deep: also decode every entry (pickle-based ones only with ``allow_pickle``).
         allow_pickle: decode pickle-based entries when ``deep``.
         grace: seconds during which a leftover, half-written directory or incomplete V1 step counts
@@ -133,23 +125,23 @@ def verify_runs(runs: list[RunDir], deep: bool = False, allow_pickle: bool = Fal
         The report.
 
     Example:
-        >>> from stepskip.cli.scan import scan_cache
-        >>> verify_runs(scan_cache("~/.verl/rollout_dump")).clean  # doctest: +SKIP
+        >>> index = CacheIndex("~/.verl/rollout_dump")  # doctest: +SKIP
+        >>> verify_runs(index, index.runs()).clean  # doctest: +SKIP
         True
     """
     now = time.time() if now is None else now
     report = VerifyReport(runs=len(runs))
     for run in runs:
-        store = local_store(run.path)
         report.others += run.others
+        report.links += run.links
         for step in run.steps:
             issues = step.issues()
             for entry in step.entries:
                 report.entries += 1
                 if entry.valid:
-                    found = _check_entry(store, entry, deep, allow_pickle, report)
+                    found = _check_entry(index, entry, deep, allow_pickle, report)
                     if found is not None:
-                        issues.append(Issue(found[0], entry.path, found[1]))
+                        issues.append(found)
                 if on_entry is not None:
                     on_entry(entry)
             # A flat entry is its step directory; a V1 step is replayed whole or not at all, so it goes whole.
@@ -164,16 +156,16 @@ def verify_runs(runs: list[RunDir], deep: bool = False, allow_pickle: bool = Fal
                                                recent=recent and in_progress))
             for leftover in step.leftovers:
                 report.problems.append(Problem(IssueKind.LEFTOVER, leftover, "leftover of an interrupted write",
-                                               leftover, recent=now - tree_stats(leftover)[1] < grace))
+                                               leftover, recent=now - index.tree_stats(leftover)[1] < grace))
         for leftover in run.leftovers:
             report.problems.append(Problem(IssueKind.LEFTOVER, leftover,
                                            "leftover of an interrupted write or replacement", leftover,
-                                           recent=now - tree_stats(leftover)[1] < grace))
+                                           recent=now - index.tree_stats(leftover)[1] < grace))
     report.problems.sort(key=lambda p: (p.path, p.kind.value))
     return report
 
 
-def repair(report: VerifyReport) -> RepairResult:
+def repair(index: CacheIndex, report: VerifyReport) -> RepairResult:
     """Remove what can never become a valid entry; keep what may still be in progress.
 
     Returns:
@@ -189,7 +181,12 @@ def repair(report: VerifyReport) -> RepairResult:
         if any(k.startswith(target + "/") for k in keep):
             keep.add(target)  # something inside may be in progress
             continue
-        retire(local_store(target), target)
+        try:
+            index.retire(target)
+        except NotACacheError as err:  # became a link, or left the cache, since the scan: not followed
+            logger.warning("not removed: %s", err)
+            keep.add(target)
+            continue
         result.removed.append(target)
     result.kept = [p for p in report.problems if p.remove in keep or p.kind in KEPT_KINDS]
     return result

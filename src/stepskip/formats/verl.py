@@ -5,8 +5,10 @@ TensorDict, non_tensor_batch, meta_info)``. Writing: a pure-Python pickler emits
 ``verl.protocol.DataProto`` by name, so verl need not be installed, and the TensorDict is saved
 unconsolidated (a consolidated TensorDict with jagged tensors does not load under verl's
 tensordict 0.10). Reading: an allow-list unpickler accepts only the globals such a file
-contains; the TensorDict bytes go through ``torch.load(weights_only=True)``. Anything else (a
-pickle reaching for ``os.system``, say) is refused before it runs.
+contains, and rebuilds numpy values itself from exactly the shapes numpy writes (see the
+reader's section below); the TensorDict bytes go through ``torch.load(weights_only=True)``
+after :func:`~stepskip.formats.bounds.check_torch_zip`. Anything else (a pickle reaching for
+``os.system``, a forged dtype, a size the bytes do not back) is refused before it runs.
 """
 
 from __future__ import annotations
@@ -151,7 +153,7 @@ def _describe(kind: str, spec: str, byteorder: str, elsize: int) -> np.dtype:
     if dtype.kind != kind or dtype.fields is not None or dtype.hasobject != (kind == "O"):
         raise ValueError("not a plain dtype")
     if byteorder in "<>" and dtype.itemsize > 1 and kind != "O":
-        dtype = dtype.newbyteorder(byteorder)
+        dtype = np.dtype(byteorder + spec)
     return dtype
 
 
@@ -181,7 +183,9 @@ def _build_array(state: Any) -> np.ndarray:
 
 def _scalar(dtype: Any, data: Any = None) -> Any:
     dtype = _real_dtype(dtype, "numpy scalar")
-    if dtype.hasobject or type(data) is not bytes or len(data) != dtype.itemsize:
+    if dtype.hasobject:
+        raise pickle.UnpicklingError("numpy object scalars from raw bytes are refused: numpy never writes them")
+    if type(data) is not bytes or len(data) != dtype.itemsize:
         raise pickle.UnpicklingError(f"numpy scalar of dtype {dtype}: the data must be {dtype.itemsize} bytes")
     if not dtype.itemsize:  # np.str_('') and np.bytes_(b'')
         return dtype.type()
@@ -230,10 +234,13 @@ class _Source(io.BytesIO):
         return data
 
 
-class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
+_PyUnpickler: Any = pickle._Unpickler  # type: ignore[attr-defined]  # the pure-Python one, private but stable
+
+
+class _RestrictedUnpickler(_PyUnpickler):
     """The pure-Python unpickler with the allow-list, and BUILD admitted only on the stand-ins above."""
 
-    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+    dispatch = dict(_PyUnpickler.dispatch)
 
     def __init__(self, data: bytes) -> None:
         super().__init__(_Source(data))

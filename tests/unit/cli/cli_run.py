@@ -1,22 +1,21 @@
-"""Running the ``stepskip`` command as a subprocess.
+"""Running ``stepskip`` in process through typer's test runner: no subprocess, no fresh interpreter.
 
-Every CLI call is a fresh interpreter (about 3 s, most of it importing torch), so tests start
-their calls together with :func:`start` and collect them afterwards: independent calls overlap.
+Output goes through the same rich consoles as in a terminal session (stdout and stderr captured
+apart); exceptions other than the command's own exits propagate, so a crash fails the test with
+its traceback. The console script itself is started in ``tests/integration/cli``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Wide lines (rich wraps at COLUMNS), offline Hugging Face, one thread each: calls run side by side.
-ENV = {**os.environ, "COLUMNS": "200", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
-       "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+from typer.testing import CliRunner
+
+from stepskip.cli.app import app
 
 
 @dataclass
@@ -35,27 +34,15 @@ class Result:
         return f"stepskip {' '.join(self.args)} -> {self.code}\n--- stdout\n{self.out}\n--- stderr\n{self.err}"
 
 
-class Call:
-    """A running ``python -m stepskip ...``; :meth:`result` waits for it."""
-
-    def __init__(self, *args: Any, cwd: Path | None = None) -> None:
-        self.args = [str(a) for a in args]
-        self.proc = subprocess.Popen([sys.executable, "-m", "stepskip", *self.args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd)
-        self._result: Result | None = None
-
-    def result(self) -> Result:
-        if self._result is None:
-            out, err = self.proc.communicate(timeout=600)  # a hang guard, not a timing
-            self._result = Result(self.args, self.proc.returncode, out, err)
-        return self._result
-
-
-def start(*args: Any, cwd: Path | None = None) -> Call:
-    """Start ``stepskip ARGS`` in a subprocess."""
-    return Call(*args, cwd=cwd)
-
-
 def stepskip(*args: Any, cwd: Path | None = None) -> Result:
-    """Run ``stepskip ARGS`` in a subprocess and wait for it."""
-    return start(*args, cwd=cwd).result()
+    """Run ``stepskip ARGS`` in this process and return its exit code and output."""
+    argv = [str(a) for a in args]
+    previous = os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        done = CliRunner().invoke(app, argv, prog_name="stepskip", catch_exceptions=False,
+                                  env={"COLUMNS": "200", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
+    finally:
+        os.chdir(previous)
+    return Result(argv, done.exit_code, done.stdout, done.stderr)

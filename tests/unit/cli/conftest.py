@@ -47,7 +47,8 @@ def exact() -> Callable[[Any, Any], None]:
 @pytest.fixture(autouse=True)
 def _keep_logging_levels():
     """In-process ``main()`` calls quiet torch's logger (right for a CLI process); undo it for other tests."""
-    torch_logger = logging.getLogger("torch")
-    level = torch_logger.level
+    loggers = [logging.getLogger(name) for name in ("torch", "torch.fx")]
+    levels = [logger.level for logger in loggers]
     yield
-    torch_logger.setLevel(level)
+    for logger, level in zip(loggers, levels):
+        logger.setLevel(level)

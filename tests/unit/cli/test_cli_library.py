@@ -14,8 +14,9 @@ from stepskip.cli import main
 from stepskip.cli.convert import convert_cache
 from stepskip.cli.errors import CliError
 from stepskip.cli.prune import parse_duration, parse_steps
-from stepskip.cli.scan import compress_steps
+from stepskip.cli.scan import open_index
 from stepskip.config import StepSet
+from stepskip.index import compress_steps
 
 COMMANDS = ("ls", "info", "verify", "prune", "convert", "show")
 
@@ -75,7 +76,7 @@ def test_demo_without_the_pipelines_module_is_a_clear_error(monkeypatch, capsys)
 
 
 def test_convert_reports_entries_the_target_format_cannot_hold(pristine_cache, tmp_path):
-    report = convert_cache(str(pristine_cache / SAFE_RUN), str(tmp_path / "out"), to="verl")
+    report = convert_cache(open_index(str(pristine_cache / SAFE_RUN)), open_index(str(tmp_path / "out")), to="verl")
     failed = {e.source.rsplit("/", 2)[-2] + "/" + e.source.rsplit("/", 1)[-1] for e in report.failed}
     assert failed == {"reward/1", "reward/2"}  # a stage role's TensorDict: verl has no file for it
     assert all("DataProto-like" in e.error for e in report.failed)
@@ -86,6 +87,6 @@ def test_convert_reports_entries_the_target_format_cannot_hold(pristine_cache, t
 
 def test_the_python_example_of_the_readme_cli_section_runs(pristine_cache, capsys):
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "scan_cache" in b)
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "CacheIndex" in b)
     exec(compile(block.replace("~/.verl/rollout_dump", str(pristine_cache)), "README.md", "exec"), {})
     assert f"{SAFE_RUN} rollout 1-6,8,10" in capsys.readouterr().out

@@ -7,12 +7,11 @@ import os
 import shutil
 
 from cli_caches import FIXTURE_RUN, ROLLOUT_STEPS, SAFE_RUN, V1_RUN, replay_rollout
-from cli_run import start
+from cli_run import stepskip
 from v1_harness import V1Trainer
 
 from stepskip import SkipManager
-from stepskip.cli.content import read_entry
-from stepskip.cli.scan import local_store, scan_run
+from stepskip.index import CacheIndex
 from stepskip.tq import InProcessTQClient
 
 
@@ -40,14 +39,14 @@ def replay_fixture_v1(dump_dir, **skip) -> tuple:
 def test_convert_verl_written_cache_to_safe_and_replay_it_without_pickle(copy_cache, tmp_path, exact):
     dump = copy_cache("dump")
     out = tmp_path / "converted"
-    refused = start("convert", dump / "fx_verl", tmp_path / "refused", "--to", "safe")
-    converted = start("convert", dump / "fx_verl", out, "--to", "safe", "--allow-pickle", "--json")
+    refused = stepskip("convert", dump / "fx_verl", tmp_path / "refused", "--to", "safe")
+    converted = stepskip("convert", dump / "fx_verl", out, "--to", "safe", "--allow-pickle", "--json")
 
-    result = refused.result()
+    result = refused
     assert result.code == 2, result
     assert "--allow-pickle" in result.err and not (tmp_path / "refused").exists()
 
-    result = converted.result()
+    result = converted
     assert result.code == 0, result
     report = result.json()
     assert report["ok"] and len(report["converted"]) == 3
@@ -68,8 +67,8 @@ def test_convert_verl_written_cache_to_safe_and_replay_it_without_pickle(copy_ca
 
     trainer, meta, data = replay_fixture_v1(out)
     assert trainer.agent_loop.calls == 2  # steps 1 and 2 generated, step 3 replayed
-    cached = read_entry(local_store(str(dump)), scan_run(str(dump / FIXTURE_RUN)).steps[-1].entries[0],
-                        allow_pickle=True)
+    index = CacheIndex(str(dump))
+    cached = index.read_entry(index.scan_run(str(dump / FIXTURE_RUN)).steps[-1].entries[0], allow_pickle=True)
     assert v1_rows(data, meta.keys) == v1_rows(cached["tensordict"], cached["keys"])
 
 
@@ -78,7 +77,7 @@ def test_convert_safe_cache_to_verl(copy_cache, tmp_path, exact):
     for other in (f"{SAFE_RUN}/reward", "exp_verlfmt", "fx_verl"):  # keep the two runs in format safe
         shutil.rmtree(dump / other)
     out = tmp_path / "verl"
-    result = start("convert", dump, out, "--to", "verl").result()
+    result = stepskip("convert", dump, out, "--to", "verl")
 
     assert result.code == 0, result
     assert f"converted {len(ROLLOUT_STEPS) + 6} entries to verl" in result.out
@@ -89,7 +88,8 @@ def test_convert_safe_cache_to_verl(copy_cache, tmp_path, exact):
     for step in ROLLOUT_STEPS:
         exact(exported[step], original[step])
 
-    source, target = scan_run(str(dump / V1_RUN)), scan_run(str(out / V1_RUN))
+    src_index, dst_index = CacheIndex(str(dump)), CacheIndex(str(out))
+    source, target = src_index.scan_run(str(dump / V1_RUN)), dst_index.scan_run(str(out / V1_RUN))
     assert [(s.step, [e.inner for e in s.entries]) for s in target.steps] == \
            [(s.step, [e.inner for e in s.entries]) for s in source.steps]
     for src_step, dst_step in zip(source.steps, target.steps):
@@ -97,5 +97,4 @@ def test_convert_safe_cache_to_verl(copy_cache, tmp_path, exact):
             assert sorted(os.listdir(dst.path)) == ["meta.json", "tq_batch.pt"]
             assert dst.format == "verl-tq" and dst.run_id == src.run_id  # the step stays one run's
             assert dst.meta["num_trajectories"] == src.meta["num_trajectories"]
-            exact(read_entry(local_store(dst.path), dst, allow_pickle=True),
-                  read_entry(local_store(src.path), src, allow_pickle=False))
+            exact(dst_index.read_entry(dst, allow_pickle=True), src_index.read_entry(src, allow_pickle=False))

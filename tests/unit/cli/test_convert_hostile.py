@@ -17,6 +17,7 @@ from tensordict import TensorDict
 
 from stepskip import Batch
 from stepskip.cli.convert import convert_cache
+from stepskip.cli.scan import open_index
 from stepskip.formats.safe import SafeFormat
 from stepskip.store import LocalStore
 
@@ -45,7 +46,7 @@ def test_convert_reports_invalid_entries_and_converts_the_rest(copy_cache, tmp_p
     _rewrite(str(dump / SAFE_RUN / "1"), jagged)
     _rewrite(str(dump / SAFE_RUN / "2"), wide)
 
-    report = convert_cache(str(dump), str(tmp_path / "out"), to="verl")
+    report = convert_cache(open_index(str(dump)), open_index(str(tmp_path / "out")), to="verl")
 
     failed = {os.path.basename(f.source): f.error for f in report.failed}
     assert set(failed) == {"1", "2"}, failed

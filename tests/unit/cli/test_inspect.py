@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 from cli_caches import FIXTURE_RUN, ROLLOUT_STEPS, SAFE_RUN, V1_RUN, VERL_FMT_RUN, rollout_batch
-from cli_run import start
+from cli_run import stepskip
 
 from stepskip.cli import main
 
 
 def test_ls_lists_every_run_role_format_and_step_range(pristine_cache):
-    as_json, table = start("ls", pristine_cache, "--json"), start("ls", pristine_cache)
+    as_json, table = stepskip("ls", pristine_cache, "--json"), stepskip("ls", pristine_cache)
 
-    result = as_json.result()
+    result = as_json
     assert result.code == 0, result
     runs = {r["name"]: r for r in result.json()["runs"]}
     assert list(runs) == sorted([SAFE_RUN, V1_RUN, VERL_FMT_RUN, FIXTURE_RUN])
@@ -39,7 +39,7 @@ def test_ls_lists_every_run_role_format_and_step_range(pristine_cache):
         for role in run["roles"]:
             assert role["bytes"] > 0 and role["newest"] and role["invalid_steps"] == []
 
-    result = table.result()
+    result = table
     assert result.code == 0, result
     lines = result.out.splitlines()
     assert lines[0].split() == ["RUN", "ROLE", "FORMAT", "STEPS", "ENTRIES", "SIZE", "NEWEST"]
@@ -51,10 +51,10 @@ def test_ls_lists_every_run_role_format_and_step_range(pristine_cache):
 
 def test_info_shows_meta_fields_statistics_and_fingerprint(pristine_cache):
     safe, v1, fixture = (pristine_cache / SAFE_RUN, pristine_cache / V1_RUN, pristine_cache / FIXTURE_RUN)
-    as_json = start("info", "--json", safe / "3", v1 / "2", safe / "reward" / "1", fixture / "1")
-    text = start("info", fixture, safe, "--step", "3", "--allow-pickle")
+    as_json = stepskip("info", "--json", safe / "3", v1 / "2", safe / "reward" / "1", fixture / "1")
+    text = stepskip("info", fixture, safe, "--step", "3", "--allow-pickle")
 
-    result = as_json.result()
+    result = as_json
     assert result.code == 0, result
     rollout, v1_step, stage, verl_entry = result.json()
 
@@ -89,7 +89,7 @@ def test_info_shows_meta_fields_statistics_and_fingerprint(pristine_cache):
     assert verl_entry["fields"] is None and "--allow-pickle" in verl_entry["note"]
     assert verl_entry["issues"] == []
 
-    result = text.result()
+    result = text
     assert result.code == 0, result
     fixture_part, safe_part = result.out.split("\n\n", 1)
     assert "rollout_tq" in fixture_part and "written by" in fixture_part and "verl" in fixture_part
@@ -100,10 +100,10 @@ def test_info_shows_meta_fields_statistics_and_fingerprint(pristine_cache):
 
 def test_show_prints_trajectories_as_token_ids_and_decoded_text(pristine_cache, tmp_path):
     tokenizer = _tiny_tokenizer(tmp_path / "tokenizer")
-    decoded = start("show", pristine_cache / SAFE_RUN / "3", "--rows", "2", "--tokenizer", tokenizer, "--json")
-    v1 = start("show", pristine_cache / V1_RUN, "--step", "1", "--rows", "8")
+    decoded = stepskip("show", pristine_cache / SAFE_RUN / "3", "--rows", "2", "--tokenizer", tokenizer, "--json")
+    v1 = stepskip("show", pristine_cache / V1_RUN, "--step", "1", "--rows", "8")
 
-    result = decoded.result()
+    result = decoded
     assert result.code == 0, result
     expected = rollout_batch(3)
     rows = result.json()["rows"]
@@ -119,7 +119,7 @@ def test_show_prints_trajectories_as_token_ids_and_decoded_text(pristine_cache, 
         assert row["id"] == expected.non_tensor_batch["uid"][i]
         assert row["reward"] == float(expected.batch["token_level_scores"][i].sum())
 
-    result = v1.result()
+    result = v1
     assert result.code == 0, result
     shown = re.findall(r"^row \d+\s+id (\S+)\s+reward \S+\n\s+prompt \(\d+ tokens\): \[([\d, ]+)\]\n"
                        r"\s+response \(\d+ tokens\): \[([\d, ]+)\]", result.out, flags=re.M)
@@ -145,10 +145,10 @@ def test_wrong_paths_and_non_cache_directories_are_clear_errors(tmp_path):
     not_cache = tmp_path / "not_a_cache"
     not_cache.mkdir()
     (not_cache / "notes.txt").write_text("hello")
-    calls = {"no such file or directory": start("ls", tmp_path / "does_not_exist"),
-             "is not a rollout cache": start("verify", not_cache)}
+    calls = {"no such file or directory": stepskip("ls", tmp_path / "does_not_exist"),
+             "is not a rollout cache": stepskip("verify", not_cache)}
     for message, call in calls.items():
-        result = call.result()
+        result = call
         assert result.code == 2, result
         assert message in " ".join(result.err.split()) and "Traceback" not in result.err, result
 

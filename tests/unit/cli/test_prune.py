@@ -7,11 +7,11 @@ import os
 import time
 
 from cli_caches import ROLLOUT_STEPS, SAFE_RUN, V1_RUN
-from cli_run import start
+from cli_run import stepskip
 
 from stepskip.cli import main
-from stepskip.cli.scan import scan_cache
 from stepskip.cli.verify import verify_runs
+from stepskip.index import CacheIndex
 
 
 def steps_of(path) -> list[int]:
@@ -26,14 +26,14 @@ def test_prune_by_count_age_and_steps(copy_cache, capsys):
         meta["created_unix"] = time.time() - 10 * 86400
         meta_path.write_text(json.dumps(meta))
     calls = [
-        start("prune", by_count / SAFE_RUN / "reward", "--keep-last", "1"),
-        start("prune", by_age / SAFE_RUN, "--older-than", "7d"),
-        start("prune", by_steps / V1_RUN, "--steps", "1,3"),
+        stepskip("prune", by_count / SAFE_RUN / "reward", "--keep-last", "1"),
+        stepskip("prune", by_age / SAFE_RUN, "--older-than", "7d"),
+        stepskip("prune", by_steps / V1_RUN, "--steps", "1,3"),
     ]
     # --dry-run in process (the console script's entry point) while the others run
     assert main(["prune", str(dry / SAFE_RUN), "--keep-last", "2", "--dry-run", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    counted, aged, listed = (c.result() for c in calls)
+    counted, aged, listed = (c for c in calls)
 
     assert plan["dry_run"] is True and plan["removed"] == []
     assert [(r["role"], r["step"]) for r in plan["remove"]] == [("rollout", s) for s in ROLLOUT_STEPS[:-2]]
@@ -53,5 +53,6 @@ def test_prune_by_count_age_and_steps(copy_cache, capsys):
     assert steps_of(by_steps / V1_RUN) == [2]  # V1 steps go whole, inner entries included
 
     for dump in (dry, by_count, by_age, by_steps):  # what is left is a valid cache, no trash behind
-        report = verify_runs(scan_cache(str(dump)))
+        index = CacheIndex(str(dump))
+        report = verify_runs(index, index.runs())
         assert report.clean, report.problems

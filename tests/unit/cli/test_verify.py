@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 from cli_caches import FIXTURE_RUN, SAFE_RUN, V1_RUN, VERL_FMT_RUN
-from cli_run import start
+from cli_run import stepskip
 
 from stepskip.cli import main
-from stepskip.cli.scan import scan_cache
 from stepskip.cli.verify import verify_runs
+from stepskip.index import CacheIndex
 
 
 def damage(dump: Path) -> dict[str, str]:
@@ -69,7 +69,7 @@ def relative(paths: list[str], root: Path) -> set[str]:
 
 
 def test_verify_finds_every_kind_of_damage_and_repair_removes_only_invalid_things(pristine_cache, copy_cache, capsys):
-    clean = start("verify", pristine_cache)
+    clean = stepskip("verify", pristine_cache)
     dump = copy_cache("dump")
     expected = damage(dump)
     before = digests(dump, VALID_AFTER_DAMAGE)
@@ -80,8 +80,8 @@ def test_verify_finds_every_kind_of_damage_and_repair_removes_only_invalid_thing
     assert {os.path.relpath(p["path"], dump): p["kind"] for p in found["problems"]} == expected
     assert digests(dump, VALID_AFTER_DAMAGE) == before and all((dump / path).exists() for path in expected)
 
-    first = start("verify", dump, "--repair", "--deep", "--allow-pickle", "--json").result()
-    result = clean.result()
+    first = stepskip("verify", dump, "--repair", "--deep", "--allow-pickle", "--json")
+    result = clean
     assert result.code == 0, result
     assert "checked 21 entries in 4 runs: 18 against their checksums" in result.out
     assert "3 entries written by verl carry no checksums" in result.out
@@ -96,13 +96,14 @@ def test_verify_finds_every_kind_of_damage_and_repair_removes_only_invalid_thing
     assert all((dump / path).exists() for path in IN_PROGRESS)
     assert digests(dump, VALID_AFTER_DAMAGE) == before
 
-    second = start("verify", dump, "--repair", "--grace", "0", "--json").result()
+    second = stepskip("verify", dump, "--repair", "--grace", "0", "--json")
     assert second.code == 0, second
     assert relative(second.json()["repaired"], dump) == IN_PROGRESS
 
     assert not any((dump / path).exists() for path in expected)
     assert digests(dump, VALID_AFTER_DAMAGE) == before  # no valid entry was touched
-    after = verify_runs(scan_cache(str(dump)), deep=True, allow_pickle=True)
+    index = CacheIndex(str(dump))
+    after = verify_runs(index, index.runs(), deep=True, allow_pickle=True)
     assert after.clean and after.entries == 12  # 11 steps, V1 step 1 has two inner entries
     assert not [name for name in os.listdir(dump / SAFE_RUN) if name.startswith((".tmp-", ".trash-"))]
 
