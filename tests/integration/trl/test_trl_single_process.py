@@ -89,9 +89,12 @@ def test_a_changed_temperature_and_data_seed_are_reported(recording, tmp_path):
 
 
 def test_a_dump_dir_that_cannot_be_written_counts_failures_and_training_goes_on(tmp_path):
-    blocker = tmp_path / "not-a-directory"
-    blocker.write_text("a file where the cache should go")
-    result, stderr = run_trl(tmp_path, skip_section(blocker / "cache", steps=[1, 2]), args={"max_steps": 2},
+    """The dump dir itself is fine at startup; below it, a file sits where the run's directory must
+    go (root ignores read-only modes, so this is how the test makes every write fail)."""
+    dump_dir = tmp_path / "cache"
+    dump_dir.mkdir()
+    (dump_dir / "grpo_model").write_text("a file where the run's directory should go")
+    result, stderr = run_trl(tmp_path, skip_section(dump_dir, steps=[1, 2]), args={"max_steps": 2},
                              name="unwritable")
     assert result["error"] is None
     assert result["generated_steps"] == [1, 2]
