@@ -139,6 +139,85 @@ def _never(*args: Any, **kwargs: Any) -> bool:
     return False  # evaluation and uncacheable calls never reach the decorated function
 
 
+# ---------------------------------------------------------------------- stored form of a call's result
+
+_PACKED = "stepskip.trl.generation/1"  # the stored value's tag: what _unpack_generation reads
+
+
+def _pack_rows(rows: Any, dtype: Any, holes: bool) -> dict[str, Any]:
+    """Ragged rows as one flat tensor plus row offsets (and a mask of ``None`` items when ``holes``)."""
+    import torch
+
+    lengths = [len(row) for row in rows]
+    offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
+    if lengths:
+        offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    flat = list(itertools.chain.from_iterable(rows))
+    packed: dict[str, Any] = {"offsets": offsets}
+    if holes:
+        missing = [item is None for item in flat]
+        packed["missing"] = torch.tensor(missing, dtype=torch.bool)
+        flat = [0.0 if item is None else item for item in flat]
+    packed["values"] = torch.tensor(flat, dtype=dtype)
+    return packed
+
+
+def _pack_generation(result: Any) -> Any:
+    """``(completion_ids, logprobs)`` as packed tensors: 512 x 2048 ids encode in ~0.1 s instead of
+    ~1.4 s as JSON lists. Anything else is stored as it is."""
+    import torch
+
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], list)
+            and all(isinstance(row, list) for row in result[0])):
+        return result
+    ids, logprobs = result
+    if logprobs is not None and not (isinstance(logprobs, list) and all(isinstance(r, list) for r in logprobs)):
+        return result
+    return {"kind": _PACKED, "completion_ids": _pack_rows(ids, torch.int64, holes=False),
+            "logprobs": None if logprobs is None else _pack_rows(logprobs, torch.float64, holes=True)}
+
+
+def _unpack_rows(packed: Any, path: str, what: str, holes: bool) -> list[list[Any]]:
+    import torch
+
+    from stepskip.errors import UnreadableEntryError
+
+    def refuse(why: str) -> UnreadableEntryError:
+        return UnreadableEntryError(f"the entry at {path} holds {what} this stepskip cannot unpack ({why}); it was "
+                                    "left untouched: re-record the step with action: record")
+
+    if not isinstance(packed, dict):
+        raise refuse("not a mapping")
+    values, offsets = packed.get("values"), packed.get("offsets")
+    if not isinstance(values, torch.Tensor) or not isinstance(offsets, torch.Tensor):
+        raise refuse("values or offsets missing")
+    if values.dim() != 1 or offsets.dim() != 1 or offsets.dtype != torch.int64 or offsets.numel() < 1:
+        raise refuse("tensors of the wrong shape or type")
+    bounds = offsets.tolist()
+    if bounds[0] != 0 or bounds[-1] != values.numel() or any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise refuse("row offsets out of order or out of bounds")
+    flat = values.tolist()
+    if holes:
+        missing = packed.get("missing")
+        if not isinstance(missing, torch.Tensor) or missing.dtype != torch.bool or missing.shape != values.shape:
+            raise refuse("a missing-value mask of the wrong shape or type")
+        flat = [None if gone else item for item, gone in zip(flat, missing.tolist())]
+    return [flat[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def _unpack_generation(value: Any, path: str) -> Any:
+    """The call's ``(completion_ids, logprobs)`` from what :func:`_pack_generation` stored.
+
+    Raises:
+        UnreadableEntryError: a packed value whose tensors do not describe rows (checksums held).
+    """
+    if not (isinstance(value, dict) and value.get("kind") == _PACKED):
+        return value
+    ids = _unpack_rows(value.get("completion_ids"), path, "completion ids", holes=False)
+    logprobs = value.get("logprobs")
+    return ids, None if logprobs is None else _unpack_rows(logprobs, path, "log-probs", holes=True)
+
+
 @register_skip(ROLE)
 class TrlGenerateSkip(CachedRole):
     """Caches one process's ``GRPOTrainer._generate_single_turn`` calls: ``(completion_ids, logprobs)``.
@@ -233,8 +312,23 @@ class TrlGenerateSkip(CachedRole):
     def _load(self, step: int, load_step: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Loaded:
         from stepskip.calls import call_prompts
 
+        path = self.step_dump_dir(load_step)
         value, meta, seconds, nbytes = self.load_entry(load_step, step, prompts=call_prompts(args, kwargs))
-        return _Loaded(value, meta, seconds, nbytes, self._recorded_rng(meta, step, self.step_dump_dir(load_step)))
+        return _Loaded(_unpack_generation(value, path), meta, seconds, nbytes, self._recorded_rng(meta, step, path))
+
+    def prepare_data(self, step: int, result: Any, *args: Any, **kwargs: Any) -> None:
+        """Record the call's ``(completion_ids, logprobs)`` as packed tensors (see :func:`_pack_generation`).
+
+        Failures are logged and counted in ``dump_failures``; they never reach the caller.
+        """
+        try:
+            packed = _pack_generation(result)
+        except Exception as err:  # the dump boundary: nothing about a result may stop the training run
+            self.stats.add(dump_failures=1)
+            logger.error("%s dump failed: step %d not written to %s: %s: %s", self.name, step,
+                         self.step_dump_dir(step), type(err).__name__, err)
+            return
+        super().prepare_data(step, packed, *args, **kwargs)
 
     def _recorded_rng(self, meta: dict[str, Any], step: int, path: str) -> Any:
         if not self.config.restore_rng:
@@ -289,7 +383,7 @@ class TrlGenerateSkip(CachedRole):
         path = self.step_dump_dir(step)
         loaded = self._loaded.pop(path, None)
         if loaded is None:
-            return super().warp_function(step, func, *args, **kwargs)
+            return _unpack_generation(super().warp_function(step, func, *args, **kwargs), path)
         if loaded.rng is not None:
             for reason in loaded.rng.apply():
                 logger.warning("%s: step %d replayed without part of its random state: %s", self.name, step, reason)
