@@ -3,6 +3,7 @@ rank, the world size in the run's identity, and ranks that agree on every hit or
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -45,3 +46,19 @@ def test_one_process_against_a_2_rank_cache_is_a_miss(recording_2ranks, tmp_path
     assert result["generated_steps"] == [1, 2, 3, 4]
     assert result["stats"]["skip/trl_generate/hits"] == 0
     assert sorted(p.name for p in replay_cache.glob("*/*")) == ["GBS1_N4_in0_out8", "GBS1_N4_in0_out8_W2"]
+
+
+def test_one_ranks_unreadable_entry_stops_both_ranks_with_errors_not_a_hang(recording_2ranks, tmp_path):
+    cache, _ = recording_2ranks
+    replay_cache = copy_cache(cache, tmp_path)
+    (meta_path,) = replay_cache.glob("*/*/trl_generate/1/c0-r1/meta.json")
+    meta = json.loads(meta_path.read_text())
+    meta["format"] = "a-format-from-the-future"
+    meta_path.write_text(json.dumps(meta))
+    replayed, _ = run_trl(tmp_path, skip_section(replay_cache), ranks=2, args=ARGS, name="unreadable")
+    assert "UnreadableEntryError" in replayed[1]["error"]["mro"]
+    assert "a-format-from-the-future" in replayed[1]["error"]["message"]
+    assert "SkipConfigError" in replayed[0]["error"]["mro"]
+    assert "another rank cannot use its entry of step 1" in replayed[0]["error"]["message"]
+    assert replayed[0]["generated_steps"] == replayed[1]["generated_steps"] == []
+    assert json.loads(meta_path.read_text())["format"] == "a-format-from-the-future"  # kept, not regenerated over
