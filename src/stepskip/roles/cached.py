@@ -684,7 +684,8 @@ class CachedRole(BaseSkip):
         spec = chosen[0]
         nbytes = sum(len(b) for b in files.values())
         try:
-            return get_format(spec.name).decode(files, consume=True), meta, nbytes
+            value = get_format(spec.name).decode(files, consume=True, max_bytes=self.config.max_decode_bytes)
+            return value, meta, nbytes
         except CorruptEntryError as err:
             raise self._decode_failure(path, meta, spec, err) from err
 
