@@ -564,7 +564,7 @@ def enable_stepskip(trainer: GRPOTrainer, skip: Any, *, identity: RunIdentity | 
     role = SkipManager.skip_instances[ROLE]
     assert isinstance(role, TrlGenerateSkip)
     state = TrainerSkipState(role=role, original=original)
-    trainer.stepskip = state
+    trainer.stepskip = state  # type: ignore[attr-defined]
 
     @SkipManager.annotate(role=ROLE, bypass=_never, prompts=_prompts_of_call)
     def cached(owner: Any, *args: Any, **kwargs: Any) -> Any:
@@ -572,7 +572,8 @@ def enable_stepskip(trainer: GRPOTrainer, skip: Any, *, identity: RunIdentity | 
 
     @functools.wraps(original)
     def generate_single_turn(*args: Any, **kwargs: Any) -> Any:
-        if not trainer.model.training:
+        model = trainer.model
+        if model is None or not model.training:
             return original(*args, **kwargs)  # evaluation: always generated, never stored
         call = state.next_call(trainer.state.global_step + 1, _IN_TOOL_LOOP.get())
         state.calls.append(call)
@@ -593,7 +594,8 @@ def enable_stepskip(trainer: GRPOTrainer, skip: Any, *, identity: RunIdentity | 
             state.round_replayed = call.hit
         return result
 
-    trainer._generate_single_turn = generate_single_turn
+    # on the instance, not the class: other trainers in the process stay untouched
+    trainer._generate_single_turn = generate_single_turn  # type: ignore[method-assign]
     if not isinstance(previous, TrainerSkipState):
         _wrap_tool_loop(trainer)
         trainer.callback_handler.callbacks.insert(0, StepskipCallback())  # before the reporters: they see skip/*
