@@ -266,6 +266,7 @@ class TrlGenerateSkip(CachedRole):
         call = _CALL.get()
         path = self.step_dump_dir(step)
         if self.action is SkipAction.RECORD:
+            self.stats.add(misses=1)  # every call generates: each is a miss
             return False  # every rank has the same action: no need to ask
         if call is not None and call.turn is not None:
             return self._tool_turn_cached(step, call, path, args, kwargs)
