@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_PIN)
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,hydra,tq,s3,pipelines]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,hydra,tq,s3,pipelines,trl]"
 	touch $(STAMP)
 
 # What importing verl's trainers (RayPPOTrainer, the V1 PPOTrainerSync, the fully async

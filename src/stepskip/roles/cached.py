@@ -310,6 +310,7 @@ class CachedRole(BaseSkip):
         prompts = call_prompts(args, kwargs)
         try:
             value, meta, seconds, nbytes = self.load_entry(load_step, step, prompts=prompts)
+            self.restore_rng(meta, step, self.step_dump_dir(load_step))
         except CacheMissError:
             if self.action is not SkipAction.REPLAY:
                 self.stats.add(misses=1)  # the call is regenerated
@@ -326,6 +327,7 @@ class CachedRole(BaseSkip):
 
         Failures are logged and counted in ``dump_failures``; they never reach the caller.
         """
+        rng = self.capture_rng()  # first: nothing after the call may move the generators before they are saved
         path = self.step_dump_dir(step)
         info = CURRENT_CALL.get()
         seconds = info.generation_seconds if info is not None else None
@@ -333,12 +335,49 @@ class CachedRole(BaseSkip):
 
         def meta() -> dict[str, Any]:
             return self._entry_meta(step, seconds, prompt_digest=_prompt_digest(prompts, self.rebind_keys),
-                                    row_prompts=self._row_prompts(prompts, result))
+                                    row_prompts=self._row_prompts(prompts, result), **rng)
 
         prepared = self._snapshot(step, path, result, copy=self.async_dump, meta=meta)
         if prepared is not None:
             self._submit_write(path, step, *prepared)
 
+    def capture_rng(self) -> dict[str, Any]:
+        """``{"rng_state": ...}`` for an entry's meta when ``restore_rng`` is on (else empty); called
+        right after the recorded call returns."""
+        if not self.config.restore_rng:
+            return {}
+        from stepskip.rng import capture_rng_state
+
+        return {"rng_state": capture_rng_state()}
+
+    def restore_rng(self, meta: dict[str, Any], step: int, path: str) -> None:
+        """Set the global generators to the state the entry's call left them in (``restore_rng``).
+
+        An entry recorded without the option replays with a warning (once): its call's random
+        state is unknown.
+
+        Raises:
+            CorruptEntryError: the recorded state is damaged (counted; nothing was changed).
+        """
+        if not self.config.restore_rng:
+            return
+        recorded = meta.get("rng_state")
+        if recorded is None:
+            if ("rng",) not in self._warned:
+                self._warned.add(("rng",))
+                logger.warning("%s: the entry at %s was recorded without restore_rng; replaying it without "
+                               "restoring the random state (code drawing random numbers after the call will "
+                               "differ from the recording; re-record with action: record)", self.name, path)
+            return
+        from stepskip.rng import restore_rng_state
+
+        try:
+            skipped = restore_rng_state(recorded, path)
+        except CorruptEntryError as err:
+            self._report_corrupt(step, path, str(err))
+            raise
+        for reason in skipped:
+            logger.warning("%s: step %d replayed without part of its random state: %s", self.name, step, reason)
     def _row_prompts(self, prompts: Any, result: Any) -> list[str] | None:
         """One prompt digest per result row, for roles that ``match``: what the prompt index is built of."""
         if not self.row_wise or prompts is None:
