@@ -42,12 +42,18 @@ def run_fingerprint(config: Any, extra_keys: Iterable[str] = ()) -> dict[str, An
     return fingerprint_of(config, (*VERL_FINGERPRINT_KEYS, *extra_keys))
 
 
+def _buffer(array: np.ndarray) -> Any:
+    """A contiguous array as the buffer xxhash reads without a copy (numpy's stubs do not say it is one)."""
+    return array
+
+
 def _hash_tensor(h: xxhash.xxh3_64, name: str, tensor: torch.Tensor) -> None:
     """Hash a tensor on its bytes (plus name, dtype and shape), jagged and nested ones part by part."""
     if tensor.is_nested:
         if tensor.layout == torch.jagged:
-            _hash_tensor(h, f"{name}.values", tensor.values())
-            _hash_tensor(h, f"{name}.offsets", tensor.offsets())
+            jagged: Any = tensor  # torch's stubs do not declare the jagged layout's accessors
+            _hash_tensor(h, f"{name}.values", jagged.values())
+            _hash_tensor(h, f"{name}.offsets", jagged.offsets())
         else:
             for i, part in enumerate(tensor.unbind()):
                 _hash_tensor(h, f"{name}[{i}]", part)
@@ -58,7 +64,7 @@ def _hash_tensor(h: xxhash.xxh3_64, name: str, tensor: torch.Tensor) -> None:
     t = t.contiguous()
     h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
     if t.numel():
-        h.update(t.view(torch.uint8).reshape(-1).numpy() if t.dtype != torch.bool else t.numpy())
+        h.update(_buffer(t.view(torch.uint8).reshape(-1).numpy() if t.dtype != torch.bool else t.numpy()))
 
 
 # ------------------------------------------------------------------ non-tensor values
@@ -277,8 +283,8 @@ def _row_hash(name: str, part: torch.Tensor) -> int:
     seed = xxhash.xxh3_64_intdigest(f"{name}|{p.dtype}|{tuple(p.shape)}|".encode())
     if not p.numel():
         return seed
-    return xxhash.xxh3_64_intdigest((p.view(torch.uint8) if p.dtype != torch.bool else p.to(torch.uint8))
-                                    .reshape(-1).numpy(), seed)
+    return xxhash.xxh3_64_intdigest(_buffer((p.view(torch.uint8) if p.dtype != torch.bool else p.to(torch.uint8))
+                                            .reshape(-1).numpy()), seed)
 
 
 def _object_row_digests(name: str, items: list[Any], rows: int) -> np.ndarray:
@@ -340,4 +346,4 @@ def prompt_row_digests(prompts: Any, exclude: Iterable[str] = ()) -> list[str]:
     if not columns:
         return [DIGEST_PREFIX + xxhash.xxh3_64_hexdigest(b"")] * rows
     table = np.ascontiguousarray(np.stack(columns, axis=1))
-    return [DIGEST_PREFIX + xxhash.xxh3_64_hexdigest(row) for row in table.view(np.uint8).reshape(rows, -1)]
+    return [DIGEST_PREFIX + xxhash.xxh3_64_hexdigest(_buffer(row)) for row in table.view(np.uint8).reshape(rows, -1)]

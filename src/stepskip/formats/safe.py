@@ -220,13 +220,14 @@ class _Encoder:
         if not tensor.is_nested:
             return {"kind": "tensor", "ref": self.add(tensor, path)}
         if tensor.layout == torch.jagged:
-            lengths = tensor.lengths()
+            jagged: Any = tensor  # torch's stubs do not declare the jagged layout's accessors
+            lengths = jagged.lengths()
             return {
                 "kind": "jagged",
-                "values": self.add(tensor.values(), f"{path}.values"),
-                "offsets": self.add(tensor.offsets(), f"{path}.offsets"),
+                "values": self.add(jagged.values(), f"{path}.values"),
+                "offsets": self.add(jagged.offsets(), f"{path}.offsets"),
                 "lengths": None if lengths is None else self.add(lengths, f"{path}.lengths"),
-                "ragged_idx": tensor._ragged_idx,
+                "ragged_idx": jagged._ragged_idx,
             }
         parts = tensor.unbind()
         return {"kind": "nested", "parts": [self.add(p, f"{path}[{i}]") for i, p in enumerate(parts)]}
