@@ -39,7 +39,7 @@ from stepskip.policies import CheckPrompts, MatchN, OnMismatch, SkipAction
 from stepskip.resolve import load_candidates
 from stepskip.roles.base import BaseSkip, RunContext
 from stepskip.stats import RoleStats
-from stepskip.store import EntryState, Probe, open_store
+from stepskip.store import EntryState, Probe, check_dump_dir, open_store
 from stepskip.worker import default_worker
 
 __all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS", "VERL_LAYOUT_ROLES"]
@@ -122,7 +122,10 @@ class CachedRole(BaseSkip):
         return None if self.name in VERL_LAYOUT_ROLES else self.name
 
     def start(self) -> None:
-        """Startup I/O of an enabled role (after :meth:`bind`)."""
+        """Startup I/O of an enabled role (after :meth:`bind`): a dump dir this process cannot use is
+        a :class:`SkipConfigError` now, not a dump failure at every step; stale temporaries go."""
+        check_dump_dir(self.dump_dir, self.config.storage_options, key=f"{self.config.section}.dump_dir",
+                       entry_dir=self.layout.project_dir)
         self.store.remove_leftovers(self.layout.project_dir)
 
     @property
@@ -600,40 +603,46 @@ class CachedRole(BaseSkip):
     def _read_entry(self, path: str, step: int, load_step: int | None = None,
                     prompts: Any = None) -> tuple[Any, dict[str, Any], float, int]:
         start = time.perf_counter()
-        for attempt in range(2):
-            try:
-                value, meta, nbytes = self._read_entry_once(path, step, load_step, prompts)
-                return value, meta, time.perf_counter() - start, nbytes
-            except CorruptEntryError as err:
-                if attempt:
-                    self._report_corrupt(step, path, str(err))
-                    raise
-                time.sleep(_RETRY_SECONDS)  # a concurrent writer may be replacing the entry: look again
-        raise AssertionError("unreachable")
+        try:  # the store reads one version, and retries itself when a writer replaces the entry meanwhile
+            value, meta, nbytes = self._read_entry_once(path, step, load_step, prompts)
+        except CorruptEntryError as err:
+            self._report_corrupt(step, path, str(err))
+            raise
+        return value, meta, time.perf_counter() - start, nbytes
 
     def _read_entry_once(self, path: str, step: int, load_step: int | None,
                          prompts: Any) -> tuple[Any, dict[str, Any], int]:
-        probe = self._classify(path, self.store.probe(path, self.legacy.files))
-        if probe.state is EntryState.MISSING:
-            raise ReplayMissError(f"{self.name}: the entry at {path} vanished (removed while it was being read)")
-        if probe.state is EntryState.UNREADABLE:
-            raise self._unreadable(probe.reason)
-        if probe.state is not EntryState.PRESENT:
-            raise CorruptEntryError(f"{path}: {probe.reason}")
-        meta = probe.meta or {}
-        self._check_fidelity(meta, path, step, step if load_step is None else load_step, prompts)
-        spec = format_spec(meta.get("format", self.legacy.name))
-        assert spec is not None  # _classify made sure
-        if spec.uses_pickle and not self.allow_pickle:
-            raise UnreadableEntryError(
-                f"{path} holds a pickle-based entry (format {spec.name!r}, as verl writes it) and "
-                f"skip.{self.name}.allow_pickle is false. Either set skip.{self.name}.allow_pickle=true "
-                "(read through an allow-list unpickler), or convert the cache once with "
-                "`stepskip convert SRC DST --to safe --allow-pickle`. The entry was left untouched."
-            )
+        load_step = step if load_step is None else load_step
+        chosen: list[FormatSpec] = []
+
+        def files_of(meta: dict[str, Any]) -> tuple[str, ...]:
+            """Called with the checked meta of the version being read, before any data is read."""
+            chosen.clear()
+            probe = self._classify(path, Probe(EntryState.PRESENT, meta))
+            if probe.state is EntryState.UNREADABLE:
+                raise self._unreadable(probe.reason)
+            self._check_fidelity(meta, path, step, load_step, prompts)
+            spec = format_spec(meta.get("format", self.legacy.name))
+            assert spec is not None  # _classify made sure
+            if spec.uses_pickle and not self.allow_pickle:
+                raise UnreadableEntryError(
+                    f"{path} holds a pickle-based entry (format {spec.name!r}, as verl writes it) and "
+                    f"skip.{self.name}.allow_pickle is false. Either set skip.{self.name}.allow_pickle=true "
+                    "(read through an allow-list unpickler), or convert the cache once with "
+                    "`stepskip convert SRC DST --to safe --allow-pickle`. The entry was left untouched."
+                )
+            chosen.append(spec)
+            return spec.files
+
+        try:  # one version of the entry, even while a writer replaces it
+            meta, files = self.store.read_entry(path, self.legacy.files, files_of, self.verify)
+        except CorruptEntryError:
+            raise
+        except CacheMissError as err:
+            raise ReplayMissError(f"{self.name}: the entry at {path} vanished (removed while it was read)") from err
         from stepskip.formats import get_format
 
-        files = self.store.read_files(path, meta, spec.files, self.verify)
+        spec = chosen[0]
         nbytes = sum(len(b) for b in files.values())
         try:
             return get_format(spec.name).decode(files, consume=True), meta, nbytes

@@ -215,7 +215,7 @@ async def test_load_does_not_block_event_loop(tmp_path, monkeypatch):
     await AsyncLoop().generate_sequences(make_prompts(["a"]))
 
     SkipManager.init(cfg)
-    seen = _hold_until_loop_runs_a_task(monkeypatch, "read_files")
+    seen = _hold_until_loop_runs_a_task(monkeypatch, "read_entry")
     loop = AsyncLoop()
     SkipManager.set_step(1)
     result = await loop.generate_sequences(make_prompts(["a"]))

@@ -691,10 +691,9 @@ def test_pickle_entry_overwritten_by_record(tmp_path):
 @pytest.mark.parametrize("async_dump", [False, True])
 def test_dump_into_unwritable_location_returns_result(tmp_path, async_dump, caplog):
     blocker = tmp_path / "blocker"
-    blocker.write_bytes(b"a regular file where a directory should be")
-    dump_dir = blocker / "dump"
     caplog.set_level(logging.INFO, logger="stepskip")
-    SkipManager.init(make_config(dump_dir, steps=[1], async_dump=async_dump))
+    SkipManager.init(make_config(blocker / "dump", steps=[1], async_dump=async_dump))
+    blocker.write_bytes(b"a regular file where a directory should be")  # after startup's check
     loop = Loop()
     SkipManager.set_step(1)
     assert_batch_equal(loop.generate_sequences(make_prompts(PROMPTS)), make_output(1))
@@ -707,11 +706,19 @@ def test_dump_into_unwritable_location_returns_result(tmp_path, async_dump, capl
     assert blocker.read_bytes() == b"a regular file where a directory should be"
 
 
-def test_unwritable_location_is_a_miss_not_a_corrupt_entry(tmp_path, caplog):
+def test_an_unusable_dump_dir_is_a_startup_error(tmp_path):
     blocker = tmp_path / "blocker"
     blocker.write_bytes(b"file")
+    with pytest.raises(SkipConfigError, match=r"skip\.rollout\.dump_dir = .*blocker is a file"):
+        SkipManager.init(make_config(blocker / "dump", steps=[1]))
+    assert blocker.read_bytes() == b"file"
+
+
+def test_unwritable_location_is_a_miss_not_a_corrupt_entry(tmp_path, caplog):
+    blocker = tmp_path / "blocker"
     caplog.set_level(logging.INFO, logger="stepskip")
     SkipManager.init(make_config(blocker / "dump", steps=[1]))
+    blocker.write_bytes(b"file")
     SkipManager.set_step(1)
     Loop().generate_sequences(make_prompts(PROMPTS))
     assert stat("misses") == 1
