@@ -28,7 +28,3 @@ def copy_view_cache(view_cache: Path, tmp_path: Path) -> Callable[[], Path]:
 
     return copy
 
-
-def tree_state(root: Path) -> dict[str, tuple[int, int]]:
-    """Every path below ``root`` with its size and modification time: equal before and after means untouched."""
-    return {str(p.relative_to(root)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in sorted(root.rglob("*"))}
