@@ -306,10 +306,37 @@ class ViewSource:
     def rows(self, run: str, role: str, step: int | str) -> StepRows:
         """A step decoded into rows (kept for the next requests; a few steps at a time).
 
+        A step without rewards of its own (verl's rollout before reward scoring) takes them from a
+        stage role of the same run and step that holds one reward per row (``skip.reward``).
+
         Raises:
             ViewNotFound: no such run, role or step.
             EntryProblem: the step is damaged, unreadable, or pickle-based without ``allow_pickle``.
         """
+        table = self._own_rows(run, role, step)
+        if table.reward_source is None and table.rows:
+            self._join_rewards(run, role, int(step), table)
+        return table
+
+    def _join_rewards(self, run: str, role: str, step: int, table: StepRows) -> None:
+        for other in self.run(run).steps:
+            if other.step != step or other.role in (None, role) or not other.valid:
+                continue
+            try:
+                scored = self._own_rows(run, str(other.role), step)
+            except EntryProblem:
+                continue
+            if scored.reward_source is None or len(scored.rows) != len(table.rows) or scored.columns != ["reward"]:
+                continue
+            for row, source in zip(table.rows, scored.rows):
+                if source.get("reward") is not None:
+                    row["reward"] = source["reward"]
+            table.reward_source = f"{other.role} role ({scored.reward_source})"
+            table.columns = [c for c in ("group", "prompt", "response", "reward", "length", "tags")
+                             if c in table.columns or c == "reward"]
+            return
+
+    def _own_rows(self, run: str, role: str, step: int | str) -> StepRows:
         step_dir = self.step_dir(run, role, step)
         key = (run, role, step_dir.step)
         with self._lock:
