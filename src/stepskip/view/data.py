@@ -175,9 +175,10 @@ def compare_groups(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> 
     """
     ga, gb = _groups(a), _groups(b)
     shared = set(ga) & set(gb)
+    pairs: list[tuple[str | None, str | None]]
     if shared:
         keys = list(ga) + [k for k in gb if k not in ga]
-        pairs = [(k, k) if k in shared else ((k, None) if k in ga else (None, k)) for k in keys]
+        pairs = [(k if k in ga else None, k if k in gb else None) for k in keys]
     else:
         la, lb = list(ga), list(gb)
         pairs = [(la[i] if i < len(la) else None, lb[i] if i < len(lb) else None) for i in range(max(len(la), len(lb)))]

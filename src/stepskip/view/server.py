@@ -39,7 +39,7 @@ STATIC_FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.c
 
 def static_file(name: str) -> bytes:
     """The bytes of one of the page's files (package data of ``stepskip.view``)."""
-    return resources.files("stepskip.view").joinpath("static", name).read_bytes()
+    return resources.files("stepskip.view").joinpath("static").joinpath(name).read_bytes()
 
 
 def _json_safe(value: Any) -> Any:
@@ -138,8 +138,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         url = urlsplit(self.path)
         if url.path.startswith("/api/"):
-            status, body = handle_api(self.server.source, url.path, parse_qs(url.query, keep_blank_values=True))
-            data = json.dumps(_json_safe(body), allow_nan=False).encode()
+            status, answer = handle_api(self.server.source, url.path, parse_qs(url.query, keep_blank_values=True))
+            data = json.dumps(_json_safe(answer), allow_nan=False).encode()
             self._send(status, data, "application/json")
             return
         name = "index.html" if url.path in ("/", "/index.html") else url.path.removeprefix("/static/")
