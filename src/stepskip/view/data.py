@@ -263,13 +263,19 @@ class ViewSource:
     # ----------------------------------------------------------------- listings
 
     def listing(self) -> dict[str, Any]:
-        """Runs -> roles -> steps with size, age, rows, format, fingerprint, generation seconds and problems."""
+        """Runs -> roles -> steps with size, age, rows, format, fingerprint, generation seconds and problems.
+
+        Rows come from ``meta.json`` (V1 entries record them) or from a step already decoded; else None.
+        """
         now = time.time()
         runs = []
         for name, run in sorted(self._runs.items()):
             roles = []
             for summary in run.roles():
                 steps = [self._step_summary(s, now) for s in run.steps if s.role == summary.role]
+                for step in steps:  # meta.json records rows only for V1 entries; a step already read knows them
+                    if step["rows"] is None and (table := self._steps.get((name, summary.role, step["step"]))):
+                        step["rows"] = len(table.rows)
                 roles.append({"role": summary.role, "formats": summary.formats, "bytes": summary.bytes,
                               "valid_steps": summary.steps, "invalid_steps": summary.invalid_steps, "steps": steps})
             runs.append({"name": name, "shape": run.shape, "roles": roles,

@@ -44,7 +44,7 @@ def build_report(source: ViewSource, max_rows: int = DEFAULT_MAX_ROWS) -> str:
     Returns:
         The whole page, scripts and data inlined.
     """
-    listing = source.listing()
+    listing = source.listing()  # which steps exist; taken again below, when every step's rows are known
     steps: dict[str, Any] = {}
     stats: dict[str, Any] = {}
     trends: dict[str, Any] = {}
@@ -61,7 +61,7 @@ def build_report(source: ViewSource, max_rows: int = DEFAULT_MAX_ROWS) -> str:
                 page["truncated"] = page["total"] > len(page["rows"])
                 steps[key] = page
             trends[f"{run['name']}|{role['role']}"] = source.trend(run["name"], role["role"])
-    data = {"listing": listing, "steps": steps, "stats": stats, "trends": trends,
+    data = {"listing": _with_rows(source.listing(), steps), "steps": steps, "stats": stats, "trends": trends,
             "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     html = static_file("index.html").decode()
     inline = {
@@ -75,6 +75,17 @@ def build_report(source: ViewSource, max_rows: int = DEFAULT_MAX_ROWS) -> str:
             raise RuntimeError(f"the page template lost {tag!r}: view/static/index.html and report.py disagree")
         html = html.replace(tag, replacement)
     return html.replace("<title>stepskip view</title>", "<title>stepskip report</title>")
+
+
+def _with_rows(listing: dict[str, Any], steps: dict[str, Any]) -> dict[str, Any]:
+    """Every step's row count from its decoded page (the report read them all; meta.json rarely says)."""
+    for run in listing["runs"]:
+        for role in run["roles"]:
+            for step in role["steps"]:
+                page = steps.get(f"{run['name']}|{role['role']}|{step['step']}", {})
+                if step["rows"] is None and "total" in page:
+                    step["rows"] = page["total"]
+    return listing
 
 
 def _inline_script(code: str) -> str:

@@ -175,3 +175,17 @@ def _tiny_tokenizer(path):
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(str(path))
     return path
+
+
+def test_rows_of_a_step_are_listed_once_it_was_read(view_cache):
+    fresh = ViewSource(str(view_cache))
+
+    def rows_of(step):
+        run = next(r for r in fresh.listing()["runs"] if r["name"] == SAFE_RUN)
+        return next(s for s in run["roles"][0]["steps"] if s["step"] == step)["rows"]
+
+    assert rows_of(2) is None  # a stepskip safe entry's meta.json does not record its rows
+    fresh.step_page(SAFE_RUN, "rollout", 2)
+    assert rows_of(2) == ROWS
+    v1 = next(r for r in fresh.listing()["runs"] if r["name"] == V1_RUN)["roles"][0]["steps"][0]
+    assert v1["rows"] == 8  # V1 inner entries record num_trajectories

@@ -34,6 +34,8 @@ def test_the_report_inlines_everything(view_cache):
     assert [s["step"] for s in data["trends"][f"{SAFE_RUN}|rollout"]["steps"]] == [1, 2, 3, 4, 5, 6, 8, 10]
     assert data["steps"][f"{V1_RUN}|rollout_tq|2"]["total"] == 8
     assert data["steps"][f"{FIXTURE_RUN}|rollout|1"]["kind"] == "pickle"  # the reason, not a crash
+    safe = next(r for r in data["listing"]["runs"] if r["name"] == SAFE_RUN)["roles"][0]["steps"]
+    assert [s["rows"] for s in safe] == [ROWS] * len(safe)  # from the decoded steps: meta.json does not say
 
 
 def test_cache_text_cannot_end_the_inlined_script(tmp_path, view_cache):
