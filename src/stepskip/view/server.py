@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import socket
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -163,6 +164,8 @@ class _ViewServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, source: ViewSource, host: str, port: int) -> None:
+        if ":" in host:  # an IPv6 address (::1)
+            self.address_family = socket.AF_INET6
         super().__init__((host, port), _Handler)
         self.source = source
 

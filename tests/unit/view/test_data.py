@@ -189,3 +189,21 @@ def test_rows_of_a_step_are_listed_once_it_was_read(view_cache):
     assert rows_of(2) == ROWS
     v1 = next(r for r in fresh.listing()["runs"] if r["name"] == V1_RUN)["roles"][0]["steps"][0]
     assert v1["rows"] == 8  # V1 inner entries record num_trajectories
+
+
+def test_a_memory_store_cache_is_viewed_alike(view_cache):
+    """The view reads through the index's store abstraction: a ``memory://`` copy shows the same rows."""
+    import uuid
+
+    import fsspec
+
+    root = f"memory://view-{uuid.uuid4().hex[:8]}/dump"
+    fs = fsspec.filesystem("memory")
+    for path in sorted((view_cache / SAFE_RUN).rglob("*")):
+        if path.is_file():
+            with fs.open(f"{root}/{SAFE_RUN}/{path.relative_to(view_cache / SAFE_RUN)}", "wb") as out:
+                out.write(path.read_bytes())
+    remote = ViewSource(root)
+    assert [r["name"] for r in remote.listing()["runs"]] == [SAFE_RUN]
+    local = ViewSource(str(view_cache)).step_page(SAFE_RUN, "rollout", 5, limit=ROWS)
+    assert remote.step_page(SAFE_RUN, "rollout", 5, limit=ROWS)["rows"] == local["rows"]

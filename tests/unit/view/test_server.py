@@ -117,3 +117,38 @@ def test_nothing_but_reads_is_accepted(server):
     for method in ("POST", "PUT", "DELETE"):
         status, _, _ = get(f"{server}/api/runs", method=method)
         assert status == 405
+
+
+def test_the_view_command_prints_its_url_and_stops_on_ctrl_c(view_cache):
+    import signal
+    import subprocess
+    import sys
+
+    before = tree_state(view_cache)
+    proc = subprocess.Popen([sys.executable, "-m", "stepskip", "view", str(view_cache), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("stepskip view: serving ") and "http://127.0.0.1:" in line, proc.stderr.read()
+        url = line.split(" at ")[1].split()[0]
+        status, runs = get_json(f"{url}api/runs")
+        assert status == 200 and SAFE_RUN in [r["name"] for r in runs["runs"]]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "stopped" in out, err
+    assert tree_state(view_cache) == before
+
+
+def test_the_view_command_refuses_a_tokenizer_it_cannot_load_offline(view_cache, tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
+    from cli_run import stepskip
+
+    result = stepskip("view", view_cache, "--tokenizer", tmp_path / "no-such-tokenizer")
+    assert result.code == 2 and "cannot load a Hugging Face tokenizer" in result.err
+    assert "no such directory" in result.err
+    missing = stepskip("view", tmp_path / "nothing-here")
+    assert missing.code == 2 and "no such file or directory" in missing.err
