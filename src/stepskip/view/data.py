@@ -145,8 +145,8 @@ def query_rows(rows: Sequence[dict[str, Any]], sort: str | None = None, desc: bo
     if needle:
         out = [r for r in out if needle in _row_text(r)]
     if sort:
-        if sort not in ("i", "group", "reward", "length", "prompt", "response"):
-            raise ViewError(f"cannot sort by {sort!r}: use i, group, reward, length, prompt or response")
+        if sort not in ("i", "key", "group", "reward", "length", "prompt", "response"):
+            raise ViewError(f"cannot sort by {sort!r}: use i, key, group, reward, length, prompt or response")
         present = [r for r in out if r.get(sort) is not None]
         missing = [r for r in out if r.get(sort) is None]
         out = sorted(present, key=lambda r: _sort_key(r[sort]), reverse=desc) + missing
@@ -160,7 +160,7 @@ def _sort_key(value: Any) -> tuple[int, Any]:
 
 
 def _row_text(row: Mapping[str, Any]) -> str:
-    parts = [str(row.get(k) or "") for k in ("prompt", "response", "group", "data_source")]
+    parts = [str(row.get(k) or "") for k in ("prompt", "response", "group", "key", "data_source")]
     return " ".join(parts).lower()
 
 
@@ -339,7 +339,7 @@ class ViewSource:
                 if source.get("reward") is not None:
                     row["reward"] = source["reward"]
             table.reward_source = f"{other.role} role ({scored.reward_source})"
-            table.columns = [c for c in ("group", "prompt", "response", "reward", "length", "tags")
+            table.columns = [c for c in ("key", "group", "prompt", "response", "reward", "length", "tags")
                              if c in table.columns or c == "reward"]
             return
 
@@ -393,6 +393,8 @@ class ViewSource:
             if s.id is not None:
                 row["id"] = s.id
                 row["group"] = _group_of(s.id) if keys is not None else s.id
+                if keys is not None:
+                    row["key"] = s.id  # the trajectory's queue key (V1)
             row["prompt"] = self._text(s.prompt) if s.prompt is not None else (s.prompt_text or None)
             row["response"] = self._text(s.response) if s.response is not None else None
             if s.reward is not None:
@@ -407,7 +409,7 @@ class ViewSource:
                 row["tags"] = {str(k): _short(v) for k, v in tags[s.index].items()}
             out.append(row)
         widest = max((r.get("length") or 0 for r in out), default=0)
-        columns = [c for c in ("group", "prompt", "response", "reward", "length", "tags")
+        columns = [c for c in ("key", "group", "prompt", "response", "reward", "length", "tags")
                    if any(c in r and r[c] is not None for r in out)]
         return StepRows(out, columns, response_len or (widest or None),
                         reward[0] if reward else None, lengths[0] if lengths else None)

@@ -105,6 +105,8 @@ def test_v1_steps_merge_inner_entries_with_keys_tags_and_prompt_groups(source):
         assert row["id"].startswith(row["group"] + "_")  # {uid}_{session}_{turn}: the group is the uid
         assert row["tags"]["status"] == "finished" and row["tags"]["global_steps"] == 1
     assert len({r["group"] for r in page["rows"]}) == 4
+    assert page["columns"][:2] == ["key", "group"] and all(r["key"] == r["id"] for r in page["rows"])
+    assert source.step_page(V1_RUN, "rollout_tq", 1, q=page["rows"][3]["key"])["matched"] == 1
 
 
 def test_stage_role_entries_show_their_rewards(source):

@@ -19,7 +19,7 @@ function queryRows(rows, p, maxLength) {  // the same rules as stepskip.view.dat
     if (f === "lenmax") out = out.filter(r => maxLength != null && (r.length || 0) >= maxLength);
   }
   const q = (p.q || "").trim().toLowerCase();
-  if (q) out = out.filter(r => ["prompt", "response", "group", "data_source"]
+  if (q) out = out.filter(r => ["prompt", "response", "group", "key", "data_source"]
     .map(k => r[k] == null ? "" : String(r[k])).join(" ").toLowerCase().includes(q));
   if (p.sort) {
     const s = p.sort, dir = p.desc === "1" ? -1 : 1;
@@ -200,8 +200,12 @@ function statsLine(name, s) {
 
 async function viewStep(p) {
   const app = el("div", {});
+  const other = el("input", { id: "cmp-step2", size: 4, value: String(+p.step + 1) });
+  const otherRun = el("input", { id: "cmp-run2", size: 40, placeholder: "same run", value: "" });
   app.append(el("h2", {}, `${p.run} · ${p.role} · step ${p.step}`),
-    el("div", { class: "controls" }, link("trend of this run", hashFor("trend", { run: p.run, role: p.role }))));
+    el("div", { class: "controls" }, link("trend of this run", hashFor("trend", { run: p.run, role: p.role })),
+      "compare with step", other, "of run", otherRun,
+      el("button", { id: "cmp-go", onclick: () => { location.hash = hashFor("compare", { run: p.run, role: p.role, step: p.step, run2: otherRun.value, step2: other.value }); } }, "side by side")));
   const stats = await api("stats", { run: p.run, role: p.role, step: p.step });
   if (stats.error) { app.append(problem(stats)); return app; }
   app.append(el("div", { class: "controls" }, `${stats.rows} trajectories`, statsLine("reward", stats.reward.summary),
@@ -227,7 +231,7 @@ async function viewStep(p) {
     if (page.error) { holder.replaceChildren(problem(page)); done(holder); return; }
     const cols = ["i"].concat(page.columns);
     const head = el("tr", {}, cols.map(c => {
-      const label = c === "length" ? "response length" : (c === "group" ? "group (uid)" : c);
+      const label = c === "length" ? "response length" : (c === "group" ? "group (uid)" : (c === "key" ? "trajectory key" : c));
       const mark = state.sort === c ? (state.desc === "1" ? " ▼" : " ▲") : "";
       return el("th", { class: "sortable", "data-col": c, onclick: () => { state.desc = state.sort === c && state.desc !== "1" ? "1" : ""; state.sort = c; load(); } }, label + mark);
     }));
