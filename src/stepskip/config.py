@@ -228,6 +228,8 @@ class SkipRoleConfig:
         storage_options: options for the fsspec filesystem of a ``dump_dir`` URL.
         match_n: under ``action: match``, a recorded prompt group whose sample count differs from
             the live one is ``cycle``-d through, or (``strict``) generated anew.
+        max_decode_bytes: the most a decode may allocate for one entry (default: 256 x the entry's
+            size on disk + 256 MiB); an entry that asks for more is refused before allocating.
 
     Example:
         >>> RolloutSkipConfig(enable=True, steps=["1-3"], action="repeat").action
@@ -253,6 +255,7 @@ class SkipRoleConfig:
     fingerprint_keys: list[str] = field(default_factory=list)
     storage_options: dict[str, Any] = field(default_factory=dict)
     match_n: MatchN = MatchN.CYCLE
+    max_decode_bytes: int | None = None
 
     def __post_init__(self) -> None:
         self.validate(self.section)
@@ -281,6 +284,10 @@ class SkipRoleConfig:
         self.on_mismatch = parse_choice(OnMismatch, self.on_mismatch, f"{where}.on_mismatch")
         _str_list(f"{where}.fingerprint_keys", self.fingerprint_keys)
         self.match_n = parse_choice(MatchN, self.match_n, f"{where}.match_n")
+        limit = self.max_decode_bytes
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
+            raise SkipConfigError(f"{where}.max_decode_bytes = {limit!r} is not valid; expected a positive int "
+                                  "(bytes) or null for the default bound")
         if not isinstance(self.storage_options, Mapping) or not all(isinstance(k, str) for k in self.storage_options):
             raise SkipConfigError(
                 f"{where}.storage_options = {self.storage_options!r} is not valid; expected a mapping of "

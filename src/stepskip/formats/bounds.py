@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import io
 import math
+import pickle
 import struct
+import threading
 import zipfile
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -63,6 +65,7 @@ class DecodeBudget:
         self.limit = limit
         self.origin = origin
         self.used = 0
+        self._lock = threading.Lock()  # sibling tensors decode on a thread pool
 
     @classmethod
     def for_files(cls, files: Mapping[str, Any], max_bytes: int | None = None) -> DecodeBudget:
@@ -79,8 +82,10 @@ class DecodeBudget:
         Raises:
             DecodeLimitError: the decode would go over its limit (a hostile or damaged entry).
         """
-        self.used += nbytes
-        if self.used > self.limit:
+        with self._lock:
+            self.used += nbytes
+            over = self.used > self.limit
+        if over:
             raise DecodeLimitError(
                 f"{file}: {field}: decoding needs {_size(self.used)}, over the decode bound of {_size(self.limit)} "
                 f"({self.origin}); the entry is damaged or hostile (raise max_decode_bytes if it is genuine)"
@@ -140,7 +145,7 @@ def check_jagged(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Ten
         raise CorruptEntryError(f"{file}: {field}: invalid jagged tensor: {problem}")
 
 
-def _check_nested(tensor: torch.Tensor, file: str, field: str) -> None:
+def _check_nested(tensor: Any, file: str, field: str) -> None:  # Any: torch's stubs omit the jagged API
     if tensor.layout != torch.jagged:
         return  # strided nested tensors are rebuilt from their components, sizes checked by torch
     check_jagged(tensor.values(), tensor.offsets(), tensor.lengths(), tensor._ragged_idx, file, field)
@@ -171,6 +176,10 @@ def check_loaded(value: Any, file: str, field: str = "value", _depth: int = 0) -
     if _depth > 100:
         raise CorruptEntryError(f"{file}: {field}: nested more than 100 levels deep")
     if isinstance(value, torch.Tensor):
+        if value.layout not in (torch.strided, torch.jagged) or value.device.type != "cpu":
+            # sparse tensors densify to any size, meta tensors hold nothing: neither is ever written
+            raise CorruptEntryError(f"{file}: {field}: a {value.layout} tensor on {value.device} is not "
+                                    "something stepskip or verl writes")
         if value.is_nested:
             _check_nested(value, file, field)
     elif isinstance(value, TensorDictBase):
@@ -218,3 +227,112 @@ def check_torch_zip(data: bytes, file: str) -> None:
         total += member.file_size
     if total > len(data):
         raise CorruptEntryError(f"{file}: torch payload members declare {total} bytes, more than its {len(data)}")
+    pickles = [m for m in members if m.filename.endswith("/data.pkl") or m.filename == "data.pkl"]
+    if len(pickles) != 1:
+        raise CorruptEntryError(f"{file}: the torch payload has {len(pickles)} data.pkl members, not 1")
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        _scan_torch_pickle(archive.read(pickles[0]), file)
+
+
+# Callables torch's weights-only unpickler admits that allocate whatever size their arguments say
+# (``bytearray(2**31)``, ``torch.Tensor(10**10)``): never called with a size in a payload we read.
+_SIZED_CALLABLES = frozenset({"builtins.bytearray", "__builtin__.bytearray", "torch.Tensor"})
+
+
+class _Symbol:
+    """A global, or the result of calling something, in a shadow reading of a torch pickle: inert."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __setitem__(self, key: Any, value: Any) -> None:  # SETITEM(S) on an OrderedDict() result
+        pass
+
+    def append(self, value: Any) -> None:
+        pass
+
+    def extend(self, values: Any) -> None:
+        pass
+
+    def add(self, value: Any) -> None:
+        pass
+
+
+def _refuse_sized(func: Any, args: Any, file: str) -> None:
+    if not isinstance(func, _Symbol) or func.name not in _SIZED_CALLABLES:
+        return
+    args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
+    if func.name == "torch.Tensor":
+        harmless = not args  # torch.save never calls the legacy constructor: only Tensor() itself is harmless
+    else:  # bytearray(bytes), as pickle writes one; protocol 2 spells the bytes _codecs.encode(str, 'latin1')
+        harmless = len(args) == 1 and (isinstance(args[0], bytes) or
+                                       (isinstance(args[0], _Symbol) and args[0].name == "_codecs.encode()"))
+    if not harmless:
+        raise CorruptEntryError(f"{file}: the torch payload calls {func.name} with a size or another value: "
+                                "it could allocate whatever the file says; torch.save never writes that")
+
+
+_ShadowBase: Any = pickle._Unpickler  # type: ignore[attr-defined]  # the pure-Python unpickler: its memo is a dict
+
+
+class _ShadowUnpickler(_ShadowBase):
+    """Reads a torch ``data.pkl`` without building anything: globals and calls become :class:`_Symbol`.
+
+    It only looks for calls that allocate by argument, before the real (weights-only) load runs.
+    """
+
+    dispatch = dict(_ShadowBase.dispatch)
+
+    def __init__(self, data: bytes, file: str) -> None:
+        super().__init__(io.BytesIO(data))
+        self.file = file
+
+    def find_class(self, module: str, name: str) -> _Symbol:
+        return _Symbol(f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> _Symbol:
+        return _Symbol("storage")
+
+    def load_reduce(self) -> None:
+        args = self.stack.pop()
+        func = self.stack[-1]
+        _refuse_sized(func, args, self.file)
+        self.stack[-1] = _Symbol(f"{func.name}()" if isinstance(func, _Symbol) else "result")
+
+    def load_newobj(self) -> None:
+        args = self.stack.pop()
+        _refuse_sized(self.stack.pop(), args, self.file)
+        self.append(_Symbol("result"))
+
+    def load_newobj_ex(self) -> None:
+        self.stack.pop()
+        args = self.stack.pop()
+        _refuse_sized(self.stack.pop(), args, self.file)
+        self.append(_Symbol("result"))
+
+    def load_build(self) -> None:
+        self.stack.pop()
+
+    def load_bytearray8(self) -> None:
+        size = int.from_bytes(self.read(8), "little")
+        self.append(bytearray(self.read(min(size, 1 << 30))))  # read() returns at most what is there
+
+    def _instantiate(self, klass: Any, args: Any) -> None:
+        _refuse_sized(klass, args, self.file)
+        self.append(_Symbol("result"))
+
+    dispatch[pickle.REDUCE[0]] = load_reduce
+    dispatch[pickle.NEWOBJ[0]] = load_newobj
+    dispatch[pickle.NEWOBJ_EX[0]] = load_newobj_ex
+    dispatch[pickle.BUILD[0]] = load_build
+    dispatch[pickle.BYTEARRAY8[0]] = load_bytearray8
+
+
+def _scan_torch_pickle(data: bytes, file: str) -> None:
+    try:
+        _ShadowUnpickler(data, file).load()
+    except CorruptEntryError:
+        raise
+    except Exception as err:  # noqa: BLE001 - whatever stops the shadow reading stops the real one too
+        raise CorruptEntryError(f"{file}: the torch payload's data.pkl does not parse: {type(err).__name__}: "
+                                f"{err}") from err

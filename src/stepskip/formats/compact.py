@@ -260,7 +260,7 @@ def unpack(stored: torch.Tensor, info: Mapping[str, Any], budget: DecodeBudget |
     expected = math.prod(shape) * dtype.itemsize
     if stored.dtype != torch.uint8 or stored.dim() != 1:
         raise CorruptEntryError(f"{TREE}: {field}: a zstd frame is stored as 1-D uint8, not {stored.dtype}")
-    frame = memoryview(stored.numpy())
+    frame = stored.numpy().data
     try:
         declared = zstandard.frame_content_size(frame)
     except zstandard.ZstdError as err:
@@ -269,7 +269,7 @@ def unpack(stored: torch.Tensor, info: Mapping[str, Any], budget: DecodeBudget |
         raise CorruptEntryError(f"{TREE}: {field}: the zstd frame holds {declared} bytes, not the {expected} of "
                                 f"{list(shape)} {dtype}")
     out = torch.empty(shape, dtype=dtype)
-    target = memoryview(out.view(torch.uint8).numpy() if out.dtype != torch.bool else out.numpy()).cast("B")
+    target = (out.view(torch.uint8).numpy() if out.dtype != torch.bool else out.numpy()).data.cast("B")
     # the window is at most the content size: a frame cannot make zstd allocate more than its output
     decompressor = zstandard.ZstdDecompressor(max_window_size=max(1 << 10, min(1 << 27, _pow2_at_least(expected))))
     try:

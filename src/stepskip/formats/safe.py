@@ -297,12 +297,15 @@ class _Decoder:
             where = f"{field}[{key!r}]"
             if kind == "non_tensor_data":
                 data = decode_value(child["v"], self.getter(where), self.budget, where)
-                td.set(key, NonTensorData(data=data, batch_size=self.batch_size(child, where)))
+                non_tensor: Any = NonTensorData(data=data, batch_size=self.batch_size(child, where))  # a TensorDict
+                td.set(key, non_tensor)
             elif kind == "non_tensor_stack":
                 rows = decode_value(child["v"], self.getter(where), self.budget, where)
                 size = self.batch_size(child, where)
                 if not isinstance(rows, list) or not size or len(rows) != size[0]:
                     raise CorruptEntryError(f"{TREE_FILE}: {where}: the rows do not match batch size {size}")
+                # each row becomes a NonTensorData object (~600 bytes) however few bytes it took in data.json
+                self.budget.charge(len(rows) * _NON_TENSOR_ROW_BYTES, TREE_FILE, where)
                 stack = NonTensorStack(*(NonTensorData(data=r, batch_size=size[1:]) for r in rows))
                 td.set(key, stack)
             else:
@@ -325,6 +328,9 @@ class _Decoder:
             except ImportError:
                 pass
         return Batch(batch=td, non_tensor_batch=non_tensor, meta_info=meta_info)
+
+
+_NON_TENSOR_ROW_BYTES = 1024
 
 
 def _siblings(decoded: dict[str, Any], field: str) -> Callable[[str], Any]:

@@ -250,11 +250,11 @@ class CachedRole(BaseSkip):
             UnreadableEntryError: the step's entry is intact but cannot be used here (it is kept).
         """
         action = self.action
-        if action is SkipAction.RECORD:
-            return False
         if action is SkipAction.REPLAY:
             return True  # warp_function raises when there is nothing to load
-        if action is SkipAction.CACHE:
+        if action is SkipAction.RECORD:
+            hit = False  # every call generates: each is a miss
+        elif action is SkipAction.CACHE:
             hit = self._exact_step_usable(step)
         else:
             self._refuse_unreadable(step)  # the exact step would be regenerated over: never
@@ -645,7 +645,8 @@ class CachedRole(BaseSkip):
         spec = chosen[0]
         nbytes = sum(len(b) for b in files.values())
         try:
-            return get_format(spec.name).decode(files, consume=True), meta, nbytes
+            value = get_format(spec.name).decode(files, consume=True, max_bytes=self.config.max_decode_bytes)
+            return value, meta, nbytes
         except CorruptEntryError as err:
             raise self._decode_failure(path, meta, spec, err) from err
 

@@ -23,7 +23,8 @@ def _index(indices: Sequence[int] | torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(indices, dtype=torch.long).reshape(-1)
 
 
-def _checked(tensor: torch.Tensor) -> torch.Tensor:
+# Jagged tensors are typed Any below: torch's stubs do not declare offsets(), lengths() and _ragged_idx.
+def _checked(tensor: Any) -> Any:
     """``tensor`` itself when it is a valid jagged tensor: the gathers below trust its offsets."""
     problem = jagged_problem(tensor.values(), tensor.offsets(), tensor.lengths(), tensor._ragged_idx)
     if problem is not None:
@@ -31,7 +32,7 @@ def _checked(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _select_jagged(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def _select_jagged(tensor: Any, index: torch.Tensor) -> torch.Tensor:
     _checked(tensor)
     rows = tensor.size(0)
     index = torch.where(index < 0, index + rows, index)  # negative rows count from the end, as for dense tensors
@@ -100,7 +101,7 @@ def select_rows(data: Any, indices: Sequence[int] | torch.Tensor) -> Any:
     raise TypeError(f"cannot select rows of {type(data).__qualname__}")
 
 
-def _concat_tensors(parts: list[torch.Tensor]) -> torch.Tensor:
+def _concat_tensors(parts: list[Any]) -> torch.Tensor:
     if not parts[0].is_nested:
         return torch.cat(parts, dim=0)
     if all(p.layout == torch.jagged and p._ragged_idx == 1 and p.lengths() is None for p in parts):

@@ -433,3 +433,68 @@ def test_bombs_end_as_corrupt_in_a_memory_limited_child() -> None:
     outcomes = [o.outcome for o in report.outcomes]
     assert outcomes == ["DecodeLimitError", "DecodeLimitError", "DecodeLimitError", "CorruptEntryError", "value"]
     assert all(o.peak < 128 << 20 for o in report.outcomes), report.outcomes
+
+
+class _Call:
+    """Pickles as ``fn(*args)``: what a hostile torch payload holds (torch.save pickles it as is)."""
+
+    def __init__(self, fn: Any, *args: Any) -> None:
+        self.fn, self.args = fn, args
+
+    def __reduce__(self) -> Any:
+        return self.fn, self.args
+
+
+SIZED_BOMBS = {
+    "bytearray-2GiB": lambda: _Call(bytearray, 1 << 31),
+    "tensor-legacy-10e9": lambda: _Call(torch.Tensor, 10**9),
+    "sparse-huge": lambda: torch.sparse_coo_tensor(torch.zeros(2, 1, dtype=torch.long), torch.ones(1), (10**6, 10**6)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIZED_BOMBS))
+def test_torch_payloads_that_allocate_by_argument_are_refused(name: str) -> None:
+    """torch.load(weights_only=True) admits bytearray(n) and torch.Tensor(n): a 1 KB file could take gigabytes."""
+    data = _torch_bytes({"tensordict": SIZED_BOMBS[name](), "tags": [], "keys": []})
+    with pytest.raises(CorruptEntryError, match="tq_batch.pt"):
+        VerlTqFormat().decode({"tq_batch.pt": data})
+
+
+def _dataproto(state: Any) -> bytes:
+    """A gen_batch.dp holding ``state``, pickled as verl's DataProto pickles, via a throw-away class."""
+    import copyreg
+    import pickle
+    import sys
+    import types
+
+    fake = type("DataProto", (), {"__module__": "verl.protocol",
+                                  "__reduce_ex__": lambda self, p: (copyreg.__newobj__, (type(self),), self.state)})
+    instance = fake.__new__(fake)
+    instance.state = state
+    module = types.ModuleType("verl.protocol")
+    module.DataProto = fake  # type: ignore[attr-defined]
+    saved = {name: sys.modules.get(name) for name in ("verl", "verl.protocol")}
+    sys.modules["verl.protocol"] = module
+    sys.modules.setdefault("verl", types.ModuleType("verl"))
+    try:
+        return pickle.dumps(instance, protocol=4)
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
+
+
+def test_a_bytearray_bomb_inside_a_gen_batch_is_refused() -> None:
+    harmless = _torch_bytes(TensorDict({"x": torch.arange(2)}, batch_size=[2]))
+    VerlFormat().decode({"gen_batch.dp": _dataproto((harmless, {}, {}))})
+    bomb = _torch_bytes({"a": _Call(bytearray, 1 << 31)})
+    with pytest.raises(CorruptEntryError, match="bytearray"):
+        VerlFormat().decode({"gen_batch.dp": _dataproto((bomb, {}, {}))})
+
+
+def test_legit_bytearrays_in_a_torch_payload_still_load() -> None:
+    data = _torch_bytes({"tensordict": TensorDict({"x": torch.arange(2)}, batch_size=[2]), "tags": [bytearray(b"ok")],
+                         "keys": ["k"]})
+    assert VerlTqFormat().decode({"tq_batch.pt": data})["tags"] == [bytearray(b"ok")]

@@ -8,7 +8,7 @@ Hypothesis generates, deterministically (``derandomize=True``, fixed example cou
 - packed-tensor descriptors: arbitrary codec/dtype/shape records over real, truncated and
   foreign zstd frames;
 - pickle streams: random opcode programs over the allow-listed globals (REDUCE, BUILD, memo
-  opcodes, containers) and byte-level damage of a real ``gen_batch.dp``.
+  opcodes, containers) and byte-level damage of a real ``gen_batch.dp`` and V1 ``tq_batch.pt``.
 
 Generating is fast and happens here; decoding happens in one child process under ``RLIMIT_AS``
 and a per-case alarm (``tests/support/isolated_decode.py``), since a segfault or a hang cannot
@@ -32,7 +32,7 @@ from tensordict import TensorDict
 from stepskip import Batch
 from stepskip.formats.bounds import DECODE_FLOOR
 from stepskip.formats.safe import SafeFormat
-from stepskip.formats.verl import VerlFormat
+from stepskip.formats.verl import VerlFormat, VerlTqFormat
 
 ACCEPTED = {"value", "CorruptEntryError", "TruncatedEntryError", "DecodeLimitError", "UnreadableEntryError"}
 FUZZ = settings(derandomize=True, database=None, deadline=None, max_examples=150,
@@ -71,6 +71,9 @@ SEED_FILES = SAFE.encode(SAFE.freeze(_seed_value(), copy=True))
 SEED_TREE = json.loads(SEED_FILES["data.json"])
 VERL = VerlFormat()
 SEED_DP = VERL.encode(VERL.freeze(_seed_value(), copy=True))["gen_batch.dp"]
+V1 = VerlTqFormat()
+SEED_V1 = V1.encode(V1.freeze({"tensordict": _seed_value().batch, "tags": [{"uid": "a", "n": 1}] * 4,
+                               "keys": ["k0", "k1", "k2", "k3"], "global_steps": 3}, copy=True))["tq_batch.pt"]
 
 _numbers = st.one_of(st.integers(-3, 70), st.integers(-(2**70), 2**70), st.sampled_from([0, 1, 2**31, 2**62, -1]),
                      st.floats(allow_nan=True))
@@ -160,9 +163,8 @@ def pickle_programs(draw: st.DrawFn) -> dict[str, bytes]:
     return {"gen_batch.dp": b"\x80\x04" + body + b"."}
 
 
-@st.composite
-def damaged_dataprotos(draw: st.DrawFn) -> dict[str, bytes]:
-    data = bytearray(SEED_DP)
+def _damaged(draw: st.DrawFn, seed: bytes) -> bytes:
+    data = bytearray(seed)
     for _ in range(draw(st.integers(1, 4))):
         at = draw(st.integers(0, len(data) - 1))
         op = draw(st.sampled_from(["flip", "cut", "insert"]))
@@ -172,7 +174,17 @@ def damaged_dataprotos(draw: st.DrawFn) -> dict[str, bytes]:
             del data[at: at + draw(st.integers(1, 16))]
         else:
             data[at:at] = draw(st.binary(min_size=1, max_size=8))
-    return {"gen_batch.dp": bytes(data)}
+    return bytes(data)
+
+
+@st.composite
+def damaged_dataprotos(draw: st.DrawFn) -> dict[str, bytes]:
+    return {"gen_batch.dp": _damaged(draw, SEED_DP)}
+
+
+@st.composite
+def damaged_v1_payloads(draw: st.DrawFn) -> dict[str, bytes]:
+    return {"tq_batch.pt": _damaged(draw, SEED_V1)}
 
 
 def _collect(strategy: st.SearchStrategy[dict[str, bytes]], examples: int) -> list[dict[str, bytes]]:
@@ -190,6 +202,7 @@ def _collect(strategy: st.SearchStrategy[dict[str, bytes]], examples: int) -> li
 def test_seed_entries_decode() -> None:
     assert SafeFormat().decode(dict(SEED_FILES)).batch["input_ids"].shape == (4, 40)
     assert VerlFormat().decode({"gen_batch.dp": SEED_DP}).batch["input_ids"].shape == (4, 40)
+    assert VerlTqFormat().decode({"tq_batch.pt": SEED_V1})["tensordict"]["input_ids"].shape == (4, 40)
     assert set(SEED_TREE.get("packed", {})), "the seed must exercise zstd packing"
 
 
@@ -199,6 +212,7 @@ def test_fuzzed_entries_end_in_a_value_or_a_typed_error() -> None:
         "packed descriptors": ("safe", _collect(packed_descriptors(), 120)),
         "pickle programs": ("verl", _collect(pickle_programs(), 250)),
         "damaged gen_batch.dp": ("verl", _collect(damaged_dataprotos(), 120)),
+        "damaged tq_batch.pt": ("verl-tq", _collect(damaged_v1_payloads(), 100)),
     }
     cases: list[tuple[str, dict[str, bytes]]] = []
     labels: list[str] = []
