@@ -15,8 +15,14 @@ TEST_DEPS := $(STAMP)
 ifeq ($(VERL_ENV),1)
 TEST_DEPS += $(VERL_STAMP)
 endif
+# The browser tests of `stepskip view` drive Debian's headless chromium; `make test BROWSER=0` skips
+# installing it (those tests then install it themselves when they can, else skip with the reason).
+BROWSER ?= 1
+ifeq ($(BROWSER),1)
+TEST_DEPS += browser
+endif
 
-.PHONY: demo test test-unit-td010 typecheck venv verl-env clean
+.PHONY: demo test test-unit-td010 typecheck venv verl-env browser clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -67,6 +73,13 @@ demo: $(STAMP)
 # mypy over src/stepskip with pyproject's [tool.mypy]; `make test` fails on a type error too.
 typecheck: $(STAMP)
 	$(PY) -m mypy
+
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "chromium is missing and cannot be installed here: the browser tests will skip"; fi; }
 
 test: $(TEST_DEPS) typecheck
 	STEPSKIP_VERL_PYTHON=$(abspath $(VERL_VENV))/bin/python $(PY) -m pytest -q $(PYTEST_ARGS)

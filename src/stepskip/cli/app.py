@@ -410,3 +410,14 @@ def demo_command(ctx: typer.Context) -> None:
         render.err.print(f"[bold red]error:[/] {escape(message)}")
         raise typer.Exit(2) from None
     raise typer.Exit(int(demo_main(list(ctx.args)) or 0))
+
+
+def _register_view_commands() -> None:
+    """``stepskip view`` and ``stepskip report`` live in stepskip.view (see stepskip.view.cli)."""
+    from stepskip.view.cli import report_command, view_command
+
+    app.command("view")(_errors(view_command))
+    app.command("report")(_errors(report_command))
+
+
+_register_view_commands()

@@ -1,0 +1,181 @@
+"""The local web app of ``stepskip view``: JSON data endpoints over a :class:`~stepskip.view.data.ViewSource`
+and the page itself (``view/static``), served by the standard library's threading HTTP server.
+
+The server only answers GET (and HEAD); it never writes to the cache. Requests name runs, roles
+and steps by their listed names (see :mod:`stepskip.view.data`), static files by a fixed set of
+names; nothing in a URL becomes a path.
+
+Endpoints (all JSON):
+    ``/api/runs``; ``/api/step?run=R&role=O&step=N&offset=&limit=&sort=&desc=1&filter=reward0&filter=lenmax&q=``;
+    ``/api/stats?run=&role=&step=``; ``/api/trend?run=&role=``;
+    ``/api/compare?run=&role=&step=&run2=&role2=&step2=&offset=&limit=``.
+
+Example:
+    >>> server = make_server(ViewSource("~/.verl/rollout_dump"), "127.0.0.1", 0)  # doctest: +SKIP
+    >>> server.serve_forever()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import socket
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from stepskip.view.data import EntryProblem, ViewError, ViewSource
+
+__all__ = ["STATIC_FILES", "handle_api", "make_server", "static_file"]
+
+logger = logging.getLogger(__name__)
+
+#: The files the page is made of: the only names ``/static/...`` serves.
+STATIC_FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css",
+                "chart.umd.min.js": "text/javascript"}
+
+
+def static_file(name: str) -> bytes:
+    """The bytes of one of the page's files (package data of ``stepskip.view``)."""
+    return resources.files("stepskip.view").joinpath("static").joinpath(name).read_bytes()
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities become None (JSON has no such numbers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _one(params: dict[str, list[str]], name: str, default: str | None = None) -> str | None:
+    values = params.get(name)
+    return values[-1] if values else default
+
+
+def _int(params: dict[str, list[str]], name: str, default: int) -> int:
+    text = _one(params, name)
+    if text is None or text == "":
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ViewError(f"{name}={text!r} is not a whole number") from None
+
+
+def _required(params: dict[str, list[str]], name: str) -> str:
+    value = _one(params, name)
+    if value is None:
+        raise ViewError(f"missing query parameter {name!r}")
+    return value
+
+
+def handle_api(source: ViewSource, path: str, params: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
+    """Answer one data request: ``(HTTP status, JSON body)``; errors become ``{"error": ..., "kind": ...}``.
+
+    Args:
+        source: the cache being viewed.
+        path: the endpoint (``/api/runs``, ``/api/step`` ...).
+        params: the decoded query (``urllib.parse.parse_qs``).
+    """
+    try:
+        if path == "/api/runs":
+            if _one(params, "refresh") == "1":
+                source.refresh()
+            return 200, source.listing()
+        if path == "/api/step":
+            return 200, source.step_page(
+                _required(params, "run"), _required(params, "role"), _required(params, "step"),
+                offset=_int(params, "offset", 0), limit=_int(params, "limit", 50), sort=_one(params, "sort"),
+                desc=_one(params, "desc") == "1", filters=[f for f in params.get("filter", []) if f],
+                q=_one(params, "q", "") or "")
+        if path == "/api/stats":
+            return 200, source.step_stats(_required(params, "run"), _required(params, "role"),
+                                          _required(params, "step"))
+        if path == "/api/trend":
+            return 200, source.trend(_required(params, "run"), _required(params, "role"))
+        if path == "/api/compare":
+            a = (_required(params, "run"), _required(params, "role"), _required(params, "step"))
+            b = (_one(params, "run2") or a[0], _one(params, "role2") or a[1], _required(params, "step2"))
+            return 200, source.compare(a, b, offset=_int(params, "offset", 0), limit=_int(params, "limit", 20))
+        return 404, {"error": f"no endpoint {path}", "kind": "not-found"}
+    except EntryProblem as err:
+        return err.status, {"error": str(err), "kind": err.kind}
+    except ViewError as err:
+        return err.status, {"error": str(err), "kind": "request"}
+    except Exception as err:  # the app stays up whatever one entry does; the reason is shown, logged in full
+        logger.exception("request %s failed", path)
+        return 500, {"error": f"{type(err).__name__}: {err}", "kind": "internal"}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _ViewServer
+    server_version = "stepskip-view"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+        logger.debug("%s " + format, self.address_string(), *args)
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Security-Policy", "default-src 'self'; style-src 'self' 'unsafe-inline'; "
+                                                    "img-src 'self' data:")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self) -> None:  # noqa: N802 (http.server's naming)
+        self.do_GET()
+
+    def do_GET(self) -> None:  # noqa: N802
+        url = urlsplit(self.path)
+        if url.path.startswith("/api/"):
+            status, answer = handle_api(self.server.source, url.path, parse_qs(url.query, keep_blank_values=True))
+            data = json.dumps(_json_safe(answer), allow_nan=False).encode()
+            self._send(status, data, "application/json")
+            return
+        name = "index.html" if url.path in ("/", "/index.html") else url.path.removeprefix("/static/")
+        if url.path != "/" and not url.path.startswith("/static/") and url.path != "/index.html":
+            name = ""
+        if name not in STATIC_FILES:  # a fixed set of names: "..", "%2F" and absolute paths are just unknown
+            self._send(404, b'{"error": "not found"}', "application/json")
+            return
+        body = static_file(name)
+        if name == "index.html":
+            body = body.replace(b"<!--DATA-->", b"")
+        self._send(HTTPStatus.OK, body, STATIC_FILES[name] + "; charset=utf-8")
+
+    def do_POST(self) -> None:  # noqa: N802 (read-only: nothing is ever accepted)
+        self._send(405, b'{"error": "read-only"}', "application/json")
+
+    do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815
+
+
+class _ViewServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, source: ViewSource, host: str, port: int) -> None:
+        if ":" in host:  # an IPv6 address (::1)
+            self.address_family = socket.AF_INET6
+        super().__init__((host, port), _Handler)
+        self.source = source
+
+
+def make_server(source: ViewSource, host: str = "127.0.0.1", port: int = 8765) -> ThreadingHTTPServer:
+    """An HTTP server for ``source`` bound to ``host:port`` (port 0: any free port); call ``serve_forever``.
+
+    Example:
+        >>> server = make_server(ViewSource("/tmp/dump"), port=0)  # doctest: +SKIP
+        >>> server.server_address[1] > 0  # doctest: +SKIP
+        True
+    """
+    return _ViewServer(source, host, port)

@@ -1,0 +1,228 @@
+"""``stepskip view`` and ``stepskip report`` in a real browser (headless Chromium), on a cache recorded by the
+reference colocated pipeline (roles rollout and reward), a copy of it as a second run (one step damaged), a
+120-row step, and verl's own fixture cache (rollout and rollout_tq, pickle-based). The view runs as the real
+console command in a subprocess; screenshots are saved under tests/artifacts/view/."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+from browser import Browser, find_chromium
+
+from stepskip import SkipManager
+from stepskip.view.data import ViewSource
+
+TESTS = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(TESTS / "integration" / "pipelines"))
+sys.path.insert(0, str(TESTS / "unit" / "cli"))
+
+from cli_caches import base_config, rollout_batch  # noqa: E402
+from pipeline_helpers import SMALL, skip_overrides  # noqa: E402
+
+RUN = "colocated_stepskip_pipelines/GBS4_N4_in5_out12"
+COPY = "copy_stepskip_pipelines/GBS4_N4_in5_out12"
+BIG = "exp_big/GBS4_N2_in8_out6"
+FX = "fx_verl/GBS4_N2_in8_out6"
+
+
+class BigLoop:
+    @SkipManager.annotate(role="rollout")
+    def generate_sequences(self, prompts):
+        return rollout_batch(SkipManager.step, rows=120)
+
+
+@pytest.fixture(scope="module")
+def dump(tmp_path_factory) -> Path:
+    from stepskip.pipelines.colocated import ColocatedTrainer
+    from stepskip.pipelines.runtime import load_config
+
+    root = tmp_path_factory.mktemp("browser") / "dump"
+    skip = skip_overrides("rollout", root, [1, 2, 3]) + [
+        "skip.reward.enable=true", f"skip.reward.dump_dir={root}", "skip.reward.steps=[1,2,3]"]
+    ColocatedTrainer(load_config("colocated", [*SMALL, *skip])).fit()
+    SkipManager.reset()
+    shutil.copytree(root / "colocated_stepskip_pipelines", root / "copy_stepskip_pipelines")
+    data = root / COPY / "3" / "data.safetensors"
+    data.write_bytes(data.read_bytes()[:40])  # damaged: truncated
+    config = base_config(root, "exp", "big")
+    config["skip"]["rollout"] = {"enable": True, "dump_dir": str(root), "steps": [1], "async_dump": False}
+    SkipManager.init(config)
+    SkipManager.set_step(1)
+    BigLoop().generate_sequences(None)
+    SkipManager.close()
+    SkipManager.reset()
+    shutil.copytree(TESTS / "fixtures" / "verl" / "cache" / "fx_verl", root / "fx_verl")
+    return root
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory) -> Browser:
+    return Browser(find_chromium(), tmp_path_factory.mktemp("chromium-profile"))
+
+
+@pytest.fixture(scope="module")
+def truth(dump) -> ViewSource:
+    """The data layer read directly: what the page must show."""
+    return ViewSource(str(dump), allow_pickle=True)
+
+
+@pytest.fixture(scope="module")
+def server(dump):
+    """``stepskip view DUMP --port 0 --allow-pickle`` as a real process; Ctrl-C (SIGINT) stops it."""
+    proc = subprocess.Popen([sys.executable, "-m", "stepskip", "view", str(dump), "--port", "0", "--allow-pickle"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert "http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+    url = line.split(" at ")[1].split()[0]
+    yield url
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "stopped" in out, err
+
+
+def at(base: str, view: str, **params) -> str:
+    return f"{base}#/{view}?{urlencode(params, doseq=True)}"
+
+
+def test_runs_roles_and_steps(server, browser):
+    page = browser.dom(server)
+    assert page.ready()
+    sections = {s.attrs["data-run"]: s for s in page.root.find_all("section")}
+    assert set(sections) == {RUN, COPY, BIG, FX}
+    run = sections[RUN]
+    assert [t.attrs["data-role"] for t in run.find_all("table")] == ["rollout", "reward"]
+    steps = run.find("table", data_role="rollout").find_all("tr")[1:]
+    assert [tr.attrs["data-step"] for tr in steps] == ["1", "2", "3"]
+    assert "safe" in steps[0].text and "stepskip" in steps[0].text
+    damaged = sections[COPY].find("tr", data_step="3")
+    assert damaged.attrs["class"] == "bad" and "damaged" in damaged.text
+    fx_roles = [t.attrs["data-role"] for t in sections[FX].find_all("table")]
+    assert fx_roles == ["rollout", "rollout_tq"] and "v1 (1 inner)" in sections[FX].find("tr", data_step="3").text
+    browser.screenshot(server, "runs")
+
+
+def test_one_step_table_and_distributions(server, browser, truth):
+    url = at(server, "step", run=RUN, role="rollout", step=2)
+    page = browser.dom(url)
+    assert page.ready()
+    expected = truth.step_page(RUN, "rollout", 2, limit=100)
+    table = page.root.find("table", id="rows")
+    assert table.attrs["data-total"] == "16"
+    rows = page.table_rows("rows")
+    assert [r["i"] for r in rows] == [str(r["i"]) for r in expected["rows"]]
+    assert [r["length"] for r in rows] == [str(r["length"]) for r in expected["rows"]]
+    # the rollout holds no reward: it is joined from the reward stage role of the same step
+    assert expected["reward_source"].startswith("reward role")
+    assert all(r["reward"] != "–" for r in rows)
+    assert [r["group"] for r in rows] == [r["group"] for r in expected["rows"]]
+    for chart_id in ("reward-hist", "length-hist"):
+        canvas = page.root.find("canvas", id=chart_id)
+        assert int(canvas.attrs["data-points"]) > 0  # Chart.js drew it
+    lengths = truth.step_stats(RUN, "rollout", 2)["length"]["histogram"]
+    assert page.root.find("canvas", id="length-hist").attrs["data-points"] == str(len(lengths["counts"]))
+    browser.screenshot(url, "step")
+
+
+def test_filters_sorting_and_search(server, browser, truth):
+    page = browser.dom(at(server, "step", run=RUN, role="rollout", step=1, filter="lenmax", sort="length", desc="1"))
+    rows = page.table_rows("rows")
+    expected = truth.step_page(RUN, "rollout", 1, filters=["lenmax"])
+    assert len(rows) == expected["matched"] > 0 and all(r["length"] == "12" for r in rows)
+    assert f"of {expected['matched']} (filtered from 16)" in page.root.find("span", id="page-info").text
+    zero = browser.dom(at(server, "step", run=RUN, role="rollout", step=1, filter="reward0")).table_rows("rows")
+    assert len(zero) == truth.step_page(RUN, "rollout", 1, filters=["reward0"])["matched"]
+    assert all(float(r["reward"]) == 0 for r in zero)
+    ordered = browser.dom(at(server, "step", run=RUN, role="rollout", step=1, sort="length")).table_rows("rows")
+    assert [int(r["length"]) for r in ordered] == sorted(int(r["length"]) for r in ordered)
+    group = truth.step_page(RUN, "rollout", 1)["rows"][5]["group"]
+    found = browser.dom(at(server, "step", run=RUN, role="rollout", step=1, q=group)).table_rows("rows")
+    assert len(found) == 4 and {r["group"] for r in found} == {group}
+
+
+def test_a_large_step_is_paged(server, browser):
+    page = browser.dom(at(server, "step", run=BIG, role="rollout", step=1))
+    assert len(page.table_rows("rows")) == 50 and "rows 1–50 of 120" in page.root.find("span", id="page-info").text
+    assert page.root.find("button", id="next").attrs.get("disabled") is None
+    last = browser.dom(at(server, "step", run=BIG, role="rollout", step=1, offset=100))
+    assert [r["i"] for r in last.table_rows("rows")] == [str(i) for i in range(100, 120)]
+    assert last.root.find("button", id="next").attrs.get("disabled") is not None
+    with urllib.request.urlopen(f"{server}api/step?{urlencode({'run': BIG, 'role': 'rollout', 'step': 1})}") as res:
+        assert len(json.load(res)["rows"]) == 50  # the server sends one page, never the whole step
+
+
+def test_trend_across_steps(server, browser, truth):
+    url = at(server, "trend", run=RUN, role="rollout")
+    page = browser.dom(url)
+    assert page.ready()
+    for chart_id in ("reward-trend", "length-trend"):
+        assert page.root.find("canvas", id=chart_id).attrs["data-points"] == str(4 * 3)  # mean, p10, p50, p90
+    rows = page.root.find("table", id="trend").find_all("tr")[1:]
+    expected = truth.trend(RUN, "rollout")["steps"]
+    assert [tr.attrs["data-step"] for tr in rows] == ["1", "2", "3"]
+    for tr, step in zip(rows, expected):
+        cells = [td.text for td in tr.find_all("td")]  # step, rows, reward mean, reward p50, length mean ...
+        assert float(cells[4]) == pytest.approx(step["length"]["mean"], abs=1e-3)
+        assert float(cells[2]) == pytest.approx(step["reward"]["mean"], abs=1e-3)  # joined from the reward role
+    browser.screenshot(url, "trend")
+
+
+def test_two_steps_and_two_runs_side_by_side(server, browser, truth):
+    url = at(server, "compare", run=RUN, role="rollout", step=1, step2=2)
+    page = browser.dom(url)
+    groups = page.root.find("div", id="groups").find_all("div", **{"class": "side"})
+    expected = truth.compare((RUN, "rollout", 1), (RUN, "rollout", 2))
+    assert len(groups) == expected["total"] == 4
+    for node, group in zip(groups, expected["groups"]):
+        assert group["a"]["group"] in node.text and group["b"]["group"] in node.text
+    browser.screenshot(url, "compare")
+    runs = browser.dom(at(server, "compare", run=RUN, role="rollout", step=2, run2=COPY, step2=2))
+    for node in runs.root.find("div", id="groups").find_all("div", **{"class": "side"}):
+        a, b = node.find_all("div", **{"class": "group"})
+        assert a.text.split("·")[0] == b.text.split("·")[0]  # the same GRPO group on both sides
+
+
+def test_verl_fixture_v1_entries_and_a_damaged_step(server, browser, truth):
+    page = browser.dom(at(server, "step", run=FX, role="rollout", step=1))
+    assert len(page.table_rows("rows")) == truth.step_page(FX, "rollout", 1)["total"] == 8
+    v1 = browser.dom(at(server, "step", run=FX, role="rollout_tq", step=3))
+    rows = v1.table_rows("rows")
+    expected = truth.step_page(FX, "rollout_tq", 3, limit=100)["rows"]
+    assert len(rows) == len(expected) and rows and "tags" in rows[0]
+    assert [r["key"] for r in rows] == [r["key"] for r in expected]  # the trajectories' queue keys
+    assert [r["group"] for r in rows] == [r["group"] for r in expected]
+    broken = browser.dom(at(server, "step", run=COPY, role="rollout", step=3))
+    assert broken.ready()
+    error = broken.root.find("div", **{"class": "error"})
+    assert error.attrs["data-error-kind"] == "damaged" and "3" in error.text
+
+
+def test_the_report_in_a_browser_without_network(dump, browser, truth, tmp_path):
+    out = tmp_path / "report.html"
+    done = subprocess.run([sys.executable, "-m", "stepskip", "report", str(dump), "-o", str(out), "--allow-pickle"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    base = out.as_uri()
+    offline = ["--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>"]  # any fetch would fail
+    page = browser.dom(base, *offline)
+    assert page.ready() and {s.attrs["data-run"] for s in page.root.find_all("section")} == {RUN, COPY, BIG, FX}
+    step = browser.dom(at(base, "step", run=RUN, role="rollout", step=2, filter="lenmax"))
+    expected = truth.step_page(RUN, "rollout", 2, filters=["lenmax"])
+    assert len(step.table_rows("rows")) == expected["matched"]
+    assert int(step.root.find("canvas", id="reward-hist").attrs["data-points"]) > 0
+    big = browser.dom(at(base, "step", run=BIG, role="rollout", step=1, offset=50))
+    assert [r["i"] for r in big.table_rows("rows")] == [str(i) for i in range(50, 100)]
+    trend = browser.dom(at(base, "trend", run=RUN, role="rollout"))
+    assert trend.root.find("canvas", id="length-trend").attrs["data-points"] == "12"
+    cmp = browser.dom(at(base, "compare", run=RUN, role="rollout", step=2, run2=COPY, step2=2))
+    assert len(cmp.root.find("div", id="groups").find_all("div", **{"class": "side"})) == 4
+    offline_step = browser.dom(at(base, "step", run=FX, role="rollout", step=1), *offline)
+    assert offline_step.ready() and len(offline_step.table_rows("rows")) == 8
+    browser.screenshot(at(base, "step", run=RUN, role="rollout", step=2), "report-step")
