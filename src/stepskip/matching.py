@@ -41,7 +41,8 @@ def _row_bytes(row: Any) -> bytes:
         return head
     import torch
 
-    raw = t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)
+    flat = t.reshape(-1)  # a 0-d row (a batch of scalars) cannot be viewed as bytes; its shape is in the head
+    raw = flat.view(torch.uint8) if t.dtype != torch.bool else flat.to(torch.uint8)
     return head + raw.numpy().tobytes()
 
 

@@ -389,6 +389,13 @@ def _openat2_dir(dir_fd: int, relative: str) -> int | None:
 class _EntryStore:
     """What every store offers; entry logic shared by the stores lives in the module functions above."""
 
+    #: Whether :meth:`publish_dir` can publish a directory of entries atomically (local stores).
+    publishes_dirs = False
+
+    def publish_dir(self, staging: str, path: str) -> None:
+        """Publish a staged directory of entries as ``path`` at once (only where ``publishes_dirs``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot publish a directory atomically")
+
     def probe(self, path: str, legacy_files: Iterable[str] = ()) -> Probe:
         """Classify the entry at ``path`` as missing, present or damaged without reading its data.
 
@@ -963,6 +970,36 @@ class LocalStore(_EntryStore):
                 continue  # another writer moved it away first; try again
             _remove_at(parent_fd, trash)
         raise OSError(errno.EBUSY, f"could not publish {path}: too many concurrent writers")
+
+    #: Whole directories of entries can be published at once (:meth:`publish_dir`).
+    publishes_dirs = True
+
+    def publish_dir(self, staging: str, path: str) -> None:
+        """Publish the directory ``staging`` (a ``.tmp-`` sibling of ``path`` holding complete entries)
+        as ``path`` in one step, replacing what was there: readers see the old directory or the new
+        one, never a mix (a V1 step's inner entries, all written by one run).
+
+        Raises:
+            OSError: ``staging`` is not a hidden temporary beside ``path``, or cannot be published.
+        """
+        parent, name = os.path.split(self._abs(path))
+        staging_parent, tmp = os.path.split(self._abs(staging))
+        if staging_parent != parent or not tmp.startswith(TMP_PREFIX) or not valid_name(name):
+            raise OSError(errno.EINVAL, f"{staging} is not a {TMP_PREFIX} directory beside {path}", path)
+        parent_fd = self._open_dir(parent)
+        try:
+            tmp_fd = os.open(tmp, _O_DIR, dir_fd=parent_fd)
+            try:
+                os.fsync(tmp_fd)  # the entries' own renames into it are durable before it is published
+            finally:
+                os.close(tmp_fd)
+            self._publish(parent_fd, tmp, name, path, overwrite=True)
+            try:
+                os.fsync(parent_fd)
+            except OSError:
+                pass
+        finally:
+            os.close(parent_fd)
 
     # ------------------------------------------------------------------ deleting
 
