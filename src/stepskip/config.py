@@ -226,8 +226,13 @@ class SkipRoleConfig:
         on_mismatch: what to do when the entry's run fingerprint differs from this run's.
         fingerprint_keys: extra config keys that identify a run.
         storage_options: options for the fsspec filesystem of a ``dump_dir`` URL.
+        restore_rng: save torch's CPU (and, when initialised, CUDA) random generator state right
+            after a recorded call and restore it when the call is replayed, so that code drawing
+            from the global generator after the call (e.g. a shuffle) sees what it saw when recording.
         match_n: under ``action: match``, a recorded prompt group whose sample count differs from
             the live one is ``cycle``-d through, or (``strict``) generated anew.
+        max_decode_bytes: the most a decode may allocate for one entry (default: 256 x the entry's
+            size on disk + 256 MiB); an entry that asks for more is refused before allocating.
 
     Example:
         >>> RolloutSkipConfig(enable=True, steps=["1-3"], action="repeat").action
@@ -252,7 +257,9 @@ class SkipRoleConfig:
     on_mismatch: OnMismatch = OnMismatch.WARN
     fingerprint_keys: list[str] = field(default_factory=list)
     storage_options: dict[str, Any] = field(default_factory=dict)
+    restore_rng: bool = False
     match_n: MatchN = MatchN.CYCLE
+    max_decode_bytes: int | None = None
 
     def __post_init__(self) -> None:
         self.validate(self.section)
@@ -280,7 +287,12 @@ class SkipRoleConfig:
         self.check_prompts = parse_choice(CheckPrompts, self.check_prompts, f"{where}.check_prompts")
         self.on_mismatch = parse_choice(OnMismatch, self.on_mismatch, f"{where}.on_mismatch")
         _str_list(f"{where}.fingerprint_keys", self.fingerprint_keys)
+        _boolean(f"{where}.restore_rng", self.restore_rng)
         self.match_n = parse_choice(MatchN, self.match_n, f"{where}.match_n")
+        limit = self.max_decode_bytes
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
+            raise SkipConfigError(f"{where}.max_decode_bytes = {limit!r} is not valid; expected a positive int "
+                                  "(bytes) or null for the default bound")
         if not isinstance(self.storage_options, Mapping) or not all(isinstance(k, str) for k in self.storage_options):
             raise SkipConfigError(
                 f"{where}.storage_options = {self.storage_options!r} is not valid; expected a mapping of "

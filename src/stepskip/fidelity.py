@@ -10,7 +10,7 @@ are compared with the live run and call; what happens on a difference is the rol
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -18,10 +18,15 @@ import torch
 import xxhash
 from tensordict import TensorDictBase, is_non_tensor
 
-from stepskip.formats.values import encode_object_array, encode_value
+from stepskip.calls import is_dataproto_like
 from stepskip.identity import VERL_FINGERPRINT_KEYS, fingerprint_diff, fingerprint_of
 
-__all__ = ["FINGERPRINT_KEYS", "run_fingerprint", "fingerprint_diff", "prompt_digest"]
+__all__ = ["FINGERPRINT_KEYS", "DIGEST_PREFIX", "run_fingerprint", "fingerprint_diff", "prompt_digest",
+           "prompt_row_digests"]
+
+#: The scheme of :func:`prompt_digest` values. Entries recorded by an older scheme (``xxh3_64:``)
+#: hold digests that cannot be compared with this one: a reader should skip the check for them.
+DIGEST_PREFIX = "xxh3v2:"
 
 #: verl's config keys that determine what a rollout produces (SPEC §1).
 FINGERPRINT_KEYS = VERL_FINGERPRINT_KEYS
@@ -37,11 +42,18 @@ def run_fingerprint(config: Any, extra_keys: Iterable[str] = ()) -> dict[str, An
     return fingerprint_of(config, (*VERL_FINGERPRINT_KEYS, *extra_keys))
 
 
+def _buffer(array: np.ndarray) -> Any:
+    """A contiguous array as the buffer xxhash reads without a copy (numpy's stubs do not say it is one)."""
+    return array
+
+
 def _hash_tensor(h: xxhash.xxh3_64, name: str, tensor: torch.Tensor) -> None:
+    """Hash a tensor on its bytes (plus name, dtype and shape), jagged and nested ones part by part."""
     if tensor.is_nested:
         if tensor.layout == torch.jagged:
-            _hash_tensor(h, f"{name}.values", tensor.values())
-            _hash_tensor(h, f"{name}.offsets", tensor.offsets())
+            jagged: Any = tensor  # torch's stubs do not declare the jagged layout's accessors
+            _hash_tensor(h, f"{name}.values", jagged.values())
+            _hash_tensor(h, f"{name}.offsets", jagged.offsets())
         else:
             for i, part in enumerate(tensor.unbind()):
                 _hash_tensor(h, f"{name}[{i}]", part)
@@ -52,7 +64,118 @@ def _hash_tensor(h: xxhash.xxh3_64, name: str, tensor: torch.Tensor) -> None:
     t = t.contiguous()
     h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
     if t.numel():
-        h.update(t.view(torch.uint8).reshape(-1).numpy() if t.dtype != torch.bool else t.numpy())
+        h.update(_buffer(t.view(torch.uint8).reshape(-1).numpy() if t.dtype != torch.bool else t.numpy()))
+
+
+# ------------------------------------------------------------------ non-tensor values
+#
+# Each distinct object of a column is hashed once (rows share objects: verl's DataProto.repeat
+# np.repeats its object arrays), and the digest depends on content only: a column of shared
+# objects and one of equal copies hash alike. Dict key order does not count (equal dicts, equal
+# digests, as before); list order, types (tuple vs list, 1 vs 1.0 vs True, int vs str keys) do.
+
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+_TAG = "__t"
+
+
+def _is_plain(value: Any) -> bool:
+    """True when ``json.dumps`` says ``value`` exactly: str-keyed dicts, lists and JSON scalars only."""
+    kind = type(value)
+    if kind in _LEAVES:
+        return True
+    if kind is list:
+        return set(map(type, value)) <= _LEAVES or all(_is_plain(v) for v in value)
+    if kind is dict:
+        if not set(map(type, value)) <= {str}:
+            return False
+        values = value.values()
+        return set(map(type, values)) <= _LEAVES or all(_is_plain(v) for v in values)
+    return False
+
+
+def _make_json() -> Callable[[Any], str]:
+    """The C JSON encoder built once (``json.dumps`` builds one per call, ~1 µs); sort_keys makes
+    dict key order irrelevant, ASCII output makes the text unique. Pure Python where C is missing."""
+    encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=True)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return encoder.encode
+    # markers=None: no cycle check (a cyclic value hits the recursion limit: no digest); floats are
+    # written with float.__repr__, exact and identical across processes
+    iterencode = make(None, encoder.default, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, True)
+
+    def encode(value: Any) -> str:
+        return "".join(iterencode(value, 0))
+
+    return encode
+
+
+_json = _make_json()
+
+
+def _tensor_hex(tensor: torch.Tensor) -> str:
+    h = xxhash.xxh3_64()
+    _hash_tensor(h, "", tensor)
+    return h.hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    """A JSON-able form of ``value`` that tells apart what plain JSON conflates (tagged, order-free sets).
+
+    Raises:
+        TypeError: a value of a type with no deterministic content form (its repr may hold an address).
+    """
+    kind = type(value)
+    if kind in _LEAVES:
+        return value
+    if kind is list:
+        return [_canonical(v) for v in value]
+    if kind is dict and _TAG not in value and set(map(type, value)) <= {str}:
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, dict):
+        items = sorted((_json(_canonical(k)), _canonical(v)) for k, v in value.items())
+        return {_TAG: "dict", "v": [[k, v] for k, v in items]}
+    if kind is tuple:
+        return {_TAG: "tuple", "v": [_canonical(v) for v in value]}
+    if kind is set or kind is frozenset:
+        return {_TAG: kind.__name__, "v": sorted(_json(_canonical(v)) for v in value)}
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            return {_TAG: "ndarray", "shape": list(value.shape), "v": [_canonical(v) for v in value.reshape(-1)]}
+        return {_TAG: "ndarray", "dtype": value.dtype.str, "shape": list(value.shape),
+                "h": xxhash.xxh3_64_hexdigest(np.ascontiguousarray(value).tobytes())}
+    if isinstance(value, np.generic) and not value.dtype.hasobject:
+        return {_TAG: "np", "dtype": value.dtype.str, "h": value.tobytes().hex()}
+    if isinstance(value, torch.Tensor):
+        return {_TAG: "tensor", "h": _tensor_hex(value)}
+    if kind is bytes or kind is bytearray:
+        return {_TAG: "bytes", "h": xxhash.xxh3_64_hexdigest(bytes(value))}
+    if isinstance(value, (str, int, float)):  # enum members and other subclasses: their type and value
+        base = str if isinstance(value, str) else int if isinstance(value, int) else float
+        return {_TAG: f"{kind.__module__}.{kind.__qualname__}", "v": base(value)}
+    if isinstance(value, list):
+        return {_TAG: f"{kind.__module__}.{kind.__qualname__}", "v": [_canonical(v) for v in value]}
+    raise TypeError(f"no content digest for a value of type {kind.__module__}.{kind.__qualname__}")
+
+
+def _value_digest(value: Any) -> int:
+    """64-bit digest of one value's content; plain JSON data takes the C encoder's fast path."""
+    if _is_plain(value):
+        return xxhash.xxh3_64_intdigest(b"J" + _json(value).encode("ascii"))
+    return xxhash.xxh3_64_intdigest(b"T" + _json(_canonical(value)).encode("ascii"))
+
+
+def _hash_objects(h: xxhash.xxh3_64, items: list[Any]) -> None:
+    """Hash a sequence of values, each distinct object once (by identity), the digest by content."""
+    types = set(map(type, items))
+    if types <= _LEAVES:  # uids, data sources, indices: one C call for the whole column
+        h.update(b"J" + _json(items).encode("ascii"))
+        return
+    ids = np.fromiter(map(id, items), dtype=np.uint64, count=len(items))
+    distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    digests = np.fromiter((_value_digest(items[i]) for i in first.tolist()), dtype=np.uint64, count=len(distinct))
+    h.update(b"O")
+    h.update(digests[inverse.reshape(-1)].tobytes())
 
 
 def _hash_value(h: xxhash.xxh3_64, name: str, value: Any) -> None:
@@ -63,24 +186,45 @@ def _hash_value(h: xxhash.xxh3_64, name: str, value: Any) -> None:
         h.update(np.ascontiguousarray(value).tobytes())
     elif isinstance(value, np.ndarray):
         h.update(f"{name}|object|{value.shape}|".encode())
-        h.update(json.dumps(encode_object_array(value.reshape(-1), name, lambda t: repr(t)),
-                            sort_keys=True, default=repr).encode())
+        _hash_objects(h, value.reshape(-1).tolist())
+    elif type(value) is list:  # a NonTensorStack's rows
+        h.update(f"{name}|list|{len(value)}|".encode())
+        _hash_objects(h, value)
     else:
         h.update(f"{name}|".encode())
-        h.update(json.dumps(encode_value(value, name, lambda t: repr(t)), sort_keys=True, default=repr).encode())
+        h.update(_value_digest(value).to_bytes(8, "little"))
 
 
 def prompt_digest(prompts: Any, exclude: Iterable[str] = ()) -> str | None:
     """A fast digest of what a stage received, without per-run identifier columns.
 
-    Covers the tensors (token ids, masks) and non-tensor columns (raw prompts) of a
-    Batch/DataProto or TensorDict, minus the ``exclude`` columns (``rebind_keys``: uids, sample
-    ids). ``meta_info`` is left out (timings, flags). Returns None for values it cannot read.
+    Covers the tensors (token ids, masks: hashed on their bytes) and non-tensor columns (raw
+    prompts, reward-model dicts) of a Batch/DataProto or TensorDict, minus the ``exclude`` columns
+    (``rebind_keys``: uids, sample ids). ``meta_info`` is left out (timings, flags). Each distinct
+    non-tensor object is hashed once, so the n rows verl repeats from one prompt cost one. The
+    value depends on content only and is the same in every process: shared or copied objects,
+    dict key order and ``PYTHONHASHSEED`` (sets are hashed sorted) do not change it; any change of
+    a value, of list order or of a type (tuple vs list, 1 vs 1.0 vs True) does.
+
+    Args:
+        prompts: the stage's input.
+        exclude: columns left out.
+
+    Returns:
+        ``"xxh3v2:<hex>"`` (see :data:`DIGEST_PREFIX`), or None for values it cannot read
+        (objects of types with no content form, e.g. arbitrary classes).
+
+    Example:
+        >>> from stepskip import Batch
+        >>> a = Batch.from_dict(tensors={"ids": torch.ones(2, 3)}, non_tensors={"uid": ["x", "y"]})
+        >>> b = Batch.from_dict(tensors={"ids": torch.ones(2, 3)}, non_tensors={"uid": ["p", "q"]})
+        >>> prompt_digest(a, ["uid"]) == prompt_digest(b, ["uid"])
+        True
     """
     skip = set(exclude)
     h = xxhash.xxh3_64()
     try:
-        if hasattr(prompts, "non_tensor_batch") and hasattr(prompts, "batch"):
+        if is_dataproto_like(prompts):
             td = prompts.batch
             if td is not None:
                 _hash_tensordict(h, td, skip)
@@ -95,7 +239,7 @@ def prompt_digest(prompts: Any, exclude: Iterable[str] = ()) -> str | None:
             return None
     except (TypeError, ValueError, RuntimeError):
         return None
-    return "xxh3_64:" + h.hexdigest()
+    return DIGEST_PREFIX + h.hexdigest()
 
 
 def _hash_tensordict(h: xxhash.xxh3_64, td: TensorDictBase, skip: set[str], prefix: str = "") -> None:
@@ -110,3 +254,96 @@ def _hash_tensordict(h: xxhash.xxh3_64, td: TensorDictBase, skip: set[str], pref
             _hash_tensordict(h, item, skip, prefix=f"{name}.")
         else:
             _hash_tensor(h, name, item)
+
+
+# ------------------------------------------------------------------ per-row digests (action match)
+
+
+def _tensor_row_digests(name: str, tensor: torch.Tensor, rows: int) -> np.ndarray:
+    """64-bit digest of each row's bytes (the dtype and row shape go in the seed)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.is_nested:
+        parts = t.unbind()
+        if len(parts) != rows:
+            raise ValueError(f"column {name!r} has {len(parts)} rows, the batch {rows}")
+        return np.fromiter((_row_hash(name, p) for p in parts), dtype=np.uint64, count=rows)
+    if t.dim() == 0 or int(t.shape[0]) != rows:
+        raise ValueError(f"column {name!r} has {int(t.shape[0]) if t.dim() else 0} rows, the batch {rows}")
+    seed = xxhash.xxh3_64_intdigest(f"{name}|{t.dtype}|{tuple(t.shape[1:])}|".encode())
+    t = t.contiguous()
+    flat = (t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)).reshape(rows, -1).numpy()
+    digest = xxhash.xxh3_64_intdigest
+    return np.fromiter((digest(row, seed) for row in flat), dtype=np.uint64, count=rows)
+
+
+def _row_hash(name: str, part: torch.Tensor) -> int:
+    p = part.contiguous()
+    seed = xxhash.xxh3_64_intdigest(f"{name}|{p.dtype}|{tuple(p.shape)}|".encode())
+    if not p.numel():
+        return seed
+    return xxhash.xxh3_64_intdigest(_buffer((p.view(torch.uint8) if p.dtype != torch.bool else p.to(torch.uint8))
+                                            .reshape(-1).numpy()), seed)
+
+
+def _object_row_digests(name: str, items: list[Any], rows: int) -> np.ndarray:
+    """64-bit content digest of each row's value, each distinct object computed once."""
+    if len(items) != rows:
+        raise ValueError(f"non-tensor column {name!r} has {len(items)} rows, the batch {rows}")
+    ids = np.fromiter(map(id, items), dtype=np.uint64, count=rows)
+    distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    digests = np.fromiter((_value_digest(items[i]) for i in first.tolist()), dtype=np.uint64, count=len(distinct))
+    seed = np.uint64(xxhash.xxh3_64_intdigest(f"{name}|".encode()))
+    return digests[inverse.reshape(-1)] ^ seed
+
+
+def prompt_row_digests(prompts: Any, exclude: Iterable[str] = ()) -> list[str]:
+    """One digest per row of ``prompts``, over every column but ``exclude``: rows with equal
+    digests asked for the same thing (the content rules of :func:`prompt_digest`).
+
+    A fast form of :func:`stepskip.matching.row_digests` (its values differ: one scheme must be
+    used by the recording and the replaying run): tensor rows are hashed on their bytes without
+    copies, and each distinct non-tensor object once.
+
+    Raises:
+        ValueError: ``prompts`` is not a batch of rows, or a column's length is not the row count.
+
+    Example:
+        >>> from stepskip import Batch
+        >>> b = Batch.from_dict(tensors={"ids": torch.tensor([[1, 2], [1, 2], [3, 4]])}, non_tensors={"uid": "abc"})
+        >>> d = prompt_row_digests(b, exclude=["uid"])
+        >>> d[0] == d[1] != d[2]
+        True
+    """
+    skip = set(exclude)
+    dataproto = is_dataproto_like(prompts)
+    td = prompts.batch if dataproto else prompts
+    if td is not None and not isinstance(td, TensorDictBase):
+        raise ValueError(f"row digests need a DataProto-like batch or a TensorDict, got {type(prompts).__qualname__}")
+    if td is not None and len(td.batch_size):
+        rows = int(td.batch_size[0])
+    elif dataproto and prompts.non_tensor_batch:
+        rows = len(next(iter(prompts.non_tensor_batch.values())))
+    else:
+        raise ValueError(f"row digests need a batch with rows, got {type(prompts).__qualname__}")
+    columns: list[np.ndarray] = []
+    if td is not None:
+        for key in sorted(td.keys()):
+            if key in skip:
+                continue
+            item = td.get(key)
+            if is_non_tensor(item):
+                values = item.tolist() if hasattr(item, "tolist") else [item.data] * rows
+                columns.append(_object_row_digests(key, list(values), rows))
+            elif isinstance(item, torch.Tensor):
+                columns.append(_tensor_row_digests(key, item, rows))
+    if dataproto:
+        for key in sorted(prompts.non_tensor_batch):
+            if key not in skip:
+                column = np.asarray(prompts.non_tensor_batch[key], dtype=object).reshape(-1)
+                columns.append(_object_row_digests(key, column.tolist(), rows))
+    if not columns:
+        return [DIGEST_PREFIX + xxhash.xxh3_64_hexdigest(b"")] * rows
+    table = np.ascontiguousarray(np.stack(columns, axis=1))
+    return [DIGEST_PREFIX + xxhash.xxh3_64_hexdigest(_buffer(row)) for row in table.view(np.uint8).reshape(rows, -1)]

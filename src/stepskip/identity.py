@@ -95,11 +95,16 @@ class RunIdentity:
         response_len: maximum response length, in the run directory name.
         fingerprint: values that decide what a rollout produces (model, sampling, data); an entry
             recorded under other values is reported by the roles' ``on_mismatch`` policy.
+        world_size: processes that each cache their own share of a call (SPMD trainers such as
+            TRL's); more than one adds ``_W{world_size}`` to the run directory name, so that a cache
+            recorded by 2 ranks is a miss, not another run's data, for a run of 1 (verl's runs: 1).
 
     Example:
         >>> identity = RunIdentity("exp", "proj", gbs=8, n=4, fingerprint={"model": "tiny", "temperature": 1.0})
         >>> identity.run_name
         'GBS8_N4_in0_out0'
+        >>> RunIdentity("exp", "proj", gbs=8, n=4, world_size=2).run_name
+        'GBS8_N4_in0_out0_W2'
     """
 
     experiment_name: str = "default_experiment_name"
@@ -109,15 +114,18 @@ class RunIdentity:
     prompt_len: int = 0
     response_len: int = 0
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
+    world_size: int = 1
 
     def __post_init__(self) -> None:
         for key in ("experiment_name", "project_name"):
             if not isinstance(getattr(self, key), str):
                 raise SkipConfigError(f"identity.{key} = {getattr(self, key)!r} is not valid; expected a str")
-        for key in ("gbs", "n", "prompt_len", "response_len"):
+        for key in ("gbs", "n", "prompt_len", "response_len", "world_size"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SkipConfigError(f"identity.{key} = {value!r} is not valid; expected an int")
+        if self.world_size < 1:
+            raise SkipConfigError(f"identity.world_size = {self.world_size!r} is not valid; expected an int >= 1")
         if not isinstance(self.fingerprint, Mapping) or not all(isinstance(k, str) for k in self.fingerprint):
             raise SkipConfigError(f"identity.fingerprint = {self.fingerprint!r} is not valid; expected a mapping "
                                   "of names to JSON-like values")
@@ -125,8 +133,10 @@ class RunIdentity:
 
     @property
     def run_name(self) -> str:
-        """The run directory's name, ``GBS{gbs}_N{n}_in{prompt_len}_out{response_len}``."""
-        return f"GBS{self.gbs}_N{self.n}_in{self.prompt_len}_out{self.response_len}"
+        """The run directory's name, ``GBS{gbs}_N{n}_in{prompt_len}_out{response_len}`` (then
+        ``_W{world_size}`` when more than one process shares the run)."""
+        name = f"GBS{self.gbs}_N{self.n}_in{self.prompt_len}_out{self.response_len}"
+        return name if self.world_size == 1 else f"{name}_W{self.world_size}"
 
     @classmethod
     def from_config(cls, config: Any) -> RunIdentity:

@@ -17,7 +17,8 @@ from stepskip.identity import RunIdentity
 __all__ = ["Layout", "safe_component"]
 
 _UNSAFE = re.compile(r"[/\\\x00]")
-RUN_DIR = re.compile(r"^GBS(-?\d+)_N(-?\d+)_in(-?\d+)_out(-?\d+)$")
+#: A run directory's name; ``_W{world_size}`` follows for runs of several processes (absent for one).
+RUN_DIR = re.compile(r"^GBS(-?\d+)_N(-?\d+)_in(-?\d+)_out(-?\d+)(?:_W(\d+))?$")
 
 
 def safe_component(name: str) -> str:
@@ -49,6 +50,7 @@ class Layout:
     prompt_len: int = 0
     response_len: int = 0
     subdir: str | None = None
+    world_size: int = 1
 
     @classmethod
     def for_identity(cls, dump_dir: str, identity: RunIdentity, subdir: str | None = None) -> Layout:
@@ -67,6 +69,7 @@ class Layout:
             prompt_len=identity.prompt_len,
             response_len=identity.response_len,
             subdir=subdir,
+            world_size=identity.world_size,
         )
 
     @classmethod
@@ -76,7 +79,8 @@ class Layout:
 
     @property
     def run_name(self) -> str:
-        return f"GBS{self.gbs}_N{self.n}_in{self.prompt_len}_out{self.response_len}"
+        name = f"GBS{self.gbs}_N{self.n}_in{self.prompt_len}_out{self.response_len}"
+        return name if self.world_size == 1 else f"{name}_W{self.world_size}"
 
     @property
     def project_dir(self) -> str:

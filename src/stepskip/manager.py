@@ -8,6 +8,7 @@ import functools
 import inspect
 import logging
 import operator
+import sys
 import time
 import uuid
 from collections.abc import Callable, Generator, Iterable
@@ -468,6 +469,9 @@ class SkipManager:
                     stats["dump_failures"], stats["corrupt"], stats["saved_seconds"],
                 )
             skip.close()
+        safe = sys.modules.get("stepskip.formats.safe")  # never imported just to be told to free nothing
+        if safe is not None:
+            safe.release_snapshot_buffers()
 
     @classmethod
     def reset(cls) -> None:

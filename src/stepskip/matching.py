@@ -2,48 +2,22 @@
 
 A *prompt group* is the set of rows of a batch whose prompt content is the same (the
 ``rebind_keys`` columns excluded): a GRPO group of ``n`` samples is one group. Every entry a
-``match`` role writes records one digest per row (``meta["row_prompts"]``); the index maps a
-digest to the entry and rows that hold its responses.
+row-wise role writes records one digest per row (``meta["row_prompts"]``, from
+:func:`stepskip.fidelity.prompt_row_digests`); the index maps a digest to the entry and rows that
+hold its responses.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import xxhash
 
 from stepskip.calls import is_dataproto_like
 
-__all__ = ["row_digests", "group_rows", "PromptIndex", "MatchSplit", "select_batch_rows", "concat_batches",
-           "batch_rows"]
-
-
-def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, default=repr, ensure_ascii=False).encode("utf-8", "surrogatepass")
-
-
-def _tensor_rows(name: str, tensor: Any, rows: int) -> list[bytes]:
-    if getattr(tensor, "is_nested", False):
-        return [name.encode() + b"|" + _row_bytes(part) for part in tensor.unbind()]
-    if int(tensor.shape[0]) != rows:
-        raise ValueError(f"column {name!r} has {int(tensor.shape[0])} rows, the batch {rows}")
-    return [name.encode() + b"|" + _row_bytes(tensor[i]) for i in range(rows)]
-
-
-def _row_bytes(row: Any) -> bytes:
-    t = row.detach().cpu().contiguous()
-    head = f"{t.dtype}|{tuple(t.shape)}|".encode()
-    if not t.numel():
-        return head
-    import torch
-
-    flat = t.reshape(-1)  # a 0-d row (a batch of scalars) cannot be viewed as bytes; its shape is in the head
-    raw = flat.view(torch.uint8) if t.dtype != torch.bool else flat.to(torch.uint8)
-    return head + raw.numpy().tobytes()
+__all__ = ["group_rows", "PromptIndex", "MatchSplit", "select_batch_rows", "concat_batches", "batch_rows"]
 
 
 def batch_rows(value: Any) -> int:
@@ -57,55 +31,6 @@ def batch_rows(value: Any) -> int:
     if batch_size is not None and len(batch_size):
         return int(batch_size[0])
     return -1
-
-
-def row_digests(prompts: Any, exclude: Iterable[str] = ()) -> list[str]:
-    """One digest per row of ``prompts`` (a DataProto-like batch or a TensorDict), over every column
-    but ``exclude``: rows with equal digests asked for the same thing.
-
-    Raises:
-        ValueError: ``prompts`` is not a batch of rows.
-
-    Example:
-        >>> import torch
-        >>> from stepskip import Batch
-        >>> b = Batch.from_dict(tensors={"ids": torch.tensor([[1, 2], [1, 2], [3, 4]])}, non_tensors={"uid": "abc"})
-        >>> d = row_digests(b, exclude=["uid"])
-        >>> d[0] == d[1] != d[2]
-        True
-    """
-    skip = set(exclude)
-    rows = batch_rows(prompts)
-    if rows < 0:
-        raise ValueError(f"action match needs prompts with rows (a DataProto-like batch or a TensorDict), "
-                         f"got {type(prompts).__qualname__}")
-    hashers = [xxhash.xxh3_64() for _ in range(rows)]
-    tensors = prompts.batch if is_dataproto_like(prompts) else prompts
-    if tensors is not None:
-        for key in sorted(tensors.keys()):
-            if key in skip:
-                continue
-            item = tensors.get(key)
-            if hasattr(item, "tolist") and not hasattr(item, "dtype"):  # a non-tensor column of a TensorDict
-                values = item.tolist()
-                parts = [key.encode() + b"|" + _canonical(v) for v in values]
-            elif not hasattr(item, "shape"):
-                continue
-            else:
-                parts = _tensor_rows(key, item, rows)
-            for h, part in zip(hashers, parts):
-                h.update(part)
-    if is_dataproto_like(prompts):
-        for key in sorted(prompts.non_tensor_batch):
-            if key in skip:
-                continue
-            column = prompts.non_tensor_batch[key]
-            if len(column) != rows:
-                raise ValueError(f"non-tensor column {key!r} has {len(column)} rows, the batch {rows}")
-            for h, item in zip(hashers, column):
-                h.update(key.encode() + b"|")
-                h.update(_canonical(item.tolist() if isinstance(item, np.ndarray | np.generic) else item))
-    return ["xxh3_64:" + h.hexdigest() for h in hashers]
 
 
 def group_rows(digests: Sequence[str]) -> dict[str, list[int]]:

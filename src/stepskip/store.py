@@ -633,7 +633,8 @@ def _remove_at(dir_fd: int, name: str) -> None:
     if st is None:
         return
     if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(name, dir_fd=dir_fd, ignore_errors=True)  # fd-based: never follows links
+        # fd-based (shutil.rmtree(dir_fd=) exists on Linux since 3.3; typeshed omits it): never follows links
+        shutil.rmtree(name, dir_fd=dir_fd, ignore_errors=True)  # type: ignore[call-arg]
     else:
         try:
             os.unlink(name, dir_fd=dir_fd)

@@ -19,7 +19,7 @@ import stepskip
 
 PACKAGE_DIR = Path(stepskip.__file__).resolve().parent
 #: Optional dependencies (extras) a module may need; without them its examples are skipped, saying which.
-OPTIONAL = {"transformers", "hydra", "ray", "transfer_queue", "s3fs"}
+OPTIONAL = {"transformers", "hydra", "ray", "transfer_queue", "s3fs", "trl"}
 
 
 def _modules_with_examples() -> list[str]:

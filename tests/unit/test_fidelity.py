@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import copy
+import os
+import subprocess
+import sys
+
 import numpy as np
+import pytest
 import torch
 from omegaconf import OmegaConf
 from tensordict import NonTensorStack, TensorDict
 
 from stepskip import Batch
-from stepskip.fidelity import fingerprint_diff, prompt_digest, run_fingerprint
+from stepskip.fidelity import DIGEST_PREFIX, fingerprint_diff, prompt_digest, prompt_row_digests, run_fingerprint
 
 
 def test_fingerprint_takes_the_listed_keys_that_are_set_and_user_keys():
@@ -63,3 +69,116 @@ def test_prompt_digest_is_a_bulk_hash():
     digest = prompt_digest(big, ["uid"])
     big.batch["input_ids"][1023, 4095] += 1
     assert prompt_digest(big, ["uid"]) != digest  # the last token of 4M counts
+
+
+def verl_like(n=4, shared=True, **override):
+    """Prompts as verl hands them to generate_sequences: n rows per prompt, objects np.repeat-ed (shared)."""
+    groups = 3
+    columns = {
+        "raw_prompt": [[{"role": "user", "content": f"q{g}"}] for g in range(groups)],
+        "reward_model": [{"ground_truth": str(g), "style": "rule"} for g in range(groups)],
+        "index": list(range(groups)),
+        "uid": [f"u{g}" for g in range(groups)],
+    }
+    columns.update(override)
+    non_tensor = {}
+    for key, values in columns.items():
+        column = np.empty(groups, dtype=object)
+        column[:] = values
+        if shared:
+            non_tensor[key] = np.repeat(column, n)
+        else:
+            rows = np.empty(groups * n, dtype=object)
+            rows[:] = [copy.deepcopy(v) for v in values for _ in range(n)]
+            non_tensor[key] = rows
+    tensors = {"input_ids": torch.arange(groups * n * 5).reshape(groups * n, 5)}
+    return Batch(batch=TensorDict(tensors, batch_size=[groups * n]), non_tensor_batch=non_tensor)
+
+
+def test_prompt_digest_depends_on_content_not_on_object_sharing():
+    shared, copied = verl_like(shared=True), verl_like(shared=False)
+    assert shared.non_tensor_batch["raw_prompt"][0] is shared.non_tensor_batch["raw_prompt"][1]
+    assert copied.non_tensor_batch["raw_prompt"][0] is not copied.non_tensor_batch["raw_prompt"][1]
+    assert prompt_digest(shared, ["uid"]) == prompt_digest(copied, ["uid"])
+    assert prompt_digest(shared, ["uid"]).startswith(DIGEST_PREFIX)
+
+
+def test_prompt_digest_changes_with_any_non_rebind_column():
+    base = prompt_digest(verl_like(), ["uid"])
+    changes = {
+        "raw_prompt": [[{"role": "user", "content": "q0"}], [{"role": "user", "content": "q1"}],
+                       [{"role": "user", "content": "q9"}]],
+        "reward_model": [{"ground_truth": "0", "style": "rule"}, {"ground_truth": "1", "style": "rule"},
+                         {"ground_truth": "2", "style": "model"}],
+        "index": [0, 1, 2.0],  # a type change alone
+    }
+    for key, values in changes.items():
+        assert prompt_digest(verl_like(**{key: values}), ["uid"]) != base, key
+    one_row = verl_like(shared=False)
+    one_row.non_tensor_batch["raw_prompt"][5] = [{"role": "user", "content": "other"}]
+    assert prompt_digest(one_row, ["uid"]) != base  # a single row of a repeated group
+    swapped = verl_like(shared=False)
+    rows = swapped.non_tensor_batch["reward_model"]
+    rows[0], rows[11] = rows[11], rows[0]
+    assert prompt_digest(swapped, ["uid"]) != base  # row order counts
+    assert prompt_digest(verl_like(uid=["a", "b", "c"]), ["uid"]) == base  # rebind columns do not
+
+
+def test_prompt_digest_type_distinctions_and_dict_key_order():
+    def digest(value):
+        column = np.empty(2, dtype=object)
+        column[0], column[1] = value, "x"
+        return prompt_digest(Batch(non_tensor_batch={"v": column}))
+
+    assert digest({"a": 1, "b": [2, 3]}) == digest({"b": [2, 3], "a": 1})  # dict key order does not count
+    distinct = [[1, 2], (1, 2), [1.0, 2], [True, 2], {1: "a"}, {"1": "a"}, {"__t": "tuple", "v": [1, 2]},
+                {1, 2}, np.int64(1), np.arange(2), np.arange(2.0), b"ab", "ab", None]
+    digests = [digest(v) for v in distinct]
+    assert None not in digests
+    assert len(set(digests)) == len(distinct)
+    assert digest(np.arange(1000)) != digest(np.arange(1000) + (np.arange(1000) == 999))  # no repr truncation
+    assert digest(object()) is None  # no content form: no digest rather than an address
+
+
+def test_prompt_digest_is_the_same_in_another_process_whatever_the_hash_seed():
+    script = (
+        "import numpy as np, torch\n"
+        "from stepskip import Batch\n"
+        "from stepskip.fidelity import prompt_digest\n"
+        "col = np.empty(3, dtype=object)\n"
+        "col[:] = [{'s': {'a', 'b', 'c'}, 't': ('x', 1)}, [{'role': 'user', 'content': 'hi'}], 'z']\n"
+        "b = Batch.from_dict(tensors={'ids': torch.arange(6).reshape(3, 2)}, non_tensors={'v': col})\n"
+        "print(prompt_digest(b))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    seen = {subprocess.run([sys.executable, "-c", script], env=dict(env, PYTHONHASHSEED=seed), capture_output=True,
+                           text=True, check=True).stdout.strip() for seed in ("1", "2", "3")}
+    assert len(seen) == 1 and next(iter(seen)).startswith(DIGEST_PREFIX)
+
+
+def test_prompt_row_digests_group_equal_rows_by_content():
+    shared, copied = verl_like(shared=True), verl_like(shared=False)
+    rows = prompt_row_digests(shared, ["uid"])
+    assert rows == prompt_row_digests(copied, ["uid"])  # sharing does not count
+    assert len(rows) == 12 and all(r.startswith(DIGEST_PREFIX) for r in rows)
+    assert len(set(rows)) == 12  # input_ids differ on every row
+    same_ids = verl_like(shared=False)
+    same_ids.batch["input_ids"] = torch.arange(3).repeat_interleave(4)[:, None].expand(12, 5).contiguous()
+    groups = prompt_row_digests(same_ids, ["uid"])
+    assert [len({groups[i] for i in range(g * 4, g * 4 + 4)}) for g in range(3)] == [1, 1, 1]  # a group: one digest
+    assert len(set(groups)) == 3
+    same_ids.non_tensor_batch["raw_prompt"][5] = [{"role": "user", "content": "other"}]
+    changed = prompt_row_digests(same_ids, ["uid"])
+    assert [i for i in range(12) if changed[i] != groups[i]] == [5]
+    assert prompt_row_digests(verl_like(uid=["a", "b", "c"]), ["uid"]) == rows  # rebind columns do not count
+
+
+def test_prompt_row_digests_of_a_tensordict_with_jagged_and_non_tensor_columns():
+    td = TensorDict({"ids": torch.nested.nested_tensor([torch.arange(2), torch.arange(2), torch.arange(3)],
+                                                       layout=torch.jagged)}, batch_size=[3])
+    td.set("msg", NonTensorStack.from_list(["a", "a", "a"]))
+    d = prompt_row_digests(td)
+    assert d[0] == d[1] != d[2]
+    with pytest.raises(ValueError, match="rows"):
+        prompt_row_digests(Batch(batch=TensorDict({"x": torch.zeros(2)}, batch_size=[2]),
+                                 non_tensor_batch={"v": np.array(["a"], dtype=object)}))

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase, is_non_tensor
 
+from stepskip.calls import is_dataproto_like
 from stepskip.cli.errors import CliError
 
 __all__ = [
@@ -55,7 +56,7 @@ class FieldInfo:
 
 def _parts(value: Any) -> tuple[TensorDictBase | Mapping[str, Any] | None, Mapping[str, Any]]:
     """The tensor part and the per-row non-tensor columns of a value."""
-    if _is_batch(value):
+    if is_dataproto_like(value):
         return value.batch, value.non_tensor_batch
     if isinstance(value, Mapping) and "tensordict" in value and "keys" in value:
         return value["tensordict"], {}
@@ -65,9 +66,6 @@ def _parts(value: Any) -> tuple[TensorDictBase | Mapping[str, Any] | None, Mappi
         return {"value": value}, {}
     return None, {}
 
-
-def _is_batch(value: Any) -> bool:
-    return all(hasattr(value, a) for a in ("batch", "non_tensor_batch", "meta_info"))
 
 
 def _tensor_info(name: str, t: Any) -> FieldInfo:  # Any: torch's stubs lack the nested-tensor methods
@@ -128,7 +126,7 @@ def _collect(node: Any, prefix: str, out: list[FieldInfo]) -> None:
 
 def row_count(value: Any) -> int | None:
     """Rows (trajectories) of a value, when it has rows."""
-    if _is_batch(value):
+    if is_dataproto_like(value):
         try:
             return len(value)
         except TypeError:
@@ -405,7 +403,7 @@ def _feed(h: Any, value: Any) -> None:
             tag("key", key)
             _feed(h, value.get(key))
         return
-    if _is_batch(value):
+    if is_dataproto_like(value):
         tag("batch")
         _feed(h, value.batch)
         _feed(h, dict(value.non_tensor_batch))

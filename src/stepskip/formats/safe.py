@@ -12,9 +12,10 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,20 +25,21 @@ from safetensors.torch import save as st_save
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_non_tensor
 
 from stepskip.batch import Batch
+from stepskip.calls import is_dataproto_like
 from stepskip.errors import CorruptEntryError, UnstorableValueError
 from stepskip.formats.bounds import DecodeBudget, check_jagged, shape_of
 from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, pack, unpack
+from stepskip.formats.snapshot import IMMUTABLE, snapshot_object_array, snapshot_value
 from stepskip.formats.values import (
     decode_object_array,
     decode_value,
-    encode_object_array,
     encode_value,
     is_plain,
     unstorable_recursion,
     unstorable_tensor,
 )
 
-__all__ = ["SafeFormat"]
+__all__ = ["SafeFormat", "release_snapshot_buffers"]
 
 TENSORS_FILE = "data.safetensors"
 TREE_FILE = "data.json"
@@ -51,10 +53,88 @@ _STORABLE_DTYPES = {
 
 @dataclass
 class Frozen:
-    """A snapshot of a value, independent of the caller's objects, ready to be written."""
+    """A snapshot of a value, independent of the caller's objects, ready to be written.
+
+    Non-tensor values are held as private snapshots (:mod:`stepskip.formats.snapshot`) in
+    ``_Deferred`` leaves of ``tree``; :meth:`SafeFormat.encode` encodes them, on the background
+    worker for async dumps, so a miss blocks the caller only for the snapshot.
+    """
 
     tensors: dict[str, torch.Tensor]
     tree: dict[str, Any]
+    deferred: bool = False
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+    #: pooled buffers the snapshot's tensors live in; back to the pool once encoded
+    buffers: list[torch.Tensor] = field(default_factory=list, repr=False, compare=False)
+    #: the encoded files, kept once the buffers went back (a second encode returns them)
+    files: dict[str, bytes] | None = field(default=None, repr=False, compare=False)
+
+
+#: Tensors at least this large are snapshot into pooled buffers.
+POOL_MIN_BYTES = 1 << 20
+#: At most this many bytes of free buffers are kept between snapshots.
+POOL_MAX_BYTES = 4 << 30
+
+
+class _BufferPool:
+    """Snapshot buffers kept for the next snapshot of the same sizes.
+
+    A fresh allocation of a few hundred MB costs a page fault (and a kernel zero-fill) per 4 KiB
+    page: on the machines measured, cloning a 436 MB batch into fresh memory took ~10x as long as
+    copying it into memory used before. Rollout batches have the same tensor sizes step after
+    step, so the buffers of the last encoded snapshot serve the next miss: the memory cost is one
+    batch's tensors kept between misses (:func:`release_snapshot_buffers` frees them).
+    """
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[torch.Tensor]] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        with self._lock:
+            free = self._free.get(nbytes)
+            if free:
+                self._bytes -= nbytes
+                return free.pop()
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def give(self, buffers: list[torch.Tensor]) -> None:
+        with self._lock:
+            for buffer in buffers:
+                nbytes = buffer.numel()
+                if self._bytes + nbytes > POOL_MAX_BYTES:
+                    break
+                self._free.setdefault(nbytes, []).append(buffer)
+                self._bytes += nbytes
+
+    def clear(self) -> int:
+        with self._lock:
+            freed, self._free, self._bytes = self._bytes, {}, 0
+        return freed
+
+
+_BUFFERS = _BufferPool()
+
+
+def release_snapshot_buffers() -> int:
+    """Free the snapshot buffers kept for the next miss; returns the bytes released.
+
+    Example:
+        >>> release_snapshot_buffers() >= 0
+        True
+    """
+    return _BUFFERS.clear()
+
+
+class _Deferred:
+    """A snapshot in the tree, encoded by :func:`_complete`: a value (``items=False``) or the items
+    of an object array."""
+
+    __slots__ = ("snapshot", "path", "items")
+
+    def __init__(self, snapshot: Any, path: str, items: bool = False) -> None:
+        self.snapshot, self.path, self.items = snapshot, path, items
 
 
 class _Encoder:
@@ -62,8 +142,12 @@ class _Encoder:
         self.copy = copy
         self.tensors: dict[str, torch.Tensor] = {}
         self._storages: set[int] = set()
+        self._clones: list[str] = []  # refs whose tensor is still the caller's: cloned together by finish()
+        self.buffers: list[torch.Tensor] = []  # pooled buffers the clones live in
 
-    def add(self, tensor: torch.Tensor, path: str) -> str:
+    @staticmethod
+    def check(tensor: torch.Tensor, path: str) -> None:
+        """Raise :class:`UnstorableValueError` for a tensor this format cannot store as one part."""
         if tensor.is_nested:
             raise UnstorableValueError(f"{path}: nested tensors are stored through their components")
         refused = unstorable_tensor(tensor, path, "safe")
@@ -74,27 +158,57 @@ class _Encoder:
                 f"{path}: tensors of dtype {tensor.dtype} cannot be stored by format 'safe'; "
                 f"supported: {', '.join(sorted(str(d) for d in _STORABLE_DTYPES))}"
             )
+
+    def add(self, tensor: torch.Tensor, path: str) -> str:
+        self.check(tensor, path)
         t = tensor.detach()
+        ref = f"t{len(self.tensors)}"
         if t.device.type != "cpu":
-            t = t.cpu()
+            t = t.cpu()  # a copy already
         elif self.copy or not t.is_contiguous() or t.untyped_storage().data_ptr() in self._storages:
             # safetensors refuses tensors that share memory, and a snapshot must not see later writes.
-            t = t.clone(memory_format=torch.contiguous_format)
-        if t.numel():
+            self._clones.append(ref)
+        elif t.numel():
             self._storages.add(t.untyped_storage().data_ptr())
-        ref = f"t{len(self.tensors)}"
         self.tensors[ref] = t
         return ref
 
+    def finish(self) -> None:
+        """Clone the tensors :meth:`add` marked, side by side: a clone is a memcpy that releases the GIL,
+        and on a miss it is most of what the caller waits for."""
+        refs, self._clones = self._clones, []
+        sources = [self.tensors[r] for r in refs]
+        targets: list[torch.Tensor | None] = []
+        for src in sources:
+            nbytes = src.numel() * src.element_size()
+            if nbytes < POOL_MIN_BYTES:
+                targets.append(None)
+                continue
+            buffer = _BUFFERS.take(nbytes)
+            self.buffers.append(buffer)
+            targets.append(buffer.view(src.dtype).view(src.shape))
+
+        def copy(i: int) -> torch.Tensor:
+            target = targets[i]
+            if target is None:
+                return sources[i].clone(memory_format=torch.contiguous_format)
+            return target.copy_(sources[i])
+
+        self.tensors.update(zip(refs, _parallel_map(copy, list(range(len(refs))), pool="snapshot")))
+
     def value(self, value: Any, path: str) -> Any:
-        return encode_value(value, path, lambda t: self.add(t, path))
+        """A snapshot of a non-tensor value, encoded later by :func:`_complete` (off the caller's thread)."""
+        kind = type(value)
+        if kind in IMMUTABLE and kind is not bytes:
+            return value  # encodes as itself
+        return _Deferred(snapshot_value(value, path, self.check, self.copy), path)
 
     def node(self, value: Any, path: str) -> dict[str, Any]:
         if isinstance(value, torch.Tensor):
             return self.tensor_node(value, path)
         if isinstance(value, TensorDictBase):
             return self.tensordict_node(value, path)
-        if _is_dataproto_like(value):
+        if is_dataproto_like(value):
             return self.batch_node(value, path)
         if isinstance(value, np.ndarray):
             return self.array_node(value, path)
@@ -106,13 +220,14 @@ class _Encoder:
         if not tensor.is_nested:
             return {"kind": "tensor", "ref": self.add(tensor, path)}
         if tensor.layout == torch.jagged:
-            lengths = tensor.lengths()
+            jagged: Any = tensor  # torch's stubs do not declare the jagged layout's accessors
+            lengths = jagged.lengths()
             return {
                 "kind": "jagged",
-                "values": self.add(tensor.values(), f"{path}.values"),
-                "offsets": self.add(tensor.offsets(), f"{path}.offsets"),
+                "values": self.add(jagged.values(), f"{path}.values"),
+                "offsets": self.add(jagged.offsets(), f"{path}.offsets"),
                 "lengths": None if lengths is None else self.add(lengths, f"{path}.lengths"),
-                "ragged_idx": tensor._ragged_idx,
+                "ragged_idx": jagged._ragged_idx,
             }
         parts = tensor.unbind()
         return {"kind": "nested", "parts": [self.add(p, f"{path}[{i}]") for i, p in enumerate(parts)]}
@@ -138,8 +253,8 @@ class _Encoder:
 
     def array_node(self, array: np.ndarray, path: str) -> dict[str, Any]:
         if array.dtype.hasobject:
-            items = encode_object_array(array.reshape(-1), path, lambda t: self.add(t, path))
-            return {"kind": "object_array", "shape": list(array.shape), "v": items, "plain": is_plain(items)}
+            snapshot = snapshot_object_array(array, path, self.check, self.copy)
+            return {"kind": "object_array", "shape": list(array.shape), "v": _Deferred(snapshot, path, items=True)}
         if array.dtype.kind in "biuf" and array.dtype.isnative:
             try:
                 tensor = torch.from_numpy(np.ascontiguousarray(array))
@@ -177,32 +292,37 @@ def _column(value: Any, path: str) -> np.ndarray:
         ) from err
 
 
-_POOL: ThreadPoolExecutor | None = None
+_POOLS: dict[str, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
 
 
-def _parallel_map(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+def _parallel_map(fn: Callable[[Any], Any], items: list[Any], pool: str = "codec") -> list[Any]:
     """``map`` on a small thread pool (torch, numpy and zstd release the GIL); each item runs exactly once.
 
-    When the interpreter is shutting down (dumps still pending at exit are finished then), the pool
-    refuses new work: the items it did not take run here. An exception raised by ``fn`` propagates.
+    ``pool`` names the pool: a miss's snapshot clones (``"snapshot"``, the caller's thread) never
+    queue behind the background encoding of an earlier dump (``"codec"``). When the interpreter is
+    shutting down (dumps still pending at exit are finished then), the pool refuses new work: the
+    items it did not take run here. An exception raised by ``fn`` propagates.
     """
-    global _POOL
     if len(items) < 2:
         return [fn(item) for item in items]
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="stepskip-codec")
+    executor = _POOLS.get(pool)
+    if executor is None:
+        with _POOLS_LOCK:
+            executor = _POOLS.get(pool)
+            if executor is None:
+                executor = _POOLS[pool] = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)),
+                                                             thread_name_prefix=f"stepskip-{pool}")
     futures = []
     try:
         for item in items:
-            futures.append(_POOL.submit(fn, item))
+            futures.append(executor.submit(fn, item))
     except RuntimeError:  # "cannot schedule new futures after interpreter shutdown": never raised by fn
         pass
     inline = [fn(item) for item in items[len(futures):]]
     return [future.result() for future in futures] + inline
 
 
-def _is_dataproto_like(value: Any) -> bool:
-    return hasattr(value, "non_tensor_batch") and hasattr(value, "meta_info") and hasattr(value, "batch")
 
 
 class _Decoder:
@@ -382,6 +502,10 @@ class SafeFormat:
     def freeze(self, value: Any, copy: bool) -> Frozen:
         """Take a snapshot of ``value``; with ``copy`` it shares no memory with the caller's objects.
 
+        Only the snapshot is taken here: tensors cloned, non-tensor values copied where mutable
+        (each shared object once) and type-checked. Their JSON encoding waits for :meth:`encode`.
+        Without ``copy`` the caller promises not to change ``value`` until :meth:`encode` ran.
+
         Raises:
             UnstorableValueError: a part of ``value`` cannot be stored; the message names it.
         """
@@ -390,11 +514,24 @@ class SafeFormat:
             root = encoder.node(value, "result")
         except RecursionError as err:
             raise unstorable_recursion(value, "result", self.name) from err
-        return Frozen(tensors=encoder.tensors, tree={"format": self.name, "version": VERSION, "root": root})
+        encoder.finish()
+        return Frozen(tensors=encoder.tensors, tree={"format": self.name, "version": VERSION, "root": root},
+                      deferred=True, buffers=encoder.buffers)
 
     def encode(self, frozen: Frozen) -> dict[str, bytes]:
         """Serialise a snapshot into the entry's files, in the compact encodings unless ``compress`` is none."""
-        tree, tensors = frozen.tree, frozen.tensors
+        with frozen.lock:
+            if frozen.files is not None:
+                return dict(frozen.files)
+            _complete(frozen)
+            files = self._encode(frozen.tree, frozen.tensors)
+            if frozen.buffers:  # the bytes are out: the snapshot's memory can serve the next one
+                frozen.files, frozen.tensors = files, {}
+                buffers, frozen.buffers = frozen.buffers, []
+                _BUFFERS.give(buffers)
+            return dict(files)
+
+    def _encode(self, tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, bytes]:
         if self.compress != "none":
             tree, tensors = _compact(tree, tensors)
             refs = list(tensors)
@@ -443,6 +580,72 @@ class SafeFormat:
             raise
         except Exception as err:  # the decode boundary: any failure to parse these bytes is a damaged entry
             raise CorruptEntryError(f"cannot decode a 'safe' entry: {type(err).__name__}: {err}") from err
+
+
+def _complete(frozen: Frozen) -> None:
+    """Encode the snapshots a :class:`Frozen` holds (once; later calls find nothing left)."""
+    with frozen.lock:
+        if not frozen.deferred:
+            return
+        encoder = _Encoder(copy=False)  # the snapshots are private already: their tensors need no clone
+        encoder.tensors = frozen.tensors
+        encoder._storages = {t.untyped_storage().data_ptr() for t in frozen.tensors.values() if t.numel()}
+
+        def walk(node: Any) -> None:
+            if isinstance(node, dict):
+                for key, child in node.items():
+                    if isinstance(child, _Deferred):
+                        node[key] = _encode_deferred(encoder, child)
+                    else:
+                        walk(child)
+                if node.get("kind") == "object_array" and "plain" not in node:
+                    node["plain"] = _all_plain(node["v"])
+            elif isinstance(node, list):
+                for i, child in enumerate(node):
+                    if isinstance(child, _Deferred):
+                        node[i] = _encode_deferred(encoder, child)
+                    else:
+                        walk(child)
+
+        walk(frozen.tree)
+        encoder.finish()
+        frozen.buffers.extend(encoder.buffers)
+        frozen.deferred = False
+
+
+def _encode_deferred(encoder: _Encoder, deferred: _Deferred) -> Any:
+    path = deferred.path
+    if not deferred.items:
+        return encode_value(deferred.snapshot, path, lambda t: encoder.add(t, path))
+    items = deferred.snapshot.reshape(-1).tolist()
+    if set(map(type, items)) <= _JSON_LEAVES:
+        return items  # every item encodes as itself
+    out: list[Any] = []
+    memo: dict[int, Any] = {}
+    for i, item in enumerate(items):
+        key = id(item)
+        encoded = memo.get(key, memo)
+        if encoded is memo:
+            before = len(encoder.tensors)
+            encoded = encode_value(item, f"{path}[{i}]", lambda t: encoder.add(t, path))
+            if len(encoder.tensors) == before:  # items holding tensors are encoded per row: each ref is read once
+                memo[key] = encoded
+        out.append(encoded)
+    return out
+
+
+_JSON_LEAVES = frozenset({str, int, float, bool, type(None)})
+
+
+def _all_plain(items: list[Any]) -> bool:
+    seen: dict[int, bool] = {}
+    for item in items:
+        plain = seen.get(id(item))
+        if plain is None:
+            plain = seen[id(item)] = is_plain(item)
+        if not plain:
+            return False
+    return True
 
 
 def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stepskip.calls import is_dataproto_like
 from stepskip.errors import CorruptEntryError, UnstorableValueError
 from stepskip.formats.bounds import DecodeBudget, shape_of
 
@@ -289,7 +290,7 @@ def _cycle(value: Any, path: str) -> str | None:
             children = [(v, f"{where}[{i}]") for i, v in enumerate(item)]
         elif isinstance(item, np.ndarray) and item.dtype.hasobject:
             children = [(v, f"{where}[{i}]") for i, v in enumerate(item.reshape(-1))]
-        elif hasattr(item, "non_tensor_batch") and hasattr(item, "meta_info"):
+        elif is_dataproto_like(item):
             children = [(item.non_tensor_batch, f"{where}.non_tensor_batch"), (item.meta_info, f"{where}.meta_info")]
         else:
             continue

@@ -13,6 +13,7 @@ after :func:`~stepskip.formats.bounds.check_torch_zip`. Anything else (a pickle 
 
 from __future__ import annotations
 
+import contextlib
 import copy as copylib
 import copyreg
 import io
@@ -20,16 +21,18 @@ import math
 import pickle
 import re
 import sys
+import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, SupportsIndex
 
 import numpy as np
 import torch
 from tensordict import TensorDictBase
 
 from stepskip.batch import Batch
+from stepskip.calls import is_dataproto_like
 from stepskip.entries import GEN_BATCH_FILE, TQ_BATCH_FILE
 from stepskip.errors import CorruptEntryError, TruncatedEntryError, UnstorableValueError
 from stepskip.formats.bounds import DecodeBudget, check_loaded, check_torch_zip
@@ -40,20 +43,25 @@ __all__ = ["VerlFormat", "dumps_dataproto", "loads_dataproto", "restricted_loads
 PICKLE_PROTOCOL = 4  # pickle.DEFAULT_PROTOCOL of the Pythons verl 0.9 runs on
 
 
+# The pure-Python pickler and copyreg's reconstructor are stdlib but absent from typeshed.
+_PurePickler: Any = getattr(pickle, "_Pickler")
+_NEWOBJ: Any = getattr(copyreg, "__newobj__")
+
+
 class _DataProtoStandIn:
     """Takes the place of ``verl.protocol.DataProto`` on both sides of the pickle."""
 
     def __init__(self, state: tuple[bytes, dict[str, np.ndarray], dict[str, Any]] | None = None) -> None:
         self.state = state
 
-    def __reduce_ex__(self, protocol: int) -> tuple[Any, ...]:
-        return copyreg.__newobj__, (type(self),), self.state
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
+        return _NEWOBJ, (type(self),), self.state
 
     def __setstate__(self, state: tuple[bytes, dict[str, np.ndarray], dict[str, Any]]) -> None:
         self.state = state
 
 
-class _VerlPickler(pickle._Pickler):  # type: ignore[name-defined]
+class _VerlPickler(_PurePickler):
     """The pure-Python pickler: unlike the C one, it lets a class be written under another name."""
 
     def save_global(self, obj: Any, name: str | None = None) -> None:
@@ -352,11 +360,88 @@ def restricted_loads(data: bytes) -> Any:
     return _RestrictedUnpickler(data).load()
 
 
+# --------------------------------------------------------------------------- tensordict across versions
+
+_scope_lock = threading.Lock()
+_scope_users = 0
+_scope: Any = None  # the torch.serialization.safe_globals in force while any load runs
+
+
+def _tensordict_globals() -> list[Any]:
+    """What the pickle of a TensorDict names: tensordict's two rebuild functions and the classes they get.
+
+    ``_rebuild_tensordict_files_consolidated(metadata, storage)`` rebuilds a consolidated TensorDict;
+    ``_make_td(cls, state)`` the others, ``cls`` being one of the classes below (non-tensor leaves
+    are ``NonTensorData``/``NonTensorStack``). tensordict 0.15 allow-lists these itself; 0.10 (verl
+    0.9.1's pin) does not, and ``torch.load(weights_only=True)`` then refuses every TensorDict.
+    """
+    from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDict, _reductions
+
+    return [_reductions._rebuild_tensordict_files_consolidated, _reductions._make_td, TensorDict,
+            LazyStackedTensorDict, NonTensorData, NonTensorStack]
+
+
+@contextlib.contextmanager
+def _tensordict_load_scope() -> Iterator[None]:
+    """Allow :func:`_tensordict_globals` that tensordict has not registered, for the loads inside only.
+
+    torch keeps allowed globals in one process-wide set, so concurrent loads share one scope: it
+    opens with the first load and closes with the last (a scope per load would withdraw the
+    globals from a load still running in another thread).
+    """
+    global _scope, _scope_users
+    with _scope_lock:
+        if _scope_users == 0:
+            registered = {id(g) for g in torch.serialization.get_safe_globals()}
+            missing = [g for g in _tensordict_globals() if id(g) not in registered]
+            _scope = torch.serialization.safe_globals(missing) if missing else None
+            if _scope is not None:
+                _scope.__enter__()
+        _scope_users += 1
+    try:
+        yield
+    finally:
+        with _scope_lock:
+            _scope_users -= 1
+            if _scope_users == 0 and _scope is not None:
+                _scope.__exit__(None, None, None)
+                _scope = None
+
+
+def _weights_only_load(data: bytes) -> Any:
+    with _tensordict_load_scope():
+        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+
+
+def _savable(td: TensorDictBase, copy: bool | None = None) -> TensorDictBase:
+    """``td`` as a plain TensorDict of contiguous tensors, its non-tensor leaves kept as they are.
+
+    Not ``td.contiguous()``: under tensordict 0.10 that turns ``NonTensorStack`` columns (``uid``,
+    ``raw_prompt``, ...) into empty TensorDicts, and the entry loses them. The tensors of a
+    consolidated TensorDict (as a verl-written entry loads) are views of one byte buffer in several
+    dtypes, which ``torch.save`` refuses unless they are copied out, as they are here.
+    """
+    from tensordict import NonTensorData, NonTensorStack, TensorDict
+
+    if copy is None:
+        copy = bool(getattr(td, "is_consolidated", lambda: False)())
+    out = TensorDict({}, batch_size=td.batch_size, device=td.device)
+    for key in td.keys():
+        value = td.get(key)
+        if isinstance(value, (NonTensorData, NonTensorStack)):
+            out.set(key, value)  # type: ignore[arg-type]  # tensordict stores them; its stubs say otherwise
+        elif isinstance(value, TensorDictBase):
+            out.set(key, _savable(value, copy))
+        else:
+            out.set(key, value.clone() if copy else value.contiguous())
+    return out
+
+
 def dumps_dataproto(batch: TensorDictBase | None, non_tensor_batch: Mapping[str, np.ndarray],
                     meta_info: Mapping[str, Any]) -> bytes:
     """The bytes ``DataProto.save_to_disk`` would write for these three parts (verl not needed)."""
     buffer = io.BytesIO()
-    torch.save(batch.contiguous() if batch is not None else None, buffer)
+    torch.save(_savable(batch) if batch is not None else None, buffer)
     state = (buffer.getvalue(), dict(non_tensor_batch), dict(meta_info))
     out = io.BytesIO()
     _VerlPickler(out, protocol=PICKLE_PROTOCOL).dump(_DataProtoStandIn(state))
@@ -376,7 +461,7 @@ def loads_dataproto(data: bytes) -> tuple[TensorDictBase | None, dict[str, np.nd
     if not isinstance(tensor_bytes, bytes) or not isinstance(non_tensor_batch, dict) or not isinstance(meta_info, dict):
         raise pickle.UnpicklingError("the DataProto state is not (bytes, dict, dict)")
     check_torch_zip(tensor_bytes, GEN_BATCH_FILE)  # before torch.load: no storage larger than the bytes
-    batch = torch.load(io.BytesIO(tensor_bytes), weights_only=True, map_location="cpu")
+    batch = _weights_only_load(tensor_bytes)
     if batch is not None and not isinstance(batch, TensorDictBase):
         raise pickle.UnpicklingError(f"the DataProto batch is a {type(batch).__qualname__}, not a TensorDict")
     return batch, non_tensor_batch, meta_info
@@ -448,7 +533,7 @@ class VerlFormat:
 
     def freeze(self, value: Any, copy: bool) -> _FrozenDataProto:
         """Snapshot a DataProto-like value (``batch``, ``non_tensor_batch``, ``meta_info``)."""
-        if not all(hasattr(value, a) for a in ("batch", "non_tensor_batch", "meta_info")):
+        if not is_dataproto_like(value):
             raise UnstorableValueError(
                 f"result: format 'verl' stores DataProto-like batches only, got {type(value).__qualname__}; "
                 "use format: safe for other values"
@@ -510,8 +595,8 @@ class VerlFormat:
 class VerlTqFormat:
     """verl 0.9's V1 ``tq_batch.pt``: ``torch.save({"tensordict", "tags", "keys", "global_steps"})``.
 
-    Read with ``torch.load(weights_only=True)`` (tensordict registers its own rebuild functions),
-    so only tensors, TensorDicts and plain containers can come out of it.
+    Read with ``torch.load(weights_only=True)``, tensordict's rebuild functions allowed (see
+    :func:`_tensordict_globals`), so only tensors, TensorDicts and plain containers can come out of it.
     """
 
     name = "verl-tq"
@@ -531,7 +616,7 @@ class VerlTqFormat:
 
     def encode(self, frozen: dict[str, Any]) -> dict[str, bytes]:
         td = frozen["tensordict"]
-        payload = dict(frozen, tensordict=td.contiguous() if isinstance(td, TensorDictBase) else td)
+        payload = dict(frozen, tensordict=_savable(td) if isinstance(td, TensorDictBase) else td)
         buffer = io.BytesIO()
         torch.save(payload, buffer)
         return {TQ_BATCH_FILE: buffer.getvalue()}
@@ -546,7 +631,7 @@ class VerlTqFormat:
             data = files[TQ_BATCH_FILE]
             DecodeBudget.for_files(files, max_bytes).charge(len(data), TQ_BATCH_FILE, "file")
             check_torch_zip(data, TQ_BATCH_FILE)
-            payload = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+            payload = _weights_only_load(data)
         except (CorruptEntryError, MemoryError):  # the bound keeps hostile entries from causing a MemoryError
             raise
         except Exception as err:  # the decode boundary: no failure to parse these bytes escapes as anything else

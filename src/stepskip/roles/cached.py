@@ -250,11 +250,11 @@ class CachedRole(BaseSkip):
             UnreadableEntryError: the step's entry is intact but cannot be used here (it is kept).
         """
         action = self.action
-        if action is SkipAction.RECORD:
-            return False
         if action is SkipAction.REPLAY:
             return True  # warp_function raises when there is nothing to load
-        if action is SkipAction.CACHE:
+        if action is SkipAction.RECORD:
+            hit = False  # every call generates: each is a miss
+        elif action is SkipAction.CACHE:
             hit = self._exact_step_usable(step)
         else:
             self._refuse_unreadable(step)  # the exact step would be regenerated over: never
@@ -310,6 +310,7 @@ class CachedRole(BaseSkip):
         prompts = call_prompts(args, kwargs)
         try:
             value, meta, seconds, nbytes = self.load_entry(load_step, step, prompts=prompts)
+            self.restore_rng(meta, step, self.step_dump_dir(load_step))
         except CacheMissError:
             if self.action is not SkipAction.REPLAY:
                 self.stats.add(misses=1)  # the call is regenerated
@@ -326,6 +327,7 @@ class CachedRole(BaseSkip):
 
         Failures are logged and counted in ``dump_failures``; they never reach the caller.
         """
+        rng = self.capture_rng()  # first: nothing after the call may move the generators before they are saved
         path = self.step_dump_dir(step)
         info = CURRENT_CALL.get()
         seconds = info.generation_seconds if info is not None else None
@@ -333,23 +335,61 @@ class CachedRole(BaseSkip):
 
         def meta() -> dict[str, Any]:
             return self._entry_meta(step, seconds, prompt_digest=_prompt_digest(prompts, self.rebind_keys),
-                                    row_prompts=self._row_prompts(prompts, result))
+                                    row_prompts=self._row_prompts(prompts, result), **rng)
 
         prepared = self._snapshot(step, path, result, copy=self.async_dump, meta=meta)
         if prepared is not None:
             self._submit_write(path, step, *prepared)
 
+    def capture_rng(self) -> dict[str, Any]:
+        """``{"rng_state": ...}`` for an entry's meta when ``restore_rng`` is on (else empty); called
+        right after the recorded call returns."""
+        if not self.config.restore_rng:
+            return {}
+        from stepskip.rng import capture_rng_state
+
+        return {"rng_state": capture_rng_state()}
+
+    def restore_rng(self, meta: dict[str, Any], step: int, path: str) -> None:
+        """Set the global generators to the state the entry's call left them in (``restore_rng``).
+
+        An entry recorded without the option replays with a warning (once): its call's random
+        state is unknown.
+
+        Raises:
+            CorruptEntryError: the recorded state is damaged (counted; nothing was changed).
+        """
+        if not self.config.restore_rng:
+            return
+        recorded = meta.get("rng_state")
+        if recorded is None:
+            if ("rng",) not in self._warned:
+                self._warned.add(("rng",))
+                logger.warning("%s: the entry at %s was recorded without restore_rng; replaying it without "
+                               "restoring the random state (code drawing random numbers after the call will "
+                               "differ from the recording; re-record with action: record)", self.name, path)
+            return
+        from stepskip.rng import restore_rng_state
+
+        try:
+            skipped = restore_rng_state(recorded, path)
+        except CorruptEntryError as err:
+            self._report_corrupt(step, path, str(err))
+            raise
+        for reason in skipped:
+            logger.warning("%s: step %d replayed without part of its random state: %s", self.name, step, reason)
     def _row_prompts(self, prompts: Any, result: Any) -> list[str] | None:
         """One prompt digest per result row, for roles that ``match``: what the prompt index is built of."""
         if not self.row_wise or prompts is None:
             return None
-        from stepskip.matching import batch_rows, row_digests
+        from stepskip.fidelity import prompt_row_digests
+        from stepskip.matching import batch_rows
 
         rows = batch_rows(result)
         if rows < 0 or batch_rows(prompts) != rows:
             return None  # not row-aligned with its prompts: this entry cannot serve prompt groups
         try:
-            return row_digests(prompts, self.rebind_keys)
+            return prompt_row_digests(prompts, self.rebind_keys)
         except (TypeError, ValueError):
             return None
 
@@ -367,10 +407,11 @@ class CachedRole(BaseSkip):
             SkipConfigError: the prompts are not a batch of rows (``match`` needs DataProto-like or
                 TensorDict prompts).
         """
-        from stepskip.matching import MatchSplit, group_rows, row_digests, select_batch_rows
+        from stepskip.fidelity import prompt_row_digests
+        from stepskip.matching import MatchSplit, group_rows, select_batch_rows
 
         try:
-            digests = row_digests(prompts, self.rebind_keys)
+            digests = prompt_row_digests(prompts, self.rebind_keys)
         except ValueError as err:
             raise SkipConfigError(f"skip.{self.name}.action = 'match': {err}") from err
         index = self._match_index()
@@ -488,7 +529,8 @@ class CachedRole(BaseSkip):
         return merged
 
     def _record_match(self, step: int, split: Any, prompts: Any, merged: Any, generated: Any) -> None:
-        from stepskip.matching import concat_batches, row_digests, select_batch_rows
+        from stepskip.fidelity import prompt_row_digests
+        from stepskip.matching import concat_batches, select_batch_rows
 
         path = self.step_dump_dir(step)
         info = CURRENT_CALL.get()
@@ -500,7 +542,7 @@ class CachedRole(BaseSkip):
             if isinstance(recorded, list):
                 to_write = concat_batches([existing, generated])
                 subset = select_batch_rows(prompts, split.missing_rows) if split.found else prompts
-                digests = list(recorded) + row_digests(subset, self.rebind_keys)
+                digests = list(recorded) + prompt_row_digests(subset, self.rebind_keys)
         prepared = self._snapshot(step, path, to_write, copy=self.async_dump,
                                   meta=lambda: self._entry_meta(step, seconds, row_prompts=digests))
         if prepared is not None:
@@ -647,7 +689,8 @@ class CachedRole(BaseSkip):
         spec = chosen[0]
         nbytes = sum(len(b) for b in files.values())
         try:
-            return get_format(spec.name).decode(files, consume=True), meta, nbytes
+            value = get_format(spec.name).decode(files, consume=True, max_bytes=self.config.max_decode_bytes)
+            return value, meta, nbytes
         except CorruptEntryError as err:
             raise self._decode_failure(path, meta, spec, err) from err
 
@@ -690,6 +733,10 @@ class CachedRole(BaseSkip):
         recorded_digest = meta.get("prompt_digest")
         if self.check_prompts is CheckPrompts.OFF or load_step != step or prompts is None or not recorded_digest:
             return
+        from stepskip.fidelity import DIGEST_PREFIX
+
+        if not str(recorded_digest).startswith(DIGEST_PREFIX):
+            return  # recorded under an earlier digest scheme: not comparable, so not a mismatch
         digest = _prompt_digest(prompts, self.rebind_keys)
         if digest is None or digest == recorded_digest:
             return

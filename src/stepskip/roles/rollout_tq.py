@@ -218,10 +218,10 @@ class RolloutTqSkip(RolloutSkip):
         """Live prompt uid -> the digest of its prompt (``rebind_keys`` excluded); empty when unknown."""
         if prompts is None:
             return {}
-        from stepskip.matching import row_digests
+        from stepskip.fidelity import prompt_row_digests
 
         try:
-            digests = row_digests(prompts, self.rebind_keys)
+            digests = prompt_row_digests(prompts, self.rebind_keys)
             uids = [str(u) for u in prompts["uid"]]
         except Exception as err:  # a batch the digest cannot read must not stop training: it just cannot match
             logger.debug("%s: no per-prompt digests for this batch (%s); it cannot serve action: match", self.name, err)
@@ -411,10 +411,11 @@ class RolloutTqSkip(RolloutSkip):
         Raises:
             SkipConfigError: the batch has no rows or no ``uid`` column.
         """
-        from stepskip.matching import row_digests, select_batch_rows
+        from stepskip.fidelity import prompt_row_digests
+        from stepskip.matching import select_batch_rows
 
         try:
-            digests = row_digests(prompts, self.rebind_keys)
+            digests = prompt_row_digests(prompts, self.rebind_keys)
             uids = [str(u) for u in prompts["uid"]]
         except (KeyError, TypeError, ValueError) as err:
             raise SkipConfigError(f"skip.{self.name}.action = 'match' needs the batch of _next_train_batch with one "

@@ -247,7 +247,7 @@ def test_an_error_of_the_step_is_raised_and_nothing_runs_twice(error: type[Excep
 def test_a_pool_that_refuses_work_at_shutdown_leaves_the_rest_to_run_here(monkeypatch: pytest.MonkeyPatch) -> None:
     pool = ThreadPoolExecutor(max_workers=2)
     pool.shutdown()
-    monkeypatch.setattr(safe_module, "_POOL", pool)
+    monkeypatch.setitem(safe_module._POOLS, "codec", pool)
     count = _Counter()
     assert safe_module._parallel_map(count, list(range(5))) == [i * 10 for i in range(5)]
     assert count.calls == list(range(5))
@@ -266,7 +266,7 @@ def test_encoding_with_a_failing_pool_midway_runs_each_tensor_once(monkeypatch: 
             HalfPool.taken += 1
             return super().submit(fn, *args, **kwargs)
 
-    monkeypatch.setattr(safe_module, "_POOL", HalfPool(max_workers=2))
+    monkeypatch.setitem(safe_module._POOLS, "codec", HalfPool(max_workers=2))
     padded = torch.zeros(4, 64, dtype=torch.int64)
     padded[:, :3] = 5
     value = batch({f"t{i}": padded + i for i in range(5)}, rows=4)

@@ -294,3 +294,17 @@ def test_any_error_while_snapshotting_is_a_counted_dump_failure(tmp_path, caplog
     assert SkipManager.stats()["skip/rollout/dump_failures"] == 1
     assert not (run_path(tmp_path) / "1").exists()
     assert "a meta_info that cannot be read" in caplog.text and "KeyError" in caplog.text
+
+
+def test_an_entry_over_the_decode_bound_is_refused_and_kept(tmp_path):
+    entry = _record_one(tmp_path)
+    before = tree_digest(entry)
+    SkipManager.init(training_config(tmp_path, max_decode_bytes=16))
+    SkipManager.set_step(1)
+    worker = Worker()
+    with pytest.raises(UnreadableEntryError, match="max_decode_bytes"):
+        worker.generate_sequences(PROMPTS)
+    SkipManager.flush()
+    assert worker.calls == [] and tree_digest(entry) == before
+    with pytest.raises(ValueError, match=r"max_decode_bytes = 0 is not valid"):
+        SkipManager.init(training_config(tmp_path, max_decode_bytes=0))

@@ -1,0 +1,599 @@
+"""The path users call, side by side with verl 0.9.1's own skip code: ratios from one run.
+
+Run:  .venv/bin/python benchmarks/bench_user_path.py [--quick | --smoke] [--repeat 5] [--json out.json]
+
+Everything goes through ``SkipManager.init`` and the decorated method, never the formats alone
+(benchmarks/bench_store.py is the format-level breakdown):
+
+- colocated role (``rollout``): ``generate_sequences(self, prompts)`` with prompts shaped like the
+  ones verl hands it (input_ids / attention_mask / position_ids of prompt length; non-tensor uid,
+  chat messages, data source, reward-model and extra-info dicts, index, tool kwargs; rows share
+  those objects across the n samples, as verl's ``DataProto.repeat`` does with ``np.repeat``) and a
+  rollout result built from them. Measured: how long a miss blocks the caller, the full write
+  (miss + background dump until flushed), a hit with every tensor touched, bytes on disk, peak
+  extra memory of a hit in a fresh process, the prompt check's own cost, and a raw read of verl's
+  file. Sizes 1024 x (1024 + 2048) and 2048 x (1024 + 4096), n = 8 (``--quick``: 256 x (256 + 512)
+  and 512 x (512 + 1024)); torch threads 1 and the default.
+- V1 role (``rollout_tq``): the sample phase saving what ``ReplayBuffer.sample`` handed out, read
+  back through ``stepskip.tq.InProcessTQClient``, and the submit phase injecting a cached step.
+- async role (``async_rollout``): many one-sample entries, samples per second written (until
+  flushed) and replayed.
+- per-call cost with 10 / 1,000 / 10,000 entries on disk (``--quick``: 10 / 100 / 1,000) for the
+  actions cache, repeat (exact step missing) and random.
+
+verl's side runs benchmarks/_verl_side.py in verl's environment (``.venv-verl`` from
+``make verl-env``, or STEPSKIP_VERL_PYTHON) on the same data; without it the ratio columns are
+empty. Timings are the best of --repeat runs (median in brackets): these machines are shared and
+noisy, the best is the least disturbed run. A "noise" figure (median / best - 1) is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from stepskip import Batch, SkipManager
+from stepskip.fidelity import prompt_digest
+from stepskip.testing import make_rollout_batch
+from stepskip.tq import InProcessTQClient, KVBatchMeta
+
+ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+N = 8
+SIZES = {
+    "full": [(1024, 1024, 2048), (2048, 1024, 4096)],
+    "quick": [(256, 256, 512), (512, 512, 1024)],
+    "smoke": [(16, 16, 32)],
+}
+ENTRY_COUNTS = {"full": [10, 1000, 10000], "quick": [10, 100, 1000], "smoke": [10, 30]}
+ASYNC_COUNTS = {"full": 200, "quick": 100, "smoke": 8}
+TARGETS = {"miss": 0.1, "write": 0.5, "hit": 0.3, "bytes": 0.12, "peak": 1.3, "hit_raw": 2.0, "digest": 0.10}
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def make_inputs(rows: int, prompt: int, response: int, n: int = N, seed: int = 0) -> dict[str, Any]:
+    """Prompts and a rollout result as plain numpy arrays and Python objects (readable by both envs)."""
+    rollout = make_rollout_batch(rows, prompt, response, n=n, seed=seed)
+    groups = rows // n
+    rng = np.random.default_rng(seed)
+
+    def repeated(values: list[Any]) -> np.ndarray:
+        column = np.empty(groups, dtype=object)
+        for i, v in enumerate(values):
+            column[i] = v
+        return np.repeat(column, n)  # rows share the objects, as DataProto.repeat does
+
+    uids = [uuid.UUID(int=int(rng.integers(0, 2**62)) << 64 | g).hex for g in range(groups)]
+    questions = [f"Natalia sold clips to {g} of her friends in April, and then she sold half as many clips in May. "
+                 f"How many clips did Natalia sell altogether in April and May? (variant {g})" for g in range(groups)]
+    shared = {
+        "uid": repeated(uids),
+        "raw_prompt": repeated([[{"role": "system", "content": "You are a helpful assistant. Think step by step."},
+                                 {"role": "user", "content": q + " Let's think step by step and output the final "
+                                  "answer after \"####\"."}] for q in questions]),
+        "data_source": repeated(["openai/gsm8k"] * groups),
+        "reward_model": repeated([{"ground_truth": str(3 * g // 2), "style": "rule"} for g in range(groups)]),
+        "extra_info": repeated([{"index": g, "split": "train", "question": q, "answer": f"#### {3 * g // 2}"}
+                                for g, q in enumerate(questions)]),
+        "index": repeated(list(range(groups))),
+        "tools_kwargs": repeated([{} for _ in range(groups)]),
+        "interaction_kwargs": repeated([{} for _ in range(groups)]),
+    }
+    tensors = {k: v.numpy() for k, v in rollout.batch.items()}
+    prompt_tensors = {"input_ids": tensors["prompts"].copy(),
+                      "attention_mask": tensors["attention_mask"][:, :prompt].copy(),
+                      "position_ids": tensors["position_ids"][:, :prompt].copy()}
+    turns = np.empty(rows, dtype=object)
+    turns[:] = [2] * rows
+    multi_modal = np.empty(rows, dtype=object)
+    multi_modal[:] = [{} for _ in range(rows)]
+    result_non_tensor = {k: shared[k] for k in ("uid", "raw_prompt", "data_source", "reward_model", "extra_info",
+                                                "index")}
+    result_non_tensor.update(__num_turns__=turns, multi_modal_inputs=multi_modal)
+    return {
+        "shape": {"rows": rows, "n": n, "prompt": prompt, "response": response},
+        "prompts": {"tensors": prompt_tensors, "non_tensor": shared, "meta": {"global_steps": 1}},
+        "result": {"tensors": tensors, "non_tensor": result_non_tensor,
+                   "meta": {"timing": {"generate_sequences": 12.5}, "global_token_num": [prompt + response] * 4}},
+        "v1": _v1_rows(rollout, uids, n),
+        "async": _async_inputs(prompt, response, ASYNC_COUNTS["full"]),
+    }
+
+
+def _v1_rows(rollout: Batch, uids: list[str], n: int) -> dict[str, Any]:
+    """What the agent loop put in the queue: per trajectory, unpadded tensors (the queue stores rows)."""
+    td = rollout.batch
+    prompt_real = td["attention_mask"][:, : td["prompts"].shape[1]].sum(1).tolist()
+    response_real = td["response_mask"].sum(1).tolist()
+    tensors: dict[str, list[np.ndarray]] = {"prompts": [], "responses": [], "response_mask": [],
+                                            "rollout_log_probs": []}
+    for i, (p, r) in enumerate(zip(prompt_real, response_real)):
+        tensors["prompts"].append(td["prompts"][i, td["prompts"].shape[1] - p:].numpy().copy())
+        tensors["responses"].append(td["responses"][i, :r].numpy().copy())
+        tensors["response_mask"].append(td["response_mask"][i, :r].numpy().copy())
+        tensors["rollout_log_probs"].append(td["rollout_log_probs"][i, :r].numpy().copy())
+    keys = [f"{uids[i // n]}_{i % n}_0" for i in range(len(prompt_real))]
+    tags = [{"global_steps": 1, "status": "finished", "seq_len": p + r} for p, r in zip(prompt_real, response_real)]
+    return {"tensors": tensors, "keys": keys, "tags": tags, "prompt_uids": uids}
+
+
+def _async_inputs(prompt: int, response: int, count: int) -> dict[str, Any]:
+    one = make_rollout_batch(1, prompt, response, n=1, seed=1)
+    messages = np.empty(1, dtype=object)
+    messages[0] = [{"role": "user", "content": "What is 2 + 2?"}]
+    return {
+        "count": count,
+        "prompts": {"tensors": {"input_ids": one.batch["prompts"].numpy().copy()}, "meta": {}},
+        "result": {"tensors": {k: v.numpy() for k, v in one.batch.items()},
+                   "non_tensor": {"uid": np.array(["uid_sample_0_0"], dtype=object), "raw_prompt": messages},
+                   "meta": {}},
+    }
+
+
+def to_batch(part: dict[str, Any]) -> Batch:
+    tensors = {k: torch.from_numpy(v) for k, v in part["tensors"].items()}
+    rows = next(iter(tensors.values())).shape[0]
+    return Batch(batch=TensorDict(tensors, batch_size=[rows]), non_tensor_batch=dict(part.get("non_tensor", {})),
+                 meta_info=dict(part["meta"]))
+
+
+def nbytes_in_memory(part: dict[str, Any]) -> int:
+    return sum(v.nbytes for v in part["tensors"].values())
+
+
+def config(workdir: str, shape: dict[str, int], role: str, steps: Any = "all", action: str = "cache",
+           **extra: Any) -> dict[str, Any]:
+    rows, n = shape["rows"], shape["n"]
+    return {
+        "trainer": {"experiment_name": "bench", "project_name": "user_path"},
+        "data": {"train_batch_size": max(1, rows // n), "max_prompt_length": shape["prompt"],
+                 "max_response_length": shape["response"]},
+        "actor_rollout_ref": {"rollout": {"n": n}},
+        "skip": {role: {"enable": True, "dump_dir": workdir, "steps": steps, "action": action, **extra}},
+    }
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+
+def timed(fn: Any, repeat: int) -> list[float]:
+    out = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def touch(value: Any) -> None:
+    for t in value.batch.values():
+        t.sum()
+
+
+def dir_bytes(path: str) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def _status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+# ---------------------------------------------------------------------------------------------- stepskip
+
+
+class Loop:
+    result: Any = None
+
+    @SkipManager.annotate(role="rollout")
+    def generate_sequences(self, prompts: Any) -> Any:
+        return self.result
+
+
+def stepskip_colocated(inputs: dict[str, Any], workdir: str, repeat: int) -> dict[str, Any]:
+    prompts, loop = to_batch(inputs["prompts"]), Loop()
+    loop.result = to_batch(inputs["result"])
+    SkipManager.init(config(workdir, inputs["shape"], "rollout"))
+    skip = SkipManager.skip_instances["rollout"]
+    SkipManager.set_step(99)  # warm-up, untimed: lazy imports, first-use allocations; then a hit of it
+    loop.generate_sequences(prompts)
+    SkipManager.flush()
+    touch(loop.generate_sequences(prompts))
+    miss, write = [], []
+    for i in range(repeat):
+        SkipManager.set_step(100 + i)
+        start = time.perf_counter()
+        loop.generate_sequences(prompts)
+        miss.append(time.perf_counter() - start)
+        SkipManager.flush()
+        write.append(time.perf_counter() - start)
+
+    def hit() -> None:
+        SkipManager.set_step(100)
+        touch(loop.generate_sequences(prompts))
+
+    hits = timed(hit, repeat)
+    digest = timed(lambda: prompt_digest(prompts, ["uid"]), repeat)
+    # where a miss's blocking time goes: the two halves of the snapshot, measured alone
+    result, fmt = loop.result, skip.format
+    tensors_only = Batch(batch=result.batch, non_tensor_batch={}, meta_info={})
+    non_tensor_only = Batch(batch=None, non_tensor_batch=result.non_tensor_batch, meta_info=result.meta_info)
+
+    def snapshot_time(value: Any) -> float:
+        start = time.perf_counter()
+        frozen = fmt.freeze(value, copy=True)
+        seconds = time.perf_counter() - start
+        fmt.encode(frozen)  # untimed: hands the snapshot's buffers back for the next one, as a dump does
+        return seconds
+
+    snap_tensors = [snapshot_time(tensors_only) for _ in range(repeat)]
+    snap_non_tensor = [snapshot_time(non_tensor_only) for _ in range(repeat)]
+    try:  # the per-row prompt digests an entry records for action match (stepskip.matching), where present
+        from stepskip.matching import row_digests
+    except ImportError:
+        row_prompts = None
+    else:
+        row_prompts = timed(lambda: row_digests(prompts, ["uid"]), repeat)
+    stats = SkipManager.stats()
+    assert stats["skip/rollout/hits"] == repeat + 1 and stats["skip/rollout/dumps"] == repeat + 1, stats
+    out = {"miss": miss, "write": write, "hit": hits, "digest": digest, "bytes": dir_bytes(skip.step_dump_dir(100)),
+           "snap_tensors": snap_tensors, "snap_non_tensor": snap_non_tensor, "row_prompts": row_prompts}
+    SkipManager.reset()
+    return out
+
+
+def stepskip_peak(inputs_path: str, workdir: str) -> int:
+    done = subprocess.run([sys.executable, __file__, "--peak-child", inputs_path, workdir], capture_output=True,
+                          text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_extra"])
+
+
+def peak_child(inputs_path: str, workdir: str) -> None:
+    with open(inputs_path, "rb") as fh:
+        inputs = pickle.load(fh)
+    prompts, shape = to_batch(inputs["prompts"]), inputs["shape"]
+    del inputs
+    SkipManager.init(config(workdir, shape, "rollout"))
+    path = SkipManager.skip_instances["rollout"].step_dump_dir(100)
+    for f in Path(path).iterdir():
+        f.read_bytes()  # warm, as the verl side and every other read here
+    loop = Loop()
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # reset VmHWM to the current RSS
+    before = _status("VmRSS")
+    SkipManager.set_step(100)
+    touch(loop.generate_sequences(prompts))
+    assert SkipManager.stats()["skip/rollout/hits"] == 1
+    print(json.dumps({"peak_extra": _status("VmHWM") - before}))
+
+
+class V1Owner:
+    """The trainer side of verl's V1 split (`_next_train_batch` / `_submit_batch_to_rollout`)."""
+
+    def __init__(self, uids: list[str], prompts: Batch) -> None:
+        self.uids, self.prompts = uids, prompts
+
+    def _next_train_batch(self) -> Batch:
+        return self.prompts
+
+    def _submit_batch_to_rollout(self, batch: Batch) -> None:
+        return None  # the trajectories are already in the queue
+
+    @SkipManager.annotate_tq(role="rollout_tq", phase="submit")
+    def _add_batch_to_generate(self) -> None:
+        raise AssertionError("replaced by the decorator on eligible steps")
+
+
+class V1Buffer:
+    def __init__(self, keys: list[str], tags: list[dict[str, Any]]) -> None:
+        self.meta = KVBatchMeta(keys=keys, tags=tags, partition_id="train")
+
+    @SkipManager.annotate_tq(role="rollout_tq", phase="sample")
+    def sample(self) -> KVBatchMeta:
+        return self.meta
+
+
+def stepskip_v1(inputs: dict[str, Any], workdir: str, repeat: int) -> dict[str, Any]:
+    rows = inputs["v1"]
+    tq = InProcessTQClient()
+    fields = TensorDict({k: torch.nested.as_nested_tensor([torch.from_numpy(r) for r in v], layout=torch.jagged)
+                         for k, v in rows["tensors"].items()}, batch_size=[len(rows["keys"])])
+    tq.kv_batch_put(keys=rows["keys"], fields=fields, tags=rows["tags"], partition_id="train")
+    prompts = Batch(non_tensor_batch={"uid": np.array(rows["prompt_uids"], dtype=object)})
+    owner, buffer = V1Owner(rows["prompt_uids"], prompts), V1Buffer(rows["keys"], rows["tags"])
+    SkipManager.init(config(workdir, inputs["shape"], "rollout_tq"), tq_client=tq)
+    get = timed(lambda: tq.kv_batch_get(keys=rows["keys"], partition_id="train"), repeat)
+    save, write = [], []
+    for i in range(repeat):
+        SkipManager.set_step(100 + i)
+        owner._add_batch_to_generate()  # a miss: the step is recorded at sample time
+        start = time.perf_counter()
+        buffer.sample()
+        save.append(time.perf_counter() - start)
+        SkipManager.flush()
+        write.append(time.perf_counter() - start)
+    SkipManager.set_step(100)
+    inject = timed(owner._add_batch_to_generate, repeat)
+    stats = SkipManager.stats()
+    assert stats["skip/rollout_tq/hits"] == repeat, stats
+    skip = SkipManager.skip_instances["rollout_tq"]
+    out = {"save": save, "write": write, "inject": inject, "queue_get": get,
+           "bytes": dir_bytes(skip.step_dump_dir(100))}
+    SkipManager.reset()
+    return out
+
+
+class Rollouter:
+    result: Any = None
+
+    @SkipManager.annotate(role="async_rollout")
+    def generate_sequences_single(self, prompts: Any) -> Any:
+        return self.result
+
+
+def stepskip_async(inputs: dict[str, Any], workdir: str, count: int) -> dict[str, Any]:
+    small = inputs["async"]
+    rollouter = Rollouter()
+    rollouter.result = to_batch(small["result"])
+    prompts = []
+    for i in range(count):
+        part = dict(small["prompts"], non_tensor={"uid": np.array([f"uid_sample_0_{i}"], dtype=object)})
+        prompts.append(to_batch(part))
+    SkipManager.init(config(workdir, inputs["shape"], "async_rollout"))
+    start = time.perf_counter()
+    for p in prompts:
+        rollouter.generate_sequences_single(p)
+    SkipManager.flush()
+    write = time.perf_counter() - start
+    start = time.perf_counter()
+    for p in prompts:
+        touch(rollouter.generate_sequences_single(p))
+    replay = time.perf_counter() - start
+    stats = SkipManager.stats()
+    assert stats["skip/async_rollout/dumps"] == count and stats["skip/async_rollout/hits"] == count, stats
+    SkipManager.reset()
+    return {"write_per_s": count / write, "replay_per_s": count / replay}
+
+
+def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[str, Any]]:
+    """ms per call with ``count`` entries on disk, for the actions that look beyond the exact step."""
+    shape = {"rows": 2, "n": 1, "prompt": 4, "response": 4}
+    small = make_rollout_batch(2, 4, 4, n=1)
+    out = []
+    for count in counts:
+        root = f"{workdir}/curve-{count}"
+        SkipManager.init(config(root, shape, "rollout"))
+        loop = Loop()
+        loop.result = small
+        SkipManager.set_step(0)
+        loop.generate_sequences(small)
+        SkipManager.flush()
+        skip = SkipManager.skip_instances["rollout"]
+        first = Path(skip.step_dump_dir(0))
+        files = {f.name: f.read_bytes() for f in first.iterdir()}
+        meta = json.loads(files.pop("meta.json"))
+        for step in range(1, count):  # copies of one entry, each with its own step (no fsync: setup only)
+            target = Path(skip.step_dump_dir(2 * step))  # even steps only: odd ones are missing
+            target.mkdir()
+            for name, data in files.items():
+                (target / name).write_bytes(data)
+            (target / "meta.json").write_text(json.dumps(dict(meta, global_steps=2 * step)))
+        SkipManager.reset()
+        row: dict[str, Any] = {"entries": count}
+        for action, step in (("cache", 2 * (count // 2)), ("repeat", 2 * (count // 2) + 1), ("random", 1)):
+            SkipManager.init(config(root, shape, "rollout", action=action))
+
+            def call(step: int = step) -> None:
+                SkipManager.set_step(step)
+                loop.generate_sequences(small)
+
+            row[action] = timed(call, repeat)
+            assert SkipManager.stats()["skip/rollout/hits"] == repeat, (action, SkipManager.stats())
+            SkipManager.reset()
+        out.append(row)
+        shutil.rmtree(root)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- verl
+
+
+def verl_python() -> str | None:
+    python = os.environ.get("STEPSKIP_VERL_PYTHON") or str(ROOT / ".venv-verl" / "bin" / "python")
+    return python if os.path.exists(python) else None
+
+
+def run_verl(mode: str, inputs_path: str, workdir: str, threads: int, repeat: int) -> dict[str, Any] | None:
+    python = verl_python()
+    if python is None:
+        return None
+    done = subprocess.run([python, str(HERE / "_verl_side.py"), mode, inputs_path, workdir, str(threads),
+                           str(repeat)], capture_output=True, text=True, timeout=1800,
+                          env=dict(os.environ, PYTHONPATH=""))
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()
+        return {"error": tail[-1] if tail else f"exit {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def best(values: Any) -> float | None:
+    return min(values) if isinstance(values, list) and values else values
+
+
+def noise(values: Any) -> str:
+    if not isinstance(values, list) or len(values) < 2:
+        return ""
+    return f"{statistics.median(values) / min(values) - 1:5.0%}"
+
+
+def ms(values: Any) -> str:
+    value = best(values)
+    if value is None:
+        return f"{'-':>9s}"
+    text = f"{value * 1000:9.1f}"
+    return text + (f" ({statistics.median(values) * 1000:.1f})" if isinstance(values, list) and len(values) > 1 else "")
+
+
+def ratio(ours: Any, theirs: Any, target: float | None = None) -> str:
+    a, b = best(ours), best(theirs)
+    if a is None or not b:
+        return f"{'-':>7s}"
+    value = a / b
+    mark = "" if target is None else (" ok" if value <= target else " MISS")
+    return f"{value:7.3f}{mark}"
+
+
+def render_colocated(size: str, threads: str, ours: dict[str, Any], verl: dict[str, Any] | None,
+                     batch_bytes: int) -> list[str]:
+    v = verl if verl and "error" not in verl else {}
+    lines = [f"\ncolocated role, {size}, torch threads {threads}, batch {batch_bytes / 1e6:.1f} MB in memory"
+             + (f"  [verl side failed: {verl['error']}]" if verl and "error" in verl else "")]
+    lines.append(f"{'measure':44s} {'stepskip ms (median)':>22s} {'verl ms (median)':>20s} {'ratio':>11s} "
+                 f"{'target':>7s} {'noise':>6s}")
+
+    def row(label: str, a: Any, b: Any, target: float | None, fmt: Any = ms) -> None:
+        lines.append(f"{label:44s} {fmt(a):>22s} {fmt(b):>20s} {ratio(a, b, target):>11s} "
+                     f"{'' if target is None else f'<= {target:g}':>7s} {noise(a):>6s}")
+
+    row("miss: time the caller is blocked", ours["miss"], v.get("miss"), TARGETS["miss"])
+    row("full write (miss + background dump)", ours["write"], v.get("miss"), TARGETS["write"])
+    row("hit, every tensor touched", ours["hit"], v.get("hit"), TARGETS["hit"])
+    row("hit vs raw read of verl's gen_batch.dp", ours["hit"], v.get("raw"), TARGETS["hit_raw"])
+    mb = lambda x: f"{x / 1e6:9.2f} MB" if x is not None else f"{'-':>9s}"  # noqa: E731
+    row("bytes on disk", ours["bytes"], v.get("bytes"), TARGETS["bytes"], fmt=mb)
+    times = lambda x: f"{x / batch_bytes:9.2f} x" if x is not None else f"{'-':>9s}"  # noqa: E731
+    lines.append(f"{'peak extra memory of a hit (x batch)':44s} {times(ours.get('peak')):>22s} "
+                 f"{times(v.get('peak')):>20s} {'':>11s} {'<= 1.3':>7s}")
+    lines.append(f"{'miss breakdown: snapshot of the tensors':44s} {ms(ours['snap_tensors']):>22s}")
+    lines.append(f"{'  snapshot of the non-tensor columns':44s} {ms(ours['snap_non_tensor']):>22s}")
+    if ours.get("row_prompts") is not None:
+        lines.append(f"{'  per-row prompt digests (matching)':44s} {ms(ours['row_prompts']):>22s}")
+    d = best(ours["digest"])
+    lines.append(f"{'prompt check (prompt_digest) alone':44s} {ms(ours['digest']):>22s} {'':>20s} "
+                 f"{'':>11s} {'':>7s} {noise(ours['digest']):>6s}")
+    share = f"{d / best(ours['hit']):.1%} / {d / best(ours['miss']):.1%}"
+    lines.append(f"{'  share of a hit / of the miss block':44s} {share:>22s}{'':>21s} {'':>11s} {'<= 10%':>7s}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quick", action="store_true", help="smaller sizes, for development")
+    group.add_argument("--smoke", action="store_true", help="the smallest sizes, one repeat (the smoke test)")
+    parser.add_argument("--repeat", type=int, default=None, help="runs per timing (default 5, 1 with --smoke)")
+    parser.add_argument("--threads", default="1,default", help="torch thread settings, e.g. 1,default")
+    parser.add_argument("--skip", default="", help="comma list of parts to leave out: colocated,v1,async,curve")
+    parser.add_argument("--json", help="also write the raw results here")
+    parser.add_argument("--peak-child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.peak_child:
+        peak_child(*args.peak_child)
+        return
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    repeat = args.repeat or (1 if args.smoke else 5)
+    skip = set(filter(None, args.skip.split(",")))
+    default_threads = torch.get_num_threads()
+    results: dict[str, Any] = {"mode": mode, "repeat": repeat, "verl": verl_python() is not None, "runs": []}
+    lines = [f"bench_user_path: {mode} sizes, best of {repeat} (median), cpu cores {os.cpu_count()}, "
+             f"load average {os.getloadavg()[0]:.1f}; verl 0.9.1 side: "
+             + ("its own code in " + str(verl_python()) if verl_python() else "not available (make verl-env)")]
+    with tempfile.TemporaryDirectory(prefix="stepskip-bench-user-") as workdir:
+        for rows, prompt, response in SIZES[mode]:
+            inputs = make_inputs(rows, prompt, response)
+            inputs["async"]["count"] = ASYNC_COUNTS[mode]
+            size = f"{rows} x ({prompt} + {response})"
+            inputs_path = f"{workdir}/inputs-{rows}.pkl"
+            with open(inputs_path, "wb") as fh:
+                pickle.dump(inputs, fh, protocol=5)
+            batch_bytes = nbytes_in_memory(inputs["result"])
+            for threads_name in args.threads.split(","):
+                threads = default_threads if threads_name == "default" else int(threads_name)
+                torch.set_num_threads(threads)
+                run: dict[str, Any] = {"size": size, "threads": threads}
+                tag = f"{rows}-{threads}"
+                if "colocated" not in skip:
+                    ours = stepskip_colocated(inputs, f"{workdir}/ours-{tag}", repeat)
+                    ours["peak"] = stepskip_peak(inputs_path, f"{workdir}/ours-{tag}")
+                    verl = run_verl("colocated", inputs_path, f"{workdir}/verl-{tag}", threads, repeat)
+                    if verl and "error" not in verl:
+                        verl["peak"] = (run_verl("peak", inputs_path, f"{workdir}/verl-{tag}", threads, 1)
+                                        or {}).get("peak_extra")
+                    run["colocated"] = {"stepskip": ours, "verl": verl}
+                    lines += render_colocated(size, f"{threads} ({threads_name})", ours, verl, batch_bytes)
+                if "v1" not in skip:
+                    ours = stepskip_v1(inputs, f"{workdir}/v1-ours-{tag}", repeat)
+                    verl = run_verl("v1", inputs_path, f"{workdir}/v1-verl-{tag}", threads, repeat)
+                    v = verl if verl and "error" not in verl else {}
+                    run["v1"] = {"stepskip": ours, "verl": verl}
+                    lines.append(f"\nV1 role (rollout_tq), {size}, threads {threads}"
+                                 + (f"  [verl side failed: {verl['error']}]" if verl and "error" in verl else ""))
+                    lines.append(f"  sample phase blocks the caller: {ms(ours['save'])} ms vs verl {ms(v.get('save'))}"
+                                 f" ms -> {ratio(ours['save'], v.get('save'), TARGETS['miss'])}"
+                                 f"  (of which InProcessTQClient.kv_batch_get: {ms(ours['queue_get'])} ms; "
+                                 "verl's side reads a prebuilt TensorDict from a stand-in queue)")
+                    lines.append(f"  full write: {ms(ours['write'])} ms -> {ratio(ours['write'], v.get('save'))}")
+                    lines.append(f"  inject a cached step (hit): {ms(ours['inject'])} ms vs verl "
+                                 f"{ms(v.get('inject'))} ms -> {ratio(ours['inject'], v.get('inject'))}  "
+                                 "(stepskip's puts go into InProcessTQClient; verl's into a dict)")
+                    lines.append(f"  bytes: {ours['bytes'] / 1e6:.2f} MB vs verl "
+                                 f"{(v.get('bytes') or 0) / 1e6:.2f} MB -> {ratio(ours['bytes'], v.get('bytes'))}")
+                results["runs"].append(run)
+            if "async" not in skip:
+                count = ASYNC_COUNTS[mode]
+                ours = stepskip_async(inputs, f"{workdir}/async-ours-{rows}", count)
+                verl = run_verl("async", inputs_path, f"{workdir}/async-verl-{rows}", default_threads, 1)
+                v = verl if verl and "error" not in verl else {}
+                results["runs"].append({"size": size, "async": {"stepskip": ours, "verl": verl}})
+                vw, vr = v.get("write_per_s"), v.get("replay_per_s")
+                lines.append(f"\nasync role (async_rollout), {count} one-sample entries of 1 x ({prompt} + "
+                             f"{response}), one run each")
+                lines.append(f"  written: {ours['write_per_s']:8.1f} samples/s (until flushed) vs verl "
+                             + (f"{vw:8.1f} -> {ours['write_per_s'] / vw:5.2f} x" if vw else "-"))
+                lines.append(f"  replayed: {ours['replay_per_s']:8.1f} samples/s vs verl "
+                             + (f"{vr:8.1f} -> {ours['replay_per_s'] / vr:5.2f} x" if vr else "-"))
+            os.remove(inputs_path)
+            del inputs
+        if "curve" not in skip:
+            torch.set_num_threads(default_threads)
+            curve = per_call_curve(ENTRY_COUNTS[mode], workdir, repeat)
+            results["curve"] = curve
+            lines.append("\nper-call cost with N entries on local disk (ms, best (median)); "
+                         "repeat and random look beyond the exact step")
+            lines.append(f"  {'entries':>8s} {'cache (hit)':>20s} {'repeat (nearest)':>20s} {'random':>20s}")
+            for row in curve:
+                lines.append(f"  {row['entries']:8d} {ms(row['cache']):>20s} {ms(row['repeat']):>20s} "
+                             f"{ms(row['random']):>20s}")
+    lines.append("\nratios: stepskip / verl (best against best); targets from issue 11; noise = median/best - 1 "
+                 "of stepskip's runs")
+    print("\n".join(lines))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

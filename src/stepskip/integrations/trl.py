@@ -1,0 +1,669 @@
+"""stepskip inside TRL's ``GRPOTrainer``: record the generation of chosen steps once, replay it on later runs.
+
+Two lines in an existing GRPO script::
+
+    from stepskip.integrations.trl import enable_stepskip
+    trainer = GRPOTrainer(model=..., args=..., train_dataset=..., reward_funcs=...)
+    enable_stepskip(trainer, skip={"enable": True, "dump_dir": "/tmp/cache", "steps": "1-50"})
+
+or ``StepskipGRPOTrainer(..., skip={...})`` in place of ``GRPOTrainer``. The skip unit is the
+per-process generation call, ``GRPOTrainer._generate_single_turn``; rewards, advantages,
+log-probs and the update always run live. Evaluation generation always runs and is never stored.
+
+Entries are keyed by the optimizer step being computed (``state.global_step + 1``), the index of
+the call within that step (``c0``, ``c1`` ... with gradient accumulation; ``c0t0`` ... for the
+turns of a tool loop) and the rank: ``{run}/trl_generate/{step}/c{call}-r{rank}/``. With several
+processes the world size is part of the run directory (``..._W2``), and before every call the
+ranks agree on hit or miss with one ``all_reduce`` (gloo): one rank's missing or damaged entry
+makes every rank regenerate the call.
+
+Requires ``pip install "stepskip[trl]"``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import itertools
+import logging
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from transformers import TrainerCallback
+from trl import GRPOTrainer
+
+from stepskip.config import SkipRoleConfig
+from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
+from stepskip.identity import RunIdentity
+from stepskip.manager import SkipManager
+from stepskip.policies import SkipAction
+from stepskip.roles.base import RunContext, register_skip
+from stepskip.roles.cached import CachedRole
+from stepskip.store import EntryState
+
+__all__ = ["StepskipGRPOTrainer", "enable_stepskip"]
+
+logger = logging.getLogger(__name__)
+
+ROLE = "trl_generate"
+
+_HIT, _MISS, _ERROR = 0, 1, 2  # ordered: the all_reduce MAX of the ranks' outcomes is the agreed one
+
+
+@dataclass
+class TrlGenerateConfig(SkipRoleConfig):
+    """``skip.trl_generate``: the role's section, as every role's, with TRL's defaults.
+
+    ``restore_rng`` is on (TRL shuffles the generated batch with the global torch generator right
+    after generating) and ``rebind_keys`` is empty (TRL's calls carry no identity columns).
+
+    Example:
+        >>> TrlGenerateConfig(enable=True, steps=[1, 2]).restore_rng
+        True
+    """
+
+    section: ClassVar[str] = "skip.trl_generate"
+
+    rebind_keys: list[str] = field(default_factory=list)
+    restore_rng: bool = True
+
+
+@dataclass
+class CallRecord:
+    """One generation call of the trainer, as the caller sees it afterwards (``trainer.stepskip.calls``).
+
+    Args:
+        step: the optimizer step being computed (``state.global_step + 1``).
+        name: the call within the step: ``c0``, ``c1`` ..., tool-loop turns ``c0t0``, ``c0t1`` ...
+        rank: the process's rank.
+        eligible: the step is listed and the call could be cached.
+        hit: the call was served from the cache (the generator did not run).
+        path: the entry it was served from or written to (None when not eligible).
+    """
+
+    step: int
+    name: str
+    rank: int = 0
+    eligible: bool = False
+    hit: bool = False
+    path: str | None = None
+    turn: int | None = None
+    round_replayed: bool = field(default=False, repr=False)  # a tool turn's: its round's first call was a hit
+
+
+#: The call the role is serving (set around the decorated call; the role's hooks keep verl's signatures).
+_CALL: contextvars.ContextVar[CallRecord | None] = contextvars.ContextVar("stepskip_trl_call", default=None)
+_IN_TOOL_LOOP: contextvars.ContextVar[bool] = contextvars.ContextVar("stepskip_trl_tool_loop", default=False)
+
+
+@dataclass
+class _Loaded:
+    value: Any
+    meta: dict[str, Any]
+    seconds: float
+    nbytes: int
+    rng: Any
+
+
+@dataclass
+class _Attempt:
+    status: int
+    load_step: int = -1
+    loaded: _Loaded | None = None
+    error: BaseException | None = None
+
+
+def _pack_prompts(prompt_ids: Any) -> Any:
+    """TRL's ``list[list[int]]`` prompts as one int64 tensor (row count, row lengths, ids): what the
+    prompt digest of an entry covers."""
+    import torch
+
+    if not isinstance(prompt_ids, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in prompt_ids):
+        return None
+    try:
+        return torch.tensor([len(prompt_ids), *map(len, prompt_ids), *itertools.chain.from_iterable(prompt_ids)],
+                            dtype=torch.int64)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        return None
+
+
+def _prompts_of_call(*args: Any, **kwargs: Any) -> Any:
+    prompt_ids = kwargs.get("prompt_ids", args[1] if len(args) > 1 else None)
+    return _pack_prompts(prompt_ids)
+
+
+def _never(*args: Any, **kwargs: Any) -> bool:
+    return False  # evaluation and uncacheable calls never reach the decorated function
+
+
+# ---------------------------------------------------------------------- stored form of a call's result
+
+_PACKED = "stepskip.trl.generation/1"  # the stored value's tag: what _unpack_generation reads
+
+
+def _pack_rows(rows: Any, dtype: Any, holes: bool) -> dict[str, Any]:
+    """Ragged rows as one flat tensor plus row offsets (and a mask of ``None`` items when ``holes``)."""
+    import torch
+
+    lengths = [len(row) for row in rows]
+    offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
+    if lengths:
+        offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    flat = list(itertools.chain.from_iterable(rows))
+    packed: dict[str, Any] = {"offsets": offsets}
+    if holes:
+        missing = [item is None for item in flat]
+        packed["missing"] = torch.tensor(missing, dtype=torch.bool)
+        flat = [0.0 if item is None else item for item in flat]
+    packed["values"] = torch.tensor(flat, dtype=dtype)
+    return packed
+
+
+def _pack_generation(result: Any) -> Any:
+    """``(completion_ids, logprobs)`` as packed tensors: 512 x 2048 ids encode in ~0.1 s instead of
+    ~1.4 s as JSON lists. Anything else is stored as it is."""
+    import torch
+
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], list)
+            and all(isinstance(row, list) for row in result[0])):
+        return result
+    ids, logprobs = result
+    if logprobs is not None and not (isinstance(logprobs, list) and all(isinstance(r, list) for r in logprobs)):
+        return result
+    return {"kind": _PACKED, "completion_ids": _pack_rows(ids, torch.int64, holes=False),
+            "logprobs": None if logprobs is None else _pack_rows(logprobs, torch.float64, holes=True)}
+
+
+def _unpack_rows(packed: Any, path: str, what: str, holes: bool) -> list[list[Any]]:
+    import torch
+
+    from stepskip.errors import UnreadableEntryError
+
+    def refuse(why: str) -> UnreadableEntryError:
+        return UnreadableEntryError(f"the entry at {path} holds {what} this stepskip cannot unpack ({why}); it was "
+                                    "left untouched: re-record the step with action: record")
+
+    if not isinstance(packed, dict):
+        raise refuse("not a mapping")
+    values, offsets = packed.get("values"), packed.get("offsets")
+    if not isinstance(values, torch.Tensor) or not isinstance(offsets, torch.Tensor):
+        raise refuse("values or offsets missing")
+    if values.dim() != 1 or offsets.dim() != 1 or offsets.dtype != torch.int64 or offsets.numel() < 1:
+        raise refuse("tensors of the wrong shape or type")
+    bounds = offsets.tolist()
+    if bounds[0] != 0 or bounds[-1] != values.numel() or any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise refuse("row offsets out of order or out of bounds")
+    flat = values.tolist()
+    if holes:
+        missing = packed.get("missing")
+        if not isinstance(missing, torch.Tensor) or missing.dtype != torch.bool or missing.shape != values.shape:
+            raise refuse("a missing-value mask of the wrong shape or type")
+        flat = [None if gone else item for item, gone in zip(flat, missing.tolist())]
+    return [flat[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def _unpack_generation(value: Any, path: str) -> Any:
+    """The call's ``(completion_ids, logprobs)`` from what :func:`_pack_generation` stored.
+
+    Raises:
+        UnreadableEntryError: a packed value whose tensors do not describe rows (checksums held).
+    """
+    if not (isinstance(value, dict) and value.get("kind") == _PACKED):
+        return value
+    ids = _unpack_rows(value.get("completion_ids"), path, "completion ids", holes=False)
+    logprobs = value.get("logprobs")
+    return ids, None if logprobs is None else _unpack_rows(logprobs, path, "log-probs", holes=True)
+
+
+@register_skip(ROLE)
+class TrlGenerateSkip(CachedRole):
+    """Caches one process's ``GRPOTrainer._generate_single_turn`` calls: ``(completion_ids, logprobs)``.
+
+    Runtime objects (``SkipManager.init(..., rank=, world_size=, group=)``, passed by
+    :func:`enable_stepskip`): the process's rank, the number of processes and the gloo process
+    group the ranks agree on hit or miss through (None: the default group).
+    """
+
+    config_class: ClassVar[type[Any]] = TrlGenerateConfig
+
+    def __init__(self, local_config: Any, global_config: Any) -> None:
+        super().__init__(local_config, global_config)
+        self.rank = 0
+        self.world_size = 1
+        self._group: Any = None
+        self._loaded: dict[str, _Loaded] = {}  # entry path -> what meet_precondition read for warp_function
+
+    def bind(self, context: RunContext) -> None:
+        self.rank = int(context.runtime.get("rank", 0))
+        self.world_size = int(context.runtime.get("world_size", 1))
+        self._group = context.runtime.get("group")
+        super().bind(context)
+
+    # ------------------------------------------------------------------ addressing
+
+    def entry_dir(self, step: int, name: str, rank: int | None = None) -> str:
+        """The entry of call ``name`` of ``step`` on ``rank`` (default: this process's)."""
+        return f"{self.layout.step_dir(step)}/{name}-r{self.rank if rank is None else rank}"
+
+    def step_dump_dir(self, step: int) -> str:
+        """The entry of the call being served at ``step`` (the step's directory outside a call)."""
+        call = _CALL.get()
+        return self.layout.step_dir(step) if call is None else self.entry_dir(step, call.name)
+
+    # ------------------------------------------------------------------ the role protocol
+
+    def meet_precondition(self, step: int, func: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> bool:
+        """Read this rank's entry, then agree with every rank: True only when all of them can replay.
+
+        Raises:
+            ReplayMissError: under ``replay``, when any rank has no usable entry (raised on every rank).
+            UnreadableEntryError: this rank's entry is intact but cannot be used here (every other
+                rank raises a :class:`SkipConfigError` naming this one).
+        """
+        call = _CALL.get()
+        path = self.step_dump_dir(step)
+        if self.action is SkipAction.RECORD:
+            self.stats.add(misses=1)  # every call generates: each is a miss
+            return False  # every rank has the same action: no need to ask
+        if call is not None and call.turn is not None:
+            return self._tool_turn_cached(step, call, path, args, kwargs)
+        attempt = self._attempt(step, path, args, kwargs)
+        status, load_step = self._agree(attempt)
+        if status == _ERROR:
+            if attempt.error is not None:
+                raise attempt.error
+            raise SkipConfigError(f"{self.name}: another rank cannot use its entry of step {step} "
+                                  f"({os.path.basename(path)}); see that rank's error for the entry and the fix")
+        if status == _MISS:
+            if attempt.status == _HIT:
+                logger.info("%s: step %d %s: another rank has no usable entry; every rank regenerates it",
+                            self.name, step, os.path.basename(path))
+            if self.action is SkipAction.REPLAY:
+                raise ReplayMissError(f"{self.name}: no usable entry of step {step} call {os.path.basename(path)} "
+                                      f"on every rank under {self.project_dump_dir} (action 'replay'); record it "
+                                      "first with action 'cache' or 'record', or check dump_dir and the run shape")
+            self.stats.add(misses=1)
+            logger.info("%s miss: step %d has no usable entry at %s on every rank; generating and dumping it",
+                        self.name, step, path)
+            return False
+        assert attempt.loaded is not None and load_step == attempt.load_step
+        self._loaded[path] = attempt.loaded
+        return True
+
+    def _attempt(self, step: int, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Attempt:
+        """This rank's outcome, never raising: whatever goes wrong must still reach the collective."""
+        try:
+            probe = self._probe_settled(path)
+            if probe.state is EntryState.UNREADABLE:
+                raise self._unreadable(probe.reason)
+            if probe.state is EntryState.DAMAGED:
+                self._report_corrupt(step, path, probe.reason)
+            load_step = self.resolve_load_step(step)
+            if load_step == -1:
+                return _Attempt(_MISS)
+            return _Attempt(_HIT, load_step, self._load(step, load_step, args, kwargs))
+        except CacheMissError:  # damaged (counted by the reader), vanished, or a fingerprint to regenerate
+            return _Attempt(_MISS)
+        except Exception as err:  # raised after the collective, on every rank
+            return _Attempt(_ERROR, error=err)
+
+    def _load(self, step: int, load_step: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Loaded:
+        from stepskip.calls import call_prompts
+
+        path = self.step_dump_dir(load_step)
+        value, meta, seconds, nbytes = self.load_entry(load_step, step, prompts=call_prompts(args, kwargs))
+        return _Loaded(_unpack_generation(value, path), meta, seconds, nbytes, self._recorded_rng(meta, step, path))
+
+    def prepare_data(self, step: int, result: Any, *args: Any, **kwargs: Any) -> None:
+        """Record the call's ``(completion_ids, logprobs)`` as packed tensors (see :func:`_pack_generation`).
+
+        Failures are logged and counted in ``dump_failures``; they never reach the caller.
+        """
+        try:
+            packed = _pack_generation(result)
+        except Exception as err:  # the dump boundary: nothing about a result may stop the training run
+            self.stats.add(dump_failures=1)
+            logger.error("%s dump failed: step %d not written to %s: %s: %s", self.name, step,
+                         self.step_dump_dir(step), type(err).__name__, err)
+            return
+        super().prepare_data(step, packed, *args, **kwargs)
+
+    def _recorded_rng(self, meta: dict[str, Any], step: int, path: str) -> Any:
+        if not self.config.restore_rng:
+            return None
+        recorded = meta.get("rng_state")
+        if recorded is None:
+            self.restore_rng(meta, step, path)  # warns once; sets nothing
+            return None
+        from stepskip.rng import parse_rng_state
+
+        try:
+            return parse_rng_state(recorded, path)
+        except CorruptEntryError as err:
+            self._report_corrupt(step, path, str(err))
+            raise
+
+    def _agree(self, attempt: _Attempt) -> tuple[int, int]:
+        """``(status, load step)`` agreed by every rank in one ``all_reduce``; a hit only when every rank
+        has one, from the same step."""
+        if self.world_size <= 1:
+            return attempt.status, attempt.load_step
+        import torch
+        import torch.distributed as dist
+
+        votes = torch.tensor([attempt.status, attempt.load_step, -attempt.load_step], dtype=torch.int64)
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self._group)
+        status, highest, lowest = int(votes[0]), int(votes[1]), -int(votes[2])
+        if status == _HIT and highest != lowest:
+            status = _MISS  # the ranks would replay different steps: regenerate instead
+        return status, highest
+
+    def _tool_turn_cached(self, step: int, call: CallRecord, path: str, args: tuple[Any, ...],
+                          kwargs: dict[str, Any]) -> bool:
+        """A tool-loop turn: ranks run different numbers of turns, so no collective. It replays when its
+        round's first call did and this rank's entry is usable; otherwise it runs (and is recorded)."""
+        if not call.round_replayed:
+            return False
+        try:
+            loaded = self._load(step, step, args, kwargs)
+        except CacheMissError:
+            if self.action is SkipAction.REPLAY:
+                raise
+            self.stats.add(misses=1)
+            logger.warning("%s: step %d replayed but its tool turn %s has no usable entry at %s; generating it "
+                           "on this rank", self.name, step, call.name, path)
+            return False
+        self._loaded[path] = loaded
+        return True
+
+    def warp_function(self, step: int, func: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
+        """The value ``meet_precondition`` read, with the random state its call left (``restore_rng``)."""
+        path = self.step_dump_dir(step)
+        loaded = self._loaded.pop(path, None)
+        if loaded is None:
+            return _unpack_generation(super().warp_function(step, func, *args, **kwargs), path)
+        if loaded.rng is not None:
+            for reason in loaded.rng.apply():
+                logger.warning("%s: step %d replayed without part of its random state: %s", self.name, step, reason)
+        from stepskip.roles.cached import _seconds
+
+        self.stats.add(hits=1, load_seconds=loaded.seconds, bytes_read=loaded.nbytes,
+                       saved_seconds=_seconds(loaded.meta.get("generation_seconds")))
+        call = _CALL.get()
+        if call is not None:
+            call.hit = True
+        logger.info("%s hit: step %d replayed from %s (%d bytes, %.3fs)", self.name, step, path, loaded.nbytes,
+                    loaded.seconds)
+        return loaded.value
+
+
+# ---------------------------------------------------------------------- the trainer side
+
+
+def generating_steps(args: Any, steps: int) -> list[int]:
+    """The optimizer steps ``1..steps`` on which ``GRPOTrainer`` generates (the others reuse its buffer).
+
+    Generation runs on micro-steps ``m`` with ``m % (steps_per_generation * num_iterations) == 0``;
+    optimizer step ``k`` covers micro-steps ``(k-1)*GA`` to ``k*GA - 1``.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> generating_steps(SimpleNamespace(steps_per_generation=2, num_iterations=1,
+        ...                                  gradient_accumulation_steps=1), 5)
+        [1, 3, 5]
+    """
+    every = max(1, int(args.steps_per_generation or 1) * int(getattr(args, "num_iterations", 1) or 1))
+    accumulation = max(1, int(args.gradient_accumulation_steps or 1))
+    out = []
+    for step in range(1, steps + 1):
+        first, last = (step - 1) * accumulation, step * accumulation - 1
+        if (last // every) * every >= first:
+            out.append(step)
+    return out
+
+
+def identity_of(trainer: Any) -> RunIdentity:
+    """The run identity of a ``GRPOTrainer``: its shape and every setting that decides what it generates.
+
+    ``{experiment}_{project}`` is ``grpo_{model name}``; the run directory is
+    ``GBS{prompts per generation}_N{num_generations}_in0_out{max_completion_length}`` (``_W{n}`` for
+    ``n`` processes).
+    """
+    args = trainer.args
+    model = getattr(trainer.model, "name_or_path", None) or getattr(getattr(trainer.model, "config", None),
+                                                                       "_name_or_path", "")
+    world_size = int(trainer.accelerator.num_processes)
+    num_generations = int(args.num_generations or 1)
+    dataset = getattr(trainer, "train_dataset", None)
+    fingerprint = {
+        "trl.model": str(model),
+        "trl.world_size": world_size,
+        "trl.train_dataset": getattr(dataset, "_fingerprint", None),
+        "trl.use_vllm": bool(getattr(args, "use_vllm", False)),
+        "trl.vllm_mode": getattr(args, "vllm_mode", None) if getattr(args, "use_vllm", False) else None,
+    }
+    for key in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "generation_kwargs",
+                "num_generations", "max_completion_length", "generation_batch_size", "per_device_train_batch_size",
+                "gradient_accumulation_steps", "steps_per_generation", "seed", "data_seed", "shuffle_dataset"):
+        fingerprint[f"trl.{key}"] = getattr(args, key, None)
+    name = os.path.basename(str(model).rstrip("/")) or "model"
+    return RunIdentity(
+        experiment_name="grpo",
+        project_name=name,
+        gbs=int(args.generation_batch_size or 0) // num_generations,
+        n=num_generations,
+        prompt_len=int(getattr(args, "max_prompt_length", 0) or 0),
+        response_len=int(args.max_completion_length or 0),
+        fingerprint={k: v for k, v in fingerprint.items() if v is not None},
+        world_size=world_size,
+    )
+
+
+class StepskipCallback(TrainerCallback):
+    """Adds the enabled roles' ``skip/*`` counters to every TRL log and flushes pending dumps at the end."""
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if logs is not None:
+            logs.update(SkipManager.stats())
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not SkipManager.flush(timeout=600):
+            logger.warning("stepskip: background dumps still running at the end of training")
+
+
+@dataclass
+class TrainerSkipState:
+    """What :func:`enable_stepskip` attaches to a trainer as ``trainer.stepskip``.
+
+    Args:
+        role: the ``trl_generate`` role serving the trainer's calls.
+        calls: the latest calls (at most 10 000), oldest first.
+    """
+
+    role: TrlGenerateSkip
+    original: Callable[..., Any]
+    calls: deque[CallRecord] = field(default_factory=lambda: deque(maxlen=10_000))
+    _step: int = -1
+    _main: int = -1
+    _turn: int = -1
+    round_replayed: bool = False
+    _said: set[str] = field(default_factory=set)
+
+    @property
+    def last(self) -> CallRecord | None:
+        """The latest generation call, or None before the first."""
+        return self.calls[-1] if self.calls else None
+
+    def next_call(self, step: int, in_tool_loop: bool) -> CallRecord:
+        if step != self._step:
+            self._step, self._main, self._turn = step, -1, -1
+        if in_tool_loop and self._main >= 0:
+            self._turn += 1
+            name, turn = f"c{self._main}t{self._turn}", self._turn
+        else:
+            self._main += 1
+            self._turn = -1
+            name, turn = f"c{self._main}", None
+        return CallRecord(step=step, name=name, rank=self.role.rank, turn=turn,
+                          round_replayed=self.round_replayed and turn is not None)
+
+    def say_once(self, reason: str) -> None:
+        if reason not in self._said:
+            self._said.add(reason)
+            logger.info("stepskip: %s; such generation calls run untouched and are not cached", reason)
+
+
+def _uncacheable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Why a ``_generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, ...)`` call
+    cannot be cached, or None."""
+    images = kwargs.get("images", args[1] if len(args) > 1 else None)
+    fields = kwargs.get("multimodal_fields", args[2] if len(args) > 2 else None)
+    if images is not None and any(item is not None for item in images):
+        return "the prompts carry images"
+    if fields:
+        return f"the prompts carry multimodal fields ({', '.join(map(str, fields))})"
+    if kwargs.get("has_tool_images") or (len(args) > 4 and args[4]):
+        return "a tool returned images"
+    return None
+
+
+def enable_stepskip(trainer: GRPOTrainer, skip: Any, *, identity: RunIdentity | None = None) -> TrainerSkipState:
+    """Turn stepskip on for an existing ``GRPOTrainer`` (or subclass) instance.
+
+    Call it on every process, after constructing the trainer and before ``train()``. It starts a
+    stepskip run (``SkipManager.init``: one per process), wraps the trainer's generation call and
+    adds a :class:`StepskipCallback`.
+
+    Args:
+        trainer: the trainer.
+        skip: the role's section (``enable``, ``dump_dir``, ``steps``, ``action`` ...): a dict, an
+            OmegaConf node or a dataclass (:class:`TrlGenerateConfig` keeps TRL's defaults).
+        identity: override the run identity read from ``trainer.args`` (:func:`identity_of`).
+
+    Returns:
+        ``trainer.stepskip``: the role and the latest calls (``trainer.stepskip.last.hit``).
+
+    Raises:
+        TypeError: ``trainer`` is not a ``GRPOTrainer``.
+        SkipConfigError: a bad value in ``skip``.
+
+    Example:
+        >>> enable_stepskip(trainer, skip={"enable": True, "dump_dir": "/tmp/c", "steps": [1, 2]})  # doctest: +SKIP
+    """
+    if not isinstance(trainer, GRPOTrainer):
+        raise TypeError(f"enable_stepskip needs a trl.GRPOTrainer, got {type(trainer).__qualname__}")
+    previous = getattr(trainer, "stepskip", None)
+    original = previous.original if isinstance(previous, TrainerSkipState) else trainer._generate_single_turn
+    world_size = int(trainer.accelerator.num_processes)
+    rank = int(trainer.accelerator.process_index)
+    group = _gloo_group() if world_size > 1 else None
+    SkipManager.init({"skip": {ROLE: skip}}, identity=identity or identity_of(trainer), rank=rank,
+                     world_size=world_size, group=group)
+    role = SkipManager.skip_instances[ROLE]
+    assert isinstance(role, TrlGenerateSkip)
+    state = TrainerSkipState(role=role, original=original)
+    trainer.stepskip = state  # type: ignore[attr-defined]
+
+    @SkipManager.annotate(role=ROLE, bypass=_never, prompts=_prompts_of_call)
+    def cached(owner: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(*args, **kwargs)
+
+    @functools.wraps(original)
+    def generate_single_turn(*args: Any, **kwargs: Any) -> Any:
+        model = trainer.model
+        if model is None or not model.training:
+            return original(*args, **kwargs)  # evaluation: always generated, never stored
+        call = state.next_call(trainer.state.global_step + 1, _IN_TOOL_LOOP.get())
+        state.calls.append(call)
+        reason = _uncacheable(args, kwargs)
+        if reason is not None or not role.enable:
+            if reason is not None:
+                state.say_once(reason)
+            return original(*args, **kwargs)
+        call.eligible = call.step in role._step_lookup
+        call.path = role.entry_dir(call.step, call.name) if call.eligible else None
+        SkipManager.set_step(call.step)
+        token = _CALL.set(call)
+        try:
+            result = cached(trainer, *args, **kwargs)
+        finally:
+            _CALL.reset(token)
+        if call.turn is None:
+            state.round_replayed = call.hit
+        return result
+
+    # on the instance, not the class: other trainers in the process stay untouched
+    trainer._generate_single_turn = generate_single_turn  # type: ignore[method-assign]
+    if not isinstance(previous, TrainerSkipState):
+        _wrap_tool_loop(trainer)
+        trainer.callback_handler.callbacks.insert(0, StepskipCallback())  # before the reporters: they see skip/*
+    if getattr(trainer, "rollout_func", None) is not None:
+        state.say_once("the trainer has a custom rollout_func (it generates without _generate_single_turn)")
+    _warn_idle_steps(trainer, role)
+    return state
+
+
+def _wrap_tool_loop(trainer: Any) -> None:
+    loop = getattr(trainer, "_tool_call_loop", None)
+    if loop is None:
+        return
+
+    @functools.wraps(loop)
+    def tool_call_loop(*args: Any, **kwargs: Any) -> Any:
+        token = _IN_TOOL_LOOP.set(True)
+        try:
+            return loop(*args, **kwargs)
+        finally:
+            _IN_TOOL_LOOP.reset(token)
+
+    trainer._tool_call_loop = tool_call_loop
+
+
+def _gloo_group() -> Any:
+    """The process group the ranks vote through: the default one when it is gloo, else a new gloo group
+    (created here, on every rank, outside any generation call)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise SkipConfigError("stepskip: the trainer runs several processes but torch.distributed is not "
+                              "initialised; launch with torchrun or accelerate launch")
+    if dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(backend="gloo")
+
+
+def _warn_idle_steps(trainer: Any, role: TrlGenerateSkip) -> None:
+    """Warn about listed steps that never generate (TRL reuses its generation buffer on them)."""
+    if not role.enable:
+        return
+    max_steps = int(getattr(trainer.args, "max_steps", -1) or -1)
+    horizon = max_steps if max_steps > 0 else 10_000
+    generating = set(generating_steps(trainer.args, horizon))
+    idle = [s for s in range(1, horizon + 1) if s in role._step_lookup and s not in generating]
+    if idle:
+        shown = ", ".join(map(str, idle[:10])) + (" ..." if len(idle) > 10 else "")
+        logger.warning(
+            "stepskip: listed step(s) %s never generate (steps_per_generation=%s, num_iterations=%s, "
+            "gradient_accumulation_steps=%s: TRL reuses its buffered generation there); nothing is cached for them",
+            shown, trainer.args.steps_per_generation, getattr(trainer.args, "num_iterations", 1),
+            trainer.args.gradient_accumulation_steps)
+
+
+class StepskipGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer`` with stepskip on: ``StepskipGRPOTrainer(*grpo_args, skip={...}, **grpo_kwargs)``.
+
+    Args:
+        skip: the ``trl_generate`` role's section (see :func:`enable_stepskip`).
+        identity: override the run identity read from the trainer's args.
+
+    Example:
+        >>> trainer = StepskipGRPOTrainer(model=model, args=args, reward_funcs=reward, train_dataset=ds,
+        ...     skip={"enable": True, "dump_dir": "/tmp/c", "steps": "1-10"})  # doctest: +SKIP
+    """
+
+    def __init__(self, *args: Any, skip: Any, identity: RunIdentity | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        enable_stepskip(self, skip=skip, identity=identity)

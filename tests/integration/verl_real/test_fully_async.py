@@ -1,0 +1,50 @@
+"""verl 0.9.1's real ``FullyAsyncAgentLoopManager.generate_sequences_single`` gets hits from stepskip.
+
+Each run is a fresh process in verl's own environment (``verl_side/fully_async.py``): verl's Hydra
+config, ``RLHFDataset`` and a one-prompt dataloader, ``prepare_single_generation_data``, the
+``uid_sample_{epoch}_{feed index}`` ids the Rollouter embeds, ``SkipManager.init`` as the Rollouter
+runs it, verl's decorated ``generate_sequences_single`` and ``addition_process`` on each result.
+Stand-ins, because they need GPUs or inference servers: the agent-loop worker handle; the
+Rollouter's feeding loop (a Ray actor with a message queue) is reproduced in a few lines.
+
+The record run dumps every feed index; the replay run generates nothing, gets a hit per sample,
+and what it returns is verl's own ``DataProto`` with the recorded responses and rewards, which
+``addition_process`` (reading ``meta_info["metrics"]``) accepts.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from verl_real_support import load_tensors, needs_verl_env, ok, role_stats, run_scenario
+
+pytestmark = [pytest.mark.heavy, needs_verl_env]
+
+SAMPLES = [1, 2, 3]
+
+
+@pytest.mark.parametrize("fmt", ["safe", "verl"])
+def test_fully_async_rollouter_replays_verl_dataprotos(tmp_path, fmt):
+    section = {"enable": True, "dump_dir": str(tmp_path / "dump"), "steps": SAMPLES, "action": "cache",
+               "format": fmt}
+    if fmt == "verl":
+        section["allow_pickle"] = True
+    recorded = ok(run_scenario("fully_async", {"skip": section, "outputs": str(tmp_path / "record.pt")},
+                               tmp_path / "record"))
+    assert recorded["impl"] == "stepskip" and recorded["generation_calls"] == 3
+    stats = role_stats(recorded, "async_rollout")
+    assert (stats["misses"], stats["dumps"], stats["hits"]) == (3, 3, 0)
+    steps = sorted({int(f.split("/")[-2]) for f in recorded["dump_files"] if f.endswith("meta.json")})
+    assert steps == SAMPLES  # keyed by the feed index parsed from uid_sample_0_<index>
+
+    replayed = ok(run_scenario("fully_async", {"skip": dict(section, action="replay"),
+                                               "outputs": str(tmp_path / "replay.pt")}, tmp_path / "replay"))
+    stats = role_stats(replayed, "async_rollout")
+    assert replayed["generation_calls"] == 0
+    assert (stats["hits"], stats["misses"], stats["dumps"]) == (3, 0, 0)
+    assert replayed["is_verl_dataproto"] == [True, True, True], replayed["result_types"]
+    assert replayed["processing_times"] == recorded["processing_times"]
+    first, second = load_tensors(tmp_path / "record.pt"), load_tensors(tmp_path / "replay.pt")
+    assert len(first) == len(second) == 3
+    for a, b in zip(first, second):
+        assert torch.equal(a["responses"], b["responses"]) and torch.equal(a["rm_scores"], b["rm_scores"])

@@ -1,0 +1,87 @@
+"""verl 0.9.1's real V1 ``PPOTrainerSync`` records and replays through stepskip over the real TransferQueue.
+
+Each run is a fresh process in verl's own environment (``verl_side/v1.py``) with Ray on 2 CPUs and
+transfer_queue 0.1.11 (one storage unit): verl's Hydra config, ``RLHFDataset`` and dataloader,
+``PPOTrainerSync.fit`` with its real ``ReplayBuffer``; verl's own ``annotate_tq`` decorators on
+``_add_batch_to_generate`` (submit) and ``ReplayBuffer.sample`` (sample) are served by stepskip
+(or, where the test says so, by verl's own skip). Stand-ins, because they need GPUs or inference
+servers: the agent-loop manager (writes trajectories to the queue with the keys, fields and tags
+verl's ``AgentLoopWorkerTQ`` writes), the actor worker group (log-probs a fixed function of the
+token ids, written back to the queue; it records what ``update_actor`` reads), the reward-loop
+manager's worker handles, the checkpoint and resource-pool managers.
+
+Replay runs must generate nothing and feed the actor the recorded rows; cross-reads go both ways
+between stepskip and verl's own skip through ``format: verl``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from verl_real_support import (
+    assert_same_actor_rows,
+    load_tensors,
+    needs_verl_env,
+    ok,
+    role_stats,
+    run_scenario,
+)
+
+pytestmark = [pytest.mark.heavy, needs_verl_env]
+
+STEPS = [1, 2, 3]
+
+
+def section(dump_dir, action: str, fmt: str | None = None) -> dict:
+    out = {"enable": True, "dump_dir": str(dump_dir), "steps": STEPS, "action": action}
+    if fmt is not None:
+        out["format"] = fmt
+        if fmt == "verl":
+            out["allow_pickle"] = True
+    return out
+
+
+def record(tmp_path, impl: str, fmt: str | None) -> dict:
+    report = ok(run_scenario("v1", {"impl": impl, "skip": section(tmp_path / "dump", "cache", fmt),
+                                    "actor_inputs": str(tmp_path / "record.pt")}, tmp_path / "record"))
+    assert report["impl"] == impl
+    assert report["generation_calls"] == 3 and report["actor_updates"] == 3
+    if impl == "stepskip":
+        stats = role_stats(report, "rollout_tq")
+        assert (stats["misses"], stats["dumps"], stats["hits"]) == (3, 3, 0)
+    return report
+
+
+def test_stepskip_records_and_replays_the_v1_trainer(tmp_path):
+    recorded = record(tmp_path, "stepskip", "safe")
+    steps = sorted({int(f.split("/")[-3]) for f in recorded["dump_files"] if f.endswith("meta.json")})
+    assert steps == STEPS
+
+    replayed = ok(run_scenario("v1", {"skip": section(tmp_path / "dump", "replay", "safe"),
+                                      "actor_inputs": str(tmp_path / "replay.pt")}, tmp_path / "replay"))
+    stats = role_stats(replayed, "rollout_tq")
+    assert replayed["generation_calls"] == 0 and replayed["generated_trajectories"] == 0
+    assert (stats["hits"], stats["misses"], stats["dumps"]) == (3, 0, 0)
+    first, second = load_tensors(tmp_path / "record.pt"), load_tensors(tmp_path / "replay.pt")
+    assert_same_actor_rows(first, second)
+    assert any(float(row.abs().sum()) > 0 for update in second for row in update["advantages"])
+
+
+def test_what_verls_own_skip_records_stepskip_replays(tmp_path):
+    record(tmp_path, "verl", None)
+    replayed = run_scenario("v1", {"skip": section(tmp_path / "dump", "replay", "verl"),
+                                   "actor_inputs": str(tmp_path / "replay.pt")}, tmp_path / "replay")
+    ok(replayed)
+    stats = role_stats(replayed, "rollout_tq")
+    assert replayed["generation_calls"] == 0
+    assert (stats["hits"], stats["misses"], stats["corrupt"]) == (3, 0, 0)
+    assert_same_actor_rows(load_tensors(tmp_path / "record.pt"), load_tensors(tmp_path / "replay.pt"))
+
+
+def test_what_stepskip_records_in_verl_format_verls_own_skip_replays(tmp_path):
+    record(tmp_path, "stepskip", "verl")
+    replayed = run_scenario("v1", {"impl": "verl", "skip": section(tmp_path / "dump", "cache"),
+                                   "actor_inputs": str(tmp_path / "replay.pt")}, tmp_path / "replay")
+    ok(replayed)
+    assert replayed["impl"] == "verl"
+    assert replayed["generation_calls"] == 0
+    assert_same_actor_rows(load_tensors(tmp_path / "record.pt"), load_tensors(tmp_path / "replay.pt"))

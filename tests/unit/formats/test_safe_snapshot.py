@@ -1,0 +1,170 @@
+"""format 'safe': freeze takes only a private snapshot; the encoding runs in encode (the background worker).
+
+verl's rows share non-tensor objects across the n samples of a prompt (``np.repeat`` of object
+arrays); the snapshot copies each shared object once, and what is replayed must still equal what
+was returned even when the caller changes those objects after the call (SPEC §3).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict
+
+from stepskip import Batch
+from stepskip.errors import UnstorableValueError
+from stepskip.formats.safe import SafeFormat, release_snapshot_buffers
+from stepskip.formats.snapshot import snapshot_object_array, snapshot_value
+
+Exact = Callable[[Any, Any], None]
+FMT = SafeFormat()
+
+
+def repeated(values: list[Any], n: int) -> np.ndarray:
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return np.repeat(column, n)
+
+
+def verl_batch(n: int = 4) -> Batch:
+    raw = repeated([[{"role": "user", "content": f"q{g}"}] for g in range(3)], n)
+    reward = repeated([{"ground_truth": str(g), "style": "rule", "extra": {"tags": [g, "t"]}} for g in range(3)], n)
+    assert raw[0] is raw[1]
+    return Batch(
+        batch=TensorDict({"ids": torch.arange(3 * n * 4).reshape(3 * n, 4)}, batch_size=[3 * n]),
+        non_tensor_batch={"uid": repeated([f"u{g}" for g in range(3)], n), "raw_prompt": raw, "reward_model": reward,
+                          "index": repeated([0, 1, 2], n)},
+        meta_info={"timing": {"gen": 1.5}, "lists": [[1, 2], (3, 4)]},
+    )
+
+
+def test_shared_objects_are_snapshot_even_when_changed_right_after_freeze(exact: Exact) -> None:
+    value = verl_batch()
+    expected = copy.deepcopy(value)
+    frozen = FMT.freeze(value, copy=True)
+    value.non_tensor_batch["raw_prompt"][0].append({"role": "assistant", "content": "late"})  # all n rows share it
+    value.non_tensor_batch["raw_prompt"][5][0]["content"] = "changed"
+    value.non_tensor_batch["reward_model"][0]["extra"]["tags"].append("x")
+    value.non_tensor_batch["uid"][1] = "other"
+    value.meta_info["lists"][0].append(3)
+    exact(FMT.decode(FMT.encode(frozen)), expected)
+
+
+def test_the_snapshot_copies_each_shared_object_once() -> None:
+    column = verl_batch().non_tensor_batch["raw_prompt"]
+    snap = snapshot_object_array(column, "raw", FMT_CHECK)
+    assert snap[0] is snap[1] and snap[0] is not column[0]  # one private copy for the rows that shared one
+    assert snap[0][0] is not column[0][0]
+    assert snap[0][0]["content"] is column[0][0]["content"]  # immutable leaves are shared, not copied
+    plain = np.array(["a", "b"], dtype=object)
+    assert snapshot_object_array(plain, "p", FMT_CHECK) is not plain  # the array itself is always copied
+
+
+def FMT_CHECK(tensor: torch.Tensor, path: str) -> None:  # noqa: N802 - used like a constant
+    if tensor.is_complex():
+        raise UnstorableValueError(f"{path}: complex")
+
+
+def test_freeze_leaves_the_encoding_to_encode_and_encode_is_repeatable() -> None:
+    frozen = FMT.freeze(verl_batch(), copy=True)
+    assert frozen.deferred
+    first = FMT.encode(frozen)
+    assert not frozen.deferred
+    assert FMT.encode(frozen) == first
+    assert FMT.encode(FMT.freeze(verl_batch(), copy=False)) == first  # the same bytes with or without copy
+
+
+def test_shared_and_copied_rows_encode_to_the_same_entry(exact: Exact) -> None:
+    shared = verl_batch()
+    copied = copy.deepcopy(shared)
+    for key, column in copied.non_tensor_batch.items():
+        rows = np.empty(len(column), dtype=object)
+        rows[:] = [copy.deepcopy(v) for v in column]
+        copied.non_tensor_batch[key] = rows
+    assert copied.non_tensor_batch["raw_prompt"][0] is not copied.non_tensor_batch["raw_prompt"][1]
+    assert FMT.encode(FMT.freeze(shared, copy=True)) == FMT.encode(FMT.freeze(copied, copy=True))
+    exact(FMT.decode(FMT.encode(FMT.freeze(shared, copy=True))), copied)
+
+
+def test_tensors_and_arrays_inside_shared_objects_are_cloned_and_stored_per_row(exact: Exact) -> None:
+    t, a = torch.arange(3), np.arange(2.0)
+    value = Batch(non_tensor_batch={"obj": repeated([{"t": t, "a": a, "s": np.float32(1.5)}], 3)})
+    expected = Batch(non_tensor_batch={"obj": repeated([{"t": torch.arange(3), "a": np.arange(2.0),
+                                                         "s": np.float32(1.5)}], 3)})
+    frozen = FMT.freeze(value, copy=True)
+    t.add_(10)
+    a[:] = -1
+    out = FMT.decode(FMT.encode(frozen))
+    exact(out, expected)
+    assert out.non_tensor_batch["obj"][0]["t"] is not out.non_tensor_batch["obj"][1]["t"]
+
+
+def test_non_tensor_columns_of_tensordicts_and_meta_are_snapshot(exact: Exact) -> None:
+    rows = [{"m": [1]}, {"m": [2]}]
+    td = TensorDict({"x": torch.zeros(2)}, batch_size=[2])
+    td.set("msg", NonTensorStack(*(NonTensorData(data=r, batch_size=[]) for r in rows), batch_size=[2]))
+    value = {"td": td, "meta": {"k": [1, {"d": "e"}]}, "tags": [{"s": 1}]}
+    expected = copy.deepcopy(value)
+    frozen = FMT.freeze(value, copy=True)
+    rows[0]["m"].append(9)
+    value["meta"]["k"][1]["d"] = "changed"
+    value["tags"][0]["s"] = 2
+    exact(FMT.decode(FMT.encode(frozen)), expected)
+
+
+@pytest.mark.parametrize("copy_", [True, False])
+def test_unstorable_values_are_still_refused_at_freeze_time_naming_the_field(copy_: bool) -> None:
+    class Custom:
+        pass
+
+    shared = repeated([[{"role": "user", "content": Custom()}]], 4)
+    with pytest.raises(UnstorableValueError, match=r"non_tensor_batch\['raw'\]\[0\]\[0\]\['content'\]"):
+        FMT.freeze(Batch(non_tensor_batch={"raw": shared}), copy=copy_)
+    with pytest.raises(UnstorableValueError, match=r"meta_info\['k'\]"):
+        FMT.freeze(Batch(meta_info={"k": [bytearray(b"x")]}), copy=copy_)
+    with pytest.raises(UnstorableValueError, match="complex"):
+        FMT.freeze(Batch(non_tensor_batch={"t": repeated([torch.zeros(1, dtype=torch.complex64)], 2)}), copy=copy_)
+
+
+def test_snapshot_value_shares_immutables_and_copies_containers() -> None:
+    value = {"a": ("x", [1, 2]), "b": {3, 4}, "c": b"raw", "d": np.int64(5)}
+    snap = snapshot_value(value, "v", FMT_CHECK)
+    assert snap == value and snap is not value
+    assert snap["a"][1] is not value["a"][1] and snap["c"] is value["c"] and snap["d"] is value["d"]
+    assert snapshot_value(value, "v", FMT_CHECK, copy=False) is value
+
+
+def big_batch(value: int) -> Batch:
+    rows = 512  # 512 x 512 int64 = 2 MiB per tensor: above POOL_MIN_BYTES
+    return Batch(batch=TensorDict({"ids": torch.full((rows, 512), value), "mask": torch.ones(rows, 512).bool()[:, :300],
+                                   "small": torch.arange(rows)}, batch_size=[rows]),
+                 non_tensor_batch={"uid": np.array([str(i) for i in range(rows)], dtype=object)})
+
+
+def test_large_snapshots_reuse_the_memory_of_encoded_ones_without_mixing_them_up(exact: Exact) -> None:
+    release_snapshot_buffers()
+    first = FMT.freeze(big_batch(1), copy=True)
+    first_ptr = first.tensors["t0"].data_ptr()
+    first_files = FMT.encode(first)
+    assert first.tensors == {}  # its buffers went back to the pool
+    second = FMT.freeze(big_batch(2), copy=True)
+    assert second.tensors["t0"].data_ptr() == first_ptr  # the next snapshot of that size took the buffer
+    assert FMT.encode(first) == first_files  # the encoded bytes are kept, not re-read from the buffer
+    exact(FMT.decode(FMT.encode(second)), big_batch(2))
+    exact(FMT.decode(first_files), big_batch(1))
+    assert release_snapshot_buffers() == 512 * 512 * 8  # the ids tensor; the small ones are plain clones
+
+
+def test_an_unencoded_snapshot_keeps_its_buffers(exact: Exact) -> None:
+    release_snapshot_buffers()
+    held = FMT.freeze(big_batch(3), copy=True)
+    FMT.encode(FMT.freeze(big_batch(4), copy=True))
+    other = FMT.freeze(big_batch(5), copy=True)
+    assert other.tensors["t0"].data_ptr() != held.tensors["t0"].data_ptr()
+    exact(FMT.decode(FMT.encode(held)), big_batch(3))
+    exact(FMT.decode(FMT.encode(other)), big_batch(5))
