@@ -56,6 +56,10 @@ class _Hooks:
     def record(self, result: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
         return self.skip.prepare_data, (self.step, result, *self.args), self.kwargs
 
+    def match(self, func: Callable[..., Any]) -> Generator[_Instruction, Any, Any]:
+        """The plan of ``action: match`` for this kind of call."""
+        return _match_plan(self, func)
+
 
 class _SubmitHooks(_Hooks):
     """The V1 submit phase: the cached result is an injection into the queue, the miss a submission."""
@@ -70,6 +74,9 @@ class _SubmitHooks(_Hooks):
 
     def record(self, result: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
         return self.skip.begin_recording, (self.step, self.prompts), {}
+
+    def match(self, func: Callable[..., Any]) -> Generator[_Instruction, Any, Any]:
+        return _submit_match_plan(self, func)
 
 
 def _with_prompts(args: tuple[Any, ...], kwargs: dict[str, Any], prompts: Any
@@ -104,10 +111,19 @@ def _match_plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_Instructi
     return (yield ("io", skip.match_merge, (hooks.step, split, hooks.prompts, None), {}))
 
 
+def _submit_match_plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_Instruction, Any, Any]:
+    """``action: match`` in the V1 submit phase: the recorded prompt groups are injected into the queue,
+    then ``_submit_batch_to_rollout`` runs once with only the missing prompts (not at all when none is)."""
+    subset = yield ("io", hooks.skip.match_inject, (hooks.step, hooks.prompts), {})
+    if subset is None:
+        return None
+    return (yield ("call", (subset,), {}))
+
+
 def _plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_Instruction, Any, Any]:
     """The one decision path of a call on an eligible step (sync, async and the V1 submit phase alike)."""
     if hooks.skip.action is SkipAction.MATCH:
-        return (yield from _match_plan(hooks, func))
+        return (yield from hooks.match(func))
     if (yield ("io", *hooks.cached(func))):
         try:
             return (yield ("io", *hooks.load(func)))
@@ -362,7 +378,8 @@ class SkipManager:
         aligned), then the call goes through the same decision plan as :meth:`annotate`, whose
         unit is ``self._submit_batch_to_rollout(batch)``: a cached step is injected into the queue
         (hit: return None without submitting), or the batch is submitted (miss: its value is
-        returned) and the step is recorded as it is sampled. ``phase="sample"`` decorates
+        returned) and the step is recorded as it is sampled; under ``action: match`` the recorded prompt
+        groups are injected and only the missing prompts are submitted. ``phase="sample"`` decorates
         ``ReplayBuffer.sample``; after it runs, a train-partition result of a step without a
         complete cache is saved as the step's next inner entry.
 

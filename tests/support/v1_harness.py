@@ -40,9 +40,11 @@ class AgentLoop:
 
     def __init__(self, tq: Any, n: int, fail_sessions: set[int] = frozenset()) -> None:
         self.tq, self.n, self.fail_sessions, self.calls = tq, n, set(fail_sessions), 0
+        self.submitted: list[list[int]] = []  # the prompt ids of each call, in order
 
     def generate(self, uids: list[str], prompt_ids: list[int], step: int, partition_id: str = "train") -> None:
         self.calls += 1
+        self.submitted.append(list(prompt_ids))
         for uid, p in zip(uids, prompt_ids):
             rows, fields = trajectory_fields([p], self.n, step, self.fail_sessions)
             keys = [f"{uid}_{s}_0" for _, s in rows]

@@ -606,7 +606,8 @@ class CachedRole(BaseSkip):
         if done is not None:
             done.wait()
 
-    def _write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> None:
+    def _write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> bool:
+        """Encode and write one entry; False after counting a failure (the dump boundary)."""
         start = time.perf_counter()
         try:
             files = self.format.encode(frozen)
@@ -615,10 +616,11 @@ class CachedRole(BaseSkip):
             self.stats.add(dump_failures=1)
             logger.error("%s dump failed: step %d not written to %s: %s: %s",
                          self.name, step, path, type(err).__name__, err)
-            return
+            return False
         seconds = time.perf_counter() - start
         self.stats.add(dumps=1, dump_seconds=seconds, bytes_written=written)
         logger.info("%s dump: step %d written to %s (%d bytes, %.3fs)", self.name, step, path, written, seconds)
+        return True
 
     # ------------------------------------------------------------------ loading
 

@@ -5,6 +5,18 @@ submits the prompts to rollout; the sample phase (``ReplayBuffer.sample``) saves
 (every field of those keys, read back from the queue) to ``{step}/{inner_idx}/``. With
 ``parameter_sync_step > 1`` one step samples several times, one inner entry each; a step is
 complete, and replayable, only when all its inner entries exist and come from one recording run.
+
+On local stores a step is built in a hidden ``.tmp-{step}-{token}`` directory beside it and
+published whole (one rename, or an exchange with the step it replaces) once its last inner entry
+is written: two runs recording one step at once end with one complete step, all of it from the
+run that published last; a crashed recorder leaves only a stale temporary (``remove_leftovers``).
+Object stores cannot rename a directory: there inner entries are written in place, readers replay
+a step only when all its inner entries come from one run, and a step two runs wrote at once stays
+unreplayable (never mixed) until a later run records it again; the recorder that notices logs it.
+
+``action: match`` follows the prompts: every inner entry records, per trajectory, the digest of
+the prompt it answers (``meta["row_prompts"]``), so the submit phase injects the recorded groups
+of the batch's prompts and submits only the others.
 """
 
 from __future__ import annotations
@@ -12,16 +24,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
-from stepskip.policies import SkipAction
+from stepskip.policies import MatchN, SkipAction
 from stepskip.resolve import remap_v1
 from stepskip.roles.base import register_skip
-from stepskip.roles.cached import ALL_ACTIONS, _prompt_digest, _seconds
+from stepskip.roles.cached import ROW_WISE_ACTIONS, _prompt_digest, _seconds, _step_of
 from stepskip.roles.rollout import RolloutSkip
-from stepskip.store import EntryState, Probe
+from stepskip.store import TMP_PREFIX, EntryState, Probe
 
 if TYPE_CHECKING:
     from stepskip.tq import TQClient  # stepskip.tq imports torch: only for type checkers
@@ -48,7 +61,7 @@ class RolloutTqSkip(RolloutSkip):
     """
 
     config_class: ClassVar[type[Any]] = RolloutTqSkipConfig
-    support_actions = ALL_ACTIONS
+    support_actions = ROW_WISE_ACTIONS
     v1 = True
 
     def __init__(self, local_config: Any, global_config: Any) -> None:
@@ -67,6 +80,11 @@ class RolloutTqSkip(RolloutSkip):
         self._clock: dict[int, float] = {}  # step -> when its rollout (or last inner sample) began
         self._recording: set[int] = set()  # steps this run decided to (re)generate at submit time
         self._digests: dict[int, str | None] = {}  # step -> digest of the prompts submitted
+        self._uid_prompts: dict[int, dict[str, str]] = {}  # step -> live prompt uid -> its prompt digest
+        self._staging: dict[int, str] = {}  # step -> the hidden directory its inner entries are built in
+        self._written: dict[int, int] = {}  # step -> inner entries written into its staging directory
+        self._failed: set[int] = set()  # steps with an inner entry that could not be written
+        self._indexed: dict[str, list[str]] = {}  # step directory -> its inner entries in the prompt index
 
     def start(self) -> None:
         super().start()
@@ -138,6 +156,8 @@ class RolloutTqSkip(RolloutSkip):
                 return False
             if step in self._recording:
                 return True
+        if self.action is SkipAction.MATCH:
+            return False  # every prompt was replayed: nothing new to record
         return not self.has_v1_cache(step)
 
     def maybe_load_and_inject(self, step: int, new_prompt_uids: list[str], partition_id: str = "train",
@@ -185,11 +205,37 @@ class RolloutTqSkip(RolloutSkip):
     def begin_recording(self, step: int, prompts: Any = None) -> None:
         """The submit phase's miss: the step's samples are to be saved as they are drawn."""
         digest = _prompt_digest(prompts, self.rebind_keys) if prompts is not None else None
+        uid_prompts = self._uid_prompts_of(prompts)
         with self._lock:
             self._clock[step] = time.perf_counter()
             self._saved.pop(step, None)
             self._recording.add(step)  # a damaged cached step must be overwritten, not kept
             self._digests[step] = digest
+            self._uid_prompts[step] = uid_prompts
+            self._new_staging(step)
+
+    def _uid_prompts_of(self, prompts: Any) -> dict[str, str]:
+        """Live prompt uid -> the digest of its prompt (``rebind_keys`` excluded); empty when unknown."""
+        if prompts is None:
+            return {}
+        from stepskip.fidelity import prompt_row_digests
+
+        try:
+            digests = prompt_row_digests(prompts, self.rebind_keys)
+            uids = [str(u) for u in prompts["uid"]]
+        except Exception as err:  # a batch the digest cannot read must not stop training: it just cannot match
+            logger.debug("%s: no per-prompt digests for this batch (%s); it cannot serve action: match", self.name, err)
+            return {}
+        return dict(zip(uids, digests)) if len(uids) == len(digests) else {}
+
+    def _new_staging(self, step: int) -> None:
+        """Start a fresh staging directory for ``step`` (caller holds ``_lock``)."""
+        self._written.pop(step, None)
+        self._failed.discard(step)
+        if self.store.publishes_dirs:
+            self._staging[step] = f"{self.project_dump_dir}/{TMP_PREFIX}{int(step)}-{uuid.uuid4().hex[:12]}"
+        else:
+            self._staging.pop(step, None)
 
     def save_sample(self, step: int, sampled: Any) -> None:
         """The sample phase: save what ``ReplayBuffer.sample`` drew as the step's next inner entry."""
@@ -216,10 +262,15 @@ class RolloutTqSkip(RolloutSkip):
             started = self._clock.get(step)
             self._clock[step] = now
             digest = self._digests.get(step)
+            uid_prompts = self._uid_prompts.get(step, {})
+            if inner == 0 and step not in self._recording:  # saved without a submit phase: a fresh staging
+                self._new_staging(step)
+            staging = self._staging.get(step)
         from stepskip.tq.rows import num_rows
 
-        path = self.inner_dump_dir(step, inner)
+        path = f"{staging}/{inner}" if staging else self.inner_dump_dir(step, inner)
         keys = list(batch.keys)
+        row_prompts = [uid_prompts.get(str(key).split("_")[0]) for key in keys]
         try:
             data = self.tq_client.kv_batch_get(keys=keys, partition_id=batch.partition_id)
             if num_rows(data) != len(keys):
@@ -235,9 +286,53 @@ class RolloutTqSkip(RolloutSkip):
         prepared = self._snapshot(  # the read-back is already a private copy
             step, path, payload, copy=False,
             meta=lambda: self._entry_meta(global_steps, seconds, num_trajectories=len(keys), inner_idx=inner,
-                                          prompt_digest=digest, parameter_sync_step=self.parameter_sync_step))
-        if prepared is not None:
-            self._submit_write(path, step, *prepared)
+                                          prompt_digest=digest, parameter_sync_step=self.parameter_sync_step,
+                                          row_prompts=row_prompts if any(row_prompts) else None))
+        if prepared is None:
+            with self._lock:
+                self._failed.add(step)
+            return
+        self._submit_write(path, step, *prepared)
+
+    def _write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> bool:
+        """Write one inner entry; after the step's last one, publish the step (see the module docstring)."""
+        ok = super()._write(path, step, frozen, meta)
+        with self._lock:
+            if not ok:
+                self._failed.add(step)
+                return False
+            written = self._written[step] = self._written.get(step, 0) + 1
+            complete = written == self.parameter_sync_step and step not in self._failed
+            staging = self._staging.get(step)
+            if complete:
+                self._staging.pop(step, None)
+        if complete:
+            self._complete_step(step, staging)
+        return True
+
+    def _complete_step(self, step: int, staging: str | None) -> None:
+        target = self.step_dump_dir(step)
+        with self._index_lock:
+            self._indexed.pop(target, None)  # re-read from the step once it is published
+            if self._index is not None:
+                for inner in range(self.parameter_sync_step):
+                    self._index.forget(self.inner_dump_dir(step, inner))
+        if staging is None:  # written in place (object stores): say so when another run wrote part of it
+            runs = {(p.meta or {}).get("run_id") for p in self._probes(step)}
+            if runs != {self.run_id}:
+                logger.warning("%s: step %d at %s holds inner entries of another run that recorded it at the same "
+                               "time; it will not be replayed until a later run records it again",
+                               self.name, step, target)
+            return
+        try:
+            self.store.publish_dir(staging, target)
+        except Exception as err:  # the dump boundary: publishing may fail like any write
+            self.stats.add(dump_failures=1)
+            logger.error("%s dump failed: step %d not published from %s to %s: %s: %s",
+                         self.name, step, staging, target, type(err).__name__, err)
+            return
+        logger.info("%s dump: step %d published at %s (%d inner entries)", self.name, step, target,
+                    self.parameter_sync_step)
 
     def load_dump_data(self, step: int, new_prompt_uids: list[str], n: int, global_steps: int,
                        partition_id: str = "train", prompts: Any = None) -> None:
@@ -297,6 +392,146 @@ class RolloutTqSkip(RolloutSkip):
                     "(%d bytes, %.3fs)",
                     self.name, step, load_step, self.step_dump_dir(load_step), len(new_keys),
                     len(new_prompt_uids), sessions, nbytes, seconds)
+
+    # ------------------------------------------------------------------ action: match
+
+    def match_inject(self, step: int, prompts: Any, partition_id: str = "train") -> Any:
+        """The submit phase of ``action: match``: inject every prompt of the batch whose group was recorded.
+
+        ``prompts`` is the batch ``_next_train_batch`` returned (one row per prompt, a ``uid``
+        column). A prompt whose digest (``rebind_keys`` excluded) the index knows gets the recorded
+        trajectories of its group under the live uid (``{uid}_{session}_0``, sessions cycling over
+        the recorded ones, or missing under ``match_n: strict`` when their count is not ``n``), tags
+        set to the live step, and is marked finished. When prompts are missing the step is marked
+        for recording and the batch restricted to them is returned, for ``_submit_batch_to_rollout``.
+
+        Returns:
+            The missing prompts (the whole batch when none was recorded), or None when all were.
+
+        Raises:
+            SkipConfigError: the batch has no rows or no ``uid`` column.
+        """
+        from stepskip.fidelity import prompt_row_digests
+        from stepskip.matching import select_batch_rows
+
+        try:
+            digests = prompt_row_digests(prompts, self.rebind_keys)
+            uids = [str(u) for u in prompts["uid"]]
+        except (KeyError, TypeError, ValueError) as err:
+            raise SkipConfigError(f"skip.{self.name}.action = 'match' needs the batch of _next_train_batch with one "
+                                  f"row per prompt and a 'uid' column: {err}") from err
+        start = time.perf_counter()
+        index = self._match_index()
+        strict = self.config.match_n is MatchN.STRICT
+        n = self.layout.n
+        wanted: dict[str, list[int]] = {}  # inner entry -> live rows it serves
+        missing: list[int] = []
+        for row, digest in enumerate(digests):
+            where = index.groups.get(digest)
+            if where is None or (strict and len(where[1]) != n):
+                missing.append(row)
+            else:
+                wanted.setdefault(where[0], []).append(row)
+        found, nbytes, saved, sources = self._inject_found(step, wanted, digests, uids, index, partition_id)
+        missing = [row for row in range(len(digests)) if row not in found]
+        replayed = len(found)
+        self.stats.add(rows_replayed=replayed, rows_generated=len(missing), bytes_read=nbytes,
+                       load_seconds=time.perf_counter() - start if found else 0.0, saved_seconds=saved,
+                       hits=0 if missing else 1, misses=1 if missing else 0)
+        if found:
+            origin = ", ".join(f"{count} from {self._short(path)}" for path, count in sorted(sources.items()))
+            logger.info("%s match: step %d injected %d of %d prompts (%s); %d prompts submitted to rollout",
+                        self.name, step, replayed, len(digests), origin, len(missing))
+        if not missing:
+            return None
+        self.begin_recording(step, prompts)
+        return prompts if not found else select_batch_rows(prompts, missing)
+
+    def _inject_found(self, step: int, wanted: dict[str, list[int]], digests: list[str], uids: list[str],
+                      index: Any, partition_id: str) -> tuple[set[int], int, float, dict[str, int]]:
+        """Put the recorded trajectories of the ``wanted`` live rows into the queue; the rows injected."""
+        from stepskip.tq.rows import concat_rows, select_rows
+
+        parts, keys, tags = [], [], []
+        found: set[int] = set()
+        nbytes, saved = 0, 0.0
+        sources: dict[str, int] = {}
+        for path, rows in wanted.items():
+            try:
+                payload, meta, _, size = self._read_entry(path, step, -1)
+                recorded = meta.get("row_prompts")
+                entry_keys = list(payload["keys"])
+                if not isinstance(recorded, list) or len(recorded) != len(entry_keys):
+                    raise CacheMissError(f"{path} no longer records the prompts of its trajectories")
+            except CacheMissError as err:  # damaged, vanished or replaced since indexed: generate those prompts
+                logger.warning("%s match: %s; submitting its %d prompts to rollout", self.name, err, len(rows))
+                with self._index_lock:
+                    index.forget(path)
+                continue
+            nbytes += size
+            picked: list[int] = []
+            for row in rows:
+                group = [i for i, d in enumerate(recorded) if d == digests[row]]
+                if not group:  # the entry was replaced by one of other prompts since it was indexed
+                    continue
+                plan = remap_v1([entry_keys[i] for i in group], [payload["tags"][i] for i in group], [uids[row]],
+                                self.layout.n, step)
+                picked.extend(group[r] for r in plan.rows)
+                keys.extend(plan.keys)
+                tags.extend(plan.tags)
+                found.add(row)
+                step_dir = path.rsplit("/", 1)[0]
+                sources[step_dir] = sources.get(step_dir, 0) + 1
+            if picked:
+                parts.append(select_rows(payload["tensordict"], picked))
+                saved += _seconds(meta.get("generation_seconds")) * len(set(picked)) / max(len(entry_keys), 1)
+        if found:
+            client = self.tq_client
+            client.kv_batch_put(keys=keys, fields=concat_rows(parts), tags=tags, partition_id=partition_id)
+            client.kv_batch_put(keys=[uids[row] for row in sorted(found)], partition_id=partition_id,
+                                tags=[{"is_prompt": True, "status": "finished", "global_steps": step} for _ in found])
+        return found, nbytes, saved, sources
+
+    def _match_index(self) -> Any:
+        """The prompt index over the inner entries of every complete step this role could replay.
+
+        Spans the run directories :meth:`_match_sources` lists; a step directory is read once (its
+        inner entries probed) the first time it is listed, and forgotten when it is no longer there.
+        """
+        from stepskip.matching import PromptIndex
+
+        with self._index_lock:
+            if self._index is None:
+                self._index = PromptIndex()
+            index = self._index
+            listed = set(self._match_sources())
+            for step_dir in [d for d in self._indexed if d not in listed]:
+                for path in self._indexed.pop(step_dir):
+                    index.forget(path)
+            for step_dir in sorted(listed - set(self._indexed)):
+                added = self._index_step(index, step_dir)
+                if added is not None:
+                    self._indexed[step_dir] = added
+            return index
+
+    def _index_step(self, index: Any, step_dir: str) -> list[str] | None:
+        """Index the inner entries of a complete step; None (looked at again next time) for any other."""
+        inner_names = sorted(int(n) for n in self.store.list_dir(step_dir, dirs_only=True) if n.isdigit())
+        probes = [(f"{step_dir}/{i}", self._probe(f"{step_dir}/{i}")) for i in inner_names]
+        metas = [p.meta or {} for _, p in probes]
+        declared = metas[0].get("parameter_sync_step", 1) if metas else 0
+        complete = (bool(probes) and inner_names == list(range(len(probes))) and declared == len(probes)
+                    and all(p.state is EntryState.PRESENT and self._servable(p.meta or {}) for _, p in probes)
+                    and len({m.get("run_id") for m in metas}) == 1)
+        if not complete:
+            return None  # half-written or mixed: never served
+        added = []
+        for (path, _), meta in zip(probes, metas):
+            recorded = meta.get("row_prompts")
+            if isinstance(recorded, list) and all(d is None or isinstance(d, str) for d in recorded):
+                index.add(path, _step_of(meta), [d or "" for d in recorded])
+                added.append(path)
+        return added
 
     # ------------------------------------------------------------------ verl's names (its tests and trainer use them)
 

@@ -268,3 +268,33 @@ def test_a_sampled_key_missing_from_the_queue_is_a_dump_failure_not_an_unloadabl
     else:  # otherwise the read-back failure is counted, and the next run records the step
         assert (first["skip/rollout_tq/dumps"], first["skip/rollout_tq/dump_failures"]) == (0, 1), first
         assert second["skip/rollout_tq/dumps"] == 1
+
+
+def test_match_injects_recorded_prompts_and_submits_only_the_missing_ones(real_tq, tmp_path):
+    """action: match over the real queue: another data order reuses every recorded prompt's trajectories."""
+    recorder = Trainer(make_config(tmp_path, steps=[1, 2]), real_tq, n=N)
+    recorded = recorder.fit(2)  # prompts 0-2, then 3-5
+    SkipManager.reset()
+    empty_queue(real_tq)
+
+    def by_prompt(reads: list) -> dict[int, list]:
+        out: dict[int, list] = {}
+        for key, (prompts, responses, reward, messages, _) in merged(reads)[1].items():
+            out.setdefault(prompts[0], []).append((responses, reward, messages))
+        return {p: sorted(v) for p, v in out.items()}
+
+    recorded_by_prompt = {p: v for reads in recorded for p, v in by_prompt(reads).items()}
+    live = Trainer(make_config(tmp_path, steps=[1, 2], action="match"), real_tq, n=N)
+    live.next_prompt = 1  # prompts 1-3, then 4-6: only 6 was never recorded
+    replayed = live.fit(2)
+
+    assert live.agent_loop.submitted == [[6]]
+    for step, prompts in ((1, [1, 2, 3]), (2, [4, 5])):
+        got = by_prompt(replayed[step - 1])
+        for p in prompts:
+            assert got[p] == recorded_by_prompt[p], f"prompt {p}"
+        keys = merged(replayed[step - 1])[0]
+        assert {k.split("_")[0] for k in keys} == set(live.uids[step])  # the live uids only
+    stats = SkipManager.stats()
+    assert (stats["skip/rollout_tq/rows_replayed"], stats["skip/rollout_tq/rows_generated"]) == (5, 1)
+    assert not any(real_tq.kv_list().values())
