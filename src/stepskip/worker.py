@@ -44,6 +44,10 @@ class DumpWorker:
     def pending(self) -> int:
         return self._pending
 
+    def on_worker_thread(self) -> bool:
+        """True inside a job: there, waiting for a queued job would wait for one that runs later."""
+        return threading.current_thread() is self._thread
+
     def _ensure_started(self) -> None:
         if self._thread is not None and self._thread.is_alive():
             return

@@ -603,7 +603,7 @@ class CachedRole(BaseSkip):
         """Wait for this run's queued dump of ``path``: a call at that step then replays it
         instead of generating (and dumping) the same step a second time."""
         done = self._pending.get(path)
-        if done is not None:
+        if done is not None and not default_worker().on_worker_thread():  # a job never waits for itself
             done.wait()
 
     def _write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> bool:
