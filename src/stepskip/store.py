@@ -1559,20 +1559,9 @@ class FsspecStore(_EntryStore):
 
     def _modified(self, path: str) -> float | None:
         try:
-            info = self.fs.info(self._p(path))
+            return _info_time(self.fs.info(self._p(path)))
         except OSError:
             return None
-        for key in ("mtime", "LastModified", "created", "updated"):
-            value = info.get(key)
-            if value is None:
-                continue
-            if hasattr(value, "timestamp"):
-                return float(value.timestamp())
-            try:
-                return float(value)
-            except (TypeError, ValueError):
-                continue
-        return None
 
     def _item(self, info: Mapping[str, Any]) -> DirItem:
         name = str(info.get("name", "")).rstrip("/").rsplit("/", 1)[-1]

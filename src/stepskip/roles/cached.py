@@ -447,7 +447,9 @@ class CachedRole(BaseSkip):
             if self._index is None:
                 self._index = PromptIndex()
             index = self._index
-            listed = set(self._match_sources())
+            with self._pending_lock:  # this run's queued dumps count: indexing one waits for it
+                queued = {p for p in self._pending if p.rsplit("/", 1)[0] == self.project_dump_dir}
+            listed = set(self._match_sources()) | queued
             for path in [p for p in index.entries if p not in listed]:
                 index.forget(path)
             for path in sorted(listed - set(index.entries)):

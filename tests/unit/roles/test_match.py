@@ -68,16 +68,18 @@ def run(tmp_path, batch_prompts: int, order: list[int], steps: int, seed: int, e
     return rollout, answers
 
 
-@pytest.mark.parametrize("batch_prompts", [2, 8])
+@pytest.mark.parametrize("batch_prompts", [4, 16])
 def test_another_batch_size_and_order_replays_exactly_what_was_recorded(tmp_path, batch_prompts):
-    recorder, recorded = run(tmp_path, batch_prompts=4, order=shuffled(1), steps=3, seed=0, epoch="a")
-    assert len(recorder.seen) == 3 and len(recorded) == 12
+    """Recorded in batches of 8 with shuffle seed 1; run in batches of 4 (and 16) with shuffle seed 2."""
+    recorder, recorded = run(tmp_path, batch_prompts=8, order=shuffled(1), steps=3, seed=0, epoch="a")
+    assert len(recorder.seen) == 3 and len(recorded) == 24
     later_order = shuffled(2)
-    steps = 24 // batch_prompts
+    steps = 32 // batch_prompts
     replayer, replayed = run(tmp_path, batch_prompts=batch_prompts, order=later_order, steps=steps, seed=99,
                              epoch="b")
     wanted = later_order[:steps * batch_prompts]
     missing = [p for p in wanted if p not in recorded]
+    assert missing and len(missing) < len(wanted)  # both paths: replayed groups and generated ones
     # the function saw exactly the missing groups, in live order, each once per sample
     seen = [p for call in replayer.seen for p in call[::N]]
     assert seen == missing
@@ -159,3 +161,17 @@ def test_prompts_recorded_under_another_batch_size_are_found(tmp_path):
     assert [ids[::N] for ids in replayer.seen] == [[9]]
     assert out.batch["responses"][:N].tolist() == recorded[4]
     assert (run_path(tmp_path, gbs=2) / "1" / "meta.json").exists()
+
+
+def test_a_prompt_recurring_while_its_dump_is_queued_is_replayed(tmp_path):
+    """Background dumps: the second call of the same prompts waits for the queued entry instead of
+    generating again."""
+    SkipManager.init(config(tmp_path, async_dump=True))
+    rollout = Rollout(seed=0)
+    SkipManager.set_step(1)
+    first = rollout.generate_sequences(prompts_for([1, 2], "a"))
+    SkipManager.set_step(2)
+    again = rollout.generate_sequences(prompts_for([2, 1], "b"))
+    SkipManager.flush()
+    assert len(rollout.seen) == 1
+    assert again.batch["responses"].tolist() == first.batch["responses"][[2, 3, 0, 1]].tolist()
