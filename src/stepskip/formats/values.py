@@ -113,6 +113,7 @@ def encode_value(value: Any, path: str, add_tensor: TensorSink = _no_tensors) ->
 _NONE = type(None)
 _INT_ROWS = frozenset({int, _NONE})
 _FLOAT_ROWS = frozenset({float, _NONE})
+_NUMBERS = _INT_ROWS | _FLOAT_ROWS
 
 
 def _encode_rows(rows: list[Any], add_tensor: TensorSink) -> dict[str, Any] | None:
@@ -125,6 +126,8 @@ def _encode_rows(rows: list[Any], add_tensor: TensorSink) -> dict[str, Any] | No
     types: set[type] = set()
     for row in rows:
         types.update(map(type, row))
+        if not types <= _NUMBERS:
+            return None  # strings, dicts, deeper lists ...: decided at the first row that has one
     dtype: type[np.generic]
     if int in types and types <= _INT_ROWS:
         kind, dtype = "int", np.int64
