@@ -93,6 +93,9 @@ def test_float_bits_survive_nan_payloads_signed_zeros_and_infinities():
     row = [NAN_PAYLOAD, -0.0, 0.0, math.inf, -math.inf, 5e-324, float.fromhex("0x1.fffffffffffffp-1")] * 10
     (back,) = through([row])
     assert [bits(v) for v in back] == [bits(v) for v in row]
+    holed = [NAN_PAYLOAD, None, -0.0, math.nan, None] * 20  # a NaN item next to holes stays a NaN
+    (back,) = through([holed])
+    assert [None if v is None else bits(v) for v in back] == [None if v is None else bits(v) for v in holed]
 
 
 @pytest.mark.parametrize("where", ["dict", "tuple", "meta_info", "non_tensor_data", "object_item"])
