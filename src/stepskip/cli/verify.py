@@ -5,8 +5,9 @@ inner entries can never be completed by another run; a step whose manifest is da
 half-written directory or the leftover (recordings a V1 step's manifest does not name, too).
 Valid entries are never targets. Things a writer may still be working on (leftovers, half-written
 directories, incomplete V1 steps) are left alone while they are younger than the grace period (a
-recording a manifest retired: younger than the grace period since it was retired). Entries of a format this stepskip does not know and entries whose intact bytes do not
-decode here are reported and never removed; neither is anything reached through a symbolic link.
+recording a manifest retired: younger than the grace period since it was retired). Entries of a
+format this stepskip does not know and entries whose intact bytes do not decode here are reported
+and never removed; neither is anything reached through a symbolic link.
 """
 
 from __future__ import annotations
