@@ -504,30 +504,46 @@ class RolloutTqSkip(RolloutSkip):
             try:
                 payload, meta, _, size = self._read_entry(path, step, -1)
                 recorded = meta.get("row_prompts")
-                entry_keys = list(payload["keys"])
-                if not isinstance(recorded, list) or len(recorded) != len(entry_keys):
+                if not isinstance(recorded, list):
                     raise CacheMissError(f"{path} no longer records the prompts of its trajectories")
             except CacheMissError as err:  # damaged, vanished or replaced since indexed: generate those prompts
                 logger.warning("%s match: %s; submitting its %d prompts to rollout", self.name, err, len(rows))
                 with self._index_lock:
                     index.forget(path)
                 continue
+            try:  # metadata and data that disagree (a crafted or damaged entry) must not reach the trainer
+                problem = _payload_problem(payload, recorded)
+                if problem is None:
+                    entry_keys, entry_tags = list(payload["keys"]), list(payload["tags"])
+                    picked: list[int] = []
+                    entry_out: tuple[list[str], list[dict[str, Any]], set[int]] = ([], [], set())
+                    for row in rows:
+                        group = [i for i, d in enumerate(recorded) if d == digests[row]]
+                        if not group:  # the entry was replaced by one of other prompts since it was indexed
+                            continue
+                        plan = remap_v1([entry_keys[i] for i in group], [entry_tags[i] for i in group],
+                                        [uids[row]], self.layout.n, step)
+                        picked.extend(group[r] for r in plan.rows)
+                        entry_out[0].extend(plan.keys)
+                        entry_out[1].extend(plan.tags)
+                        entry_out[2].add(row)
+                    part = select_rows(payload["tensordict"], picked) if picked else None
+            except (IndexError, KeyError, TypeError, ValueError) as err:
+                problem = f"its trajectories cannot be selected ({type(err).__name__}: {err})"
+            if problem is not None:
+                self._report_corrupt(step, path, problem)
+                logger.warning("%s match: submitting the %d prompts of %s to rollout", self.name, len(rows), path)
+                with self._index_lock:
+                    index.forget(path)
+                continue
             nbytes += size
-            picked: list[int] = []
-            for row in rows:
-                group = [i for i, d in enumerate(recorded) if d == digests[row]]
-                if not group:  # the entry was replaced by one of other prompts since it was indexed
-                    continue
-                plan = remap_v1([entry_keys[i] for i in group], [payload["tags"][i] for i in group], [uids[row]],
-                                self.layout.n, step)
-                picked.extend(group[r] for r in plan.rows)
-                keys.extend(plan.keys)
-                tags.extend(plan.tags)
-                found.add(row)
+            if part is not None:
+                parts.append(part)
+                keys.extend(entry_out[0])
+                tags.extend(entry_out[1])
+                found |= entry_out[2]
                 step_dir = _step_dir_of(path)
-                sources[step_dir] = sources.get(step_dir, 0) + 1
-            if picked:
-                parts.append(select_rows(payload["tensordict"], picked))
+                sources[step_dir] = sources.get(step_dir, 0) + len(entry_out[2])
                 saved += _seconds(meta.get("generation_seconds")) * len(set(picked)) / max(len(entry_keys), 1)
         if found:
             client = self.tq_client
@@ -609,3 +625,24 @@ def _step_dir_of(path: str) -> str:
     """The step directory of an inner entry path (``{step}/{inner}`` or ``{step}/rec-{token}/{inner}``)."""
     parent, _, name = path.rsplit("/", 1)[0].rpartition("/")
     return parent if is_recording(name) else f"{parent}/{name}"
+
+
+def _payload_problem(payload: Any, recorded: list[Any]) -> str | None:
+    """Why a decoded inner entry's keys, tags, rows and recorded prompts do not describe the same trajectories."""
+    from stepskip.tq.rows import num_rows
+
+    if not isinstance(payload, dict) or "tensordict" not in payload:
+        return "it does not hold a V1 payload"
+    keys, tags = payload.get("keys"), payload.get("tags")
+    if not isinstance(keys, list) or not isinstance(tags, list):
+        return "its keys or tags are not lists"
+    if not all(isinstance(t, dict) for t in tags):
+        return "one of its tags is not a mapping"
+    try:
+        rows = num_rows(payload["tensordict"])
+    except Exception:  # a decoded value that is no batch of rows
+        rows = -1
+    if not len(keys) == len(tags) == rows == len(recorded):
+        return (f"its data holds {rows} rows, {len(keys)} keys and {len(tags)} tags, and its meta.json records "
+                f"the prompts of {len(recorded)} trajectories")
+    return None
