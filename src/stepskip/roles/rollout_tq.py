@@ -140,15 +140,15 @@ class RolloutTqSkip(RolloutSkip):
         where = self._step_root(step)
         if where.state is not EntryState.PRESENT:
             return [(f"{self.step_dump_dir(step)}/{MANIFEST_FILE}", Probe(where.state, reason=where.reason))]
-        out = []
-        for i in range(self.parameter_sync_step):
-            path = f"{where.root}/{i}"
-            probe = self._probe(path)
-            if where.manifest is not None and probe.state is EntryState.MISSING and i < where.manifest.inner_entries:
-                # the manifest is written after every inner entry it counts: one missing is damage
-                probe = Probe(EntryState.DAMAGED, reason=f"{MANIFEST_FILE} names {where.manifest.recording} but "
-                                                         f"its inner entry {i} is missing")
-            out.append((path, probe))
+        out = [(f"{where.root}/{i}", self._probe(f"{where.root}/{i}")) for i in range(self.parameter_sync_step)]
+        manifest = where.manifest
+        if manifest is not None:  # written after every inner entry it counts: one of them missing is damage
+            lacking = [str(i) for i, (_, p) in enumerate(out) if p.state is EntryState.MISSING
+                       and i < manifest.inner_entries]
+            if lacking:
+                reason = (f"{MANIFEST_FILE} names the recording {manifest.recording}, which lacks inner "
+                          f"entr{'y' if len(lacking) == 1 else 'ies'} {', '.join(lacking)}")
+                return [(f"{self.step_dump_dir(step)}/{MANIFEST_FILE}", Probe(EntryState.DAMAGED, reason=reason))]
         return out
 
     def _probes(self, step: int) -> list[Probe]:
@@ -386,6 +386,13 @@ class RolloutTqSkip(RolloutSkip):
             CacheMissError: no complete step to load; CorruptEntryError: a damaged inner entry.
         """
         load_step = self.resolve_load_step(step)
+        if load_step == -1 and self.action is SkipAction.REPLAY:  # say why: damaged and unreadable are not missing
+            for path, probe in self._probed(step):
+                if probe.state is EntryState.UNREADABLE:
+                    raise self._unreadable(probe.reason)
+                if probe.state is EntryState.DAMAGED:
+                    self._report_corrupt(step, path, probe.reason)
+                    raise CorruptEntryError(f"{self.name}: step {step} at {path} is damaged: {probe.reason}")
         if load_step == -1:
             raise CacheMissError(
                 f"{self.name}: no complete V1 entry for step {step} under {self.project_dump_dir} "
