@@ -373,3 +373,59 @@ def test_a_manifest_round_trips_and_names_only_recordings():
 
     assert parse_manifest(manifest.to_bytes()) == manifest
     assert not is_recording("rec-00112233aabb/..") and not is_recording("REC-00112233AABB")
+
+
+
+def test_a_manifest_step_copied_to_local_disk_is_read_there_and_a_linked_manifest_is_not_followed(tmp_path):
+    """``aws s3 sync`` of an object-store cache: the local store reads manifests too (it writes none)."""
+    import os
+
+    import fsspec
+
+    remote = (f"memory://stepskip-{uuid.uuid4().hex[:8]}/dump", {})
+    Recorder(remote).record(1, marker=10)
+    Recorder(remote).record(1, marker=20)
+    fs = fsspec.filesystem("memory")
+    local = tmp_path / "dump"
+    for path in fs.find(remote[0]):
+        target = local / path[len(fs._strip_protocol(remote[0])) + 1:]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(fs.cat_file(path))
+    copy = (str(local), {})
+    assert replayed_markers(copy) == {20}
+    (run,) = CacheIndex(str(local)).runs()
+    assert run.steps[0].valid and len(run.steps[0].leftovers) == 1  # the retired recording
+
+    manifest = local / RUN / "1" / MANIFEST_FILE
+    outside = tmp_path / "planted.json"
+    outside.write_bytes(manifest.read_bytes())
+    manifest.unlink()
+    os.symlink(outside, manifest)
+    cached = Recorder(copy, action="cache")
+    assert not cached.role.meet_precondition(1)
+    assert cached.role.stats["corrupt"] == 1
+    (run,) = CacheIndex(str(local)).runs()
+    assert [i.kind for i in run.steps[0].issues()] == [IssueKind.DAMAGED]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    manifest.unlink()
+    os.symlink(fifo, manifest)
+    assert not Recorder(copy, action="cache").role.meet_precondition(1)  # never opened through the link: no hang
+    manifest.unlink()
+    os.mkfifo(manifest)
+    assert not Recorder(copy, action="cache").role.meet_precondition(1)  # a FIFO in its place: no hang either
+
+
+def test_local_small_files_are_read_bounded_and_written_whole(tmp_path):
+    from stepskip.store import LocalStore
+
+    store = LocalStore(str(tmp_path))
+    assert store.read_small(str(tmp_path / "absent.json"), 10) is None
+    store.put_small(str(tmp_path / "a" / "x.json"), b"12345")
+    store.put_small(str(tmp_path / "a" / "x.json"), b"678")
+    assert store.read_small(str(tmp_path / "a" / "x.json"), 10) == b"678"
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["x.json"]  # no temporary left
+    with pytest.raises(CorruptEntryError, match="more than"):
+        store.read_small(str(tmp_path / "a" / "x.json"), 2)
+    with pytest.raises(CorruptEntryError):
+        store.read_small(str(tmp_path / "a"), 10)  # a directory
