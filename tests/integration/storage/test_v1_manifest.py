@@ -429,3 +429,56 @@ def test_local_small_files_are_read_bounded_and_written_whole(tmp_path):
         store.read_small(str(tmp_path / "a" / "x.json"), 2)
     with pytest.raises(CorruptEntryError):
         store.read_small(str(tmp_path / "a"), 10)  # a directory
+
+
+def test_convert_writes_a_manifest_step_in_place_and_clears_a_destination_manifest(object_store, tmp_path):
+    from stepskip.cli.convert import convert_cache
+
+    Recorder(object_store).record(1, marker=10)
+    Recorder(object_store).record(1, marker=20)
+    local = tmp_path / "converted"
+    report = convert_cache(CacheIndex(*object_store), CacheIndex(str(local)), to="safe")
+    assert report.ok and len(report.converted) == SYNC
+    assert sorted(p.name for p in (local / RUN / "1").iterdir()) == ["0", "1"]  # in place: no manifest needed
+    assert replayed_markers((str(local), {})) == {20}
+    # back onto the object store, over the manifest step: the old manifest goes, the converted step is read
+    back = convert_cache(CacheIndex(str(local)), CacheIndex(*object_store), to="safe", overwrite=True)
+    assert back.ok
+    assert read_manifest(fs_store(object_store), step_dir(object_store)) is None
+    assert replayed_markers(object_store) == {20}
+
+
+def test_two_recorder_processes_on_s3_end_with_the_step_of_the_last_manifest(s3_server):
+    """Real recorder processes (SkipManager each) on the moto server: A writes inner 0, B records the
+    whole step, then A writes inner 1; each waits for the other's event, never for time."""
+    import multiprocessing
+
+    import s3fs
+    from v1_recorders import record_step
+
+    options = {"client_kwargs": {"endpoint_url": s3_server}, "skip_instance_cache": True}
+    bucket = f"stepskip-{uuid.uuid4().hex[:8]}"
+    s3fs.S3FileSystem(**options).mkdir(bucket)
+    store = (f"s3://{bucket}/dump", options)
+    ctx = multiprocessing.get_context("spawn")
+    a_first, b_done, release_a = ctx.Event(), ctx.Event(), ctx.Event()
+    a_results, b_results = ctx.Queue(), ctx.Queue()
+    a = ctx.Process(target=record_step, args=(store[0], None, a_first, release_a, None, a_results),
+                    kwargs={"storage_options": options})
+    b = ctx.Process(target=record_step, args=(store[0], a_first, None, None, b_done, b_results),
+                    kwargs={"storage_options": options})
+    a.start()
+    b.start()
+    try:
+        a_run, b_run = a_results.get(timeout=300), b_results.get(timeout=300)
+        assert b_done.wait(300)
+        b.join(300)
+        assert b.exitcode == 0
+        assert run_ids(store) == {b_run}  # B's whole step while A is still recording
+    finally:
+        release_a.set()
+        a.join(300)
+    assert a.exitcode == 0
+    assert run_ids(store) == {a_run}  # A's manifest was written last: its whole step
+    (run,) = CacheIndex(*store).runs()
+    assert run.steps[0].valid and len(run.steps[0].leftovers) == 1  # B's recording, retired
