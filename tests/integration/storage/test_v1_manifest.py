@@ -482,3 +482,31 @@ def test_two_recorder_processes_on_s3_end_with_the_step_of_the_last_manifest(s3_
     assert run_ids(store) == {a_run}  # A's manifest was written last: its whole step
     (run,) = CacheIndex(*store).runs()
     assert run.steps[0].valid and len(run.steps[0].leftovers) == 1  # B's recording, retired
+
+
+def test_match_finds_prompts_in_manifest_steps(object_store):
+    """rollout_tq under action: match indexes the recording a step's manifest names (and nothing else)."""
+    from v1_harness import V1Trainer
+
+    from stepskip import SkipManager
+
+    def trainer(action: str, gbs: int, start: int) -> V1Trainer:
+        config = make_config(*object_store, action=action)
+        config["skip"]["rollout_tq"]["steps"] = [1, 2]
+        config["data"]["train_batch_size"] = gbs
+        del config["trainer"]
+        live = V1Trainer(config, InProcessTQClient(), prompts_per_step=gbs)
+        live.next_prompt = start
+        return live
+
+    recorder = trainer("record", 4, 0)
+    recorder.fit(2)  # prompts 0-3 at step 1, 4-7 at step 2
+    SkipManager.reset()
+    store = fs_store(object_store)
+    assert read_manifest(store, f"{object_store[0]}/default_experiment_name_default_project_name/"
+                                f"GBS4_N2_in0_out0/1") is not None
+    live = trainer("match", 3, 2)  # prompts 2-4 and 5-7, in another run directory (GBS3)
+    live.fit(2)
+    assert live.agent_loop.submitted == []
+    stats = SkipManager.stats()
+    assert stats["skip/rollout_tq/rows_replayed"] == 2 * 3  # prompts injected
