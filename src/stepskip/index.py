@@ -613,7 +613,8 @@ class CacheIndex:
                              and c.kind != "link" and (Layout.parse_step(c.name) is None or c.kind != "dir"))
 
     def scan_step(self, path: str, step: int, role: str | None = None) -> StepDir:
-        """One step directory: a flat entry, a V1 step with inner entries, or a half-written one.
+        """One step directory: a flat entry, a V1 step with inner entries (those of the recording its
+        manifest names, when it has one), or a half-written one.
 
         Args:
             path: the ``{step}`` directory.
