@@ -13,8 +13,9 @@ at least :data:`PACK_MIN_ITEMS` items: ``{"__t": "rows", "kind": "int"|"float", 
 an int here) or floats only, each possibly with ``None`` items; a list that mixes ints and floats,
 or holds ints outside int64, stays JSON (packing would change a type). Decoding gives back the
 same lists: int stays int, float keeps its bits (``-0.0``, NaN payloads), ``None`` stays ``None``,
-empty rows stay empty. 512 x 2048 token ids encode and decode in tens of milliseconds this way,
-against about a second item by item.
+empty rows stay empty. A TRL result of 512 x 2048 token ids and their log-probs encodes in under
+0.1 s and decodes in about 0.05 s this way, against about 0.5 s and 0.3 s item by item
+(``benchmarks/bench_trl.py --codec-only``).
 """
 
 from __future__ import annotations
