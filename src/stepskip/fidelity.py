@@ -10,7 +10,9 @@ are compared with the live run and call; what happens on a difference is the rol
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -22,7 +24,7 @@ from stepskip.calls import is_dataproto_like
 from stepskip.identity import VERL_FINGERPRINT_KEYS, fingerprint_diff, fingerprint_of
 
 __all__ = ["FINGERPRINT_KEYS", "DIGEST_PREFIX", "run_fingerprint", "fingerprint_diff", "prompt_digest",
-           "prompt_row_digests"]
+           "prompt_row_digests", "shared_object_digests"]
 
 #: The scheme of :func:`prompt_digest` values. Entries recorded by an older scheme (``xxh3_64:``)
 #: hold digests that cannot be compared with this one: a reader should skip the check for them.
@@ -173,9 +175,52 @@ def _hash_objects(h: xxhash.xxh3_64, items: list[Any]) -> None:
         return
     ids = np.fromiter(map(id, items), dtype=np.uint64, count=len(items))
     distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    digests = np.fromiter((_value_digest(items[i]) for i in first.tolist()), dtype=np.uint64, count=len(distinct))
+    digests = _distinct_digests(items, first.tolist())
     h.update(b"O")
     h.update(digests[inverse.reshape(-1)].tobytes())
+
+
+#: Inside :func:`shared_object_digests`: id -> (object, digest) of every non-tensor object hashed so far.
+#: The object is kept with its digest, so that its id cannot be reused by another while the memo lives.
+_SHARED: ContextVar[dict[int, tuple[Any, int]] | None] = ContextVar("stepskip_shared_digests", default=None)
+
+
+@contextmanager
+def shared_object_digests() -> Iterator[None]:
+    """Within this block, :func:`prompt_digest` and :func:`prompt_row_digests` hash each distinct
+    non-tensor object once between them (a miss records both digests of the same prompts).
+
+    The values are those computed without it; only the work is shared. Objects must not be
+    changed inside the block (the digest of an object seen before is reused).
+
+    Example:
+        >>> from stepskip import Batch
+        >>> b = Batch.from_dict(non_tensors={"messages": [{"role": "user", "content": "hi"}] * 2})
+        >>> with shared_object_digests():
+        ...     rows, whole = prompt_row_digests(b), prompt_digest(b)
+        >>> (rows, whole) == (prompt_row_digests(b), prompt_digest(b))
+        True
+    """
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def _distinct_digests(items: list[Any], first: list[int]) -> np.ndarray:
+    """The content digest of ``items[i]`` for each ``i`` in ``first``, from the shared memo where one is open."""
+    memo = _SHARED.get()
+    if memo is None:
+        return np.fromiter((_value_digest(items[i]) for i in first), dtype=np.uint64, count=len(first))
+    out = np.empty(len(first), dtype=np.uint64)
+    for j, i in enumerate(first):
+        item = items[i]
+        known = memo.get(id(item))
+        if known is None or known[0] is not item:
+            known = memo[id(item)] = (item, _value_digest(item))
+        out[j] = known[1]
+    return out
 
 
 def _hash_value(h: xxhash.xxh3_64, name: str, value: Any) -> None:
@@ -293,7 +338,7 @@ def _object_row_digests(name: str, items: list[Any], rows: int) -> np.ndarray:
         raise ValueError(f"non-tensor column {name!r} has {len(items)} rows, the batch {rows}")
     ids = np.fromiter(map(id, items), dtype=np.uint64, count=rows)
     distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    digests = np.fromiter((_value_digest(items[i]) for i in first.tolist()), dtype=np.uint64, count=len(distinct))
+    digests = _distinct_digests(items, first.tolist())
     seed = np.uint64(xxhash.xxh3_64_intdigest(f"{name}|".encode()))
     return digests[inverse.reshape(-1)] ^ seed
 
