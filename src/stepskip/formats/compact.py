@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from stepskip.errors import CorruptEntryError, TruncatedEntryError
@@ -85,19 +86,29 @@ def _trim(bits: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
     rows, width = bits.shape
     if rows == 0 or width < 2:
         return None
-    lval, rval = bits[:, 0], bits[:, -1]
-    same_left = bits == lval[:, None]
-    left = torch.where(same_left.all(1), width, (~same_left).view(torch.uint8).argmax(1))
-    same_right = (bits == rval[:, None]).flip(1)
-    right = torch.where(same_right.all(1), width, (~same_right).view(torch.uint8).argmax(1))
-    right = torch.minimum(right, width - left)
+    a = np.ascontiguousarray(bits.numpy())
+    index = np.arange(rows)
+    lval, rval = a[:, 0].copy(), a[:, -1].copy()
+    # numpy's bool argmax stops at each row's first True: a run costs one comparison pass, not four
+    differs = a != lval[:, None]
+    left = differs.argmax(1)
+    left[~differs[index, left]] = width  # the whole row is one run
+    differs = (a != rval[:, None])[:, ::-1]
+    right = differs.argmax(1)
+    right[~differs[index, right]] = width
+    del differs
+    right = np.minimum(right, width - left)
     kept = int((width - left - right).sum())
     if kept > MIN_TRIM_GAIN * rows * width:
         return None
-    columns = torch.arange(width)
-    keep = (columns >= left[:, None]) & (columns < (width - right)[:, None])
-    middle = torch.from_numpy(bits.numpy()[keep.numpy()])  # numpy's masked gather is several times faster
-    return middle, left.to(torch.int32), right.to(torch.int32), lval, rval
+    if width >= ROW_COPY_MIN_WIDTH:  # one slice per row, gathered by one C call
+        middle = np.concatenate([a[i, l_count:width - r_count]
+                                 for i, (l_count, r_count) in enumerate(zip(left.tolist(), right.tolist()))])
+    else:  # narrow rows: a masked gather, whose cost does not grow with the row count
+        columns = np.arange(width)
+        middle = a[(columns >= left[:, None]) & (columns < (width - right)[:, None])]
+    return (torch.from_numpy(middle), torch.from_numpy(left.astype(np.int32)), torch.from_numpy(right.astype(np.int32)),
+            torch.from_numpy(lval), torch.from_numpy(rval))
 
 
 def encode_tensor(tensor: torch.Tensor, add: Sink) -> dict[str, Any]:
