@@ -173,25 +173,23 @@ def _hash_objects(h: xxhash.xxh3_64, items: list[Any]) -> None:
     if types <= _LEAVES:  # uids, data sources, indices: one C call for the whole column
         h.update(b"J" + _json(items).encode("ascii"))
         return
-    ids = np.fromiter(map(id, items), dtype=np.uint64, count=len(items))
-    distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    digests = _distinct_digests(items, first.tolist())
     h.update(b"O")
-    h.update(digests[inverse.reshape(-1)].tobytes())
+    h.update(_item_digests(items).tobytes())
 
 
-#: Inside :func:`shared_object_digests`: id -> (object, digest) of every non-tensor object hashed so far.
-#: The object is kept with its digest, so that its id cannot be reused by another while the memo lives.
-_SHARED: ContextVar[dict[int, tuple[Any, int]] | None] = ContextVar("stepskip_shared_digests", default=None)
+#: Inside :func:`shared_object_digests`: the bytes of a column's item ids -> (its items, their digests).
+#: The items are kept with their digests, so that no id can be reused by another object while the memo lives.
+_SHARED: ContextVar[dict[bytes, tuple[list[Any], np.ndarray]] | None] = ContextVar("stepskip_shared_digests",
+                                                                                  default=None)
 
 
 @contextmanager
 def shared_object_digests() -> Iterator[None]:
-    """Within this block, :func:`prompt_digest` and :func:`prompt_row_digests` hash each distinct
-    non-tensor object once between them (a miss records both digests of the same prompts).
+    """Within this block, :func:`prompt_digest` and :func:`prompt_row_digests` hash each non-tensor
+    column once between them (a miss records both digests of the same prompts).
 
     The values are those computed without it; only the work is shared. Objects must not be
-    changed inside the block (the digest of an object seen before is reused).
+    changed inside the block (the digests of a column of the same objects are reused).
 
     Example:
         >>> from stepskip import Batch
@@ -208,19 +206,20 @@ def shared_object_digests() -> Iterator[None]:
         _SHARED.reset(token)
 
 
-def _distinct_digests(items: list[Any], first: list[int]) -> np.ndarray:
-    """The content digest of ``items[i]`` for each ``i`` in ``first``, from the shared memo where one is open."""
+def _item_digests(items: list[Any]) -> np.ndarray:
+    """The content digest of each item, each distinct object (by identity) computed once; a column
+    seen before in the shared memo (the same objects in the same rows) is not looked at again."""
+    ids = np.fromiter(map(id, items), dtype=np.uint64, count=len(items))
     memo = _SHARED.get()
-    if memo is None:
-        return np.fromiter((_value_digest(items[i]) for i in first), dtype=np.uint64, count=len(first))
-    out = np.empty(len(first), dtype=np.uint64)
-    for j, i in enumerate(first):
-        item = items[i]
-        known = memo.get(id(item))
-        if known is None or known[0] is not item:
-            known = memo[id(item)] = (item, _value_digest(item))
-        out[j] = known[1]
-    return out
+    key = ids.tobytes() if memo is not None else b""
+    if memo is not None and key in memo:
+        return memo[key][1]
+    distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    digests = np.fromiter((_value_digest(items[i]) for i in first.tolist()), dtype=np.uint64, count=len(distinct))
+    digests = digests[inverse.reshape(-1)]
+    if memo is not None:
+        memo[key] = (items, digests)
+    return digests
 
 
 def _hash_value(h: xxhash.xxh3_64, name: str, value: Any) -> None:
@@ -336,11 +335,8 @@ def _object_row_digests(name: str, items: list[Any], rows: int) -> np.ndarray:
     """64-bit content digest of each row's value, each distinct object computed once."""
     if len(items) != rows:
         raise ValueError(f"non-tensor column {name!r} has {len(items)} rows, the batch {rows}")
-    ids = np.fromiter(map(id, items), dtype=np.uint64, count=rows)
-    distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    digests = _distinct_digests(items, first.tolist())
     seed = np.uint64(xxhash.xxh3_64_intdigest(f"{name}|".encode()))
-    return digests[inverse.reshape(-1)] ^ seed
+    return _item_digests(items) ^ seed
 
 
 def prompt_row_digests(prompts: Any, exclude: Iterable[str] = ()) -> list[str]:
