@@ -10,7 +10,9 @@ are compared with the live run and call; what happens on a difference is the rol
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -22,7 +24,7 @@ from stepskip.calls import is_dataproto_like
 from stepskip.identity import VERL_FINGERPRINT_KEYS, fingerprint_diff, fingerprint_of
 
 __all__ = ["FINGERPRINT_KEYS", "DIGEST_PREFIX", "run_fingerprint", "fingerprint_diff", "prompt_digest",
-           "prompt_row_digests"]
+           "prompt_row_digests", "shared_object_digests"]
 
 #: The scheme of :func:`prompt_digest` values. Entries recorded by an older scheme (``xxh3_64:``)
 #: hold digests that cannot be compared with this one: a reader should skip the check for them.
@@ -171,11 +173,53 @@ def _hash_objects(h: xxhash.xxh3_64, items: list[Any]) -> None:
     if types <= _LEAVES:  # uids, data sources, indices: one C call for the whole column
         h.update(b"J" + _json(items).encode("ascii"))
         return
+    h.update(b"O")
+    h.update(_item_digests(items).tobytes())
+
+
+#: Inside :func:`shared_object_digests`: the bytes of a column's item ids -> (its items, their digests).
+#: The items are kept with their digests, so that no id can be reused by another object while the memo lives.
+_SHARED: ContextVar[dict[bytes, tuple[list[Any], np.ndarray]] | None] = ContextVar("stepskip_shared_digests",
+                                                                                  default=None)
+
+
+@contextmanager
+def shared_object_digests() -> Iterator[None]:
+    """Within this block, :func:`prompt_digest` and :func:`prompt_row_digests` hash each non-tensor
+    column once between them (a miss records both digests of the same prompts).
+
+    The values are those computed without it; only the work is shared. Objects must not be
+    changed inside the block (the digests of a column of the same objects are reused).
+
+    Example:
+        >>> from stepskip import Batch
+        >>> b = Batch.from_dict(non_tensors={"messages": [{"role": "user", "content": "hi"}] * 2})
+        >>> with shared_object_digests():
+        ...     rows, whole = prompt_row_digests(b), prompt_digest(b)
+        >>> (rows, whole) == (prompt_row_digests(b), prompt_digest(b))
+        True
+    """
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def _item_digests(items: list[Any]) -> np.ndarray:
+    """The content digest of each item, each distinct object (by identity) computed once; a column
+    seen before in the shared memo (the same objects in the same rows) is not looked at again."""
     ids = np.fromiter(map(id, items), dtype=np.uint64, count=len(items))
+    memo = _SHARED.get()
+    key = ids.tobytes() if memo is not None else b""
+    if memo is not None and key in memo:
+        return memo[key][1]
     distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
     digests = np.fromiter((_value_digest(items[i]) for i in first.tolist()), dtype=np.uint64, count=len(distinct))
-    h.update(b"O")
-    h.update(digests[inverse.reshape(-1)].tobytes())
+    digests = digests[inverse.reshape(-1)]
+    if memo is not None:
+        memo[key] = (items, digests)
+    return digests
 
 
 def _hash_value(h: xxhash.xxh3_64, name: str, value: Any) -> None:
@@ -331,11 +375,8 @@ def _object_row_digests(name: str, items: list[Any], rows: int) -> np.ndarray:
     """64-bit content digest of each row's value, each distinct object computed once."""
     if len(items) != rows:
         raise ValueError(f"non-tensor column {name!r} has {len(items)} rows, the batch {rows}")
-    ids = np.fromiter(map(id, items), dtype=np.uint64, count=rows)
-    distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    digests = np.fromiter((_value_digest(items[i]) for i in first.tolist()), dtype=np.uint64, count=len(distinct))
     seed = np.uint64(xxhash.xxh3_64_intdigest(f"{name}|".encode()))
-    return digests[inverse.reshape(-1)] ^ seed
+    return _item_digests(items) ^ seed
 
 
 def prompt_row_digests(prompts: Any, exclude: Iterable[str] = ()) -> list[str]:

@@ -14,7 +14,14 @@ from omegaconf import OmegaConf
 from tensordict import NonTensorStack, TensorDict
 
 from stepskip import Batch
-from stepskip.fidelity import DIGEST_PREFIX, fingerprint_diff, prompt_digest, prompt_row_digests, run_fingerprint
+from stepskip.fidelity import (
+    DIGEST_PREFIX,
+    fingerprint_diff,
+    prompt_digest,
+    prompt_row_digests,
+    run_fingerprint,
+    shared_object_digests,
+)
 
 
 def test_fingerprint_takes_the_listed_keys_that_are_set_and_user_keys():
@@ -210,3 +217,36 @@ def test_prompt_digest_of_many_token_id_rows():
     digest = prompt_digest(rows)
     rows[511][2047] += 1
     assert prompt_digest(rows) != digest
+
+
+def _verl_like_prompts(groups: int, n: int, tag: str = "") -> Batch:
+    messages = np.empty(groups, dtype=object)
+    messages[:] = [[{"role": "user", "content": f"question {g}{tag}"}] for g in range(groups)]
+    rewards = np.empty(groups, dtype=object)
+    rewards[:] = [{"ground_truth": str(g), "style": "rule"} for g in range(groups)]
+    return Batch.from_dict(tensors={"input_ids": torch.arange(groups * n * 3).reshape(groups * n, 3)},
+                           non_tensors={"raw_prompt": np.repeat(messages, n), "reward_model": np.repeat(rewards, n),
+                                        "uid": np.repeat(np.array([f"u{g}" for g in range(groups)], dtype=object), n)})
+
+
+def test_shared_object_digests_gives_the_values_computed_without_it():
+    prompts = _verl_like_prompts(4, 3)
+    alone = (prompt_row_digests(prompts, ["uid"]), prompt_digest(prompts, ["uid"]))
+    with shared_object_digests():
+        shared = (prompt_row_digests(prompts, ["uid"]), prompt_digest(prompts, ["uid"]))
+        # other prompts in the same block, made after the first were hashed, get their own digests
+        others = [_verl_like_prompts(4, 3, tag=f" v{i}") for i in range(5)]
+        inside = [prompt_digest(p, ["uid"]) for p in others]
+    assert shared == alone
+    assert inside == [prompt_digest(p, ["uid"]) for p in others]
+    assert len(set(inside) | {alone[1]}) == 6
+
+
+def test_shared_object_digests_never_mistakes_a_new_object_at_a_freed_address():
+    """A memo keyed by id alone would hand a freed object's digest to a new one at its address."""
+    with shared_object_digests():
+        digests = []
+        for i in range(200):  # each batch dies before the next: CPython reuses the addresses
+            digests.append(prompt_digest(_verl_like_prompts(2, 2, tag=f" {i}"), ["uid"]))
+    assert digests == [prompt_digest(_verl_like_prompts(2, 2, tag=f" {i}"), ["uid"]) for i in range(200)]
+    assert len(set(digests)) == 200

@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from stepskip.errors import CorruptEntryError, TruncatedEntryError
@@ -34,6 +35,10 @@ _INTS = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.u
 MIN_TRIM_GAIN = 0.9  # trim only when it keeps at most this share of the elements
 ZSTD_LEVEL = 1  # decompression speed barely depends on the level; compression does
 _SAMPLE_BYTES = 1 << 18
+#: Trimmed rows at least this wide are rebuilt row by row (each output byte written once, a few
+#: slice copies per row); narrower ones with vectorised masks, so that the Python work per output
+#: element stays bounded whatever shape an entry declares.
+ROW_COPY_MIN_WIDTH = 256
 
 TREE = "data.json"  # the file whose fields the decoders check (error messages name it)
 Sink = Callable[[torch.Tensor], str]
@@ -81,19 +86,29 @@ def _trim(bits: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
     rows, width = bits.shape
     if rows == 0 or width < 2:
         return None
-    lval, rval = bits[:, 0], bits[:, -1]
-    same_left = bits == lval[:, None]
-    left = torch.where(same_left.all(1), width, (~same_left).view(torch.uint8).argmax(1))
-    same_right = (bits == rval[:, None]).flip(1)
-    right = torch.where(same_right.all(1), width, (~same_right).view(torch.uint8).argmax(1))
-    right = torch.minimum(right, width - left)
+    a = np.ascontiguousarray(bits.numpy())
+    index = np.arange(rows)
+    lval, rval = a[:, 0].copy(), a[:, -1].copy()
+    # numpy's bool argmax stops at each row's first True: a run costs one comparison pass, not four
+    differs = a != lval[:, None]
+    left = differs.argmax(1)
+    left[~differs[index, left]] = width  # the whole row is one run
+    differs = (a != rval[:, None])[:, ::-1]
+    right = differs.argmax(1)
+    right[~differs[index, right]] = width
+    del differs
+    right = np.minimum(right, width - left)
     kept = int((width - left - right).sum())
     if kept > MIN_TRIM_GAIN * rows * width:
         return None
-    columns = torch.arange(width)
-    keep = (columns >= left[:, None]) & (columns < (width - right)[:, None])
-    middle = torch.from_numpy(bits.numpy()[keep.numpy()])  # numpy's masked gather is several times faster
-    return middle, left.to(torch.int32), right.to(torch.int32), lval, rval
+    if width >= ROW_COPY_MIN_WIDTH:  # one slice per row, gathered by one C call
+        middle = np.concatenate([a[i, l_count:width - r_count]
+                                 for i, (l_count, r_count) in enumerate(zip(left.tolist(), right.tolist()))])
+    else:  # narrow rows: a masked gather, whose cost does not grow with the row count
+        columns = np.arange(width)
+        middle = a[(columns >= left[:, None]) & (columns < (width - right)[:, None])]
+    return (torch.from_numpy(middle), torch.from_numpy(left.astype(np.int32)), torch.from_numpy(right.astype(np.int32)),
+            torch.from_numpy(lval), torch.from_numpy(rval))
 
 
 def encode_tensor(tensor: torch.Tensor, add: Sink) -> dict[str, Any]:
@@ -176,15 +191,41 @@ def _decode_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budge
     if values.numel() != rows * width - int((left + right).sum()):
         raise CorruptEntryError(f"{TREE}: {field}.values: {values.numel()} values for "
                                 f"{rows * width - int((left + right).sum())} kept positions")
-    left, right = left[:, None], right[:, None]
-    columns = torch.arange(width)
-    in_left = columns < left
-    out = torch.where(in_left, parts["lval"].to(bits_dtype)[:, None], parts["rval"].to(bits_dtype)[:, None])
-    if values.numel():  # masks are all runs: nothing in the middle
-        keep = in_left.logical_not_()  # reuse the buffer: peak memory matters on load
-        keep &= columns < width - right
-        out.numpy()[keep.numpy()] = values.numpy()  # numpy's masked assignment is the fastest here
+    lval, rval = parts["lval"].to(bits_dtype), parts["rval"].to(bits_dtype)
+    if width >= ROW_COPY_MIN_WIDTH:
+        out = torch.empty((rows, width), dtype=bits_dtype)
+        if rows:
+            _fill_rows(out.numpy().reshape(-1), width, left.tolist(), right.tolist(), lval.tolist(), rval.tolist(),
+                       values.numpy())
+    else:  # narrow rows: per-row Python work would dominate, so the vectorised rebuild
+        columns = torch.arange(width)
+        in_left = columns < left[:, None]
+        out = torch.where(in_left, lval[:, None], rval[:, None])
+        if values.numel():  # masks are all runs: nothing in the middle
+            keep = in_left.logical_not_()  # reuse the buffer: peak memory matters on load
+            keep &= columns < (width - right)[:, None]
+            out.numpy()[keep.numpy()] = values.numpy()
     return out.view(dtype) if dtype in _BITS else out
+
+
+def _fill_rows(flat: Any, width: int, left: list[int], right: list[int], lval: list[Any], rval: list[Any],
+               values: Any) -> None:
+    """Write each row of a trimmed tensor once: its left run, its middle values, its right run.
+
+    Every output byte is written exactly once, by contiguous slice copies (numpy casts the narrowed
+    values on the way); a vectorised where-then-mask rebuild writes the output twice and builds
+    two row-by-width masks, several times slower for rollout-sized tensors. The caller checked that
+    the runs fit the width and the values fill the kept positions exactly.
+    """
+    start, taken = 0, 0
+    for l_count, r_count, l_value, r_value in zip(left, right, lval, rval):
+        middle = start + width - r_count
+        kept = middle - start - l_count
+        flat[start:start + l_count] = l_value
+        flat[start + l_count:middle] = values[taken:taken + kept]
+        flat[middle:start + width] = r_value
+        start += width
+        taken += kept
 
 
 def find_concat(tensors: Mapping[str, torch.Tensor]) -> dict[str, list[str]]:

@@ -405,8 +405,8 @@ class _Decoder:
             raise CorruptEntryError(f"{TREE_FILE}: {field}.entries: every entry must be a node")
         decoded: dict[str, Any] = {}
         dense = [k for k, c in entries.items() if c.get("kind") == "tensor" and c.get("enc") not in (None, "concat")]
-        if len(dense) > 1:  # torch and zstd release the GIL: decode the big tensors side by side
-            decoded.update(zip(dense, _parallel_map(lambda k: self.node(entries[k], f"{field}[{k!r}]"), dense)))
+        if len(dense) > 1:  # torch, numpy and zstd release the GIL: decode the big tensors side by side
+            decoded.update(self._decode_side_by_side(entries, dense, field))
         # entries stored as a concatenation of siblings decode after those siblings
         order = sorted((k for k in entries if k not in decoded), key=lambda k: entries[k].get("enc") == "concat")
         for key in decoded:
@@ -433,6 +433,33 @@ class _Decoder:
                 td.set(key, decoded[key])
         # keep the recorded key order
         return td.select(*entries.keys()) if list(td.keys()) != list(entries.keys()) else td
+
+    def _decode_side_by_side(self, entries: dict[str, Any], dense: list[str], field: str) -> dict[str, Any]:
+        """Decode the ``dense`` entries on the pool, and with them each concatenation of two of them
+        (``input_ids`` of ``prompts`` and ``responses``): it copies as soon as its parts exist,
+        overlapping the decoding of the others instead of running after all of them."""
+        dense_set = set(dense)
+        joined = [k for k, c in entries.items() if c.get("kind") == "tensor" and c.get("enc") == "concat"
+                  and isinstance(c.get("parts"), list) and len(c["parts"]) == 2
+                  and all(isinstance(part, str) and part in dense_set for part in c["parts"])]
+        decoded: dict[str, Any] = {}
+        ready = {k: threading.Event() for k in dense}
+
+        def job(key: str) -> Any:
+            where = f"{field}[{key!r}]"
+            if key in ready:
+                try:
+                    decoded[key] = self.node(entries[key], where)
+                finally:  # a failed part still wakes its concatenation, which then finds it missing
+                    ready[key].set()
+                return decoded[key]
+            for part in entries[key]["parts"]:
+                ready[part].wait()
+            return self.node(entries[key], where, _siblings(decoded, where))
+
+        # the pool takes jobs in order: a concatenation starts only once both its parts have started
+        keys = dense + joined
+        return dict(zip(keys, _parallel_map(job, keys)))
 
     def batch(self, node: dict[str, Any], field: str) -> Any:
         td = None if node["batch"] is None else self.tensordict(node["batch"], f"{field}.batch")

@@ -334,8 +334,12 @@ class CachedRole(BaseSkip):
         prompts = call_prompts(args, kwargs)
 
         def meta() -> dict[str, Any]:
-            return self._entry_meta(step, seconds, prompt_digest=_prompt_digest(prompts, self.rebind_keys),
-                                    row_prompts=self._row_prompts(prompts, result), **rng)
+            from stepskip.fidelity import shared_object_digests
+
+            with shared_object_digests():  # both digests hash the same prompt objects: each is hashed once
+                row_prompts = self._row_prompts(prompts, result)
+                digest = _prompt_digest(prompts, self.rebind_keys)
+            return self._entry_meta(step, seconds, prompt_digest=digest, row_prompts=row_prompts, **rng)
 
         prepared = self._snapshot(step, path, result, copy=self.async_dump, meta=meta)
         if prepared is not None:

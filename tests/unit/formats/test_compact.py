@@ -59,6 +59,26 @@ def test_round_trip_is_bit_exact(rows, width, dtype, seed):
     assert torch.equal(bits(out), bits(t))
 
 
+@pytest.mark.parametrize("threshold", [1, 10**9], ids=["row-copy", "vectorised"])
+def test_both_trim_rebuilds_are_bit_exact(monkeypatch, threshold):
+    """Wide rows are rebuilt row by row, narrow ones with masks: both give the encoded tensor back."""
+    from stepskip.formats import compact
+
+    monkeypatch.setattr(compact, "ROW_COPY_MIN_WIDTH", threshold)
+    shapes = [(0, 5), (1, 2), (3, 7), (12, 40), (5, 300), (64, 513)]
+    for seed, (rows, width) in enumerate(shapes):
+        for dtype in DTYPES:
+            t = padded(rows, width, dtype, seed)
+            out, node = round_trip(t)
+            assert out.dtype == t.dtype and out.shape == t.shape
+            assert torch.equal(bits(out), bits(t)), (rows, width, dtype, node.get("enc"))
+    # every row of a wide, mostly padded tensor takes the row path at the real threshold
+    monkeypatch.setattr(compact, "ROW_COPY_MIN_WIDTH", 256)
+    t = padded(32, 1024, torch.int64, 5)
+    out, node = round_trip(t)
+    assert node["enc"] == "trim" and torch.equal(out, t)
+
+
 def test_nan_payloads_and_negative_zero_survive():
     t = torch.zeros(3, 6)
     t[0, 2:] = float("nan")
@@ -125,3 +145,24 @@ def test_rollout_batch_round_trip_and_size(compress):
         assert size > in_memory
     else:
         assert size < 0.2 * in_memory
+
+
+def test_a_concatenation_decodes_beside_its_parts_and_a_damaged_part_fails_without_a_hang():
+    """input_ids (prompts | responses) is copied on the pool once its parts exist; a part that does
+    not decode must surface as a damaged entry, never leave the concatenation waiting forever."""
+    from stepskip.errors import CorruptEntryError
+
+    batch = make_rollout_batch(16, 300, 400, n=4, seed=2)  # rows wide enough for the row-copy rebuild
+    fmt = get_format("safe", compress="auto")
+    files = fmt.encode(fmt.freeze(batch, copy=True))
+    tree = json.loads(files["data.json"])
+    entries = tree["root"]["batch"]["entries"]
+    assert entries["input_ids"]["enc"] == "concat" and entries["responses"]["enc"] == "trim"
+    out = fmt.decode(dict(files))
+    assert torch.equal(out.batch["input_ids"], batch.batch["input_ids"])
+    entries["responses"]["shape"] = [16, 10**6]  # the runs and values no longer fit this width
+    damaged = dict(files, **{"data.json": json.dumps(tree).encode()})
+    for _ in range(3):  # more than the pool has workers: none may be left blocked by a failed decode
+        with pytest.raises(CorruptEntryError, match="responses"):
+            fmt.decode(damaged)
+    assert torch.equal(fmt.decode(dict(files)).batch["input_ids"], batch.batch["input_ids"])
