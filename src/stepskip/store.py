@@ -26,9 +26,11 @@ import os
 import re
 import shutil
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -384,6 +386,51 @@ def _openat2_dir(dir_fd: int, relative: str) -> int | None:
 
 
 # --------------------------------------------------------------------------- the store interface
+
+
+_FSYNC_THREADS = 16
+_fsync_pool: ThreadPoolExecutor | None = None
+_fsync_pool_pid = 0
+_fsync_pool_lock = threading.Lock()
+
+
+def _fsync_all(fds: list[int]) -> dict[int, OSError]:
+    """``fsync`` every fd, the calls issued side by side; the errors by fd (empty when all are durable).
+
+    Each file is synced by its own ``fsync``, exactly as one after another would: issued together,
+    the filesystem commits them in one journal transaction instead of one each (ext4 and xfs group
+    concurrent commits), which is most of the time a small entry costs.
+    """
+    failed: dict[int, OSError] = {}
+
+    def sync(fd: int) -> None:
+        try:
+            os.fsync(fd)
+        except OSError as err:
+            failed[fd] = err
+
+    if len(fds) < 2:
+        for fd in fds:
+            sync(fd)
+        return failed
+    global _fsync_pool, _fsync_pool_pid
+    if _fsync_pool is None or _fsync_pool_pid != os.getpid():  # a forked child has none of the pool's threads
+        with _fsync_pool_lock:
+            if _fsync_pool is None or _fsync_pool_pid != os.getpid():
+                _fsync_pool = ThreadPoolExecutor(max_workers=_FSYNC_THREADS, thread_name_prefix="stepskip-fsync")
+                _fsync_pool_pid = os.getpid()
+    pool = _fsync_pool
+    futures = []
+    try:
+        for fd in fds:
+            futures.append(pool.submit(sync, fd))
+    except RuntimeError:  # the interpreter is shutting down (dumps pending at exit): sync the rest here
+        pass
+    for fd in fds[len(futures):]:
+        sync(fd)
+    for future in futures:
+        future.result()
+    return failed
 
 
 class _EntryStore:
@@ -916,19 +963,22 @@ class LocalStore(_EntryStore):
         try:
             os.mkdir(tmp, dir_fd=parent_fd)
             try:
-                tmp_fd = os.open(tmp, _O_DIR, dir_fd=parent_fd)
+                fds = [os.open(tmp, _O_DIR, dir_fd=parent_fd)]
                 try:
                     listing: dict[str, dict[str, Any]] = {}
                     total = 0
                     for file_name, data in files.items():
-                        self._write_file(tmp_fd, file_name, data)
+                        fds.append(self._write_unsynced(fds[0], file_name, data))
                         listing[file_name] = {"bytes": len(data), "checksum": checksum(data)}
                         total += len(data)
                     meta_bytes = _meta_bytes(meta, listing)
-                    self._write_file(tmp_fd, META_FILE, meta_bytes)
-                    os.fsync(tmp_fd)
+                    fds.append(self._write_unsynced(fds[0], META_FILE, meta_bytes))
+                    failed = _fsync_all(fds)  # every file and the directory, synced side by side
+                    if failed:
+                        raise next(iter(failed.values()))
                 finally:
-                    os.close(tmp_fd)
+                    for fd in fds:
+                        os.close(fd)
                 if not self._publish(parent_fd, tmp, name, path, overwrite):
                     return 0
                 try:
@@ -962,13 +1012,14 @@ class LocalStore(_EntryStore):
                     staged.append(self._stage(path, files, meta, parents))
                 except Exception as err:  # reported for this entry alone
                     staged.append(err)
-            for i, item in enumerate(staged):  # one sync per file and directory, all data first: then the renames
+            # one sync per file and directory, all issued together (the filesystem commits them as a
+            # group), all data first: then the renames
+            failed = _fsync_all([fd for item in staged if not isinstance(item, Exception) for fd in item[5]])
+            for i, item in enumerate(staged):
                 if isinstance(item, Exception):
                     continue
-                try:
-                    for fd in item[5]:
-                        os.fsync(fd)
-                except OSError as err:
+                err = next((failed[fd] for fd in item[5] if fd in failed), None)
+                if err is not None:
                     for fd in item[5]:
                         os.close(fd)
                     _remove_at(item[0], item[1])
@@ -985,11 +1036,7 @@ class LocalStore(_EntryStore):
                 except OSError as err:
                     _remove_at(parent_fd, tmp)
                     results.append(err)
-            for fd in set(parents.values()):
-                try:
-                    os.fsync(fd)
-                except OSError:
-                    pass
+            _fsync_all(list(set(parents.values())))  # the renames: best effort, as in write_entry
             return results
         finally:
             for item in staged:
@@ -1039,6 +1086,7 @@ class LocalStore(_EntryStore):
 
     @staticmethod
     def _write_unsynced(dir_fd: int, name: str, data: bytes) -> int:
+        """Create ``name`` in ``dir_fd`` holding ``data``; the open fd, for the caller to sync and close."""
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
                      dir_fd=dir_fd)
         try:
@@ -1049,15 +1097,6 @@ class LocalStore(_EntryStore):
             os.close(fd)
             raise
         return fd
-
-    @staticmethod
-    def _write_file(dir_fd: int, name: str, data: bytes) -> None:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
-                     dir_fd=dir_fd)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
 
     @staticmethod
     def _publish(parent_fd: int, tmp: str, name: str, path: str, overwrite: bool) -> bool:

@@ -72,6 +72,8 @@ class Frozen:
 
 #: Tensors at least this large are snapshot into pooled buffers.
 POOL_MIN_BYTES = 1 << 20
+#: Below this many bytes in all, the items of :func:`_parallel_map` run on the calling thread.
+PARALLEL_MIN_BYTES = 1 << 20
 #: At most this many bytes of free buffers are kept between snapshots.
 POOL_MAX_BYTES = 4 << 30
 
@@ -194,7 +196,8 @@ class _Encoder:
                 return sources[i].clone(memory_format=torch.contiguous_format)
             return target.copy_(sources[i])
 
-        self.tensors.update(zip(refs, _parallel_map(copy, list(range(len(refs))), pool="snapshot")))
+        copies = _parallel_map(copy, list(range(len(refs))), pool="snapshot", nbytes=sum(map(_nbytes, sources)))
+        self.tensors.update(zip(refs, copies))
 
     def value(self, value: Any, path: str) -> Any:
         """A snapshot of a non-tensor value, encoded later by :func:`_complete` (off the caller's thread)."""
@@ -292,19 +295,27 @@ def _column(value: Any, path: str) -> np.ndarray:
         ) from err
 
 
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
 _POOLS: dict[str, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 
 
-def _parallel_map(fn: Callable[[Any], Any], items: list[Any], pool: str = "codec") -> list[Any]:
+def _parallel_map(fn: Callable[[Any], Any], items: list[Any], pool: str = "codec",
+                  nbytes: int | None = None) -> list[Any]:
     """``map`` on a small thread pool (torch, numpy and zstd release the GIL); each item runs exactly once.
 
     ``pool`` names the pool: a miss's snapshot clones (``"snapshot"``, the caller's thread) never
-    queue behind the background encoding of an earlier dump (``"codec"``). When the interpreter is
-    shutting down (dumps still pending at exit are finished then), the pool refuses new work: the
-    items it did not take run here. An exception raised by ``fn`` propagates.
+    queue behind the background encoding of an earlier dump (``"codec"``). ``nbytes``, the data
+    the items handle together, runs them here when it is below :data:`PARALLEL_MIN_BYTES`: handing
+    an item to a thread costs more than copying or decoding a small tensor (one-sample entries of
+    the async role). When the interpreter is shutting down (dumps still pending at exit are
+    finished then), the pool refuses new work: the items it did not take run here. An exception
+    raised by ``fn`` propagates.
     """
-    if len(items) < 2:
+    if len(items) < 2 or (nbytes is not None and nbytes < PARALLEL_MIN_BYTES):
         return [fn(item) for item in items]
     executor = _POOLS.get(pool)
     if executor is None:
@@ -334,6 +345,8 @@ class _Decoder:
         self.tensors = tensors
         self.packed = packed
         self.budget = budget
+        #: what the stored parts hold (compressed or not): small entries decode on the caller's thread
+        self.stored_bytes = sum(map(_nbytes, tensors.values()))
 
     def tensor(self, ref: Any, field: str) -> torch.Tensor:
         # each stored part is used once: dropping it here frees it as soon as its output exists
@@ -406,7 +419,8 @@ class _Decoder:
         decoded: dict[str, Any] = {}
         dense = [k for k, c in entries.items() if c.get("kind") == "tensor" and c.get("enc") not in (None, "concat")]
         if len(dense) > 1:  # torch and zstd release the GIL: decode the big tensors side by side
-            decoded.update(zip(dense, _parallel_map(lambda k: self.node(entries[k], f"{field}[{k!r}]"), dense)))
+            nodes = _parallel_map(lambda k: self.node(entries[k], f"{field}[{k!r}]"), dense, nbytes=self.stored_bytes)
+            decoded.update(zip(dense, nodes))
         # entries stored as a concatenation of siblings decode after those siblings
         order = sorted((k for k in entries if k not in decoded), key=lambda k: entries[k].get("enc") == "concat")
         for key in decoded:
@@ -536,7 +550,9 @@ class SafeFormat:
             tree, tensors = _compact(tree, tensors)
             refs = list(tensors)
             packed: dict[str, Any] = {}
-            for ref, (stored, info) in zip(refs, _parallel_map(lambda r: pack(tensors[r], self.compress), refs)):
+            total = sum(map(_nbytes, tensors.values()))
+            for ref, (stored, info) in zip(refs, _parallel_map(lambda r: pack(tensors[r], self.compress), refs,
+                                                               nbytes=total)):
                 tensors[ref] = stored
                 if info is not None:
                     packed[ref] = info
@@ -666,7 +682,8 @@ def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[di
     def dense_many(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Encode sibling tensors side by side (torch releases the GIL)."""
         keys = list(nodes)
-        return dict(zip(keys, _parallel_map(lambda k: dense(nodes[k]), keys)))
+        total = sum(_nbytes(t) for n in nodes.values() if (t := table.get(n["ref"])) is not None)
+        return dict(zip(keys, _parallel_map(lambda k: dense(nodes[k]), keys, nbytes=total)))
 
     def walk(node: Any) -> Any:
         if not isinstance(node, dict) or "kind" not in node:

@@ -589,17 +589,58 @@ class CachedRole(BaseSkip):
         done = threading.Event()
         with self._pending_lock:
             self._pending[path] = done
+        dump = _Dump(self, path, step, frozen, meta, done)
+        nbytes = _small_size(frozen)
+        # consecutive small dumps are committed together (fsyncs batched), unless a subclass writes its own way
+        group = self._write_batch if nbytes is not None and type(self)._write is CachedRole._write else None
+        default_worker().submit(dump, nbytes=nbytes, group=group)
 
-        def job() -> None:
+    def _finish_dump(self, path: str, done: threading.Event) -> None:
+        with self._pending_lock:
+            if self._pending.get(path) is done:
+                del self._pending[path]
+        done.set()
+
+    def _write_batch(self, dumps: list[_Dump]) -> None:
+        """Write consecutive queued dumps as one batch (the worker's group for small entries).
+
+        The store publishes each entry atomically and makes it durable before it counts as
+        written, as :meth:`_write` does, with the fsyncs of the whole batch issued together; a
+        failure is counted for its own entry alone. Stores without batched writes write one by one.
+        """
+        batched = getattr(self.store, "write_entries", None)
+        try:
+            if batched is None:
+                for dump in dumps:
+                    self._write(dump.path, dump.step, dump.frozen, dump.meta)
+                return
+            start = time.perf_counter()
+            encoded: list[tuple[_Dump, dict[str, bytes]]] = []
+            for dump in dumps:
+                try:
+                    encoded.append((dump, self.format.encode(dump.frozen)))
+                except Exception as err:  # the dump boundary: this entry alone is lost
+                    self._dump_failed(dump.step, dump.path, err)
             try:
-                self._write(path, step, frozen, meta)
-            finally:
-                with self._pending_lock:
-                    if self._pending.get(path) is done:
-                        del self._pending[path]
-                done.set()
+                results: list[int | Exception] = batched([(d.path, files, d.meta) for d, files in encoded])
+            except Exception as err:  # not expected (failures are per entry): every entry of the batch failed
+                results = [err] * len(encoded)
+            seconds = (time.perf_counter() - start) / max(1, len(encoded))  # each entry's share of the batch
+            for (dump, _), result in zip(encoded, results):
+                if isinstance(result, Exception):
+                    self._dump_failed(dump.step, dump.path, result)
+                    continue
+                self.stats.add(dumps=1, dump_seconds=seconds, bytes_written=result)
+                logger.info("%s dump: step %d written to %s (%d bytes, one of a batch of %d)",
+                            self.name, dump.step, dump.path, result, len(dumps))
+        finally:
+            for dump in dumps:
+                self._finish_dump(dump.path, dump.done)
 
-        default_worker().submit(job)
+    def _dump_failed(self, step: int, path: str, err: BaseException) -> None:
+        self.stats.add(dump_failures=1)
+        logger.error("%s dump failed: step %d not written to %s: %s: %s",
+                     self.name, step, path, type(err).__name__, err)
 
     def _await_pending(self, path: str) -> None:
         """Wait for this run's queued dump of ``path``: a call at that step then replays it
@@ -615,9 +656,7 @@ class CachedRole(BaseSkip):
             files = self.format.encode(frozen)
             written = self.store.write_entry(path, files, meta)
         except Exception as err:  # the dump boundary: no storage error may stop the training run
-            self.stats.add(dump_failures=1)
-            logger.error("%s dump failed: step %d not written to %s: %s: %s",
-                         self.name, step, path, type(err).__name__, err)
+            self._dump_failed(step, path, err)
             return False
         seconds = time.perf_counter() - start
         self.stats.add(dumps=1, dump_seconds=seconds, bytes_written=written)
@@ -818,6 +857,45 @@ class CachedRole(BaseSkip):
 
     prompt_length = prompt_len
     response_length = response_len
+
+
+#: A snapshot whose tensors hold less than this is a small dump: it may queue beyond the job bound
+#: and be committed in a batch with the small dumps queued next to it.
+SMALL_DUMP_BYTES = 1 << 20
+
+
+class _Dump:
+    """One queued background dump; called alone, it writes its entry as :meth:`CachedRole._write`."""
+
+    __slots__ = ("role", "path", "step", "frozen", "meta", "done")
+
+    def __init__(self, role: CachedRole, path: str, step: int, frozen: Any, meta: dict[str, Any],
+                 done: threading.Event) -> None:
+        self.role, self.path, self.step, self.frozen, self.meta, self.done = role, path, step, frozen, meta, done
+
+    def __call__(self) -> None:
+        try:
+            self.role._write(self.path, self.step, self.frozen, self.meta)
+        finally:
+            self.role._finish_dump(self.path, self.done)
+
+
+def _small_size(frozen: Any) -> int | None:
+    """The bytes a snapshot's tensors hold when it is a small dump; None for a large or unknown one."""
+    tensors = getattr(frozen, "tensors", None)
+    if not isinstance(tensors, dict):
+        return None
+    total = 0
+    for tensor in tensors.values():
+        nbytes = getattr(tensor, "nbytes", None)
+        if not isinstance(nbytes, int):
+            return None
+        total += nbytes
+        if total >= SMALL_DUMP_BYTES:
+            return None
+    if not total:  # no tensors: the size is all in non-tensor values, not counted here
+        return None
+    return total + 4096  # the meta and the non-tensor columns of a few rows
 
 
 def _step_of(meta: dict[str, Any]) -> int:
