@@ -1018,12 +1018,12 @@ class LocalStore(_EntryStore):
             for i, item in enumerate(staged):
                 if isinstance(item, Exception):
                     continue
-                err = next((failed[fd] for fd in item[5] if fd in failed), None)
-                if err is not None:
+                sync_error = next((failed[fd] for fd in item[5] if fd in failed), None)
+                if sync_error is not None:
                     for fd in item[5]:
                         os.close(fd)
                     _remove_at(item[0], item[1])
-                    staged[i] = err
+                    staged[i] = sync_error
             results: list[int | Exception] = []
             for i, item in enumerate(staged):
                 if isinstance(item, Exception):

@@ -30,6 +30,7 @@ from stepskip.errors import CorruptEntryError, UnstorableValueError
 from stepskip.formats.bounds import DecodeBudget, check_jagged, shape_of
 from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, pack, unpack
 from stepskip.formats.snapshot import IMMUTABLE, snapshot_object_array, snapshot_value
+from stepskip.formats.st_small import save_small
 from stepskip.formats.values import (
     decode_object_array,
     decode_value,
@@ -563,7 +564,8 @@ class SafeFormat:
             data = text.encode("utf-8")
         except UnicodeEncodeError:  # lone surrogates: JSON's \u escapes keep them exactly, and json.loads reads them
             data = json.dumps(tree, ensure_ascii=True, separators=(",", ":")).encode("ascii")
-        return {TENSORS_FILE: st_save(tensors), TREE_FILE: data}
+        small = save_small(tensors)  # the same bytes, without safetensors' per-tensor overhead
+        return {TENSORS_FILE: st_save(tensors) if small is None else small, TREE_FILE: data}
 
     def decode(self, files: Mapping[str, bytes], consume: bool = False, max_bytes: int | None = None) -> Any:
         """Rebuild the value from the entry's files.
