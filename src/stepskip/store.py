@@ -394,43 +394,69 @@ _fsync_pool_pid = 0
 _fsync_pool_lock = threading.Lock()
 
 
-def _fsync_all(fds: list[int]) -> dict[int, OSError]:
-    """``fsync`` every fd, the calls issued side by side; the errors by fd (empty when all are durable).
-
-    Each file is synced by its own ``fsync``, exactly as one after another would: issued together,
-    the filesystem commits them in one journal transaction instead of one each (ext4 and xfs group
-    concurrent commits), which is most of the time a small entry costs.
-    """
-    failed: dict[int, OSError] = {}
-
-    def sync(fd: int) -> None:
-        try:
-            os.fsync(fd)
-        except OSError as err:
-            failed[fd] = err
-
-    if len(fds) < 2:
-        for fd in fds:
-            sync(fd)
-        return failed
+def _sync_pool() -> ThreadPoolExecutor:
     global _fsync_pool, _fsync_pool_pid
     if _fsync_pool is None or _fsync_pool_pid != os.getpid():  # a forked child has none of the pool's threads
         with _fsync_pool_lock:
             if _fsync_pool is None or _fsync_pool_pid != os.getpid():
                 _fsync_pool = ThreadPoolExecutor(max_workers=_FSYNC_THREADS, thread_name_prefix="stepskip-fsync")
                 _fsync_pool_pid = os.getpid()
-    pool = _fsync_pool
-    futures = []
-    try:
-        for fd in fds:
-            futures.append(pool.submit(sync, fd))
-    except RuntimeError:  # the interpreter is shutting down (dumps pending at exit): sync the rest here
-        pass
-    for fd in fds[len(futures):]:
-        sync(fd)
-    for future in futures:
-        future.result()
-    return failed
+    return _fsync_pool
+
+
+class _Syncs:
+    """``fsync`` calls started side by side on a small pool, each fd closed once synced.
+
+    Each file is synced by its own ``fsync``, exactly as one after another would: issued together,
+    the filesystem commits them in one journal transaction instead of one each (ext4 and xfs group
+    concurrent commits), which is most of the time a small entry costs. Started while the next
+    entries are still being written, they also overlap that work.
+    """
+
+    def __init__(self) -> None:
+        self._futures: list[Any] = []
+        self._failed: dict[Any, OSError] = {}
+        self._lock = threading.Lock()
+
+    def _sync(self, key: Any, fd: int, close: bool) -> None:
+        try:
+            os.fsync(fd)
+        except OSError as err:
+            with self._lock:
+                self._failed.setdefault(key, err)
+        finally:
+            if close:
+                os.close(fd)
+
+    def start(self, key: Any, fds: Iterable[int], close: bool = True) -> None:
+        """Sync ``fds`` (closing them after, with ``close``); a failure is reported under ``key``."""
+        fds = list(fds)
+        taken = 0
+        if len(fds) > 1 or self._futures:
+            pool = _sync_pool()
+            try:
+                for fd in fds:
+                    self._futures.append(pool.submit(self._sync, key, fd, close))
+                    taken += 1
+            except RuntimeError:  # the interpreter is shutting down (dumps pending at exit): sync the rest here
+                pass
+        for fd in fds[taken:]:
+            self._sync(key, fd, close)
+
+    def wait(self) -> dict[Any, OSError]:
+        """Wait for every sync started; the first error of each key that had one."""
+        futures, self._futures = self._futures, []
+        for future in futures:
+            future.result()
+        return dict(self._failed)
+
+
+def _fsync_all(fds: list[int]) -> dict[int, OSError]:
+    """``fsync`` every fd side by side (see :class:`_Syncs`); the errors by fd (empty when all are durable)."""
+    syncs = _Syncs()
+    for fd in fds:
+        syncs.start(fd, [fd], close=False)
+    return syncs.wait()
 
 
 class _EntryStore:
@@ -1004,34 +1030,32 @@ class LocalStore(_EntryStore):
             Per entry, in order: the bytes written, or the exception that kept it from being written
             (nothing partial of it is left behind); one entry's failure does not stop the others.
         """
-        staged: list[tuple[int, str, str, str, int, list[int]] | Exception] = []
+        staged: list[tuple[int, str, str, str, int] | Exception] = []
         parents: dict[str, int] = {}
+        syncs = _Syncs()
+        published: set[int] = set()
         try:
-            for path, files, meta in entries:
+            for i, (path, files, meta) in enumerate(entries):
                 try:
-                    staged.append(self._stage(path, files, meta, parents))
+                    parent_fd, tmp, name, path, total, fds = self._stage(path, files, meta, parents)
                 except Exception as err:  # reported for this entry alone
                     staged.append(err)
-            # one sync per file and directory, all issued together (the filesystem commits them as a
-            # group), all data first: then the renames
-            failed = _fsync_all([fd for item in staged if not isinstance(item, Exception) for fd in item[5]])
-            for i, item in enumerate(staged):
-                if isinstance(item, Exception):
                     continue
-                sync_error = next((failed[fd] for fd in item[5] if fd in failed), None)
-                if sync_error is not None:
-                    for fd in item[5]:
-                        os.close(fd)
-                    _remove_at(item[0], item[1])
-                    staged[i] = sync_error
+                staged.append((parent_fd, tmp, name, path, total))
+                # synced (and closed) side by side while the next entries are written
+                syncs.start(i, fds)
+            failed = syncs.wait()  # every file and directory of every entry: then the renames
             results: list[int | Exception] = []
             for i, item in enumerate(staged):
                 if isinstance(item, Exception):
                     results.append(item)
                     continue
-                parent_fd, tmp, name, path, total, fds = item
+                parent_fd, tmp, name, path, total = item
                 try:
+                    if i in failed:
+                        raise failed[i]
                     self._publish(parent_fd, tmp, name, path, True)
+                    published.add(i)
                     results.append(total)
                 except OSError as err:
                     _remove_at(parent_fd, tmp)
@@ -1039,10 +1063,10 @@ class LocalStore(_EntryStore):
             _fsync_all(list(set(parents.values())))  # the renames: best effort, as in write_entry
             return results
         finally:
-            for item in staged:
-                if not isinstance(item, Exception):
-                    for fd in item[5]:
-                        os.close(fd)
+            syncs.wait()  # every fd closed, also when ``entries`` itself raised
+            for i, item in enumerate(staged):
+                if not isinstance(item, Exception) and i not in published:
+                    _remove_at(item[0], item[1])  # nothing partial stays behind (gone already when published)
             for fd in parents.values():
                 os.close(fd)
 

@@ -29,6 +29,8 @@ _CODES = {torch.uint64: "U64", torch.int64: "I64", torch.float64: "F64", torch.f
           torch.int32: "I32", torch.bfloat16: "BF16", torch.float16: "F16", torch.uint16: "U16", torch.int16: "I16",
           torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
 _RANK = {dtype: rank for rank, dtype in enumerate(_CODES)}
+_NUMPY_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                 torch.float32, torch.float64}
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,200}")  # JSON-encoded the same by every encoder
 
 
@@ -58,10 +60,13 @@ def save_small(tensors: Mapping[str, torch.Tensor]) -> bytes | None:
     offset = 0
     for name in sorted(tensors, key=lambda n: (_RANK[tensors[n].dtype], n)):
         tensor = tensors[name]
-        flat = tensor.detach().reshape(-1)
-        if flat.stride(0) != 1:  # e.g. a one-element view with stride 0: a dense copy
-            flat = flat.new_empty(flat.shape).copy_(flat)
-        data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+        if tensor.dtype in _NUMPY_DTYPES:  # numpy writes any layout in C order
+            data = tensor.detach().numpy().tobytes()
+        else:  # bfloat16 and the wide unsigned types: their bytes through a uint8 view
+            flat = tensor.detach().reshape(-1)
+            if flat.stride(0) != 1:  # e.g. a one-element view with stride 0: a dense copy
+                flat = flat.new_empty(flat.shape).copy_(flat)
+            data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
         header[name] = {"dtype": _CODES[tensor.dtype], "shape": list(tensor.shape),
                         "data_offsets": [offset, offset + len(data)]}
         offset += len(data)

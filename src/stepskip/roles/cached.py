@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -290,6 +290,24 @@ class CachedRole(BaseSkip):
             UnreadableEntryError: the entry is intact but cannot be decoded here, or is a pickle
                 while ``allow_pickle`` is false.
         """
+        prompts = call_prompts(args, kwargs)
+        if self.action in (SkipAction.CACHE, SkipAction.REPLAY):
+            # the step itself or nothing: the read checks the entry as a probe would, so it is not
+            # probed first (one look at meta.json per hit, not three); an entry found missing or
+            # damaged takes the general path below, which looks again and says why
+            path = self.step_dump_dir(step)
+            if self._pending:
+                self._await_pending(path)
+            start = time.perf_counter()
+            try:
+                value, meta, nbytes = self._read_entry_once(path, step, step, prompts)
+            except (ReplayMissError, CorruptEntryError):
+                pass
+            except CacheMissError:
+                self._regenerated()
+                raise
+            else:
+                return self._served(step, step, value, meta, time.perf_counter() - start, nbytes, prompts)
         load_step = self.resolve_load_step(step)
         if load_step == -1 and self.action is not SkipAction.RECORD:
             probe = self._probe_settled(self.step_dump_dir(step))
@@ -307,13 +325,24 @@ class CachedRole(BaseSkip):
                 "record it first with action 'cache' or 'record', or check dump_dir and the run shape "
                 "(GBS/N/in/out) in the directory name"
             )
-        prompts = call_prompts(args, kwargs)
         try:
             value, meta, seconds, nbytes = self.load_entry(load_step, step, prompts=prompts)
+        except CacheMissError:
+            self._regenerated()
+            raise
+        return self._served(step, load_step, value, meta, seconds, nbytes, prompts)
+
+    def _regenerated(self) -> None:
+        if self.action is not SkipAction.REPLAY:
+            self.stats.add(misses=1)  # the call is regenerated
+
+    def _served(self, step: int, load_step: int, value: Any, meta: dict[str, Any], seconds: float, nbytes: int,
+                prompts: Any) -> Any:
+        """A loaded entry made the call's result: the generators restored, identity columns rebound, counted."""
+        try:
             self.restore_rng(meta, step, self.step_dump_dir(load_step))
         except CacheMissError:
-            if self.action is not SkipAction.REPLAY:
-                self.stats.add(misses=1)  # the call is regenerated
+            self._regenerated()
             raise
         self._rebind(value, prompts)
         saved = _seconds(meta.get("generation_seconds"))
@@ -615,18 +644,25 @@ class CachedRole(BaseSkip):
                     self._write(dump.path, dump.step, dump.frozen, dump.meta)
                 return
             start = time.perf_counter()
-            encoded: list[tuple[_Dump, dict[str, bytes]]] = []
-            for dump in dumps:
-                try:
-                    encoded.append((dump, self.format.encode(dump.frozen)))
-                except Exception as err:  # the dump boundary: this entry alone is lost
-                    self._dump_failed(dump.step, dump.path, err)
+            encoded: list[_Dump] = []
+
+            def entries() -> Iterator[tuple[str, dict[str, bytes], dict[str, Any]]]:
+                """Encoded one by one as the store takes them: encoding overlaps the syncs of those before."""
+                for dump in dumps:
+                    try:
+                        files = self.format.encode(dump.frozen)
+                    except Exception as err:  # the dump boundary: this entry alone is lost
+                        self._dump_failed(dump.step, dump.path, err)
+                        continue
+                    encoded.append(dump)
+                    yield dump.path, files, dump.meta
+
             try:
-                results: list[int | Exception] = batched([(d.path, files, d.meta) for d, files in encoded])
+                results: list[int | Exception] = batched(entries())
             except Exception as err:  # not expected (failures are per entry): every entry of the batch failed
                 results = [err] * len(encoded)
             seconds = (time.perf_counter() - start) / max(1, len(encoded))  # each entry's share of the batch
-            for (dump, _), result in zip(encoded, results):
+            for dump, result in zip(encoded, results):
                 if isinstance(result, Exception):
                     self._dump_failed(dump.step, dump.path, result)
                     continue
