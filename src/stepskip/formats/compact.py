@@ -44,6 +44,7 @@ Source = Callable[[str], torch.Tensor]
 #: Tensors of at most this many elements are encoded and decoded through numpy: for a small
 #: tensor, each torch call costs more than the work it does (one-sample entries of the async role).
 SMALL_ELEMENTS = 1 << 16
+_NARROW_RANGES = [(dtype, torch.iinfo(dtype).min, torch.iinfo(dtype).max) for dtype in _NARROW]
 _NUMPY = {torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32,
           torch.int64: np.int64}
 
@@ -85,10 +86,12 @@ def narrow(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     array = _small_array(tensor)
     if array is not None:  # the same choice in numpy, for a fraction of torch's per-call cost
-        low, high = int(array.min()), int(array.max())
-        for dtype in _NARROW:
-            info = torch.iinfo(dtype)
-            if info.min <= low and high <= info.max:
+        if array.size == 1:  # the per-row counts and values of a one-row trim
+            low = high = int(array.reshape(-1)[0])
+        else:
+            low, high = int(array.min()), int(array.max())
+        for dtype, smallest, largest in _NARROW_RANGES:
+            if smallest <= low and high <= largest:
                 if dtype.itemsize >= tensor.dtype.itemsize:
                     return tensor
                 return torch.from_numpy(array.astype(_NUMPY[dtype]))
