@@ -459,11 +459,27 @@ def _fsync_all(fds: list[int]) -> dict[int, OSError]:
     return syncs.wait()
 
 
+#: A directory's mtime this much older than a listing of it proves the listing complete: a later
+#: change (on a filesystem whose timestamps are coarse, too) gives the directory another mtime.
+SETTLED_NS = 2_000_000_000
+
+
+def settled(version: tuple[int, int, int] | None, listed_at_ns: int) -> bool:
+    """Whether a listing taken at ``listed_at_ns`` (``time.time_ns()``) of a directory at ``version``
+    (:meth:`LocalStore.dir_version`) may be reused for as long as the version stays the same."""
+    return version is not None and listed_at_ns - version[2] >= SETTLED_NS
+
+
 class _EntryStore:
     """What every store offers; entry logic shared by the stores lives in the module functions above."""
 
     #: Whether :meth:`publish_dir` can publish a directory of entries atomically (local stores).
     publishes_dirs = False
+
+    def dir_version(self, path: str) -> tuple[int, int, int] | None:
+        """A value that changes whenever the names in directory ``path`` change; None where the store has
+        none (object stores): listings are then never reused."""
+        return None
 
     def publish_dir(self, staging: str, path: str) -> None:
         """Publish a staged directory of entries as ``path`` at once (only where ``publishes_dirs``)."""
@@ -846,6 +862,23 @@ class LocalStore(_EntryStore):
             return []
         finally:
             os.close(fd)
+
+    def dir_version(self, path: str) -> tuple[int, int, int] | None:
+        """``(device, inode, mtime in ns)`` of the directory ``path`` (reached without following links):
+        it changes whenever a name is added, removed or renamed there. None when it is not a directory.
+
+        A listing taken when the version was already at least :data:`SETTLED_NS` old stays valid
+        while the version does not change (see :func:`settled`).
+        """
+        try:
+            fd = self._open_dir(path)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        return st.st_dev, st.st_ino, st.st_mtime_ns
 
     def _read(self, path: str) -> bytes:
         """One whole regular file (no links followed), e.g. for tests and tools."""

@@ -39,7 +39,7 @@ from stepskip.policies import CheckPrompts, MatchN, OnMismatch, SkipAction
 from stepskip.resolve import load_candidates
 from stepskip.roles.base import BaseSkip, RunContext
 from stepskip.stats import RoleStats
-from stepskip.store import EntryState, Probe, check_dump_dir, open_store
+from stepskip.store import EntryState, Probe, check_dump_dir, open_store, settled
 from stepskip.worker import default_worker
 
 __all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS", "VERL_LAYOUT_ROLES"]
@@ -102,6 +102,7 @@ class CachedRole(BaseSkip):
         self._pending: dict[str, threading.Event] = {}  # entry path -> its background dump finished
         self._pending_lock = threading.Lock()
         self._index: Any = None  # the prompt index of ``action: match``, built on first use
+        self._listing: tuple[tuple[str, Any], tuple[int, ...]] | None = None  # see listed_steps
         self._index_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
@@ -163,9 +164,24 @@ class CachedRole(BaseSkip):
         return self.layout.step_dir(step)
 
     def listed_steps(self) -> list[int]:
-        """Steps that have a directory (one listing; nothing is read or validated)."""
-        steps = (Layout.parse_step(name) for name in self.store.list_dir(self.project_dump_dir))
-        return sorted(s for s in steps if s is not None)
+        """Steps that have a directory (one listing; nothing is read or validated).
+
+        On local disk the parsed listing is kept while the directory's version (inode and mtime)
+        stays what it was, once that version had settled when it was listed: a call then costs
+        a ``stat``, not a listing, whatever the number of entries. Only names are reused: every
+        candidate is still validated when it is chosen.
+        """
+        path = self.project_dump_dir
+        version = self.store.dir_version(path)
+        cached = self._listing
+        if version is not None and cached is not None and cached[0] == (path, version):
+            return list(cached[1])
+        listed_at = time.time_ns()
+        steps = (Layout.parse_step(name) for name in self.store.list_dir(path))
+        listed = sorted(s for s in steps if s is not None)
+        if settled(version, listed_at) and self.store.dir_version(path) == version:
+            self._listing = ((path, version), tuple(listed))
+        return listed
 
     def available_steps(self) -> list[int]:
         """Steps with a valid entry, sorted (damaged and unreadable entries and temporaries are left out)."""
