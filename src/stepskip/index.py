@@ -4,7 +4,9 @@ A dump dir holds ``{experiment}_{project}/GBS{gbs}_N{n}_in{p}_out{r}/`` run dire
 (:data:`stepskip.layout.RUN_DIR`). Inside a run directory:
 
 * ``{step}/`` with ``meta.json``: an entry of ``rollout`` or ``async_rollout`` (verl's layout);
-* ``{step}/{inner}/``: the inner entries of one ``rollout_tq`` (V1) step;
+* ``{step}/{inner}/``: the inner entries of one ``rollout_tq`` (V1) step; on object stores
+  ``{step}/step.json`` (the step's manifest) naming ``{step}/rec-{token}/{inner}/``, the one
+  recording readers use (:mod:`stepskip.manifest`); recordings it does not name are leftovers;
 * ``{role}/{step}/``: the entries of every other role (stage and custom roles);
 * ``.tmp-*`` / ``.trash-*``: leftovers of interrupted writes and replacements, never entries.
 
@@ -41,6 +43,7 @@ from stepskip.errors import (
     UnreadableEntryError,
 )
 from stepskip.layout import RUN_DIR, Layout, is_url
+from stepskip.manifest import MANIFEST_FILE, StepManifest, is_recording, resolve_step
 from stepskip.store import META_FILE, TMP_PREFIX, TRASH_PREFIX, DirItem, EntryState, open_store
 
 __all__ = [
@@ -206,9 +209,12 @@ class StepDir:
         kind: flat entry, V1 step or half-written.
         role: the role owning it (None for a half-written directory directly in the run directory).
         entries: the entry itself (flat), the inner entries (V1, sorted), or none.
-        leftovers: ``.tmp-*`` / ``.trash-*`` inside it (V1 inner writes leave them here).
+        leftovers: ``.tmp-*`` / ``.trash-*`` inside it (V1 inner writes leave them here), and on a
+            step with a manifest the recordings (and in-place inner directories) it does not name.
         bytes: bytes below it.
         mtime: the newest modification time below it (how recently something wrote here).
+        manifest: the step's manifest (V1 steps on object stores), when it has a usable one.
+        problem: why the step's manifest cannot be used (damaged, or of a newer version), if so.
     """
 
     path: str
@@ -219,6 +225,14 @@ class StepDir:
     leftovers: list[str] = field(default_factory=list)
     bytes: int = 0
     mtime: float = 0.0
+    manifest: StepManifest | None = None
+    problem: Issue | None = None
+
+    def retired_at(self, path: str) -> float | None:
+        """When the manifest retired the recording at ``path`` (readers may still use it for a grace period)."""
+        if self.manifest is None or not path.startswith(self.path.rstrip("/") + "/"):
+            return None
+        return self.manifest.retired.get(path[len(self.path.rstrip("/")) + 1:])
 
     @property
     def time(self) -> float:
@@ -236,6 +250,8 @@ class StepDir:
         recorded = [e.meta.get("parameter_sync_step") for e in self.entries if e.meta]
         counts = [v for v in recorded if isinstance(v, int) and not isinstance(v, bool) and v > 0]
         highest = max((e.inner for e in self.entries if e.inner is not None), default=-1)
+        if self.manifest is not None:
+            counts.append(self.manifest.inner_entries)
         return max([highest + 1, *counts])
 
     @property
@@ -245,6 +261,8 @@ class StepDir:
 
     def issues(self) -> list[Issue]:
         """What is structurally wrong with the step (no data read: checksums are checked on read)."""
+        if self.problem is not None:
+            return [self.problem]
         if self.kind is StepKind.HALF_WRITTEN:
             return [Issue(IssueKind.HALF_WRITTEN, self.path, f"step directory without {META_FILE} or inner entries "
                                                              "(a write was interrupted)")]
@@ -595,7 +613,8 @@ class CacheIndex:
                              and c.kind != "link" and (Layout.parse_step(c.name) is None or c.kind != "dir"))
 
     def scan_step(self, path: str, step: int, role: str | None = None) -> StepDir:
-        """One step directory: a flat entry, a V1 step with inner entries, or a half-written one.
+        """One step directory: a flat entry, a V1 step with inner entries (those of the recording its
+        manifest names, when it has one), or a half-written one.
 
         Args:
             path: the ``{step}`` directory.
@@ -608,13 +627,61 @@ class CacheIndex:
         if META_FILE in names:
             entry = self.scan_entry(path, step, None, role or DEFAULT_ROLE, items=items, fixed_role=role is not None)
             return StepDir(path, step, StepKind.ENTRY, entry.role, [entry], [], size, mtime)
+        if MANIFEST_FILE in names:
+            return self._scan_manifest_step(path, step, role, items, size, mtime)
         inner = sorted((idx, i.name) for i in items
                        if (idx := Layout.parse_step(i.name)) is not None and i.kind == "dir")
-        leftovers = sorted(f"{path}/{i.name}" for i in items if is_leftover(i.name) and i.kind in ("dir", "file"))
+        # recordings without a manifest: a recorder killed (or still writing) before it committed its step
+        leftovers = sorted(f"{path}/{i.name}" for i in items
+                           if (is_leftover(i.name) and i.kind in ("dir", "file")) or (is_recording(i.name)
+                                                                                      and i.kind == "dir"))
         if not inner:
             return StepDir(path, step, StepKind.HALF_WRITTEN, role, [], leftovers, size, mtime)
         entries = [self.scan_entry(f"{path}/{n}", step, idx, role or V1_ROLE, fixed_role=True) for idx, n in inner]
         return StepDir(path, step, StepKind.V1, role or V1_ROLE, entries, leftovers, size, mtime)
+
+    def _scan_manifest_step(self, path: str, step: int, role: str | None, items: list[DirItem], size: int,
+                            mtime: float) -> StepDir:
+        """A V1 step committed by a manifest: the recording it names, the other recordings as leftovers."""
+        names = {i.name: i for i in items}
+        role = role or V1_ROLE
+        manifest_path = f"{path}/{MANIFEST_FILE}"
+        item = names[MANIFEST_FILE]
+        if item.kind != "file":
+            issue = Issue(IssueKind.DAMAGED, manifest_path, f"{MANIFEST_FILE} is a {_kind_words(item)}, not a "
+                                                            "regular file (not followed)")
+            return StepDir(path, step, StepKind.V1, role, [], [], size, mtime, problem=issue)
+        where = resolve_step(self.store, path)
+        if where.state is EntryState.UNREADABLE:
+            issue = Issue(IssueKind.UNSUPPORTED, manifest_path, _relative_reason(where.reason, path))
+            return StepDir(path, step, StepKind.V1, role, [], [], size, mtime, problem=issue)
+        if where.manifest is None:  # damaged (or removed since the listing: then nothing is there either)
+            issue = Issue(IssueKind.DAMAGED, manifest_path, _relative_reason(where.reason, path) or "unreadable")
+            return StepDir(path, step, StepKind.V1, role, [], [], size, mtime, problem=issue)
+        manifest = where.manifest
+        named = names.get(manifest.recording)
+        leftovers = sorted(f"{path}/{i.name}" for i in items if i.name != manifest.recording and i.kind == "dir"
+                           and (is_recording(i.name) or is_leftover(i.name) or Layout.parse_step(i.name) is not None))
+        leftovers += sorted(f"{path}/{i.name}" for i in items if is_leftover(i.name) and i.kind == "file")
+        if named is not None and named.kind == "link":
+            issue = Issue(IssueKind.DAMAGED, where.root, "the recording the manifest names is a symbolic link "
+                                                         "(not followed)")
+            return StepDir(path, step, StepKind.V1, role, [], leftovers, size, mtime, manifest, issue)
+        inner_items = self.store.list_items(where.root) if named is not None and named.kind == "dir" else []
+        inner = sorted((idx, i.name) for i in inner_items
+                       if (idx := Layout.parse_step(i.name)) is not None and i.kind == "dir")
+        leftovers += sorted(f"{where.root}/{i.name}" for i in inner_items
+                            if is_leftover(i.name) and i.kind in ("dir", "file"))
+        entries = [self.scan_entry(f"{where.root}/{n}", step, idx, role, fixed_role=True) for idx, n in inner]
+        have = {idx for idx, _ in inner}
+        lacking = [str(i) for i in range(manifest.inner_entries) if i not in have]
+        problem: Issue | None = None
+        if lacking:  # the manifest is written after every inner entry it counts: damage, not a write in progress
+            shown = ", ".join(lacking[:_LISTED_MISSING]) + (" ..." if len(lacking) > _LISTED_MISSING else "")
+            problem = Issue(IssueKind.DAMAGED, manifest_path,
+                            f"{MANIFEST_FILE} names the recording {manifest.recording}, which lacks inner "
+                            f"entries {shown}")
+        return StepDir(path, step, StepKind.V1, role, entries, sorted(leftovers), size, mtime, manifest, problem)
 
     def scan_entry(self, path: str, step: int, inner: int | None, role: str, items: list[DirItem] | None = None,
                    fixed_role: bool = False) -> EntryRecord:
@@ -726,6 +793,18 @@ class CacheIndex:
                                      f"or add --step N{self._steps_hint(full)}")
             raise NotACacheError(f"{given} is not a cache entry: its name is not a step number "
                                  "(expected .../GBS<gbs>_N<n>_in<p>_out<r>/<step>)")
+        if is_recording(_split(parent)[1]):  # {step}/rec-{token}/{inner}: an inner entry of a recording
+            step_path, step_name = _split(_split(parent)[0])
+            recorded_step = Layout.parse_step(step_name)
+            if recorded_step is not None:
+                grand = _split(step_path)[1]
+                step_dir = self.scan_step(_split(parent)[0], recorded_step,
+                                          role=None if RUN_DIR.match(grand) else grand)
+                inner = next((e for e in step_dir.entries if e.path == full), None)
+                if inner is None:
+                    raise NotACacheError(f"{given} is not an inner entry of the recording its step's "
+                                         f"{MANIFEST_FILE} names")
+                return step_dir, inner
         parent_step = Layout.parse_step(_split(parent)[1])
         if parent_step is not None:  # {step}/{inner}: run and role directories never have numeric names
             grand = _split(_split(parent)[0])[1]

@@ -82,6 +82,9 @@ class MatchSplit:
         missing_rows: live rows to generate, in live order.
         subset: the live prompts restricted to ``missing_rows`` (None when nothing is missing).
         sources: entry path -> how many prompt groups are taken from it.
+        loaded: entry path -> ``(its recorded rows that are replayed, their indices in the entry, its
+            meta, its bytes)``, read and checked when the split was made.
+        damaged: entries found damaged while the split was made (counted once).
     """
 
     digests: list[str]
@@ -89,6 +92,8 @@ class MatchSplit:
     missing_rows: list[int]
     subset: Any = None
     sources: dict[str, int] = field(default_factory=dict)
+    loaded: dict[str, tuple[Any, list[int], dict[str, Any], int]] = field(default_factory=dict)
+    damaged: list[str] = field(default_factory=list)
 
 
 def select_batch_rows(value: Any, rows: Sequence[int]) -> Any:

@@ -40,12 +40,15 @@ from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 
 __all__ = [
     "EntryState", "Probe", "LocalStore", "FsspecStore", "open_store", "checksum", "check_meta", "check_dump_dir",
-    "valid_name", "META_FILE", "TMP_PREFIX", "TRASH_PREFIX", "META_MAX_BYTES", "GRACE_SECONDS", "DirItem",
+    "valid_name", "META_FILE", "MANIFEST_FILE", "TMP_PREFIX", "TRASH_PREFIX", "META_MAX_BYTES", "GRACE_SECONDS",
+    "DirItem",
 ]
 
 logger = logging.getLogger(__name__)
 
 META_FILE = "meta.json"
+#: A V1 step's manifest on object stores (:mod:`stepskip.manifest`): the one object that commits the step.
+MANIFEST_FILE = "step.json"
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
 STALE_SECONDS = 3600.0
@@ -589,6 +592,26 @@ class _EntryStore:
     def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS) -> list[str]:
         raise NotImplementedError
 
+    def read_small(self, path: str, limit: int) -> bytes | None:
+        """The bytes of one small regular file (a step manifest), or None when there is none.
+
+        Nothing is followed through a symbolic link and never more than ``limit + 1`` bytes are read.
+
+        Raises:
+            CorruptEntryError: ``path`` is a link, a directory or a special file, is larger than
+                ``limit``, or cannot be read (the message says which).
+        """
+        raise NotImplementedError
+
+    def put_small(self, path: str, data: bytes) -> None:
+        """Write one small file so that readers see the old bytes or the new ones, never a mix
+        (a rename locally, one PUT on object stores); the last writer wins.
+
+        Raises:
+            OSError: it could not be written.
+        """
+        raise NotImplementedError
+
     def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
               read: bool) -> tuple[Probe, dict[str, bytes]]:
         raise NotImplementedError
@@ -998,6 +1021,34 @@ class LocalStore(_EntryStore):
             return out
         finally:
             os.close(dir_fd)
+
+    def read_small(self, path: str, limit: int) -> bytes | None:
+        parent, name = os.path.split(self._abs(path))
+        try:
+            fd = self._open_dir(parent)
+        except OSError:  # no parent, or one reached through a link or a file: nothing to read there
+            return None
+        try:
+            return _read_at(fd, name, None, limit)
+        except FileNotFoundError:
+            return None
+        except _BadFile as err:
+            raise CorruptEntryError(f"{path}: {err}") from None
+        finally:
+            os.close(fd)
+
+    def put_small(self, path: str, data: bytes) -> None:
+        parent, name = os.path.split(self._abs(path))
+        if not valid_name(name):
+            raise OSError(errno.EINVAL, f"{name!r} cannot name a file", path)
+        parent_fd = self._open_dir(parent, create=True)
+        tmp = f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
+        try:
+            self._write_file(parent_fd, tmp, data)
+            os.rename(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+        finally:
+            _remove_at(parent_fd, tmp)  # gone already when renamed
+            os.close(parent_fd)
 
     # ------------------------------------------------------------------ writing
 
@@ -1502,6 +1553,30 @@ class FsspecStore(_EntryStore):
             out[name] = _verified(name, data, info, verify)
         return out
 
+    def read_small(self, path: str, limit: int) -> bytes | None:
+        p = self._p(path)
+        try:
+            data = bytes(self.fs.cat_file(p, start=0, end=limit + 1))
+        except (FileNotFoundError, NotADirectoryError):
+            if self.is_dir(path):
+                raise CorruptEntryError(f"{path} is a directory, not a file") from None
+            return None
+        except IsADirectoryError:
+            raise CorruptEntryError(f"{path} is a directory, not a file") from None
+        except OSError as err:
+            try:
+                if self.fs.size(p) == 0:  # some servers refuse a byte range of an empty object
+                    return b""
+            except OSError:
+                pass
+            raise CorruptEntryError(f"cannot read {path}: {err}") from err
+        if len(data) > limit:
+            raise CorruptEntryError(f"{path} is more than the {limit} bytes it may have")
+        return data
+
+    def put_small(self, path: str, data: bytes) -> None:
+        self.fs.pipe_file(self._p(path), data)
+
     # ------------------------------------------------------------------ writing
 
     def write_entry(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any],
@@ -1602,8 +1677,9 @@ class FsspecStore(_EntryStore):
             return
         prefix = p + "/"
         inside = {str(k).rstrip("/"): v for k, v in found.items() if str(k).startswith(prefix)}
+        # commit points first (manifests, then meta.json): readers see a miss, never a step without its data
         files = sorted((k for k, v in inside.items() if v.get("type") != "directory"),
-                       key=lambda k: not k.endswith("/" + META_FILE))  # meta.json first: readers see a miss
+                       key=lambda k: (not k.endswith("/" + MANIFEST_FILE), not k.endswith("/" + META_FILE)))
         for key in files:
             try:
                 self.fs.rm_file(key)

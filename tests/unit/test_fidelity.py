@@ -182,3 +182,31 @@ def test_prompt_row_digests_of_a_tensordict_with_jagged_and_non_tensor_columns()
     with pytest.raises(ValueError, match="rows"):
         prompt_row_digests(Batch(batch=TensorDict({"x": torch.zeros(2)}, batch_size=[2]),
                                  non_tensor_batch={"v": np.array(["a"], dtype=object)}))
+
+
+def test_prompt_digest_of_token_id_rows_covers_content_boundaries_and_types():
+    """Prompts as TRL passes them, ``list[list[int]]``: hashed packed (row lengths, then the ids)."""
+    rows = [[1, 2, 3], [], [4, 5]]
+    digest = prompt_digest(rows)
+    assert digest is not None and digest.startswith(DIGEST_PREFIX)
+    assert digest == prompt_digest([list(r) for r in rows])  # content, not identity
+    assert digest == prompt_digest(torch.tensor([3, 3, 0, 2, 1, 2, 3, 4, 5]))  # the packed form's digest
+    others = [[[1, 2], [3], [4, 5]], [[1, 2, 3], [4, 5]], [[1, 2, 3], [], [4, 6]], [[1, 2, 3], [], [4, 5], []],
+              [[1, 2, 3], [], [4, True]], [[1, 2, 3], (), [4, 5]], ([1, 2, 3], [], [4, 5]), [[1, 2, 3], [], [4, 5.0]]]
+    digests = {prompt_digest(o) for o in others}
+    assert None not in digests and digest not in digests and len(digests) == len(others)
+
+
+def test_prompt_digest_of_other_lists_is_by_content():
+    assert prompt_digest([[2**70], [1]]) == prompt_digest([[2**70], [1]]) != prompt_digest([[2**70], [2]])
+    messages = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]]
+    assert prompt_digest(messages) not in (None, prompt_digest([messages[1], messages[0]]))
+    assert prompt_digest(["a", "b"]) != prompt_digest(("a", "b"))
+    assert prompt_digest([object()]) is None  # no content form: no digest rather than an address
+
+
+def test_prompt_digest_of_many_token_id_rows():
+    rows = [list(range(i, i + 2048)) for i in range(512)]
+    digest = prompt_digest(rows)
+    rows[511][2047] += 1
+    assert prompt_digest(rows) != digest

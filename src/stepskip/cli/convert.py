@@ -7,6 +7,10 @@ their V1 variants come from the format registry (:data:`stepskip.entries.FORMATS
 are any stores (local paths, ``memory://``, ``s3://``). Every entry is written through the
 store's ``write_entry`` (atomic, checksummed) and read back and compared with its source before
 the next one starts. DST must not lie inside SRC, compared by real path (a link to SRC is SRC).
+V1 steps are written in place (``{step}/{inner}/``) whatever their source layout: a step an
+object store committed by a manifest (``{step}/step.json``) is converted from the recording it
+names, and a destination step's manifest is removed before (``--overwrite``), so that it cannot
+hide the converted entries.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from stepskip.entries import CONFIG_FORMATS, FORMATS, storage_format
 from stepskip.errors import CorruptEntryError, UnreadableEntryError, UnstorableValueError
 from stepskip.formats import Format, get_format
 from stepskip.index import CacheIndex, EntryRecord, EntryStatus, Issue
+from stepskip.manifest import MANIFEST_FILE
 
 __all__ = ["ConvertReport", "ConvertedEntry", "TARGETS", "convert_cache", "plan_convert"]
 
@@ -68,6 +73,7 @@ class _Job:
     entry: EntryRecord
     dest: str
     target: Format
+    manifest: str | None = None  # a destination step manifest to remove first (it would hide the entry)
 
 
 def _target_format(to: str, entry: EntryRecord) -> Format:
@@ -108,9 +114,14 @@ def plan_convert(src: CacheIndex, dst: CacheIndex, to: str, allow_pickle: bool, 
             if not step.valid:
                 skipped += step.issues()
                 continue
+            dest_step = f"{dst.root}/{step.path[len(dump_root) + 1:]}"
+            manifest = f"{dest_step}/{MANIFEST_FILE}" if step.entries and step.entries[0].inner is not None else None
+            if manifest is not None and dst.store.stat_item(manifest) is None:
+                manifest = None
             for entry in step.entries:
-                dest = f"{dst.root}/{entry.path[len(dump_root) + 1:]}"
-                jobs.append(_Job(entry, dest, _target_format(to, entry)))
+                # V1 inner entries go in place: {step}/{inner}, whichever recording of the source they come from
+                dest = f"{dest_step}/{entry.inner}" if entry.inner is not None else dest_step
+                jobs.append(_Job(entry, dest, _target_format(to, entry), manifest))
     if role is not None and not jobs and not skipped:
         raise CliError(f"{src.given} has no steps of role {role!r}")
     pickled = [job.entry for job in jobs if FORMATS[str(job.entry.format)].uses_pickle]
@@ -123,6 +134,7 @@ def plan_convert(src: CacheIndex, dst: CacheIndex, to: str, allow_pickle: bool, 
             "outside the data types such a file holds"
         )
     existing = [j.dest for j in jobs if dst.store.stat_item(j.dest) is not None]
+    existing += sorted({j.manifest for j in jobs if j.manifest is not None})
     if existing and not overwrite:
         raise CliError(f"{len(existing)} destination entr{'y' if len(existing) == 1 else 'ies'} exist already "
                        f"(e.g. {existing[0]}); pass --overwrite to replace them")
@@ -148,6 +160,8 @@ def _convert_one(src: CacheIndex, dst: CacheIndex, job: _Job, allow_pickle: bool
     try:
         value = src.read_entry(entry, allow_pickle=allow_pickle)
         files = target.encode(target.freeze(value, copy=False))
+        if job.manifest is not None and dst.inside(job.manifest):
+            dst.store.remove(job.manifest)  # the step is written in place now: its old commit point goes
         result.bytes = dst.store.write_entry(job.dest, files, _new_meta(entry, target))
         wrote = True
         written = dst.scan_entry(job.dest, entry.step, entry.inner, entry.role)

@@ -1,11 +1,13 @@
 """``stepskip verify``: checksums and completeness of every entry, leftovers, half-written directories.
 
 A problem names the path ``--repair`` would remove: the damaged entry, the whole V1 step (its
-inner entries can never be completed by another run), the half-written directory or the
-leftover. Valid entries are never targets. Things a writer may still be working on (leftovers,
-half-written directories, incomplete V1 steps) are left alone while they are younger than the
-grace period. Entries of a format this stepskip does not know and entries whose intact bytes do not
-decode here are reported and never removed; neither is anything reached through a symbolic link.
+inner entries can never be completed by another run; a step whose manifest is damaged), the
+half-written directory or the leftover (recordings a V1 step's manifest does not name, too).
+Valid entries are never targets. Things a writer may still be working on (leftovers, half-written
+directories, incomplete V1 steps) are left alone while they are younger than the grace period (a
+recording a manifest retired: younger than the grace period since it was retired). Entries of a
+format this stepskip does not know and entries whose intact bytes do not decode here are reported
+and never removed; neither is anything reached through a symbolic link.
 """
 
 from __future__ import annotations
@@ -155,8 +157,10 @@ def verify_runs(index: CacheIndex, runs: list[RunDir], deep: bool = False, allow
                 report.problems.append(Problem(issue.kind, issue.path, issue.detail, target,
                                                recent=recent and in_progress))
             for leftover in step.leftovers:
+                # a recording its manifest retired may still be read by whoever resolved the old manifest
+                when = max(index.tree_stats(leftover)[1], step.retired_at(leftover) or 0.0)
                 report.problems.append(Problem(IssueKind.LEFTOVER, leftover, "leftover of an interrupted write",
-                                               leftover, recent=now - index.tree_stats(leftover)[1] < grace))
+                                               leftover, recent=now - when < grace))
         for leftover in run.leftovers:
             report.problems.append(Problem(IssueKind.LEFTOVER, leftover,
                                            "leftover of an interrupted write or replacement", leftover,

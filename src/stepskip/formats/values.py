@@ -5,13 +5,26 @@ dict keys, numpy scalars and arrays, bytes, sets, tensors) becomes a tagged obje
 ``{"__t": tag, ...}``. A user dict that happens to hold the key ``"__t"`` is itself tagged, so
 decoding is unambiguous. Tensors are handed to a callback that stores them beside the JSON and
 returns a reference. Anything else is an :class:`UnstorableValueError` naming the field.
+
+Ragged rows of numbers — a list of lists of ints, or of floats, with ``None`` holes allowed (TRL's
+token ids and log-probs) — are stored as packed tensors when a tensor sink is given and they hold
+at least :data:`PACK_MIN_ITEMS` items: ``{"__t": "rows", "kind": "int"|"float", "values": ref,
+"offsets": ref, "holes": ref|null}``. Every row of such a list holds ints only (``bool`` is not
+an int here) or floats only, each possibly with ``None`` items; a list that mixes ints and floats,
+or holds ints outside int64, stays JSON (packing would change a type). Decoding gives back the
+same lists: int stays int, float keeps its bits (``-0.0``, NaN payloads), ``None`` stays ``None``,
+empty rows stay empty. A TRL result of 512 x 2048 token ids and their log-probs encodes in under
+0.1 s and decodes in about 0.05 s this way, against about 0.5 s and 0.3 s item by item
+(``benchmarks/bench_trl.py --codec-only``).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import math
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -20,10 +33,15 @@ import torch
 
 from stepskip.calls import is_dataproto_like
 from stepskip.errors import CorruptEntryError, UnstorableValueError
-from stepskip.formats.bounds import DecodeBudget, shape_of
+from stepskip.formats.bounds import DecodeBudget, check_jagged, shape_of
+from stepskip.formats.compact import narrow
 
 __all__ = ["encode_value", "decode_value", "encode_object_array", "decode_object_array", "unstorable_recursion",
-           "unstorable_tensor"]
+           "unstorable_tensor", "PACK_MIN_ITEMS"]
+
+#: Ragged number rows with at least this many items in all are stored as packed tensors; fewer stay
+#: JSON (a tensor costs a few hundred bytes of header and bookkeeping: small lists are cheaper inline).
+PACK_MIN_ITEMS = 64
 
 TAG = "__t"
 _PLAIN = (str, int, float, bool, type(None))
@@ -54,6 +72,10 @@ def encode_value(value: Any, path: str, add_tensor: TensorSink = _no_tensors) ->
     if kind is str or kind is int or kind is float or kind is bool or value is None:
         return value
     if kind is list:
+        if value and type(value[0]) is list and add_tensor is not _no_tensors:
+            rows = _encode_rows(value, add_tensor)
+            if rows is not None:
+                return rows
         return [encode_value(v, f"{path}[{i}]", add_tensor) for i, v in enumerate(value)]
     if kind is dict:
         if TAG not in value and all(type(k) is str for k in value):
@@ -87,6 +109,61 @@ def encode_value(value: Any, path: str, add_tensor: TensorSink = _no_tensors) ->
     if isinstance(value, list):
         return encode_value(list(value), path, add_tensor)
     raise _unstorable(value, path)
+
+
+_NONE = type(None)
+_INT_ROWS = frozenset({int, _NONE})
+_FLOAT_ROWS = frozenset({float, _NONE})
+_NUMBERS = _INT_ROWS | _FLOAT_ROWS
+
+
+def _encode_rows(rows: list[Any], add_tensor: TensorSink) -> dict[str, Any] | None:
+    """Ragged number rows as packed tensors (see the module's docstring), or None when they are not such rows."""
+    if not all(type(row) is list for row in rows):
+        return None
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    if int(lengths.sum()) < PACK_MIN_ITEMS:
+        return None
+    types: set[type] = set()
+    for row in rows:
+        types.update(map(type, row))
+        if not types <= _NUMBERS:
+            return None  # strings, dicts, deeper lists ...: decided at the first row that has one
+    dtype: type[np.generic]
+    if int in types and types <= _INT_ROWS:
+        kind, dtype = "int", np.int64
+    elif float in types and types <= _FLOAT_ROWS:
+        kind, dtype = "float", np.float64
+    else:
+        return None  # mixed ints and floats, bools, all holes, other items: JSON keeps their types
+    holes = _NONE in types
+    parts, masks = [], []
+    try:
+        for row in rows:
+            mask = None
+            if not holes:
+                part = np.array(row, dtype=dtype)
+            elif kind == "float":
+                part = np.array(row, dtype=dtype)  # None becomes NaN: the holes are among the NaNs
+                mask = np.zeros(len(row), dtype=np.bool_)
+                nan = np.flatnonzero(np.isnan(part)).tolist()
+                if nan:
+                    mask[[i for i in nan if row[i] is None]] = True
+            else:
+                mask = np.fromiter(map(operator.is_, row, itertools.repeat(None)), dtype=np.bool_, count=len(row))
+                part = np.array([0 if item is None else item for item in row] if mask.any() else row, dtype=dtype)
+            parts.append(part)
+            if mask is not None:
+                masks.append(mask)
+    except OverflowError:
+        return None  # an int outside int64
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    values = torch.from_numpy(np.concatenate(parts))
+    if kind == "int":
+        values = narrow(values)  # token ids fit 32 bits (or fewer): the decoder reads any integer width
+    return {TAG: "rows", "kind": kind, "values": add_tensor(values), "offsets": add_tensor(torch.from_numpy(offsets)),
+            "holes": add_tensor(torch.from_numpy(np.concatenate(masks))) if holes else None}
 
 
 def _encode_array(value: np.ndarray, path: str, add_tensor: TensorSink) -> dict[str, Any]:
@@ -216,6 +293,8 @@ def decode_value(data: Any, get_tensor: TensorSource = _no_source, budget: Decod
         return _array_from_items([data["v"]], dtype)[0]
     if tag == "tensor":
         return get_tensor(data["ref"])
+    if tag == "rows":
+        return _decode_rows(data, get_tensor, budget, field)
     if tag == "bytes":
         return base64.b64decode(data["v"])
     if tag == "set":
@@ -241,6 +320,44 @@ def _decode_array(data: dict[str, Any], get_tensor: TensorSource, budget: Decode
         raise CorruptEntryError(f"{_TREE}: {field}: {len(items) if isinstance(items, list) else 'no'} items "
                                 f"for shape {list(shape)}")
     return _array_from_items(items, dtype).reshape(shape)
+
+
+_ROW_INTS = frozenset({torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32,
+                       torch.uint64})
+#: What a decoded item costs in Python objects: the list's pointer and the int or float it points to.
+_ROW_ITEM_BYTES = 40
+_ROW_BYTES = 64
+
+
+def _decode_rows(data: dict[str, Any], get_tensor: TensorSource, budget: DecodeBudget | None,
+                 field: str) -> list[list[Any]]:
+    """Invert :func:`_encode_rows`; every part is checked before a row is built (the entry may be hostile)."""
+    kind = data.get("kind")
+    if kind not in ("int", "float") or "values" not in data or "offsets" not in data:
+        raise CorruptEntryError(f"{_TREE}: {field}: packed rows of kind {str(kind)[:40]!r} with parts "
+                                f"{sorted(map(str, data))[:6]} (known: kind int or float, values, offsets, holes)")
+    values, offsets = get_tensor(data["values"]), get_tensor(data["offsets"])
+    holes = None if data.get("holes") is None else get_tensor(data["holes"])
+    if not isinstance(values, torch.Tensor) or not isinstance(offsets, torch.Tensor) or \
+            not (holes is None or isinstance(holes, torch.Tensor)):
+        raise CorruptEntryError(f"{_TREE}: {field}: packed rows whose parts are not tensors")
+    allowed = _ROW_INTS if kind == "int" else {torch.float64}
+    if values.dim() != 1 or values.is_nested or values.dtype not in allowed:
+        raise CorruptEntryError(f"{_TREE}: {field}: packed {kind} rows stored as {values.dtype} of shape "
+                                f"{list(values.shape)}, not a 1-D {'integer' if kind == 'int' else 'float64'} tensor")
+    check_jagged(values, offsets, None, 1, _TREE, field)
+    if holes is not None and (holes.dtype != torch.bool or holes.shape != values.shape):
+        raise CorruptEntryError(f"{_TREE}: {field}: the holes of packed rows are {holes.dtype} of shape "
+                                f"{list(holes.shape)}, not a bool mask of the {values.numel()} values")
+    rows = offsets.numel() - 1
+    if budget is not None:
+        budget.charge(values.numel() * _ROW_ITEM_BYTES + rows * _ROW_BYTES, _TREE, field)
+    flat = values.tolist()
+    if holes is not None:
+        for i in np.flatnonzero(holes.numpy()).tolist():  # numpy's is ~100x torch's nonzero on a CPU mask
+            flat[i] = None
+    bounds = offsets.tolist()
+    return [flat[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def _array_from_items(items: list[Any], dtype: np.dtype) -> np.ndarray:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import itertools
 import logging
 import os
 from collections import deque
@@ -116,23 +115,10 @@ class _Attempt:
     error: BaseException | None = None
 
 
-def _pack_prompts(prompt_ids: Any) -> Any:
-    """TRL's ``list[list[int]]`` prompts as one int64 tensor (row count, row lengths, ids): what the
-    prompt digest of an entry covers."""
-    import torch
-
-    if not isinstance(prompt_ids, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in prompt_ids):
-        return None
-    try:
-        return torch.tensor([len(prompt_ids), *map(len, prompt_ids), *itertools.chain.from_iterable(prompt_ids)],
-                            dtype=torch.int64)
-    except (TypeError, ValueError, RuntimeError, OverflowError):
-        return None
-
-
 def _prompts_of_call(*args: Any, **kwargs: Any) -> Any:
-    prompt_ids = kwargs.get("prompt_ids", args[1] if len(args) > 1 else None)
-    return _pack_prompts(prompt_ids)
+    """The call's ``prompt_ids`` (``list[list[int]]``): the prompt digest hashes such rows packed, row
+    boundaries included (:func:`stepskip.fidelity.prompt_digest`)."""
+    return kwargs.get("prompt_ids", args[1] if len(args) > 1 else None)
 
 
 def _never(*args: Any, **kwargs: Any) -> bool:
@@ -140,41 +126,12 @@ def _never(*args: Any, **kwargs: Any) -> bool:
 
 
 # ---------------------------------------------------------------------- stored form of a call's result
+#
+# A call's ``(completion_ids, logprobs)`` is stored as it is: ``format: safe`` packs ragged number
+# rows into tensors itself (:mod:`stepskip.formats.values`). Entries written before it did hold the
+# integration's own packing, a dict tagged ``_PACKED``; they are still read.
 
-_PACKED = "stepskip.trl.generation/1"  # the stored value's tag: what _unpack_generation reads
-
-
-def _pack_rows(rows: Any, dtype: Any, holes: bool) -> dict[str, Any]:
-    """Ragged rows as one flat tensor plus row offsets (and a mask of ``None`` items when ``holes``)."""
-    import torch
-
-    lengths = [len(row) for row in rows]
-    offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
-    if lengths:
-        offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
-    flat = list(itertools.chain.from_iterable(rows))
-    packed: dict[str, Any] = {"offsets": offsets}
-    if holes:
-        missing = [item is None for item in flat]
-        packed["missing"] = torch.tensor(missing, dtype=torch.bool)
-        flat = [0.0 if item is None else item for item in flat]
-    packed["values"] = torch.tensor(flat, dtype=dtype)
-    return packed
-
-
-def _pack_generation(result: Any) -> Any:
-    """``(completion_ids, logprobs)`` as packed tensors: 512 x 2048 ids encode in ~0.1 s instead of
-    ~1.4 s as JSON lists. Anything else is stored as it is."""
-    import torch
-
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], list)
-            and all(isinstance(row, list) for row in result[0])):
-        return result
-    ids, logprobs = result
-    if logprobs is not None and not (isinstance(logprobs, list) and all(isinstance(r, list) for r in logprobs)):
-        return result
-    return {"kind": _PACKED, "completion_ids": _pack_rows(ids, torch.int64, holes=False),
-            "logprobs": None if logprobs is None else _pack_rows(logprobs, torch.float64, holes=True)}
+_PACKED = "stepskip.trl.generation/1"  # the tag of the integration's own packing (older entries)
 
 
 def _unpack_rows(packed: Any, path: str, what: str, holes: bool) -> list[list[Any]]:
@@ -206,7 +163,8 @@ def _unpack_rows(packed: Any, path: str, what: str, holes: bool) -> list[list[An
 
 
 def _unpack_generation(value: Any, path: str) -> Any:
-    """The call's ``(completion_ids, logprobs)`` from what :func:`_pack_generation` stored.
+    """The call's ``(completion_ids, logprobs)``: ``value`` itself, or unpacked from the integration's own
+    packing (entries written before ``format: safe`` packed rows; any other value is returned as it is).
 
     Raises:
         UnreadableEntryError: a packed value whose tensors do not describe rows (checksums held).
@@ -220,7 +178,8 @@ def _unpack_generation(value: Any, path: str) -> Any:
 
 @register_skip(ROLE)
 class TrlGenerateSkip(CachedRole):
-    """Caches one process's ``GRPOTrainer._generate_single_turn`` calls: ``(completion_ids, logprobs)``.
+    """Caches one process's ``GRPOTrainer._generate_single_turn`` calls: ``(completion_ids, logprobs)``,
+    stored as returned (``format: safe`` packs the ragged rows into tensors).
 
     Runtime objects (``SkipManager.init(..., rank=, world_size=, group=)``, passed by
     :func:`enable_stepskip`): the process's rank, the number of processes and the gloo process
@@ -316,20 +275,6 @@ class TrlGenerateSkip(CachedRole):
         path = self.step_dump_dir(load_step)
         value, meta, seconds, nbytes = self.load_entry(load_step, step, prompts=call_prompts(args, kwargs))
         return _Loaded(_unpack_generation(value, path), meta, seconds, nbytes, self._recorded_rng(meta, step, path))
-
-    def prepare_data(self, step: int, result: Any, *args: Any, **kwargs: Any) -> None:
-        """Record the call's ``(completion_ids, logprobs)`` as packed tensors (see :func:`_pack_generation`).
-
-        Failures are logged and counted in ``dump_failures``; they never reach the caller.
-        """
-        try:
-            packed = _pack_generation(result)
-        except Exception as err:  # the dump boundary: nothing about a result may stop the training run
-            self.stats.add(dump_failures=1)
-            logger.error("%s dump failed: step %d not written to %s: %s: %s", self.name, step,
-                         self.step_dump_dir(step), type(err).__name__, err)
-            return
-        super().prepare_data(step, packed, *args, **kwargs)
 
     def _recorded_rng(self, meta: dict[str, Any], step: int, path: str) -> Any:
         if not self.config.restore_rng:

@@ -448,6 +448,11 @@ class CachedRole(BaseSkip):
     def match_split(self, step: int, prompts: Any) -> Any:
         """Divide the live batch into prompt groups recorded anywhere in this run and groups to generate.
 
+        The entries holding the recorded groups are read here, before anything is generated: an entry
+        that turns out damaged — unreadable bytes, or rows that disagree with its ``row_prompts`` —
+        is counted corrupt, dropped from the prompt index (never deleted) and its groups are generated;
+        one replaced or removed since it was indexed just has its groups generated.
+
         Raises:
             SkipConfigError: the prompts are not a batch of rows (``match`` needs DataProto-like or
                 TensorDict prompts).
@@ -473,11 +478,70 @@ class CachedRole(BaseSkip):
             sources[path] = sources.get(path, 0) + 1
             for session, row in enumerate(rows):  # a different sample count cycles, as the V1 remap does
                 found[row] = (path, recorded_rows[session % len(recorded_rows)])
+        damaged: list[str] = []
+        loaded = self._load_found(step, found, digests, damaged)
+        for row in [r for r, (path, _) in found.items() if path not in loaded]:  # its entry failed: generate
+            missing.append(row)
+            del found[row]
+        sources = {path: count for path, count in sources.items() if path in loaded}
         missing.sort()
         subset = None
         if missing:
             subset = prompts if not found else select_batch_rows(prompts, missing)
-        return MatchSplit(digests=digests, found=found, missing_rows=missing, subset=subset, sources=sources)
+        return MatchSplit(digests=digests, found=found, missing_rows=missing, subset=subset, sources=sources,
+                          loaded=loaded, damaged=damaged)
+
+    def _load_found(self, step: int, found: dict[int, tuple[str, int]], digests: list[str],
+                    damaged: list[str] | None = None) -> dict[str, tuple[Any, list[int], dict[str, Any], int]]:
+        """Read the recorded rows ``found`` names: entry -> ``(those rows, their recorded indices, meta, bytes)``.
+
+        An entry is left out (its groups are then generated) when it cannot be read, when its data
+        does not hold the rows its ``row_prompts`` describe (damage: counted), or when the rows no
+        longer record the prompts they were indexed for (replaced since: not damage). Entries
+        found damaged are appended to ``damaged``.
+        """
+        from stepskip.matching import batch_rows, select_batch_rows
+
+        needed: dict[str, dict[int, str]] = {}  # entry -> recorded row -> the digest it must record
+        for live_row in sorted(found):
+            path, recorded_row = found[live_row]
+            needed.setdefault(path, {})[recorded_row] = digests[live_row]
+        loaded: dict[str, tuple[Any, list[int], dict[str, Any], int]] = {}
+        dropped: list[str] = []
+        for path, wanted in needed.items():
+            try:
+                value, meta, _, size = self._read_entry(path, step, -1)
+            except UnreadableEntryError:
+                raise  # intact but not readable here: said, never regenerated over
+            except CacheMissError as err:  # damaged (counted by the read), vanished, of other settings now
+                logger.warning("%s match: %s; generating its %d prompt groups", self.name, err,
+                               len(set(wanted.values())))
+                if isinstance(err, CorruptEntryError) and damaged is not None:
+                    damaged.append(path)
+                dropped.append(path)
+                continue
+            recorded = meta.get("row_prompts")
+            rows = batch_rows(value)
+            if not isinstance(recorded, list) or rows != len(recorded):
+                self._report_corrupt(step, path, f"its data holds {rows} rows but its meta.json records the "
+                                                 f"prompts of {len(recorded) if isinstance(recorded, list) else 0}")
+                if damaged is not None:
+                    damaged.append(path)
+                dropped.append(path)
+                continue
+            if any(row >= len(recorded) or recorded[row] != digest for row, digest in wanted.items()):
+                logger.info("%s match: %s was replaced since it was indexed; generating its prompt groups",
+                            self.name, path)
+                dropped.append(path)
+                continue
+            indices = list(wanted)
+            loaded[path] = (select_batch_rows(value, indices), indices, meta, size)
+        if dropped:
+            with self._index_lock:
+                if self._index is not None:
+                    for path in dropped:
+                        self._index.forget(path)
+        return loaded
 
     def _match_index(self) -> Any:
         """The prompt index, refreshed from entries it has not seen (one listing per run directory).
@@ -532,18 +596,16 @@ class CachedRole(BaseSkip):
         sources: list[Any] = []
         offsets: dict[str, tuple[int, dict[int, int]]] = {}  # entry -> (its first row in sources, row map)
         nbytes, saved, base = 0, 0.0, 0
-        needed: dict[str, list[int]] = {}
-        for live_row in sorted(split.found):
-            path, recorded_row = split.found[live_row]
-            rows = needed.setdefault(path, [])
-            if recorded_row not in rows:
-                rows.append(recorded_row)
-        for path, rows in needed.items():
-            value, meta, _, size = self._read_entry(path, step, -1)
+        loaded = split.loaded
+        if split.found and not loaded:  # a split made elsewhere: read (and check) its entries now
+            loaded = self._load_found(step, split.found, split.digests)
+        if any(path not in loaded for path, _ in split.found.values()):
+            raise CacheMissError(f"{self.name}: an entry of step {step}'s recorded prompt groups could not be read")
+        for path, (selected, rows, meta, size) in loaded.items():
             nbytes += size
             recorded_rows = len(meta.get("row_prompts") or ()) or len(rows)
             saved += _seconds(meta.get("generation_seconds")) * len(rows) / recorded_rows
-            sources.append(select_batch_rows(value, rows))
+            sources.append(selected)
             offsets[path] = (base, {row: i for i, row in enumerate(rows)})
             base += len(rows)
         if not split.found:
@@ -577,19 +639,29 @@ class CachedRole(BaseSkip):
 
     def _record_match(self, step: int, split: Any, prompts: Any, merged: Any, generated: Any) -> None:
         from stepskip.fidelity import prompt_row_digests
-        from stepskip.matching import concat_batches, select_batch_rows
+        from stepskip.matching import batch_rows, concat_batches, select_batch_rows
 
         path = self.step_dump_dir(step)
         info = CURRENT_CALL.get()
         seconds = info.generation_seconds if info is not None else None
         to_write, digests = merged, list(split.digests)
-        if self._probe(path).state is EntryState.PRESENT:  # the step recorded other prompts before: keep them
-            existing, meta, _, _ = self.load_entry(step)
-            recorded = meta.get("row_prompts")
-            if isinstance(recorded, list):
-                to_write = concat_batches([existing, generated])
-                subset = select_batch_rows(prompts, split.missing_rows) if split.found else prompts
-                digests = list(recorded) + prompt_row_digests(subset, self.rebind_keys)
+        # the step recorded other prompts before: keep them (unless this call found that entry damaged)
+        if path not in split.damaged and self._probe(path).state is EntryState.PRESENT:
+            try:
+                existing, meta, _, _ = self.load_entry(step)
+                recorded = meta.get("row_prompts")
+                if isinstance(recorded, list) and batch_rows(existing) != len(recorded):
+                    self._report_corrupt(step, path, f"its data holds {batch_rows(existing)} rows but its "
+                                                     f"meta.json records the prompts of {len(recorded)}")
+                elif isinstance(recorded, list):
+                    subset = select_batch_rows(prompts, split.missing_rows) if split.found else prompts
+                    to_write = concat_batches([existing, generated])
+                    digests = list(recorded) + prompt_row_digests(subset, self.rebind_keys)
+            except UnreadableEntryError:
+                raise  # intact but not readable here: never regenerated over
+            except CacheMissError as err:  # damaged (counted) or vanished: the live batch replaces it
+                logger.warning("%s match: step %d's entry is not kept (%s); writing this call's rows", self.name,
+                               step, err)
         prepared = self._snapshot(step, path, to_write, copy=self.async_dump,
                                   meta=lambda: self._entry_meta(step, seconds, row_prompts=digests))
         if prepared is not None:

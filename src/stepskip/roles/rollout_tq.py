@@ -10,9 +10,12 @@ On local stores a step is built in a hidden ``.tmp-{step}-{token}`` directory be
 published whole (one rename, or an exchange with the step it replaces) once its last inner entry
 is written: two runs recording one step at once end with one complete step, all of it from the
 run that published last; a crashed recorder leaves only a stale temporary (``remove_leftovers``).
-Object stores cannot rename a directory: there inner entries are written in place, readers replay
-a step only when all its inner entries come from one run, and a step two runs wrote at once stays
-unreplayable (never mixed) until a later run records it again; the recorder that notices logs it.
+Object stores cannot rename a directory: there each recording goes to ``{step}/rec-{token}/{inner}/``
+and is committed by the step's manifest ``{step}/step.json``, written last (:mod:`stepskip.manifest`):
+readers resolve the manifest once and read only the recording it names, so two runs recording one
+step at once also end with one complete step (the one whose manifest was written last), and a
+crashed recorder's recording stays invisible until it is removed as stale. Steps without a manifest
+(verl's, earlier stepskip versions') are read in place, ``{step}/{inner}/``, as before.
 
 ``action: match`` follows the prompts: every inner entry records, per trajectory, the digest of
 the prompt it answers (``meta["row_prompts"]``), so the submit phase injects the recorded groups
@@ -29,6 +32,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
+from stepskip.manifest import (
+    MANIFEST_FILE,
+    StepRoot,
+    is_recording,
+    new_recording,
+    publish_manifest,
+    remove_stale_recordings,
+    resolve_step,
+)
 from stepskip.policies import MatchN, SkipAction
 from stepskip.resolve import remap_v1
 from stepskip.roles.base import register_skip
@@ -89,7 +101,12 @@ class RolloutTqSkip(RolloutSkip):
     def start(self) -> None:
         super().start()
         for step in self.listed_steps():  # inner entries are built inside their step directory: clean there too
-            self.store.remove_leftovers(self.step_dump_dir(step))
+            step_dir = self.step_dump_dir(step)
+            self.store.remove_leftovers(step_dir)
+            remove_stale_recordings(self.store, step_dir)  # recordings no manifest names, once stale
+            where = self._step_root(step)
+            if where.manifest is not None:
+                self.store.remove_leftovers(where.root)
 
     # ------------------------------------------------------------------ queue and paths
 
@@ -109,11 +126,33 @@ class RolloutTqSkip(RolloutSkip):
         return transfer_queue
 
     def inner_dump_dir(self, step: int, inner_idx: int) -> str:
-        """The entry directory of one sample call of ``step``."""
-        return self.layout.inner_dir(step, inner_idx)
+        """The entry directory of one sample call of ``step``: in the recording the step's manifest
+        names (object stores), else ``{step}/{inner_idx}``."""
+        return f"{self._step_root(step).root}/{int(inner_idx)}"
+
+    def _step_root(self, step: int) -> StepRoot:
+        """Where ``step``'s inner entries are, its manifest read once (see :mod:`stepskip.manifest`)."""
+        return resolve_step(self.store, self.step_dump_dir(step))
+
+    def _probed(self, step: int) -> list[tuple[str, Probe]]:
+        """``(path, probe)`` of every inner entry of ``step``, all below one resolved root; one damaged
+        or unreadable probe of the manifest when it cannot be used."""
+        where = self._step_root(step)
+        if where.state is not EntryState.PRESENT:
+            return [(f"{self.step_dump_dir(step)}/{MANIFEST_FILE}", Probe(where.state, reason=where.reason))]
+        out = [(f"{where.root}/{i}", self._probe(f"{where.root}/{i}")) for i in range(self.parameter_sync_step)]
+        manifest = where.manifest
+        if manifest is not None:  # written after every inner entry it counts: one of them missing is damage
+            lacking = [str(i) for i, (_, p) in enumerate(out) if p.state is EntryState.MISSING
+                       and i < manifest.inner_entries]
+            if lacking:
+                reason = (f"{MANIFEST_FILE} names the recording {manifest.recording}, which lacks inner "
+                          f"entr{'y' if len(lacking) == 1 else 'ies'} {', '.join(lacking)}")
+                return [(f"{self.step_dump_dir(step)}/{MANIFEST_FILE}", Probe(EntryState.DAMAGED, reason=reason))]
+        return out
 
     def _probes(self, step: int) -> list[Probe]:
-        return [self._probe(self.inner_dump_dir(step, i)) for i in range(self.parameter_sync_step)]
+        return [probe for _, probe in self._probed(step)]
 
     def _present(self, step: int) -> bool:
         probes = self._probes(step)
@@ -135,11 +174,11 @@ class RolloutTqSkip(RolloutSkip):
         elif action is SkipAction.REPLAY:
             return True
         else:
-            for i, probe in enumerate(self._probes(step)):
+            for path, probe in self._probed(step):
                 if probe.state is EntryState.UNREADABLE:
                     raise self._unreadable(probe.reason)  # the step would be re-recorded over it: never
                 if action is SkipAction.CACHE and probe.state is EntryState.DAMAGED:
-                    self._report_corrupt(step, self.inner_dump_dir(step, i), probe.reason)
+                    self._report_corrupt(step, path, probe.reason)
             hit = self.has_v1_cache(step)
         if not hit:
             self.stats.add(misses=1)
@@ -234,8 +273,8 @@ class RolloutTqSkip(RolloutSkip):
         self._failed.discard(step)
         if self.store.publishes_dirs:
             self._staging[step] = f"{self.project_dump_dir}/{TMP_PREFIX}{int(step)}-{uuid.uuid4().hex[:12]}"
-        else:
-            self._staging.pop(step, None)
+        else:  # object stores: a recording of its own, committed by the step's manifest
+            self._staging[step] = f"{self.step_dump_dir(step)}/{new_recording()}"
 
     def save_sample(self, step: int, sampled: Any) -> None:
         """The sample phase: save what ``ReplayBuffer.sample`` drew as the step's next inner entry."""
@@ -313,19 +352,18 @@ class RolloutTqSkip(RolloutSkip):
     def _complete_step(self, step: int, staging: str | None) -> None:
         target = self.step_dump_dir(step)
         with self._index_lock:
-            self._indexed.pop(target, None)  # re-read from the step once it is published
+            indexed = self._indexed.pop(target, [])  # re-read from the step once it is published
             if self._index is not None:
-                for inner in range(self.parameter_sync_step):
-                    self._index.forget(self.inner_dump_dir(step, inner))
-        if staging is None:  # written in place (object stores): say so when another run wrote part of it
-            runs = {(p.meta or {}).get("run_id") for p in self._probes(step)}
-            if runs != {self.run_id}:
-                logger.warning("%s: step %d at %s holds inner entries of another run that recorded it at the same "
-                               "time; it will not be replayed until a later run records it again",
-                               self.name, step, target)
+                for path in indexed:
+                    self._index.forget(path)
+        if staging is None:  # written in place (no staging was set up): nothing to publish
             return
         try:
-            self.store.publish_dir(staging, target)
+            if self.store.publishes_dirs:
+                self.store.publish_dir(staging, target)
+            else:  # the manifest, written last, commits the recording (stepskip.manifest)
+                publish_manifest(self.store, target, staging.rsplit("/", 1)[-1], self.parameter_sync_step,
+                                 self.run_id)
         except Exception as err:  # the dump boundary: publishing may fail like any write
             self.stats.add(dump_failures=1)
             logger.error("%s dump failed: step %d not published from %s to %s: %s: %s",
@@ -348,6 +386,13 @@ class RolloutTqSkip(RolloutSkip):
             CacheMissError: no complete step to load; CorruptEntryError: a damaged inner entry.
         """
         load_step = self.resolve_load_step(step)
+        if load_step == -1 and self.action is SkipAction.REPLAY:  # say why: damaged and unreadable are not missing
+            for path, probe in self._probed(step):
+                if probe.state is EntryState.UNREADABLE:
+                    raise self._unreadable(probe.reason)
+                if probe.state is EntryState.DAMAGED:
+                    self._report_corrupt(step, path, probe.reason)
+                    raise CorruptEntryError(f"{self.name}: step {step} at {path} is damaged: {probe.reason}")
         if load_step == -1:
             raise CacheMissError(
                 f"{self.name}: no complete V1 entry for step {step} under {self.project_dump_dir} "
@@ -356,9 +401,15 @@ class RolloutTqSkip(RolloutSkip):
         from stepskip.tq.rows import concat_rows, num_rows, select_rows
 
         start = time.perf_counter()
+        where = self._step_root(load_step)  # once: every inner entry comes from the recording it names
+        if where.state is EntryState.UNREADABLE:
+            raise self._unreadable(where.reason)
+        if where.state is EntryState.DAMAGED:
+            self._report_corrupt(step, self.step_dump_dir(load_step), where.reason)
+            raise CorruptEntryError(f"{self.name}: {where.reason}")
         parts, keys, tags, nbytes, saved = [], [], [], 0, 0.0
         for inner in range(self.parameter_sync_step):
-            payload, meta, _, size = self._read_entry(self.inner_dump_dir(load_step, inner), step, load_step,
+            payload, meta, _, size = self._read_entry(f"{where.root}/{inner}", step, load_step,
                                                       prompts if inner == 0 else None)
             parts.append(payload["tensordict"])
             keys.extend(payload["keys"])
@@ -460,30 +511,46 @@ class RolloutTqSkip(RolloutSkip):
             try:
                 payload, meta, _, size = self._read_entry(path, step, -1)
                 recorded = meta.get("row_prompts")
-                entry_keys = list(payload["keys"])
-                if not isinstance(recorded, list) or len(recorded) != len(entry_keys):
+                if not isinstance(recorded, list):
                     raise CacheMissError(f"{path} no longer records the prompts of its trajectories")
             except CacheMissError as err:  # damaged, vanished or replaced since indexed: generate those prompts
                 logger.warning("%s match: %s; submitting its %d prompts to rollout", self.name, err, len(rows))
                 with self._index_lock:
                     index.forget(path)
                 continue
+            try:  # metadata and data that disagree (a crafted or damaged entry) must not reach the trainer
+                problem = _payload_problem(payload, recorded)
+                if problem is None:
+                    entry_keys, entry_tags = list(payload["keys"]), list(payload["tags"])
+                    picked: list[int] = []
+                    entry_out: tuple[list[str], list[dict[str, Any]], set[int]] = ([], [], set())
+                    for row in rows:
+                        group = [i for i, d in enumerate(recorded) if d == digests[row]]
+                        if not group:  # the entry was replaced by one of other prompts since it was indexed
+                            continue
+                        plan = remap_v1([entry_keys[i] for i in group], [entry_tags[i] for i in group],
+                                        [uids[row]], self.layout.n, step)
+                        picked.extend(group[r] for r in plan.rows)
+                        entry_out[0].extend(plan.keys)
+                        entry_out[1].extend(plan.tags)
+                        entry_out[2].add(row)
+                    part = select_rows(payload["tensordict"], picked) if picked else None
+            except (IndexError, KeyError, TypeError, ValueError) as err:
+                problem = f"its trajectories cannot be selected ({type(err).__name__}: {err})"
+            if problem is not None:
+                self._report_corrupt(step, path, problem)
+                logger.warning("%s match: submitting the %d prompts of %s to rollout", self.name, len(rows), path)
+                with self._index_lock:
+                    index.forget(path)
+                continue
             nbytes += size
-            picked: list[int] = []
-            for row in rows:
-                group = [i for i, d in enumerate(recorded) if d == digests[row]]
-                if not group:  # the entry was replaced by one of other prompts since it was indexed
-                    continue
-                plan = remap_v1([entry_keys[i] for i in group], [payload["tags"][i] for i in group], [uids[row]],
-                                self.layout.n, step)
-                picked.extend(group[r] for r in plan.rows)
-                keys.extend(plan.keys)
-                tags.extend(plan.tags)
-                found.add(row)
-                step_dir = path.rsplit("/", 1)[0]
-                sources[step_dir] = sources.get(step_dir, 0) + 1
-            if picked:
-                parts.append(select_rows(payload["tensordict"], picked))
+            if part is not None:
+                parts.append(part)
+                keys.extend(entry_out[0])
+                tags.extend(entry_out[1])
+                found |= entry_out[2]
+                step_dir = _step_dir_of(path)
+                sources[step_dir] = sources.get(step_dir, 0) + len(entry_out[2])
                 saved += _seconds(meta.get("generation_seconds")) * len(set(picked)) / max(len(entry_keys), 1)
         if found:
             client = self.tq_client
@@ -516,8 +583,12 @@ class RolloutTqSkip(RolloutSkip):
 
     def _index_step(self, index: Any, step_dir: str) -> list[str] | None:
         """Index the inner entries of a complete step; None (looked at again next time) for any other."""
-        inner_names = sorted(int(n) for n in self.store.list_dir(step_dir, dirs_only=True) if n.isdigit())
-        probes = [(f"{step_dir}/{i}", self._probe(f"{step_dir}/{i}")) for i in inner_names]
+        where = resolve_step(self.store, step_dir)
+        if where.state is not EntryState.PRESENT:
+            return None
+        root = where.root
+        inner_names = sorted(int(n) for n in self.store.list_dir(root, dirs_only=True) if n.isascii() and n.isdigit())
+        probes = [(f"{root}/{i}", self._probe(f"{root}/{i}")) for i in inner_names]
         metas = [p.meta or {} for _, p in probes]
         declared = metas[0].get("parameter_sync_step", 1) if metas else 0
         complete = (bool(probes) and inner_names == list(range(len(probes))) and declared == len(probes)
@@ -555,3 +626,30 @@ class RolloutTqSkip(RolloutSkip):
 
     def _resolve_load_step_v1(self, step: int) -> int:
         return self.resolve_load_step(step)
+
+
+def _step_dir_of(path: str) -> str:
+    """The step directory of an inner entry path (``{step}/{inner}`` or ``{step}/rec-{token}/{inner}``)."""
+    parent, _, name = path.rsplit("/", 1)[0].rpartition("/")
+    return parent if is_recording(name) else f"{parent}/{name}"
+
+
+def _payload_problem(payload: Any, recorded: list[Any]) -> str | None:
+    """Why a decoded inner entry's keys, tags, rows and recorded prompts do not describe the same trajectories."""
+    from stepskip.tq.rows import num_rows
+
+    if not isinstance(payload, dict) or "tensordict" not in payload:
+        return "it does not hold a V1 payload"
+    keys, tags = payload.get("keys"), payload.get("tags")
+    if not isinstance(keys, list) or not isinstance(tags, list):
+        return "its keys or tags are not lists"
+    if not all(isinstance(t, dict) for t in tags):
+        return "one of its tags is not a mapping"
+    try:
+        rows = num_rows(payload["tensordict"])
+    except Exception:  # a decoded value that is no batch of rows
+        rows = -1
+    if not len(keys) == len(tags) == rows == len(recorded):
+        return (f"its data holds {rows} rows, {len(keys)} keys and {len(tags)} tags, and its meta.json records "
+                f"the prompts of {len(recorded)} trajectories")
+    return None

@@ -4,8 +4,8 @@ Everything is built locally (nothing downloaded): a 2-layer ``LlamaConfig`` mode
 WordLevel tokenizer wrapped in ``PreTrainedTokenizerFast``, a 32-prompt dataset and a reward that
 counts one word. Run as ``python trl_run.py SPEC.json OUT.json`` (or under ``torchrun``); SPEC holds
 ``skip`` (the role's section, or null for plain TRL), ``args`` (GRPOConfig overrides), ``eval``
-(evaluate after training), ``hidden_size`` and ``destroy`` (destroy the process group at the end, then
-leave without the interpreter's teardown unless ``hard_exit`` is false).
+(evaluate after training), ``hidden_size`` and ``destroy`` (destroy the process group at the end, the
+trainer released first: see the comment there).
 OUT (per rank: ``OUT.rank{r}.json``) gets the log history, how many
 times generation really ran, the calls as the integration saw them and the skip stats.
 """
@@ -133,19 +133,24 @@ def main(spec_path: str, out_path: str) -> None:
         json.dump(result, f, default=repr)
     SkipManager.reset()
     if spec.get("destroy"):
+        import gc
+
         import torch.distributed as dist
 
         if dist.is_initialized():
             dist.barrier()  # no rank tears its connections down while another still uses them
+            # The DDP wrapper accelerate put around the model holds the process group: while the trainer
+            # lives, destroy_process_group leaves the group's gloo worker threads running into the
+            # interpreter's finalisation. One of them may still be releasing the barrier's work there,
+            # and with it the tensors of a TRL all_gather the barrier waited on; taking the GIL during
+            # finalisation ends that thread inside a noexcept destructor: "terminate called without an
+            # active exception", SIGABRT, in about 1 of 10 runs here (core dumps: ~AsyncAllgatherWork
+            # in ~AsyncBarrierWork on a pt_gloo_runloop thread, the main thread in Py_FinalizeEx; torch's
+            # teardown, not stepskip's: see pytorch/pytorch#179291). Dropping the trainer first lets
+            # destroy_process_group destroy the group and join its threads while Python is fully alive.
+            del trainer, state
+            gc.collect()
             dist.destroy_process_group()
-        # Everything is written. In about 1 of 7 two-process runs with stepskip on this machine (none
-        # of 7 without it; once in a run that had written no entry) the interpreter's own teardown
-        # then aborts ("terminate called without an active exception"); the cause is not isolated
-        # (see the project's notes). Leaving without the teardown keeps the exit status about this run.
-        if spec.get("hard_exit", True):
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Hypothesis generates, deterministically (``derandomize=True``, fixed example counts):
 
 - ``data.json`` trees: real entries (trimmed, narrowed, concatenated, jagged, zstd-packed tensors,
-  object columns, tagged values) with one to three fields replaced by arbitrary JSON (huge and
+  object columns, tagged values, packed ragged rows) with one to three fields replaced by arbitrary JSON (huge and
   negative numbers, dtype names, nested lists and dicts);
 - packed-tensor descriptors: arbitrary codec/dtype/shape records over real, truncated and
   foreign zstd frames;
@@ -63,7 +63,8 @@ def _seed_value() -> Batch:
     return Batch(batch=td, non_tensor_batch={"uid": _obj(["a", "b", "c", "d"]),
                                              "msgs": _obj([[{"role": "user", "content": str(i)}] for i in range(4)]),
                                              "score": np.arange(4, dtype=np.float32)},
-                 meta_info={"step": 3, "arr": np.array([np.nan, 1.0]), "t": (1, b"x"), "s": {2, 3}})
+                 meta_info={"step": 3, "arr": np.array([np.nan, 1.0]), "t": (1, b"x"), "s": {2, 3},
+                            "ids": [[i] * 30 for i in range(3)], "lp": [[-0.5, None] * 40, []]})  # packed rows
 
 
 SAFE = SafeFormat("zstd")
@@ -80,7 +81,8 @@ _numbers = st.one_of(st.integers(-3, 70), st.integers(-(2**70), 2**70), st.sampl
 _names = st.sampled_from(["tensor", "trim", "narrow", "concat", "jagged", "array", "object_array", "value", "dict",
                           "tensordict", "batch", "int64", "uint8", "float32", "bool", "bfloat16", "|O", "<U9",
                           "<U1000000000", "i4,O", "t0", "t1", "t3.0", "zstd", "__t", "ndarray", "b64", "kind", "enc",
-                          "shape", "parts", "ref", "v", "prompts", "responses"])
+                          "shape", "parts", "ref", "v", "prompts", "responses", "rows", "holes", "offsets",
+                          "values", "int", "float"])
 _json = st.recursive(
     st.none() | st.booleans() | _numbers | _names | st.text(max_size=6),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_names | st.text(max_size=4), inner, max_size=4),

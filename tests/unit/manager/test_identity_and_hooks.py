@@ -150,3 +150,39 @@ print(",".join(heavy) or "light")
 def test_the_decorator_path_imports_neither_torch_nor_tensordict(tmp_path):
     out = subprocess.run([sys.executable, "-c", LIGHT, str(tmp_path)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "light", out.stderr
+
+
+class TokenTrainer:
+    """TRL's shape of call: prompts as ragged token-id rows (``list[list[int]]``), results as such rows."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @SkipManager.annotate(role="rollout", prompts=lambda self, prompt_ids, **_: prompt_ids)
+    def generate(self, prompt_ids, **_):
+        self.calls += 1
+        completions = [[t * 7 + self.calls for t in row] * 20 for row in prompt_ids]
+        return completions, [[-0.5 if i % 3 else None for i in range(len(row))] for row in completions]
+
+
+def run_tokens_twice(tmp_path, prompts_a, prompts_b, **fields):
+    results = []
+    for prompts in (prompts_a, prompts_b):
+        SkipManager.init(skip_only(tmp_path, **fields), identity=IDENTITY)
+        SkipManager.set_step(1)
+        trainer = TokenTrainer()
+        results.append((trainer.generate(prompts), trainer.calls))
+    return results
+
+
+def test_token_id_row_prompts_are_digested_and_a_changed_prompt_is_reported(tmp_path, caplog):
+    prompts = [[3, 4, 5], [6], [7, 8]]
+    (first, calls1), (second, calls2) = run_tokens_twice(tmp_path / "same", prompts, [list(r) for r in prompts])
+    assert (calls1, calls2) == (1, 0) and second == first  # the rows (and their None holes) replayed exactly
+    entry = tmp_path / "same" / "grpo_trl" / "GBS8_N4_in16_out32" / "1"
+    assert json.loads((entry / "meta.json").read_text())["prompt_digest"]
+    assert b'"__t":"rows"' in (entry / "data.json").read_bytes()  # stored packed, not as JSON lists
+    with pytest.raises(PromptMismatchError, match="other prompts"):
+        run_tokens_twice(tmp_path / "changed", prompts, [[3, 4, 5], [6], [7, 9]], check_prompts="error")
+    with pytest.raises(PromptMismatchError, match="other prompts"):  # the same ids, other row boundaries
+        run_tokens_twice(tmp_path / "split", prompts, [[3, 4], [5, 6], [7, 8]], check_prompts="error")

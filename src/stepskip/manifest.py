@@ -1,0 +1,318 @@
+"""Step manifests: how a V1 step recorded on an object store is committed whole (issue 10).
+
+A ``rollout_tq`` step is several inner entries (one per sample call). On a local disk the step is
+built in a hidden directory and published with one rename (:meth:`stepskip.store.LocalStore.publish_dir`);
+object stores have no directory rename, so there a step is committed by a manifest::
+
+    {step}/rec-{token}/{inner}/meta.json ...   the inner entries of one recording (one recorder)
+    {step}/step.json                           the manifest: names the recording readers use
+
+Each recorder writes its inner entries under a recording directory of its own (``rec-`` and 12 hex
+digits, random per recording), then — last, one atomic PUT — the manifest naming it. Readers read
+the manifest first and only the recording it names, so they see exactly one recorder's complete
+step: two recorders of one step at once end with the step of the one whose manifest was written
+last (last writer wins); a recorder killed before its manifest leaves a recording that nothing
+names, invisible to readers. A replaced recording is listed in the new manifest as ``retired``
+with the time, and deleted by a later writer (or :func:`remove_stale_recordings`) once the store's
+grace period has passed, so that a reader that resolved the old manifest can still read it. A
+recording nothing names is deleted only once it has not been written for ``older_than`` seconds.
+Nothing outside the step directory, and nothing not named like a recording, is ever deleted.
+
+A step directory without a manifest is read as before (``{step}/{inner}/``, as verl and earlier
+stepskip versions write it). The manifest is data someone else may have written: it is bounded in
+size, must be a JSON object of the documented types, and may only name recordings (a single path
+component ``rec-`` + 12 hex digits): anything else makes the step *damaged* (regenerated, raised
+under ``replay``); a manifest of a newer version than this stepskip knows makes it *unreadable* (kept).
+
+Example:
+    >>> manifest = StepManifest(recording="rec-0123456789ab", inner_entries=2, run_id="r1")
+    >>> parse_manifest(manifest.to_bytes()).recording
+    'rec-0123456789ab'
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepskip.errors import CorruptEntryError, UnreadableEntryError
+from stepskip.store import GRACE_SECONDS, MANIFEST_FILE, MAX_INNER_ENTRIES, STALE_SECONDS, EntryState
+
+__all__ = [
+    "MANIFEST_FILE", "MANIFEST_MAX_BYTES", "MANIFEST_VERSION", "RECORDING_PREFIX", "StepManifest", "StepRoot",
+    "is_recording", "new_recording", "parse_manifest", "publish_manifest", "read_manifest", "remove_stale_recordings",
+    "resolve_step",
+]
+
+logger = logging.getLogger(__name__)
+
+#: A manifest larger than this is damage (ours are a few hundred bytes).
+MANIFEST_MAX_BYTES = 64 * 1024
+#: The manifest version this stepskip writes and reads.
+MANIFEST_VERSION = 1
+RECORDING_PREFIX = "rec-"
+_RECORDING = re.compile(r"^rec-[0-9a-f]{12}$")
+#: Replaced recordings a manifest remembers (older ones are forgotten, then removed once stale).
+_MAX_RETIRED = 64
+_MAX_RUN_ID = 256
+
+
+def is_recording(name: object) -> bool:
+    """True for the name of a recording directory (``rec-`` + 12 hex digits): one plain path component.
+
+    Example:
+        >>> is_recording("rec-0123456789ab"), is_recording("../rec-0123456789ab"), is_recording("0")
+        (True, False, False)
+    """
+    return isinstance(name, str) and _RECORDING.match(name) is not None
+
+
+def new_recording() -> str:
+    """A fresh, run-unique recording directory name."""
+    return f"{RECORDING_PREFIX}{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True)
+class StepManifest:
+    """A parsed ``step.json``.
+
+    Args:
+        recording: the recording directory (a child of the step directory) readers use.
+        inner_entries: how many inner entries it holds (the recorder's ``parameter_sync_step``).
+        run_id: the recording run.
+        created_unix: when the manifest was written.
+        retired: recordings it replaced -> when (unix seconds); deleted once the grace period passed.
+    """
+
+    recording: str
+    inner_entries: int
+    run_id: str | None = None
+    created_unix: float | None = None
+    retired: dict[str, float] = field(default_factory=dict)
+
+    def to_bytes(self) -> bytes:
+        body: dict[str, Any] = {"stepskip_manifest": MANIFEST_VERSION, "recording": self.recording,
+                                "inner_entries": self.inner_entries, "run_id": self.run_id,
+                                "created_unix": self.created_unix}
+        if self.retired:
+            body["retired"] = dict(self.retired)
+        return json.dumps(body, indent=1, sort_keys=True).encode("utf-8")
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def parse_manifest(raw: bytes) -> StepManifest:
+    """Check and parse the bytes of a ``step.json``.
+
+    Raises:
+        CorruptEntryError: too large, not JSON, or a value of the wrong type or range; a recording
+            name that is not ``rec-`` + 12 hex digits (a path, ``..``, an absolute path ...).
+        UnreadableEntryError: a manifest version newer than this stepskip's.
+
+    Example:
+        >>> parse_manifest(b'{"stepskip_manifest": 1, "recording": "../x", "inner_entries": 1}')
+        Traceback (most recent call last):
+        ...
+        stepskip.errors.CorruptEntryError: step.json: recording is '../x', expected rec- and 12 hex digits
+    """
+    if len(raw) > MANIFEST_MAX_BYTES:
+        raise CorruptEntryError(f"{MANIFEST_FILE} is {len(raw)} bytes, more than the {MANIFEST_MAX_BYTES} it may have")
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise CorruptEntryError(f"{MANIFEST_FILE} nests too deep") from None
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise CorruptEntryError(f"unreadable {MANIFEST_FILE}: {err}") from None
+    if not isinstance(body, dict):
+        raise CorruptEntryError(f"{MANIFEST_FILE} is not a JSON object")
+    version = body.get("stepskip_manifest")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CorruptEntryError(f"{MANIFEST_FILE}: stepskip_manifest is {_show(version)}, expected {MANIFEST_VERSION}")
+    if version > MANIFEST_VERSION:
+        raise UnreadableEntryError(f"{MANIFEST_FILE} has version {version}; this stepskip reads version "
+                                   f"{MANIFEST_VERSION}: upgrade stepskip to read this step (it was left untouched)")
+    recording = body.get("recording")
+    if not is_recording(recording):
+        raise CorruptEntryError(f"{MANIFEST_FILE}: recording is {_show(recording)}, expected "
+                                f"{RECORDING_PREFIX} and 12 hex digits")
+    inner = body.get("inner_entries")
+    if isinstance(inner, bool) or not isinstance(inner, int) or not 1 <= inner <= MAX_INNER_ENTRIES:
+        raise CorruptEntryError(f"{MANIFEST_FILE}: inner_entries is {_show(inner)}, expected an int from 1 to "
+                                f"{MAX_INNER_ENTRIES}")
+    run_id = body.get("run_id")
+    if run_id is not None and (not isinstance(run_id, str) or len(run_id) > _MAX_RUN_ID):
+        raise CorruptEntryError(f"{MANIFEST_FILE}: run_id is {_show(run_id)}, expected a string or null")
+    created = body.get("created_unix")
+    if created is not None and not _number(created):
+        raise CorruptEntryError(f"{MANIFEST_FILE}: created_unix is {_show(created)}, expected a number >= 0 or null")
+    retired = body.get("retired", {})
+    if (not isinstance(retired, dict) or len(retired) > _MAX_RETIRED
+            or not all(is_recording(k) and _number(v) for k, v in retired.items())):
+        raise CorruptEntryError(f"{MANIFEST_FILE}: retired is {_show(retired)}, expected at most {_MAX_RETIRED} "
+                                "recording names with times")
+    return StepManifest(str(recording), inner, run_id, None if created is None else float(created),
+                        {str(k): float(v) for k, v in retired.items() if k != recording})
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def read_manifest(store: Any, step_dir: str) -> StepManifest | None:
+    """The manifest of ``step_dir``, or None when it has none (an in-place step, or no step).
+
+    Raises:
+        CorruptEntryError: the manifest is damaged (see :func:`parse_manifest`), not a regular file,
+            or cannot be read.
+        UnreadableEntryError: a newer manifest version.
+    """
+    raw = store.read_small(f"{step_dir}/{MANIFEST_FILE}", MANIFEST_MAX_BYTES)
+    if raw is None:
+        return None
+    try:
+        return parse_manifest(raw)
+    except CorruptEntryError as err:
+        raise CorruptEntryError(f"{step_dir}/{err}") from None
+    except UnreadableEntryError as err:
+        raise UnreadableEntryError(f"{step_dir}/{err}") from None
+
+
+@dataclass(frozen=True)
+class StepRoot:
+    """Where a step's inner entries are, as its manifest (if any) says.
+
+    Args:
+        root: the directory holding ``{inner}/``: the recording the manifest names, else the step directory.
+        manifest: the manifest (None for a step written in place).
+        state: ``PRESENT`` when the root can be read (a manifest or none); ``DAMAGED`` or
+            ``UNREADABLE`` for a bad manifest, with ``reason``.
+        reason: why the manifest cannot be used.
+    """
+
+    root: str
+    manifest: StepManifest | None = None
+    state: EntryState = EntryState.PRESENT
+    reason: str = ""
+
+
+def resolve_step(store: Any, step_dir: str) -> StepRoot:
+    """Read ``step_dir``'s manifest once and say where its inner entries are; never raises.
+
+    A reader resolves once per look at a step and reads every inner entry below that one root:
+    a concurrent recorder publishing another manifest meanwhile cannot mix two recordings.
+    """
+    try:
+        manifest = read_manifest(store, step_dir)
+    except CorruptEntryError as err:
+        return StepRoot(step_dir, None, EntryState.DAMAGED, str(err))
+    except UnreadableEntryError as err:
+        return StepRoot(step_dir, None, EntryState.UNREADABLE, str(err))
+    if manifest is None:
+        return StepRoot(step_dir)
+    return StepRoot(f"{step_dir}/{manifest.recording}", manifest)
+
+
+def publish_manifest(store: Any, step_dir: str, recording: str, inner_entries: int, run_id: str | None,
+                     now: float | None = None) -> list[str]:
+    """Commit the complete recording ``recording`` as ``step_dir``'s step: write its manifest last.
+
+    The recording the current manifest names becomes ``retired`` (kept for the store's grace
+    period); retired recordings past it are deleted after the new manifest is written.
+
+    Returns:
+        The recording directories deleted.
+
+    Raises:
+        OSError: the manifest could not be written (nothing was deleted then).
+    """
+    grace = float(getattr(store, "grace_seconds", GRACE_SECONDS))
+    now = float(getattr(store, "clock", time.time)()) if now is None else now
+    try:
+        current = read_manifest(store, step_dir)
+    except (CorruptEntryError, UnreadableEntryError) as err:  # replaced: what it names is left to go stale
+        logger.warning("replacing the unusable manifest of %s: %s", step_dir, err)
+        current = None
+    retired = dict(current.retired) if current is not None else {}
+    if current is not None and current.recording != recording:
+        retired[current.recording] = now
+    retired.pop(recording, None)
+    expired = [name for name, when in retired.items() if now - when >= grace]
+    for name in expired:
+        del retired[name]
+    while len(retired) > _MAX_RETIRED:  # forgotten, not deleted: removed once stale (remove_stale_recordings)
+        del retired[min(retired, key=lambda k: retired[k])]
+    manifest = StepManifest(recording, int(inner_entries), run_id, now, retired)
+    store.put_small(f"{step_dir}/{MANIFEST_FILE}", manifest.to_bytes())
+    removed = []
+    for name in expired:
+        try:
+            store.remove(f"{step_dir}/{name}")
+            removed.append(f"{step_dir}/{name}")
+        except OSError as err:  # left for a later writer or remove_stale_recordings
+            logger.debug("could not delete the replaced recording %s/%s: %s", step_dir, name, err)
+    return removed
+
+
+def _newest(store: Any, path: str) -> float | None:
+    """The newest modification time below ``path`` (links never followed); None when unknown or empty."""
+    newest: float | None = None
+    pending = [path]
+    while pending:
+        current = pending.pop()
+        for item in store.list_items(current):
+            if item.kind == "dir":
+                pending.append(f"{current}/{item.name}")
+                continue
+            if item.mtime is None:
+                return None  # an object of unknown age: it may be being written
+            newest = item.mtime if newest is None else max(newest, item.mtime)
+    return newest
+
+
+def remove_stale_recordings(store: Any, step_dir: str, older_than: float = STALE_SECONDS,
+                            now: float | None = None) -> list[str]:
+    """Delete the recordings of ``step_dir`` that no reader can reach and no writer is still writing.
+
+    Kept: the recording the manifest names; a retired one within the store's grace period; a
+    recording nothing names (a recorder killed before its manifest, or one still recording) that
+    was written less than ``older_than`` seconds ago or whose age is unknown; everything when the
+    manifest is damaged or unreadable (keep rather than delete when in doubt). Only directories
+    named like recordings are considered.
+
+    Returns:
+        The recording directories deleted.
+    """
+    grace = float(getattr(store, "grace_seconds", GRACE_SECONDS))
+    now = float(getattr(store, "clock", time.time)()) if now is None else now
+    step = resolve_step(store, step_dir)
+    if step.state is not EntryState.PRESENT:
+        return []
+    manifest = step.manifest
+    removed = []
+    for name in store.list_dir(step_dir, dirs_only=True):
+        if not is_recording(name) or (manifest is not None and name == manifest.recording):
+            continue
+        when = manifest.retired.get(name) if manifest is not None else None
+        if when is not None:
+            if now - when < grace:
+                continue
+        else:
+            newest = _newest(store, f"{step_dir}/{name}")
+            if newest is None or now - newest < older_than:
+                continue
+        try:
+            store.remove(f"{step_dir}/{name}")
+        except OSError as err:
+            logger.debug("could not delete the recording %s/%s: %s", step_dir, name, err)
+            continue
+        removed.append(f"{step_dir}/{name}")
+    return removed

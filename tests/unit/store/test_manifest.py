@@ -1,0 +1,68 @@
+"""``stepskip.manifest``: a V1 step manifest is hostile data; whatever its bytes, parsing it either yields a
+manifest naming only a recording directory of its step, or raises a typed error (issue 10)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stepskip.errors import CorruptEntryError, UnreadableEntryError
+from stepskip.manifest import MANIFEST_MAX_BYTES, StepManifest, is_recording, parse_manifest, resolve_step
+from stepskip.store import EntryState, LocalStore
+
+GOOD = {"stepskip_manifest": 1, "recording": "rec-0123456789ab", "inner_entries": 2, "run_id": "r",
+        "created_unix": 1.0}
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def _check(raw: bytes) -> None:
+    try:
+        manifest = parse_manifest(raw)
+    except (CorruptEntryError, UnreadableEntryError):
+        return
+    assert is_recording(manifest.recording)
+    assert all(is_recording(name) for name in manifest.retired)
+    assert 1 <= manifest.inner_entries
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_parse_or_raise_a_typed_error(raw):
+    _check(raw)
+
+
+@given(st.dictionaries(st.sampled_from(sorted(GOOD) + ["retired", "x"]), json_values, max_size=7))
+def test_any_json_object_parses_or_raises_a_typed_error(fields):
+    _check(json.dumps({**GOOD, **fields}).encode())
+
+
+@pytest.mark.parametrize("recording", ["..", ".", "", "/", "/etc/passwd", "../rec-0123456789ab", "rec-0123456789ab/..",
+                                       "rec-0123456789ab/0", "rec-0123456789AB", "rec-0123456789a", "0", "meta.json",
+                                       "rec-0123456789ab\x00", 7, None, ["rec-0123456789ab"]])
+def test_only_a_recording_name_may_be_named(recording):
+    with pytest.raises(CorruptEntryError, match="recording"):
+        parse_manifest(json.dumps({**GOOD, "recording": recording}).encode())
+
+
+def test_bounds():
+    with pytest.raises(CorruptEntryError, match="more than"):
+        parse_manifest(b" " * (MANIFEST_MAX_BYTES + 1))
+    with pytest.raises(CorruptEntryError, match="nests too deep"):
+        parse_manifest(b"[" * 30_000 + b"]" * 30_000)
+    with pytest.raises(UnreadableEntryError, match="version 2"):
+        parse_manifest(json.dumps({**GOOD, "stepskip_manifest": 2}).encode())
+    manifest = parse_manifest(json.dumps({**GOOD, "retired": {"rec-ffffffffffff": 3}}).encode())
+    assert manifest == StepManifest("rec-0123456789ab", 2, "r", 1.0, {"rec-ffffffffffff": 3.0})
+
+
+def test_a_step_without_a_manifest_resolves_to_itself(tmp_path):
+    store = LocalStore(str(tmp_path))
+    where = resolve_step(store, str(tmp_path / "1"))
+    assert (where.root, where.manifest, where.state) == (str(tmp_path / "1"), None, EntryState.PRESENT)
