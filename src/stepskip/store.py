@@ -1192,6 +1192,15 @@ class LocalStore(_EntryStore):
             _remove_at(parent_fd, tmp)
             raise
 
+    @classmethod
+    def _write_file(cls, dir_fd: int, name: str, data: bytes) -> None:
+        """Create ``name`` in ``dir_fd`` holding ``data``, synced and closed."""
+        fd = cls._write_unsynced(dir_fd, name, data)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     @staticmethod
     def _write_unsynced(dir_fd: int, name: str, data: bytes) -> int:
         """Create ``name`` in ``dir_fd`` holding ``data``; the open fd, for the caller to sync and close."""
