@@ -251,6 +251,14 @@ def _untrim_small(parts: dict[str, torch.Tensor], rows: int, width: int, dtype: 
     if values.size != kept:
         raise CorruptEntryError(f"{TREE}: {field}.values: {values.size} values for {kept} kept positions")
     target = _NUMPY[bits_dtype]
+    if rows == 1:  # one row (an entry per sample): three slices instead of masks
+        lead, tail = int(left[0]), width - int(right[0])
+        row = np.empty(width, dtype=target)
+        row[:lead] = parts["lval"].numpy().astype(target)
+        row[tail:] = parts["rval"].numpy().astype(target)
+        row[lead:tail] = values
+        single = torch.from_numpy(row.reshape(1, width))
+        return single.view(dtype) if dtype in _BITS else single
     columns = np.arange(width)
     in_left = columns < left[:, None]
     out = np.where(in_left, parts["lval"].numpy().astype(target)[:, None],

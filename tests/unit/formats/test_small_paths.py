@@ -83,3 +83,28 @@ def test_numpy_paths_match_the_torch_paths(monkeypatch, dtype, rows, width):
     assert out.dtype == small_out.dtype == tensor.dtype
     assert torch.equal(out.view(torch.uint8), small_out.view(torch.uint8))  # bit-exact (NaN, -0.0)
     assert torch.equal(small_out.view(torch.uint8), tensor.contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lead,tail", [(3, 5), (0, 7), (4, 0), (6, 6), (0, 12)], ids=str)
+def test_one_row_trims_decode_as_the_torch_path(monkeypatch, dtype, lead, tail):
+    """A single padded row (the async role's one-sample entries), its runs of every length."""
+    width = 12
+    row = _tensor(dtype, (1, width), seed=lead * 31 + tail)
+    pad_left, pad_right = _tensor(dtype, (2,), seed=7)
+    row[0, :lead] = pad_left
+    row[0, width - tail:] = pad_right
+    parts: dict[str, torch.Tensor] = {}
+
+    def add(t: torch.Tensor) -> str:
+        parts[f"p{len(parts)}"] = t.contiguous()
+        return f"p{len(parts) - 1}"
+
+    node = compact.encode_tensor(row, add)
+    assert node["enc"] == "trim"  # at least a third of the row is padding
+    small = compact.decode_tensor(node, parts.__getitem__)
+    monkeypatch.setattr(compact, "SMALL_ELEMENTS", -1)
+    general = compact.decode_tensor(node, parts.__getitem__)
+    assert small.dtype == general.dtype == row.dtype and small.shape == row.shape
+    assert torch.equal(small.view(torch.uint8), general.view(torch.uint8))
+    assert torch.equal(small.view(torch.uint8), row.view(torch.uint8))
