@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -61,6 +62,7 @@ SIZES = {
     "smoke": [(16, 16, 32)],
 }
 ENTRY_COUNTS = {"full": [10, 1000, 10000], "quick": [10, 100, 1000], "smoke": [10, 30]}
+S3_ENTRY_COUNTS = {"full": [10, 1000], "quick": [10, 100, 1000], "smoke": [10, 30]}
 ASYNC_COUNTS = {"full": 200, "quick": 100, "smoke": 8}
 TARGETS = {"miss": 0.1, "write": 0.5, "hit": 0.3, "bytes": 0.12, "peak": 1.3, "hit_raw": 2.0, "digest": 0.10}
 
@@ -359,28 +361,37 @@ class Rollouter:
         return self.result
 
 
-def stepskip_async(inputs: dict[str, Any], workdir: str, count: int) -> dict[str, Any]:
+def stepskip_async(inputs: dict[str, Any], workdir: str, count: int, repeat: int) -> dict[str, Any]:
+    """Samples per second written (until flushed) and replayed, best of ``repeat`` runs, each in a fresh
+    dump dir after one untimed sample (lazy imports, the worker's first start), as on verl's side."""
     small = inputs["async"]
     rollouter = Rollouter()
     rollouter.result = to_batch(small["result"])
-    prompts = []
-    for i in range(count):
-        part = dict(small["prompts"], non_tensor={"uid": np.array([f"uid_sample_0_{i}"], dtype=object)})
-        prompts.append(to_batch(part))
-    SkipManager.init(config(workdir, inputs["shape"], "async_rollout"))
-    start = time.perf_counter()
-    for p in prompts:
-        rollouter.generate_sequences_single(p)
-    SkipManager.flush()
-    write = time.perf_counter() - start
-    start = time.perf_counter()
-    for p in prompts:
-        touch(rollouter.generate_sequences_single(p))
-    replay = time.perf_counter() - start
-    stats = SkipManager.stats()
-    assert stats["skip/async_rollout/dumps"] == count and stats["skip/async_rollout/hits"] == count, stats
-    SkipManager.reset()
-    return {"write_per_s": count / write, "replay_per_s": count / replay}
+
+    def prompt(i: int) -> Batch:
+        return to_batch(dict(small["prompts"], non_tensor={"uid": np.array([f"uid_sample_0_{i}"], dtype=object)}))
+
+    prompts = [prompt(i) for i in range(count)]
+    warm = prompt(count)
+    writes, replays = [], []
+    for run in range(repeat):
+        SkipManager.init(config(f"{workdir}/{run}", inputs["shape"], "async_rollout"))
+        rollouter.generate_sequences_single(warm)
+        SkipManager.flush()
+        touch(rollouter.generate_sequences_single(warm))
+        start = time.perf_counter()
+        for p in prompts:
+            rollouter.generate_sequences_single(p)
+        SkipManager.flush()
+        writes.append(count / (time.perf_counter() - start))
+        start = time.perf_counter()
+        for p in prompts:
+            touch(rollouter.generate_sequences_single(p))
+        replays.append(count / (time.perf_counter() - start))
+        stats = SkipManager.stats()
+        assert stats["skip/async_rollout/dumps"] == count + 1 and stats["skip/async_rollout/hits"] == count + 1, stats
+        SkipManager.reset()
+    return {"write_per_s": max(writes), "replay_per_s": max(replays), "write_runs": writes, "replay_runs": replays}
 
 
 def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[str, Any]]:
@@ -406,6 +417,8 @@ def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[st
             for name, data in files.items():
                 (target / name).write_bytes(data)
             (target / "meta.json").write_text(json.dumps(dict(meta, global_steps=2 * step)))
+        settled = time.time() - 60  # a cache written before this run (a listing is reused once its directory settled)
+        os.utime(first.parent, (settled, settled))
         SkipManager.reset()
         row: dict[str, Any] = {"entries": count}
         for action, step in (("cache", 2 * (count // 2)), ("repeat", 2 * (count // 2) + 1), ("random", 1)):
@@ -420,6 +433,121 @@ def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[st
             SkipManager.reset()
         out.append(row)
         shutil.rmtree(root)
+    return out
+
+
+class CountingS3:
+    """A real moto S3 server (in server mode, on 127.0.0.1, as tests/integration/storage starts it)
+    that counts the HTTP requests it serves: the requests a call costs on object storage."""
+
+    def __init__(self) -> None:
+        import threading
+
+        from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+        from werkzeug.serving import make_server
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            os.environ.setdefault(key, "testing")
+        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+        self.requests: list[str] = []
+        lock = threading.Lock()
+        counter = self
+
+        class Server(ThreadedMotoServer):
+            def _server_entry(self) -> None:  # moto's own app, behind a counter
+                app = DomainDispatcherApplication(create_backend_app)
+
+                def counted(environ: dict[str, Any], start_response: Any) -> Any:
+                    with lock:
+                        counter.requests.append(f"{environ['REQUEST_METHOD']} {environ.get('QUERY_STRING', '')}")
+                    return app(environ, start_response)
+
+                self._server = make_server(self._ip_address, self._port, counted, True,
+                                           request_handler=MotoRequestHandler)
+                self._server_ready_event.set()
+                self._server.serve_forever()
+
+        self.server = Server(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        host, port = self.server.get_host_and_port()
+        self.options = {"client_kwargs": {"endpoint_url": f"http://{host}:{port}"}, "skip_instance_cache": True}
+
+    def fs(self) -> Any:
+        import s3fs
+
+        return s3fs.S3FileSystem(**self.options)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def per_call_curve_s3(counts: list[int], repeat: int) -> list[dict[str, Any]]:
+    """Requests and ms per call with ``count`` entries on a moto S3 server, for every action.
+
+    Each action starts a fresh ``SkipManager.init`` (a fresh s3fs instance: no listing cached from an
+    earlier action); the first call of a run is counted apart from the later ones (``match`` builds
+    its prompt index on its first call, from every entry's ``meta.json``).
+    """
+    try:
+        server = CountingS3()
+    except ImportError as err:
+        return [{"error": f"moto/s3fs not installed: {err}"}]
+    shape = {"rows": 2, "n": 1, "prompt": 4, "response": 4}
+    small = make_rollout_batch(2, 4, 4, n=1)
+    out = []
+    try:
+        for count in counts:
+            fs = server.fs()
+            bucket = f"stepskip-curve-{count}-{uuid.uuid4().hex[:6]}"
+            fs.mkdir(bucket)
+            root = f"s3://{bucket}/dump"
+            base = config(root, shape, "rollout", storage_options=server.options, async_dump=False)
+            SkipManager.init(base)
+            loop = Loop()
+            loop.result = small
+            SkipManager.set_step(0)
+            loop.generate_sequences(small)
+            skip = SkipManager.skip_instances["rollout"]
+            first = skip.step_dump_dir(0).removeprefix("s3://")
+            objects = {name.rsplit("/", 1)[-1]: fs.cat_file(name) for name in fs.find(first)}
+            meta = json.loads(objects.pop("meta.json"))
+            run = first.rsplit("/", 1)[0]
+            SkipManager.reset()
+            batch: dict[str, bytes] = {}
+            for step in range(1, count):  # copies of one entry, each with its own step (setup only, not counted)
+                target = f"{run}/{2 * step}"  # even steps only: odd ones are missing
+                batch.update({f"{target}/{name}": data for name, data in objects.items()})
+                batch[f"{target}/meta.json"] = json.dumps(dict(meta, global_steps=2 * step)).encode()
+                if len(batch) >= 3000 or step == count - 1:
+                    fs.pipe(batch)
+                    batch = {}
+            last = 2 * ((count - 1) if count > 1 else 0)
+            row: dict[str, Any] = {"entries": count}
+            for action, step in (("cache", last), ("repeat", last + 1), ("random", 1), ("replay", last),
+                                 ("match", 10 * count + 1)):
+                before = len(server.requests)
+                SkipManager.init(config(root, shape, "rollout", action=action, storage_options=server.options,
+                                        async_dump=False))
+                row.setdefault("init", len(server.requests) - before)  # the run's start: its listing included
+                calls, times = [], []
+                for i in range(1 + repeat):
+                    SkipManager.set_step(step + (2 * i if action == "match" else 0))
+                    before = len(server.requests)
+                    start = time.perf_counter()
+                    loop.generate_sequences(small)
+                    times.append(time.perf_counter() - start)
+                    calls.append(len(server.requests) - before)
+                stats = SkipManager.stats()
+                served = stats["skip/rollout/hits"] if action != "match" else stats["skip/rollout/rows_replayed"]
+                assert served >= 1 + repeat and not stats["skip/rollout/dumps"], (action, stats)
+                SkipManager.reset()
+                row[action] = {"first": calls[0], "later": max(calls[1:]), "ms": times[1:]}
+            out.append(row)
+            fs.rm(bucket, recursive=True)
+    finally:
+        server.stop()
     return out
 
 
@@ -518,7 +646,7 @@ def main() -> None:
     group.add_argument("--smoke", action="store_true", help="the smallest sizes, one repeat (the smoke test)")
     parser.add_argument("--repeat", type=int, default=None, help="runs per timing (default 5, 1 with --smoke)")
     parser.add_argument("--threads", default="1,default", help="torch thread settings, e.g. 1,default")
-    parser.add_argument("--skip", default="", help="comma list of parts to leave out: colocated,v1,async,curve")
+    parser.add_argument("--skip", default="", help="comma list of parts to leave out: colocated,v1,async,curve,s3")
     parser.add_argument("--json", help="also write the raw results here")
     parser.add_argument("--peak-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -576,13 +704,13 @@ def main() -> None:
                 results["runs"].append(run)
             if "async" not in skip:
                 count = ASYNC_COUNTS[mode]
-                ours = stepskip_async(inputs, f"{workdir}/async-ours-{rows}", count)
-                verl = run_verl("async", inputs_path, f"{workdir}/async-verl-{rows}", default_threads, 1)
+                ours = stepskip_async(inputs, f"{workdir}/async-ours-{rows}", count, repeat)
+                verl = run_verl("async", inputs_path, f"{workdir}/async-verl-{rows}", default_threads, repeat)
                 v = verl if verl and "error" not in verl else {}
                 results["runs"].append({"size": size, "async": {"stepskip": ours, "verl": verl}})
                 vw, vr = v.get("write_per_s"), v.get("replay_per_s")
                 lines.append(f"\nasync role (async_rollout), {count} one-sample entries of 1 x ({prompt} + "
-                             f"{response}), one run each")
+                             f"{response}), best of {repeat} runs each (after one untimed sample)")
                 lines.append(f"  written: {ours['write_per_s']:8.1f} samples/s (until flushed) vs verl "
                              + (f"{vw:8.1f} -> {ours['write_per_s'] / vw:5.2f} x" if vw else "-"))
                 lines.append(f"  replayed: {ours['replay_per_s']:8.1f} samples/s vs verl "
@@ -594,11 +722,31 @@ def main() -> None:
             curve = per_call_curve(ENTRY_COUNTS[mode], workdir, repeat)
             results["curve"] = curve
             lines.append("\nper-call cost with N entries on local disk (ms, best (median)); "
-                         "repeat and random look beyond the exact step")
+                         "repeat and random look beyond the exact step (they reuse the run directory's listing "
+                         "while the directory is unchanged; the entries here were written a minute earlier)")
             lines.append(f"  {'entries':>8s} {'cache (hit)':>20s} {'repeat (nearest)':>20s} {'random':>20s}")
             for row in curve:
                 lines.append(f"  {row['entries']:8d} {ms(row['cache']):>20s} {ms(row['repeat']):>20s} "
                              f"{ms(row['random']):>20s}")
+        if "s3" not in skip:
+            counts = S3_ENTRY_COUNTS[mode]
+            curve_s3 = per_call_curve_s3(counts, repeat)
+            results["curve_s3"] = curve_s3
+            lines.append("\nper-call cost with N entries on object storage (a moto S3 server on 127.0.0.1): HTTP "
+                         "requests of the first call of a run / of each later call (max), and ms of the later calls"
+                         + (f"; {'/'.join(map(str, counts))} entries (10,000 take too long to create on moto here)"
+                            if mode == "full" else ""))
+            if curve_s3 and "error" in curve_s3[0]:
+                lines.append(f"  skipped: {curve_s3[0]['error']}")
+            else:
+                actions = ("cache", "repeat", "random", "replay", "match")
+                lines.append(f"  {'entries':>8s} {'init':>5s} " + " ".join(f"{a:>24s}" for a in actions))
+                for row in curve_s3:
+                    cells = [f"{row[a]['first']:>3d} / {row[a]['later']:<3d} {ms(row[a]['ms']):>14s}" for a in actions]
+                    lines.append(f"  {row['entries']:8d} {row['init']:5d} " + " ".join(f"{c:>24s}" for c in cells))
+                lines.append("  init: requests of SkipManager.init (it lists the run directory: one request per 1,000 "
+                             "names; s3fs keeps that listing for the run); match's first call indexes every "
+                             "entry's prompts (one meta.json read each), later calls only new entries")
     lines.append("\nratios: stepskip / verl (best against best); targets from issue 11; noise = median/best - 1 "
                  "of stepskip's runs")
     print("\n".join(lines))

@@ -26,9 +26,11 @@ import os
 import re
 import shutil
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -389,11 +391,98 @@ def _openat2_dir(dir_fd: int, relative: str) -> int | None:
 # --------------------------------------------------------------------------- the store interface
 
 
+_FSYNC_THREADS = 16
+_fsync_pool: ThreadPoolExecutor | None = None
+_fsync_pool_pid = 0
+_fsync_pool_lock = threading.Lock()
+
+
+def _sync_pool() -> ThreadPoolExecutor:
+    global _fsync_pool, _fsync_pool_pid
+    if _fsync_pool is None or _fsync_pool_pid != os.getpid():  # a forked child has none of the pool's threads
+        with _fsync_pool_lock:
+            if _fsync_pool is None or _fsync_pool_pid != os.getpid():
+                _fsync_pool = ThreadPoolExecutor(max_workers=_FSYNC_THREADS, thread_name_prefix="stepskip-fsync")
+                _fsync_pool_pid = os.getpid()
+    return _fsync_pool
+
+
+class _Syncs:
+    """``fsync`` calls started side by side on a small pool, each fd closed once synced.
+
+    Each file is synced by its own ``fsync``, exactly as one after another would: issued together,
+    the filesystem commits them in one journal transaction instead of one each (ext4 and xfs group
+    concurrent commits), which is most of the time a small entry costs. Started while the next
+    entries are still being written, they also overlap that work.
+    """
+
+    def __init__(self) -> None:
+        self._futures: list[Any] = []
+        self._failed: dict[Any, OSError] = {}
+        self._lock = threading.Lock()
+
+    def _sync(self, key: Any, fd: int, close: bool) -> None:
+        try:
+            os.fsync(fd)
+        except OSError as err:
+            with self._lock:
+                self._failed.setdefault(key, err)
+        finally:
+            if close:
+                os.close(fd)
+
+    def start(self, key: Any, fds: Iterable[int], close: bool = True) -> None:
+        """Sync ``fds`` (closing them after, with ``close``); a failure is reported under ``key``."""
+        fds = list(fds)
+        taken = 0
+        if len(fds) > 1 or self._futures:
+            pool = _sync_pool()
+            try:
+                for fd in fds:
+                    self._futures.append(pool.submit(self._sync, key, fd, close))
+                    taken += 1
+            except RuntimeError:  # the interpreter is shutting down (dumps pending at exit): sync the rest here
+                pass
+        for fd in fds[taken:]:
+            self._sync(key, fd, close)
+
+    def wait(self) -> dict[Any, OSError]:
+        """Wait for every sync started; the first error of each key that had one."""
+        futures, self._futures = self._futures, []
+        for future in futures:
+            future.result()
+        return dict(self._failed)
+
+
+def _fsync_all(fds: list[int]) -> dict[int, OSError]:
+    """``fsync`` every fd side by side (see :class:`_Syncs`); the errors by fd (empty when all are durable)."""
+    syncs = _Syncs()
+    for fd in fds:
+        syncs.start(fd, [fd], close=False)
+    return syncs.wait()
+
+
+#: A directory's mtime this much older than a listing of it proves the listing complete: a later
+#: change (on a filesystem whose timestamps are coarse, too) gives the directory another mtime.
+SETTLED_NS = 2_000_000_000
+
+
+def settled(version: tuple[int, int, int] | None, listed_at_ns: int) -> bool:
+    """Whether a listing taken at ``listed_at_ns`` (``time.time_ns()``) of a directory at ``version``
+    (:meth:`LocalStore.dir_version`) may be reused for as long as the version stays the same."""
+    return version is not None and listed_at_ns - version[2] >= SETTLED_NS
+
+
 class _EntryStore:
     """What every store offers; entry logic shared by the stores lives in the module functions above."""
 
     #: Whether :meth:`publish_dir` can publish a directory of entries atomically (local stores).
     publishes_dirs = False
+
+    def dir_version(self, path: str) -> tuple[int, int, int] | None:
+        """A value that changes whenever the names in directory ``path`` change; None where the store has
+        none (object stores): listings are then never reused."""
+        return None
 
     def publish_dir(self, staging: str, path: str) -> None:
         """Publish a staged directory of entries as ``path`` at once (only where ``publishes_dirs``)."""
@@ -797,6 +886,23 @@ class LocalStore(_EntryStore):
         finally:
             os.close(fd)
 
+    def dir_version(self, path: str) -> tuple[int, int, int] | None:
+        """``(device, inode, mtime in ns)`` of the directory ``path`` (reached without following links):
+        it changes whenever a name is added, removed or renamed there. None when it is not a directory.
+
+        A listing taken when the version was already at least :data:`SETTLED_NS` old stays valid
+        while the version does not change (see :func:`settled`).
+        """
+        try:
+            fd = self._open_dir(path)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        return st.st_dev, st.st_ino, st.st_mtime_ns
+
     def _read(self, path: str) -> bytes:
         """One whole regular file (no links followed), e.g. for tests and tools."""
         parent, name = os.path.split(self._abs(path))
@@ -967,19 +1073,22 @@ class LocalStore(_EntryStore):
         try:
             os.mkdir(tmp, dir_fd=parent_fd)
             try:
-                tmp_fd = os.open(tmp, _O_DIR, dir_fd=parent_fd)
+                fds = [os.open(tmp, _O_DIR, dir_fd=parent_fd)]
                 try:
                     listing: dict[str, dict[str, Any]] = {}
                     total = 0
                     for file_name, data in files.items():
-                        self._write_file(tmp_fd, file_name, data)
+                        fds.append(self._write_unsynced(fds[0], file_name, data))
                         listing[file_name] = {"bytes": len(data), "checksum": checksum(data)}
                         total += len(data)
                     meta_bytes = _meta_bytes(meta, listing)
-                    self._write_file(tmp_fd, META_FILE, meta_bytes)
-                    os.fsync(tmp_fd)
+                    fds.append(self._write_unsynced(fds[0], META_FILE, meta_bytes))
+                    failed = _fsync_all(fds)  # every file and the directory, synced side by side
+                    if failed:
+                        raise next(iter(failed.values()))
                 finally:
-                    os.close(tmp_fd)
+                    for fd in fds:
+                        os.close(fd)
                 if not self._publish(parent_fd, tmp, name, path, overwrite):
                     return 0
                 try:
@@ -1005,48 +1114,43 @@ class LocalStore(_EntryStore):
             Per entry, in order: the bytes written, or the exception that kept it from being written
             (nothing partial of it is left behind); one entry's failure does not stop the others.
         """
-        staged: list[tuple[int, str, str, str, int, list[int]] | Exception] = []
+        staged: list[tuple[int, str, str, str, int] | Exception] = []
         parents: dict[str, int] = {}
+        syncs = _Syncs()
+        published: set[int] = set()
         try:
-            for path, files, meta in entries:
+            for i, (path, files, meta) in enumerate(entries):
                 try:
-                    staged.append(self._stage(path, files, meta, parents))
+                    parent_fd, tmp, name, path, total, fds = self._stage(path, files, meta, parents)
                 except Exception as err:  # reported for this entry alone
                     staged.append(err)
-            for i, item in enumerate(staged):  # one sync per file and directory, all data first: then the renames
-                if isinstance(item, Exception):
                     continue
-                try:
-                    for fd in item[5]:
-                        os.fsync(fd)
-                except OSError as err:
-                    for fd in item[5]:
-                        os.close(fd)
-                    _remove_at(item[0], item[1])
-                    staged[i] = err
+                staged.append((parent_fd, tmp, name, path, total))
+                # synced (and closed) side by side while the next entries are written
+                syncs.start(i, fds)
+            failed = syncs.wait()  # every file and directory of every entry: then the renames
             results: list[int | Exception] = []
             for i, item in enumerate(staged):
                 if isinstance(item, Exception):
                     results.append(item)
                     continue
-                parent_fd, tmp, name, path, total, fds = item
+                parent_fd, tmp, name, path, total = item
                 try:
+                    if i in failed:
+                        raise failed[i]
                     self._publish(parent_fd, tmp, name, path, True)
+                    published.add(i)
                     results.append(total)
                 except OSError as err:
                     _remove_at(parent_fd, tmp)
                     results.append(err)
-            for fd in set(parents.values()):
-                try:
-                    os.fsync(fd)
-                except OSError:
-                    pass
+            _fsync_all(list(set(parents.values())))  # the renames: best effort, as in write_entry
             return results
         finally:
-            for item in staged:
-                if not isinstance(item, Exception):
-                    for fd in item[5]:
-                        os.close(fd)
+            syncs.wait()  # every fd closed, also when ``entries`` itself raised
+            for i, item in enumerate(staged):
+                if not isinstance(item, Exception) and i not in published:
+                    _remove_at(item[0], item[1])  # nothing partial stays behind (gone already when published)
             for fd in parents.values():
                 os.close(fd)
 
@@ -1088,8 +1192,18 @@ class LocalStore(_EntryStore):
             _remove_at(parent_fd, tmp)
             raise
 
+    @classmethod
+    def _write_file(cls, dir_fd: int, name: str, data: bytes) -> None:
+        """Create ``name`` in ``dir_fd`` holding ``data``, synced and closed."""
+        fd = cls._write_unsynced(dir_fd, name, data)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     @staticmethod
     def _write_unsynced(dir_fd: int, name: str, data: bytes) -> int:
+        """Create ``name`` in ``dir_fd`` holding ``data``; the open fd, for the caller to sync and close."""
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
                      dir_fd=dir_fd)
         try:
@@ -1100,15 +1214,6 @@ class LocalStore(_EntryStore):
             os.close(fd)
             raise
         return fd
-
-    @staticmethod
-    def _write_file(dir_fd: int, name: str, data: bytes) -> None:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
-                     dir_fd=dir_fd)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
 
     @staticmethod
     def _publish(parent_fd: int, tmp: str, name: str, path: str, overwrite: bool) -> bool:

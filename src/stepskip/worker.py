@@ -3,42 +3,98 @@
 A miss hands the worker a snapshot and returns; the queue bound gives back-pressure (a trainer
 that produces rollouts faster than the disk takes them waits instead of piling up memory).
 ``flush`` waits for everything queued; an ``atexit`` hook flushes before the interpreter exits.
+
+Small jobs (one-sample entries of the fully async role) may queue up to a byte budget rather than
+the job bound, and consecutive jobs of one *group* are handed to the group together: a role then
+commits many small entries with their fsyncs batched (each entry still published atomically and
+durable before it counts as written).
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
-import queue
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["DumpWorker", "default_worker"]
+__all__ = ["DumpWorker", "default_worker", "MAX_BATCH", "SMALL_BUDGET_BYTES"]
 
 logger = logging.getLogger(__name__)
 
+#: At most this many jobs of one group are handed over as one batch.
+MAX_BATCH = 64
+#: Queued small jobs (those submitted with ``nbytes``) may hold this many bytes in all ...
+SMALL_BUDGET_BYTES = 64 << 20
+#: ... and be at most this many.
+MAX_QUEUED = 1024
+
+Job = Callable[[], None]
+Group = Callable[[list[Any]], None]
+
+
+@dataclass
+class _Queued:
+    job: Job
+    nbytes: int | None
+    group: Group | None
+
 
 class DumpWorker:
-    """Runs submitted jobs in order on one thread; jobs handle (log and count) their own errors."""
+    """Runs submitted jobs in order on one thread; jobs handle (log and count) their own errors.
 
-    def __init__(self, max_pending: int = 2) -> None:
-        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=max_pending)
-        self._pending = 0
-        self._idle = threading.Condition()
+    Args:
+        max_pending: jobs that may wait in the queue, whatever their size (more block ``submit``).
+        small_budget: bytes that small jobs (``submit(..., nbytes=...)``) may hold in the queue
+            beyond ``max_pending``.
+        max_batch: the most jobs of one group handed over together.
+    """
+
+    def __init__(self, max_pending: int = 2, small_budget: int = SMALL_BUDGET_BYTES,
+                 max_batch: int = MAX_BATCH) -> None:
+        self._max_pending = max_pending
+        self._small_budget = small_budget
+        self._max_batch = max(1, max_batch)
+        self._queue: collections.deque[_Queued] = collections.deque()
+        self._queued_bytes = 0
+        self._pending = 0  # queued plus running
+        self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
-    def submit(self, job: Callable[[], None]) -> None:
-        """Queue ``job``; blocks while ``max_pending`` jobs are already waiting."""
+    def submit(self, job: Job, nbytes: int | None = None, group: Group | None = None) -> None:
+        """Queue ``job``; blocks while the queue is full.
+
+        Args:
+            job: run alone as ``job()`` (also when its group has nothing else queued).
+            nbytes: the memory the queued job holds, for a small job: it may then queue beyond
+                ``max_pending`` while the small jobs' bytes stay within the budget. None: a job
+                of unknown (large) size, bounded by ``max_pending`` alone.
+            group: jobs submitted one after another with equal groups are run as ``group(jobs)``
+                (in order, at most ``max_batch`` at once) instead of one by one; ``group`` must
+                finish (or fail, logged and counted) every job it is given.
+        """
         self._ensure_started()
-        with self._idle:
+        item = _Queued(job, nbytes, group)
+        with self._cond:
+            self._cond.wait_for(lambda: self._admits(item))
+            self._queue.append(item)
+            self._queued_bytes += nbytes or 0
             self._pending += 1
-        self._queue.put(job)
+            self._cond.notify_all()
+
+    def _admits(self, item: _Queued) -> bool:
+        if len(self._queue) < self._max_pending:
+            return True
+        return (item.nbytes is not None and len(self._queue) < MAX_QUEUED
+                and self._queued_bytes + item.nbytes <= self._small_budget)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every submitted job has finished; False if ``timeout`` ran out first."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout)
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending == 0, timeout=timeout)
 
     @property
     def pending(self) -> int:
@@ -56,18 +112,34 @@ class DumpWorker:
                 self._thread = threading.Thread(target=self._run, name="stepskip-dump", daemon=True)
                 self._thread.start()
 
+    def _take(self) -> list[_Queued]:
+        """The next job, with the jobs of its group queued right after it."""
+        with self._cond:
+            self._cond.wait_for(lambda: bool(self._queue))
+            batch = [self._queue.popleft()]
+            group = batch[0].group
+            if group is not None:
+                while self._queue and len(batch) < self._max_batch and self._queue[0].group == group:
+                    batch.append(self._queue.popleft())
+            self._queued_bytes -= sum(item.nbytes or 0 for item in batch)
+            self._cond.notify_all()  # room for a blocked submit
+        return batch
+
     def _run(self) -> None:
         while True:
-            job = self._queue.get()
+            batch = self._take()
             try:
-                if job is not None:
-                    job()
+                group = batch[0].group
+                if group is None or len(batch) == 1:
+                    batch[0].job()
+                else:
+                    group([item.job for item in batch])
             except BaseException:  # a job's own handler failed: keep the worker alive for the next one
                 logger.exception("stepskip dump job failed unexpectedly")
             finally:
-                with self._idle:
-                    self._pending -= 1
-                    self._idle.notify_all()
+                with self._cond:
+                    self._pending -= len(batch)
+                    self._cond.notify_all()
 
 
 _default: DumpWorker | None = None

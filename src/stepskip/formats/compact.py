@@ -45,6 +45,22 @@ Sink = Callable[[torch.Tensor], str]
 Source = Callable[[str], torch.Tensor]
 
 
+#: Tensors of at most this many elements are encoded and decoded through numpy: for a small
+#: tensor, each torch call costs more than the work it does (one-sample entries of the async role).
+SMALL_ELEMENTS = 1 << 16
+_NARROW_RANGES = [(dtype, torch.iinfo(dtype).min, torch.iinfo(dtype).max) for dtype in _NARROW]
+_NUMPY = {torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32,
+          torch.int64: np.int64}
+
+
+def _small_array(tensor: torch.Tensor) -> np.ndarray | None:
+    """A numpy view of a small plain CPU integer tensor (None for any other: torch handles those)."""
+    if (tensor.dtype not in _NUMPY or tensor.numel() > SMALL_ELEMENTS or tensor.device.type != "cpu"
+            or tensor.requires_grad or tensor.is_nested or tensor.layout is not torch.strided):
+        return None
+    return tensor.numpy()
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -72,6 +88,18 @@ def narrow(tensor: torch.Tensor) -> torch.Tensor:
     """The smallest integer dtype that holds ``tensor``'s values exactly (itself if none is smaller)."""
     if tensor.dtype not in _INTS or tensor.numel() == 0 or tensor.dtype in (torch.uint64, torch.uint32):
         return tensor
+    array = _small_array(tensor)
+    if array is not None:  # the same choice in numpy, for a fraction of torch's per-call cost
+        if array.size == 1:  # the per-row counts and values of a one-row trim
+            low = high = int(array.reshape(-1)[0])
+        else:
+            low, high = int(array.min()), int(array.max())
+        for dtype, smallest, largest in _NARROW_RANGES:
+            if smallest <= low and high <= largest:
+                if dtype.itemsize >= tensor.dtype.itemsize:
+                    return tensor
+                return torch.from_numpy(array.astype(_NUMPY[dtype]))
+        return tensor
     # torch has no min/max for uint16 on CPU: its values fit int32 exactly
     low, high = (int(v) for v in torch.aminmax(tensor.to(torch.int32) if tensor.dtype == torch.uint16 else tensor))
     for dtype in _NARROW:
@@ -86,6 +114,9 @@ def _trim(bits: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
     rows, width = bits.shape
     if rows == 0 or width < 2:
         return None
+    array = _small_array(bits)
+    if array is not None:
+        return _trim_small(array)
     a = np.ascontiguousarray(bits.numpy())
     index = np.arange(rows)
     lval, rval = a[:, 0].copy(), a[:, -1].copy()
@@ -109,6 +140,23 @@ def _trim(bits: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
         middle = a[(columns >= left[:, None]) & (columns < (width - right)[:, None])]
     return (torch.from_numpy(middle), torch.from_numpy(left.astype(np.int32)), torch.from_numpy(right.astype(np.int32)),
             torch.from_numpy(lval), torch.from_numpy(rval))
+
+
+def _trim_small(bits: np.ndarray) -> tuple[torch.Tensor, ...] | None:
+    """:func:`_trim` in numpy for a small tensor: the same parts, in the same dtypes."""
+    rows, width = bits.shape
+    lval, rval = bits[:, 0], bits[:, -1]
+    same_left = bits == lval[:, None]
+    left = np.where(same_left.all(1), width, (~same_left).argmax(1))
+    same_right = (bits == rval[:, None])[:, ::-1]
+    right = np.minimum(np.where(same_right.all(1), width, (~same_right).argmax(1)), width - left)
+    kept = int((width - left - right).sum())
+    if kept > MIN_TRIM_GAIN * rows * width:
+        return None
+    columns = np.arange(width)
+    keep = (columns >= left[:, None]) & (columns < (width - right)[:, None])
+    parts = (bits[keep], left.astype(np.int32), right.astype(np.int32), lval.copy(), rval.copy())
+    return tuple(torch.from_numpy(part) for part in parts)
 
 
 def encode_tensor(tensor: torch.Tensor, add: Sink) -> dict[str, Any]:
@@ -183,6 +231,9 @@ def _decode_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budge
             raise CorruptEntryError(f"{TREE}: {field}.{name}: {part.numel()} values for {rows} rows")
     # the output, the two run masks and the column index, charged before any of them exists
     budget.charge(rows * width * (dtype.itemsize + 2) + width * 8, TREE, field)
+    small = rows * width <= SMALL_ELEMENTS and bits_dtype in _NUMPY
+    if small and all(_small_array(part) is not None for part in parts.values()):
+        return _untrim_small(parts, rows, width, dtype, bits_dtype, field)
     left = parts["left"].to(torch.int64)
     right = parts["right"].to(torch.int64)
     if rows and (int(left.min()) < 0 or int(right.min()) < 0 or int((left + right).max()) > width):
@@ -226,6 +277,38 @@ def _fill_rows(flat: Any, width: int, left: list[int], right: list[int], lval: l
         flat[middle:start + width] = r_value
         start += width
         taken += kept
+
+
+def _untrim_small(parts: dict[str, torch.Tensor], rows: int, width: int, dtype: torch.dtype,
+                  bits_dtype: torch.dtype, field: str) -> torch.Tensor:
+    """:func:`_decode_trim` in numpy for a small tensor (the parts' shapes are checked already)."""
+    left = parts["left"].numpy().astype(np.int64)
+    right = parts["right"].numpy().astype(np.int64)
+    if rows and (int(left.min()) < 0 or int(right.min()) < 0 or int((left + right).max()) > width):
+        raise CorruptEntryError(f"{TREE}: {field}: run lengths outside the row width {width}")
+    values = parts["values"].numpy()
+    kept = rows * width - int((left + right).sum())
+    if values.size != kept:
+        raise CorruptEntryError(f"{TREE}: {field}.values: {values.size} values for {kept} kept positions")
+    target = _NUMPY[bits_dtype]
+    if rows == 1:  # one row (an entry per sample): three slices instead of masks
+        lead, tail = int(left[0]), width - int(right[0])
+        row = np.empty(width, dtype=target)
+        row[:lead] = parts["lval"].numpy().astype(target)
+        row[tail:] = parts["rval"].numpy().astype(target)
+        row[lead:tail] = values
+        single = torch.from_numpy(row.reshape(1, width))
+        return single.view(dtype) if dtype in _BITS else single
+    columns = np.arange(width)
+    in_left = columns < left[:, None]
+    out = np.where(in_left, parts["lval"].numpy().astype(target)[:, None],
+                   parts["rval"].numpy().astype(target)[:, None])
+    if values.size:
+        keep = ~in_left
+        keep &= columns < (width - right)[:, None]
+        out[keep] = values
+    result = torch.from_numpy(out)
+    return result.view(dtype) if dtype in _BITS else result
 
 
 def find_concat(tensors: Mapping[str, torch.Tensor]) -> dict[str, list[str]]:

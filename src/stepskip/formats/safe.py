@@ -30,6 +30,7 @@ from stepskip.errors import CorruptEntryError, UnstorableValueError
 from stepskip.formats.bounds import DecodeBudget, check_jagged, shape_of
 from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, pack, unpack
 from stepskip.formats.snapshot import IMMUTABLE, snapshot_object_array, snapshot_value
+from stepskip.formats.st_small import save_small
 from stepskip.formats.values import (
     decode_object_array,
     decode_value,
@@ -72,6 +73,8 @@ class Frozen:
 
 #: Tensors at least this large are snapshot into pooled buffers.
 POOL_MIN_BYTES = 1 << 20
+#: Below this many bytes in all, the items of :func:`_parallel_map` run on the calling thread.
+PARALLEL_MIN_BYTES = 1 << 20
 #: At most this many bytes of free buffers are kept between snapshots.
 POOL_MAX_BYTES = 4 << 30
 
@@ -194,7 +197,8 @@ class _Encoder:
                 return sources[i].clone(memory_format=torch.contiguous_format)
             return target.copy_(sources[i])
 
-        self.tensors.update(zip(refs, _parallel_map(copy, list(range(len(refs))), pool="snapshot")))
+        copies = _parallel_map(copy, list(range(len(refs))), pool="snapshot", nbytes=sum(map(_nbytes, sources)))
+        self.tensors.update(zip(refs, copies))
 
     def value(self, value: Any, path: str) -> Any:
         """A snapshot of a non-tensor value, encoded later by :func:`_complete` (off the caller's thread)."""
@@ -292,19 +296,27 @@ def _column(value: Any, path: str) -> np.ndarray:
         ) from err
 
 
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
 _POOLS: dict[str, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 
 
-def _parallel_map(fn: Callable[[Any], Any], items: list[Any], pool: str = "codec") -> list[Any]:
+def _parallel_map(fn: Callable[[Any], Any], items: list[Any], pool: str = "codec",
+                  nbytes: int | None = None) -> list[Any]:
     """``map`` on a small thread pool (torch, numpy and zstd release the GIL); each item runs exactly once.
 
     ``pool`` names the pool: a miss's snapshot clones (``"snapshot"``, the caller's thread) never
-    queue behind the background encoding of an earlier dump (``"codec"``). When the interpreter is
-    shutting down (dumps still pending at exit are finished then), the pool refuses new work: the
-    items it did not take run here. An exception raised by ``fn`` propagates.
+    queue behind the background encoding of an earlier dump (``"codec"``). ``nbytes``, the data
+    the items handle together, runs them here when it is below :data:`PARALLEL_MIN_BYTES`: handing
+    an item to a thread costs more than copying or decoding a small tensor (one-sample entries of
+    the async role). When the interpreter is shutting down (dumps still pending at exit are
+    finished then), the pool refuses new work: the items it did not take run here. An exception
+    raised by ``fn`` propagates.
     """
-    if len(items) < 2:
+    if len(items) < 2 or (nbytes is not None and nbytes < PARALLEL_MIN_BYTES):
         return [fn(item) for item in items]
     executor = _POOLS.get(pool)
     if executor is None:
@@ -334,6 +346,8 @@ class _Decoder:
         self.tensors = tensors
         self.packed = packed
         self.budget = budget
+        #: what the stored parts hold (compressed or not): small entries decode on the caller's thread
+        self.stored_bytes = sum(map(_nbytes, tensors.values()))
 
     def tensor(self, ref: Any, field: str) -> torch.Tensor:
         # each stored part is used once: dropping it here frees it as soon as its output exists
@@ -459,7 +473,7 @@ class _Decoder:
 
         # the pool takes jobs in order: a concatenation starts only once both its parts have started
         keys = dense + joined
-        return dict(zip(keys, _parallel_map(job, keys)))
+        return dict(zip(keys, _parallel_map(job, keys, nbytes=self.stored_bytes)))
 
     def batch(self, node: dict[str, Any], field: str) -> Any:
         td = None if node["batch"] is None else self.tensordict(node["batch"], f"{field}.batch")
@@ -563,7 +577,9 @@ class SafeFormat:
             tree, tensors = _compact(tree, tensors)
             refs = list(tensors)
             packed: dict[str, Any] = {}
-            for ref, (stored, info) in zip(refs, _parallel_map(lambda r: pack(tensors[r], self.compress), refs)):
+            total = sum(map(_nbytes, tensors.values()))
+            for ref, (stored, info) in zip(refs, _parallel_map(lambda r: pack(tensors[r], self.compress), refs,
+                                                               nbytes=total)):
                 tensors[ref] = stored
                 if info is not None:
                     packed[ref] = info
@@ -574,7 +590,8 @@ class SafeFormat:
             data = text.encode("utf-8")
         except UnicodeEncodeError:  # lone surrogates: JSON's \u escapes keep them exactly, and json.loads reads them
             data = json.dumps(tree, ensure_ascii=True, separators=(",", ":")).encode("ascii")
-        return {TENSORS_FILE: st_save(tensors), TREE_FILE: data}
+        small = save_small(tensors)  # the same bytes, without safetensors' per-tensor overhead
+        return {TENSORS_FILE: st_save(tensors) if small is None else small, TREE_FILE: data}
 
     def decode(self, files: Mapping[str, bytes], consume: bool = False, max_bytes: int | None = None) -> Any:
         """Rebuild the value from the entry's files.
@@ -693,7 +710,8 @@ def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[di
     def dense_many(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Encode sibling tensors side by side (torch releases the GIL)."""
         keys = list(nodes)
-        return dict(zip(keys, _parallel_map(lambda k: dense(nodes[k]), keys)))
+        total = sum(_nbytes(t) for n in nodes.values() if (t := table.get(n["ref"])) is not None)
+        return dict(zip(keys, _parallel_map(lambda k: dense(nodes[k]), keys, nbytes=total)))
 
     def walk(node: Any) -> Any:
         if not isinstance(node, dict) or "kind" not in node:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -39,7 +39,7 @@ from stepskip.policies import CheckPrompts, MatchN, OnMismatch, SkipAction
 from stepskip.resolve import load_candidates
 from stepskip.roles.base import BaseSkip, RunContext
 from stepskip.stats import RoleStats
-from stepskip.store import EntryState, Probe, check_dump_dir, open_store
+from stepskip.store import EntryState, Probe, check_dump_dir, open_store, settled
 from stepskip.worker import default_worker
 
 __all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS", "VERL_LAYOUT_ROLES"]
@@ -102,6 +102,7 @@ class CachedRole(BaseSkip):
         self._pending: dict[str, threading.Event] = {}  # entry path -> its background dump finished
         self._pending_lock = threading.Lock()
         self._index: Any = None  # the prompt index of ``action: match``, built on first use
+        self._listing: tuple[tuple[str, Any], tuple[int, ...]] | None = None  # see listed_steps
         self._index_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
@@ -163,9 +164,24 @@ class CachedRole(BaseSkip):
         return self.layout.step_dir(step)
 
     def listed_steps(self) -> list[int]:
-        """Steps that have a directory (one listing; nothing is read or validated)."""
-        steps = (Layout.parse_step(name) for name in self.store.list_dir(self.project_dump_dir))
-        return sorted(s for s in steps if s is not None)
+        """Steps that have a directory (one listing; nothing is read or validated).
+
+        On local disk the parsed listing is kept while the directory's version (inode and mtime)
+        stays what it was, once that version had settled when it was listed: a call then costs
+        a ``stat``, not a listing, whatever the number of entries. Only names are reused: every
+        candidate is still validated when it is chosen.
+        """
+        path = self.project_dump_dir
+        version = self.store.dir_version(path)
+        cached = self._listing
+        if version is not None and cached is not None and cached[0] == (path, version):
+            return list(cached[1])
+        listed_at = time.time_ns()
+        steps = (Layout.parse_step(name) for name in self.store.list_dir(path))
+        listed = sorted(s for s in steps if s is not None)
+        if settled(version, listed_at) and self.store.dir_version(path) == version:
+            self._listing = ((path, version), tuple(listed))
+        return listed
 
     def available_steps(self) -> list[int]:
         """Steps with a valid entry, sorted (damaged and unreadable entries and temporaries are left out)."""
@@ -290,6 +306,24 @@ class CachedRole(BaseSkip):
             UnreadableEntryError: the entry is intact but cannot be decoded here, or is a pickle
                 while ``allow_pickle`` is false.
         """
+        prompts = call_prompts(args, kwargs)
+        if self.action in (SkipAction.CACHE, SkipAction.REPLAY):
+            # the step itself or nothing: the read checks the entry as a probe would, so it is not
+            # probed first (one look at meta.json per hit, not three); an entry found missing or
+            # damaged takes the general path below, which looks again and says why
+            path = self.step_dump_dir(step)
+            if self._pending:
+                self._await_pending(path)
+            start = time.perf_counter()
+            try:
+                value, meta, nbytes = self._read_entry_once(path, step, step, prompts)
+            except (ReplayMissError, CorruptEntryError):
+                pass
+            except CacheMissError:
+                self._regenerated()
+                raise
+            else:
+                return self._served(step, step, value, meta, time.perf_counter() - start, nbytes, prompts)
         load_step = self.resolve_load_step(step)
         if load_step == -1 and self.action is not SkipAction.RECORD:
             probe = self._probe_settled(self.step_dump_dir(step))
@@ -307,13 +341,24 @@ class CachedRole(BaseSkip):
                 "record it first with action 'cache' or 'record', or check dump_dir and the run shape "
                 "(GBS/N/in/out) in the directory name"
             )
-        prompts = call_prompts(args, kwargs)
         try:
             value, meta, seconds, nbytes = self.load_entry(load_step, step, prompts=prompts)
+        except CacheMissError:
+            self._regenerated()
+            raise
+        return self._served(step, load_step, value, meta, seconds, nbytes, prompts)
+
+    def _regenerated(self) -> None:
+        if self.action is not SkipAction.REPLAY:
+            self.stats.add(misses=1)  # the call is regenerated
+
+    def _served(self, step: int, load_step: int, value: Any, meta: dict[str, Any], seconds: float, nbytes: int,
+                prompts: Any) -> Any:
+        """A loaded entry made the call's result: the generators restored, identity columns rebound, counted."""
+        try:
             self.restore_rng(meta, step, self.step_dump_dir(load_step))
         except CacheMissError:
-            if self.action is not SkipAction.REPLAY:
-                self.stats.add(misses=1)  # the call is regenerated
+            self._regenerated()
             raise
         self._rebind(value, prompts)
         saved = _seconds(meta.get("generation_seconds"))
@@ -665,17 +710,65 @@ class CachedRole(BaseSkip):
         done = threading.Event()
         with self._pending_lock:
             self._pending[path] = done
+        dump = _Dump(self, path, step, frozen, meta, done)
+        nbytes = _small_size(frozen)
+        # consecutive small dumps are committed together (fsyncs batched), unless a subclass writes its own way
+        group = self._write_batch if nbytes is not None and type(self)._write is CachedRole._write else None
+        default_worker().submit(dump, nbytes=nbytes, group=group)
 
-        def job() -> None:
+    def _finish_dump(self, path: str, done: threading.Event) -> None:
+        with self._pending_lock:
+            if self._pending.get(path) is done:
+                del self._pending[path]
+        done.set()
+
+    def _write_batch(self, dumps: list[_Dump]) -> None:
+        """Write consecutive queued dumps as one batch (the worker's group for small entries).
+
+        The store publishes each entry atomically and makes it durable before it counts as
+        written, as :meth:`_write` does, with the fsyncs of the whole batch issued together; a
+        failure is counted for its own entry alone. Stores without batched writes write one by one.
+        """
+        batched = getattr(self.store, "write_entries", None)
+        try:
+            if batched is None:
+                for dump in dumps:
+                    self._write(dump.path, dump.step, dump.frozen, dump.meta)
+                return
+            start = time.perf_counter()
+            encoded: list[_Dump] = []
+
+            def entries() -> Iterator[tuple[str, dict[str, bytes], dict[str, Any]]]:
+                """Encoded one by one as the store takes them: encoding overlaps the syncs of those before."""
+                for dump in dumps:
+                    try:
+                        files = self.format.encode(dump.frozen)
+                    except Exception as err:  # the dump boundary: this entry alone is lost
+                        self._dump_failed(dump.step, dump.path, err)
+                        continue
+                    encoded.append(dump)
+                    yield dump.path, files, dump.meta
+
             try:
-                self._write(path, step, frozen, meta)
-            finally:
-                with self._pending_lock:
-                    if self._pending.get(path) is done:
-                        del self._pending[path]
-                done.set()
+                results: list[int | Exception] = batched(entries())
+            except Exception as err:  # not expected (failures are per entry): every entry of the batch failed
+                results = [err] * len(encoded)
+            seconds = (time.perf_counter() - start) / max(1, len(encoded))  # each entry's share of the batch
+            for dump, result in zip(encoded, results):
+                if isinstance(result, Exception):
+                    self._dump_failed(dump.step, dump.path, result)
+                    continue
+                self.stats.add(dumps=1, dump_seconds=seconds, bytes_written=result)
+                logger.info("%s dump: step %d written to %s (%d bytes, one of a batch of %d)",
+                            self.name, dump.step, dump.path, result, len(dumps))
+        finally:
+            for dump in dumps:
+                self._finish_dump(dump.path, dump.done)
 
-        default_worker().submit(job)
+    def _dump_failed(self, step: int, path: str, err: BaseException) -> None:
+        self.stats.add(dump_failures=1)
+        logger.error("%s dump failed: step %d not written to %s: %s: %s",
+                     self.name, step, path, type(err).__name__, err)
 
     def _await_pending(self, path: str) -> None:
         """Wait for this run's queued dump of ``path``: a call at that step then replays it
@@ -691,9 +784,7 @@ class CachedRole(BaseSkip):
             files = self.format.encode(frozen)
             written = self.store.write_entry(path, files, meta)
         except Exception as err:  # the dump boundary: no storage error may stop the training run
-            self.stats.add(dump_failures=1)
-            logger.error("%s dump failed: step %d not written to %s: %s: %s",
-                         self.name, step, path, type(err).__name__, err)
+            self._dump_failed(step, path, err)
             return False
         seconds = time.perf_counter() - start
         self.stats.add(dumps=1, dump_seconds=seconds, bytes_written=written)
@@ -894,6 +985,45 @@ class CachedRole(BaseSkip):
 
     prompt_length = prompt_len
     response_length = response_len
+
+
+#: A snapshot whose tensors hold less than this is a small dump: it may queue beyond the job bound
+#: and be committed in a batch with the small dumps queued next to it.
+SMALL_DUMP_BYTES = 1 << 20
+
+
+class _Dump:
+    """One queued background dump; called alone, it writes its entry as :meth:`CachedRole._write`."""
+
+    __slots__ = ("role", "path", "step", "frozen", "meta", "done")
+
+    def __init__(self, role: CachedRole, path: str, step: int, frozen: Any, meta: dict[str, Any],
+                 done: threading.Event) -> None:
+        self.role, self.path, self.step, self.frozen, self.meta, self.done = role, path, step, frozen, meta, done
+
+    def __call__(self) -> None:
+        try:
+            self.role._write(self.path, self.step, self.frozen, self.meta)
+        finally:
+            self.role._finish_dump(self.path, self.done)
+
+
+def _small_size(frozen: Any) -> int | None:
+    """The bytes a snapshot's tensors hold when it is a small dump; None for a large or unknown one."""
+    tensors = getattr(frozen, "tensors", None)
+    if not isinstance(tensors, dict):
+        return None
+    total = 0
+    for tensor in tensors.values():
+        nbytes = getattr(tensor, "nbytes", None)
+        if not isinstance(nbytes, int):
+            return None
+        total += nbytes
+        if total >= SMALL_DUMP_BYTES:
+            return None
+    if not total:  # no tensors: the size is all in non-tensor values, not counted here
+        return None
+    return total + 4096  # the meta and the non-tensor columns of a few rows
 
 
 def _step_of(meta: dict[str, Any]) -> int:

@@ -27,12 +27,19 @@ def test_bench_user_path_smoke(tmp_path):
                            "1", "--json", str(out)], capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     for heading in ("colocated role, 16 x (16 + 32)", "V1 role (rollout_tq)", "async role (async_rollout)",
-                    "per-call cost with N entries"):
+                    "per-call cost with N entries", "on object storage"):
         assert heading in done.stdout, (heading, done.stdout[-3000:])
     results = json.loads(out.read_text())
     colocated = results["runs"][0]["colocated"]["stepskip"]
     assert colocated["bytes"] > 0 and colocated["peak"] > 0
     assert [row["entries"] for row in results["curve"]] == [10, 30]
+    curve_s3 = results.get("curve_s3") or [{"error": "not run"}]
+    if "error" not in curve_s3[0]:  # moto and s3fs installed: the requests of a call do not grow with the entries
+        few, more = curve_s3
+        assert (few["entries"], more["entries"]) == (10, 30)
+        for action in ("cache", "repeat", "random", "replay", "match"):
+            assert 0 < more[action]["later"] == few[action]["later"], (action, few, more)
+            assert more[action]["first"] == few[action]["first"] or action == "match", (action, few, more)
     if results["verl"]:
         verl = results["runs"][0]["colocated"]["verl"]
         assert "error" not in verl, verl

@@ -307,19 +307,19 @@ def test_unwritable_parent(tmp_path: Path) -> None:
 
 
 def _fail_on_nth_write(monkeypatch: pytest.MonkeyPatch, n: int, err: int = errno.ENOSPC) -> None:
-    real = LocalStore._write_file
+    real = LocalStore._write_unsynced
     calls = {"n": 0}
 
-    def flaky(dir_fd: int, name: str, data: bytes) -> None:
+    def flaky(dir_fd: int, name: str, data: bytes) -> int:
         calls["n"] += 1
         if calls["n"] == n:
             fd = os.open(name, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=dir_fd)
             with os.fdopen(fd, "wb") as fh:  # a partial file, as a full disk leaves it
                 fh.write(data[: len(data) // 2])
             raise OSError(err, os.strerror(err))
-        real(dir_fd, name, data)
+        return real(dir_fd, name, data)
 
-    monkeypatch.setattr(LocalStore, "_write_file", staticmethod(flaky))
+    monkeypatch.setattr(LocalStore, "_write_unsynced", staticmethod(flaky))
 
 
 @pytest.mark.parametrize("n", [1, 2, 3], ids=["first-file", "second-file", "meta"])

@@ -1,0 +1,110 @@
+"""The small-tensor paths of format 'safe' (numpy trim/narrow, the hand-written safetensors file)
+give exactly what the general paths give: same nodes, same parts, same bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+import stepskip.formats.compact as compact
+from stepskip.formats.st_small import save_small
+
+DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64, torch.uint16, torch.uint32, torch.uint64]
+
+
+def _tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=gen).to(dtype)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=gen) > 0.5
+    high = 200 if dtype in (torch.uint8, torch.int8) else 5000
+    return torch.randint(0, high, shape, generator=gen).to(dtype)
+
+
+def test_save_small_writes_the_bytes_safetensors_writes():
+    tensors = {f"t{i}.{j}": _tensor(dtype, shape, seed=i)
+               for i, dtype in enumerate(DTYPES) for j, shape in enumerate([(3,), (2, 5), (), (0,)])}
+    tensors["a"] = torch.arange(12).reshape(3, 4).t()  # not contiguous
+    tensors["b"] = torch.tensor([7]).expand(1)  # stride 0
+    tensors["c"] = torch.arange(10)[2:8:2]  # a strided view
+    data = save_small(tensors)
+    assert data == st_save({k: v.contiguous() for k, v in tensors.items()})
+    loaded = st_load(data)
+    assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
+    assert save_small({}) == st_save({})
+
+
+@pytest.mark.parametrize("tensors", [
+    {"bad name/": torch.zeros(2)},
+    {"big": torch.zeros(1 << 19, dtype=torch.int64)},
+    {"complex": torch.zeros(2, dtype=torch.complex64)},
+], ids=["name", "size", "dtype"])
+def test_save_small_leaves_anything_else_to_safetensors(tensors):
+    assert save_small(tensors) is None
+
+
+def _padded(dtype: torch.dtype, rows: int, width: int) -> torch.Tensor:
+    values = _tensor(dtype, (rows, width), seed=rows)
+    pad = _tensor(dtype, (1,), seed=99)[0]
+    out = values.clone()
+    for r in range(rows):  # left and right runs of different lengths, as prompts and responses have
+        out[r, : r % 4] = pad
+        out[r, width - (r * 3) % 7:] = pad
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows,width", [(1, 16), (3, 9), (5, 2), (4, 40)])
+def test_numpy_paths_match_the_torch_paths(monkeypatch, dtype, rows, width):
+    tensor = _padded(dtype, rows, width)
+
+    def encoded() -> tuple[dict, dict]:
+        parts: dict[str, torch.Tensor] = {}
+
+        def add(t: torch.Tensor) -> str:
+            parts[f"p{len(parts)}"] = t.contiguous()
+            return f"p{len(parts) - 1}"
+
+        return compact.encode_tensor(tensor, add), parts
+
+    small_node, small_parts = encoded()
+    small_out = compact.decode_tensor(small_node, small_parts.__getitem__)
+    monkeypatch.setattr(compact, "SMALL_ELEMENTS", -1)  # every tensor through torch
+    node, parts = encoded()
+    assert small_node == node
+    assert parts.keys() == small_parts.keys()
+    for key in parts:
+        assert parts[key].dtype == small_parts[key].dtype and torch.equal(parts[key], small_parts[key]), key
+    out = compact.decode_tensor(node, parts.__getitem__)
+    assert out.dtype == small_out.dtype == tensor.dtype
+    assert torch.equal(out.view(torch.uint8), small_out.view(torch.uint8))  # bit-exact (NaN, -0.0)
+    assert torch.equal(small_out.view(torch.uint8), tensor.contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lead,tail", [(3, 5), (0, 7), (4, 0), (6, 6), (0, 12)], ids=str)
+def test_one_row_trims_decode_as_the_torch_path(monkeypatch, dtype, lead, tail):
+    """A single padded row (the async role's one-sample entries), its runs of every length."""
+    width = 12
+    row = _tensor(dtype, (1, width), seed=lead * 31 + tail)
+    pad_left, pad_right = _tensor(dtype, (2,), seed=7)
+    row[0, :lead] = pad_left
+    row[0, width - tail:] = pad_right
+    parts: dict[str, torch.Tensor] = {}
+
+    def add(t: torch.Tensor) -> str:
+        parts[f"p{len(parts)}"] = t.contiguous()
+        return f"p{len(parts) - 1}"
+
+    node = compact.encode_tensor(row, add)
+    assert node["enc"] == "trim"  # at least a third of the row is padding
+    small = compact.decode_tensor(node, parts.__getitem__)
+    monkeypatch.setattr(compact, "SMALL_ELEMENTS", -1)
+    general = compact.decode_tensor(node, parts.__getitem__)
+    assert small.dtype == general.dtype == row.dtype and small.shape == row.shape
+    assert torch.equal(small.view(torch.uint8), general.view(torch.uint8))
+    assert torch.equal(small.view(torch.uint8), row.view(torch.uint8))

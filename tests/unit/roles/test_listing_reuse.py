@@ -1,0 +1,80 @@
+"""``listed_steps`` on local disk reuses its parsed listing while the run directory is unchanged.
+
+Directory times are set with ``os.utime`` (no sleeping): a directory last changed long ago is
+"settled", one changed just now is not.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from skip_configs import run_path, training_config
+
+from stepskip import Batch, SkipManager
+
+
+class Loop:
+    @SkipManager.annotate(role="rollout")
+    def generate_sequences(self, prompts):
+        return Batch.from_dict(tensors={"x": torch.ones(2, 3)})
+
+
+def _recorded(tmp_path, steps):
+    SkipManager.init(training_config(tmp_path, steps="all"))
+    for step in steps:
+        SkipManager.set_step(step)
+        Loop().generate_sequences(Batch.from_dict(non_tensors={"uid": ["a", "b"]}))
+    SkipManager.reset()
+    SkipManager.init(training_config(tmp_path, steps="all", action="repeat"))
+    return SkipManager.skip_instances["rollout"]
+
+
+def _age(path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def _count_listings(monkeypatch, skip) -> list[str]:
+    calls: list[str] = []
+    original = skip.store.list_dir
+
+    def counted(path, *args, **kwargs):
+        calls.append(path)
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(skip.store, "list_dir", counted)
+    return calls
+
+
+def test_a_settled_directory_is_listed_once_until_it_changes(tmp_path, monkeypatch):
+    skip = _recorded(tmp_path, [1, 3])
+    run = run_path(tmp_path)
+    _age(run, 60)
+    calls = _count_listings(monkeypatch, skip)
+    assert skip.listed_steps() == [1, 3] and skip.listed_steps() == [1, 3]
+    assert len(calls) == 1
+    (run / "5").mkdir()  # a new step: the directory's version changes
+    assert skip.listed_steps() == [1, 3, 5] and len(calls) == 2
+    _age(run, 60)  # settled again (and a different version): listed once more, then reused
+    assert skip.listed_steps() == [1, 3, 5] and skip.listed_steps() == [1, 3, 5] and len(calls) == 3
+    os.rmdir(run / "5")
+    assert skip.listed_steps() == [1, 3]
+
+
+def test_a_directory_changed_just_now_is_listed_on_every_call(tmp_path, monkeypatch):
+    skip = _recorded(tmp_path, [2])
+    _age(run_path(tmp_path), 0)
+    calls = _count_listings(monkeypatch, skip)
+    assert skip.listed_steps() == [2] and skip.listed_steps() == [2]
+    assert len(calls) == 2  # its time cannot prove the listing complete yet
+
+
+def test_repeat_still_validates_the_chosen_entry(tmp_path):
+    skip = _recorded(tmp_path, [1, 3])
+    run = run_path(tmp_path)
+    _age(run, 60)
+    assert skip.resolve_load_step(4) == 3
+    (run / "3" / "meta.json").write_text("{not json")  # damaged inside: the directory's own version is unchanged
+    assert skip.resolve_load_step(4) == 1

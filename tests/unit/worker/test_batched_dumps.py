@@ -1,0 +1,173 @@
+"""Small background dumps committed in batches: the worker's groups, and the async role's entries.
+
+The worker is held on an event the test controls while dumps queue up behind it, so which dumps
+form a batch is fixed by the test, not by thread timing.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+from skip_configs import run_path, training_config
+
+from stepskip import Batch, SkipManager
+from stepskip.worker import DumpWorker, default_worker
+
+WAIT_S = 60  # only reached when the behaviour under test is broken (a hang guard, not a timing)
+
+
+def _held(worker: DumpWorker) -> threading.Event:
+    """Occupy ``worker`` with a job that waits for the returned event."""
+    release, running = threading.Event(), threading.Event()
+
+    def blocker() -> None:
+        running.set()
+        assert release.wait(WAIT_S), "the test never released the worker"
+
+    worker.submit(blocker)
+    assert running.wait(WAIT_S)
+    return release
+
+
+def test_consecutive_jobs_of_a_group_run_as_one_batch_in_order():
+    worker, batches, ran = DumpWorker(max_pending=8), [], []
+    release = _held(worker)
+
+    def group(jobs):
+        batches.append(list(jobs))
+        for job in jobs:
+            job()
+
+    jobs = [lambda i=i: ran.append(i) for i in range(5)]
+    for job in jobs[:3]:
+        worker.submit(job, nbytes=10, group=group)
+    worker.submit(jobs[3])  # no group: ends the batch and runs alone
+    worker.submit(jobs[4], nbytes=10, group=group)
+    release.set()
+    assert worker.flush(WAIT_S)
+    assert ran == [0, 1, 2, 3, 4]
+    assert batches == [jobs[:3]]  # the last one was alone after the ungrouped job: run as job()
+    assert worker.pending == 0
+
+
+def test_small_jobs_queue_beyond_the_job_bound_within_the_budget():
+    worker = DumpWorker(max_pending=1, small_budget=100)
+    release = _held(worker)
+    for _ in range(4):  # 4 x 25 bytes: within the budget, so none of these blocks
+        worker.submit(lambda: None, nbytes=25)
+    blocked = threading.Event()
+    submitted = threading.Event()
+
+    def over_budget() -> None:
+        blocked.set()
+        worker.submit(lambda: None, nbytes=25)
+        submitted.set()
+
+    thread = threading.Thread(target=over_budget)
+    thread.start()
+    assert blocked.wait(WAIT_S)
+    assert worker.pending == 5 and not submitted.is_set()  # the sixth waits (budget spent, queue not empty)
+    release.set()
+    thread.join(WAIT_S)
+    assert submitted.is_set() and worker.flush(WAIT_S)
+
+
+def test_a_failing_group_keeps_the_worker_alive():
+    worker, ran = DumpWorker(max_pending=8), []
+    release = _held(worker)
+
+    def broken(jobs):
+        raise RuntimeError("boom")
+
+    worker.submit(lambda: None, nbytes=1, group=broken)
+    worker.submit(lambda: None, nbytes=1, group=broken)
+    worker.submit(lambda: ran.append(1))
+    release.set()
+    assert worker.flush(WAIT_S) and ran == [1]
+
+
+class Rollouter:
+    @SkipManager.annotate(role="async_rollout")
+    def generate_sequences_single(self, prompts):
+        index = int(str(prompts.non_tensor_batch["uid"][0]).rsplit("_", 1)[1])
+        return _output(index)
+
+
+def _prompts(index: int) -> Batch:
+    return Batch.from_dict(tensors={"input_ids": torch.arange(8).reshape(1, 8)},
+                           non_tensors={"uid": [f"uid_sample_0_{index}"]})
+
+
+def _output(index: int) -> Batch:
+    return Batch.from_dict(tensors={"responses": torch.arange(6).reshape(1, 6) + 100 * index,
+                                    "mask": torch.tensor([[1, 1, 1, 0, 0, 0]])},
+                           non_tensors={"uid": [f"uid_sample_0_{index}"], "feed": [index]})
+
+
+def _config(tmp_path, **fields):
+    return training_config(tmp_path, "async_rollout", gbs=1, n=1, steps="all", async_dump=True, **fields)
+
+
+def _record(tmp_path, count: int, monkeypatch, fail: int | None = None):
+    SkipManager.init(_config(tmp_path))
+    skip = SkipManager.skip_instances["async_rollout"]
+    store, batches = skip.store, []
+    original = store.write_entries
+
+    def spied(entries):
+        entries = list(entries)
+        batches.append([path for path, _, _ in entries])
+        return original(entries)
+
+    monkeypatch.setattr(store, "write_entries", spied)
+    if fail is not None:  # one entry's encoding fails (a stand-in for a value the format refuses late)
+        fmt = skip.format
+        encode = fmt.encode
+
+        def failing(frozen):
+            files = encode(frozen)
+            if b'"feed"' in files["data.json"] and f"[{fail}]".encode() in files["data.json"]:
+                raise ValueError(f"cannot encode sample {fail}")
+            return files
+
+        monkeypatch.setattr(fmt, "encode", failing)
+    release = _held(default_worker())  # every dump below queues behind the held worker
+    rollouter = Rollouter()
+    try:
+        for i in range(count):
+            rollouter.generate_sequences_single(_prompts(i))
+    finally:
+        release.set()
+    assert SkipManager.flush(WAIT_S)
+    return skip, batches
+
+
+def test_queued_small_dumps_are_written_as_one_batch_and_each_replays(tmp_path, monkeypatch):
+    count = 12
+    skip, batches = _record(tmp_path, count, monkeypatch)
+    assert [len(b) for b in batches] == [count]  # one batch, every entry in it
+    stats = SkipManager.stats()
+    assert stats["skip/async_rollout/dumps"] == count and stats["skip/async_rollout/dump_failures"] == 0
+    run = run_path(tmp_path, gbs=1, n=1)
+    assert sorted(p.name for p in run.iterdir()) == sorted(str(i) for i in range(count))  # no temporaries
+    SkipManager.reset()
+    SkipManager.init(_config(tmp_path, action="replay"))
+    rollouter = Rollouter()
+    for i in range(count):
+        got = rollouter.generate_sequences_single(_prompts(i))
+        assert torch.equal(got.batch["responses"], _output(i).batch["responses"])
+        assert got.non_tensor_batch["feed"].tolist() == [i]
+    assert SkipManager.stats()["skip/async_rollout/hits"] == count
+
+
+def test_a_failure_in_a_batch_is_counted_alone(tmp_path, monkeypatch):
+    skip, batches = _record(tmp_path, 6, monkeypatch, fail=3)
+    stats = SkipManager.stats()
+    assert stats["skip/async_rollout/dumps"] == 5 and stats["skip/async_rollout/dump_failures"] == 1
+    assert len(batches) == 1 and len(batches[0]) == 5  # the failed one never reached the store
+    run = run_path(tmp_path, gbs=1, n=1)
+    assert sorted(p.name for p in run.iterdir()) == ["0", "1", "2", "4", "5"]
+    assert not skip._pending  # every queued dump was finished, the failed one too
+    assert np.array_equal(skip.load_entry(4)[0].batch["responses"].numpy(), _output(4).batch["responses"].numpy())
