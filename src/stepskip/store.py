@@ -137,8 +137,16 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+#: Bound on an int where meta.json holds a number (a float can represent it; math.isfinite(10**400) overflows).
+_MAX_NUMBER = 2**62
+
+
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return -_MAX_NUMBER <= value <= _MAX_NUMBER  # no float conversion: a huge int must not overflow
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def _shape_problem(meta: object, strings: bool = True) -> str | None:
@@ -276,7 +284,10 @@ def _parse_meta(raw: bytes) -> tuple[dict[str, Any] | None, str]:
         return None, f"{META_FILE} nests deeper than {META_MAX_DEPTH} levels"
     except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, int digits limit
         return None, f"unreadable {META_FILE}: {err}"
-    reason = _check_meta(meta, raw)
+    try:
+        reason = _check_meta(meta, raw)
+    except (ArithmeticError, TypeError, ValueError, RecursionError) as err:  # hostile values a check missed: damage
+        return None, f"{META_FILE} holds a value stepskip cannot check ({type(err).__name__}: {err})"
     return (None, reason) if reason else (meta, "")
 
 
