@@ -213,6 +213,25 @@ def test_a_killed_recorders_recording_is_invisible_and_removed_only_once_stale(o
     assert replayed_markers(object_store) == {20}
 
 
+def test_a_recording_removed_while_it_was_written_is_never_published(object_store):
+    """Another run's start-up clean-up removes a recording idle for long as stale: its recorder must not
+    then publish a manifest naming the incomplete recording (and retiring the good one)."""
+    store, where = fs_store(object_store), step_dir(object_store)
+    Recorder(object_store).record(1, marker=10)
+    good = read_manifest(store, where)
+    late = Recorder(object_store)
+    late.role.begin_recording(1)
+    late.sample(1, [0, 1], 20)
+    (idle,) = [n for n in store.list_dir(where) if is_recording(n) and n != good.recording]
+    store.remove(f"{where}/{idle}")  # what remove_stale_recordings does to a recording idle past STALE_SECONDS
+    late.sample(1, [2, 3], 20)  # the last inner entry: the step would be published now
+    assert late.role.stats["dump_failures"] == 1
+    assert read_manifest(store, where) == good
+    assert replayed_markers(object_store) == {10}
+    with pytest.raises(FileNotFoundError, match="incomplete"):
+        publish_manifest(store, where, idle, SYNC, "r")
+
+
 def test_retired_recordings_go_after_the_grace_period_never_the_named_one(object_store):
     store, where = fs_store(object_store), step_dir(object_store)
     first = Recorder(object_store)
