@@ -495,6 +495,10 @@ class _EntryStore:
         none (object stores): listings are then never reused."""
         return None
 
+    def forget_listings(self, path: str) -> None:
+        """Drop any listing cached for ``path`` and below, so the next listing shows what others wrote since
+        (object stores' clients cache listings; local directories are always listed afresh)."""
+
     def publish_dir(self, staging: str, path: str) -> None:
         """Publish a staged directory of entries as ``path`` at once (only where ``publishes_dirs``)."""
         raise NotImplementedError(f"{type(self).__name__} cannot publish a directory atomically")
@@ -1760,6 +1764,17 @@ class FsspecStore(_EntryStore):
         kind = {"directory": "dir", "file": "file"}.get(str(info.get("type")), "other")
         size = info.get("size") if kind == "file" else 0
         return DirItem(name, kind, size if isinstance(size, int) else 0, _info_time(info))
+
+    def forget_listings(self, path: str) -> None:
+        root = self._p(path).rstrip("/")
+        cache = getattr(self.fs, "dircache", None)
+        try:
+            self.fs.invalidate_cache(root)  # the path and its parents
+            if cache is not None:  # and below it (fsspec leaves those)
+                for key in [k for k in list(cache) if str(k).startswith(root + "/")]:
+                    cache.pop(key, None)
+        except Exception as err:  # a filesystem without a cache to drop: listings are fresh already
+            logger.debug("could not drop the cached listings of %s: %s", path, err)
 
     def list_items(self, path: str) -> list[DirItem]:
         root = self._p(path).rstrip("/")

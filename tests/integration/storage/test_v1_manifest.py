@@ -232,6 +232,60 @@ def test_a_recording_removed_while_it_was_written_is_never_published(object_stor
         publish_manifest(store, where, idle, SYNC, "r")
 
 
+def test_a_step_published_while_it_is_verified_is_never_repaired_away(object_store):
+    """``verify --repair`` lists a step, then reads its manifest: a recorder publishing in between must not
+    make the step look as if its recording lacked inner entries (and have it deleted)."""
+    store, where = fs_store(object_store), step_dir(object_store)
+    Recorder(object_store).record(1, marker=10)
+    stale = store.list_items(where)  # the scan's listing, taken before the next recorder wrote anything
+    Recorder(object_store).record(1, marker=20)
+    index = CacheIndex(object_store[0], object_store[1])
+    listed = index.store.list_items
+    calls: list[str] = []
+
+    def list_items(path: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(path)
+        if path.rstrip("/").endswith(f"{RUN}/1") and calls.count(path) == 1:
+            return stale
+        return listed(path, *args, **kwargs)
+
+    index.store.list_items = list_items
+    (run,) = index.runs()
+    (step,) = run.steps
+    assert step.problem is None and step.valid
+    report = verify_runs(index, [run])
+    assert not [p for p in report.problems if p.kind is IssueKind.DAMAGED]
+    repair(index, report)
+    assert replayed_markers(object_store) == {20}
+
+
+def test_a_step_republished_while_its_recording_is_listed_is_scanned_again(object_store, caplog):
+    store, where = fs_store(object_store), step_dir(object_store)
+    Recorder(object_store).record(1, marker=10)
+    first = read_manifest(store, where).recording
+    index = CacheIndex(object_store[0], object_store[1])
+    listed = index.store.list_items
+
+    def list_items(path: str, *args: Any, **kwargs: Any) -> Any:
+        if path.rstrip("/").endswith(first) and not getattr(list_items, "done", False):
+            list_items.done = True  # type: ignore[attr-defined]
+            Recorder(object_store).record(1, marker=20)  # publishes while the scan lists the old recording
+            return [i for i in listed(path, *args, **kwargs) if i.name != "1"]  # listed half-deleted
+        return listed(path, *args, **kwargs)
+
+    index.store.list_items = list_items
+    index.tree_stats = lambda path: (0, 0.0)  # type: ignore[method-assign]  # list the recording in the scan only
+    with caplog.at_level("DEBUG", logger="stepskip.index"):
+        (run,) = index.runs()
+    (step,) = run.steps
+    assert getattr(list_items, "done", False) and "changed while it was scanned" in caplog.text
+    assert step.problem is None and step.valid and step.manifest.recording != first
+    report = verify_runs(index, [run])
+    assert not [p for p in report.problems if p.kind is IssueKind.DAMAGED]
+    repair(index, report)
+    assert replayed_markers(object_store) == {20}
+
+
 def test_retired_recordings_go_after_the_grace_period_never_the_named_one(object_store):
     store, where = fs_store(object_store), step_dir(object_store)
     first = Recorder(object_store)
