@@ -249,17 +249,20 @@ def publish_manifest(store: Any, step_dir: str, recording: str, inner_entries: i
         The recording directories deleted.
 
     Raises:
-        FileNotFoundError: an inner entry of ``recording`` is missing (another run may have removed
-            a recording idle for long as stale): nothing was written, the current manifest stands.
+        FileNotFoundError: an inner entry of ``recording`` is missing or incomplete (another run may
+            have removed a recording idle for long as stale): nothing was written, the current
+            manifest stands.
         OSError: the manifest could not be written (nothing was deleted then).
     """
     grace = float(getattr(store, "grace_seconds", GRACE_SECONDS))
     now = float(getattr(store, "clock", time.time)()) if now is None else now
     # a manifest must never name an incomplete recording (and retire the good one): one probe per inner entry
     for inner in range(int(inner_entries)):
-        if store.probe(f"{step_dir}/{recording}/{inner}").state is EntryState.MISSING:
-            raise FileNotFoundError(f"{step_dir}/{recording}/{inner} is missing (removed as stale by another run?); "
-                                    f"the recording is incomplete and was not published")
+        probe = store.probe(f"{step_dir}/{recording}/{inner}")
+        if probe.state is not EntryState.PRESENT:  # missing, or partly removed (as stale, by another run?)
+            raise FileNotFoundError(f"{step_dir}/{recording}/{inner} is {probe.state.value}"
+                                    f"{': ' + probe.reason if probe.reason else ''} (removed as stale by another "
+                                    "run?); the recording is incomplete and was not published")
     try:
         current = read_manifest(store, step_dir)
     except (CorruptEntryError, UnreadableEntryError) as err:  # replaced: what it names is left to go stale

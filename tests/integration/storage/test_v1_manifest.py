@@ -213,9 +213,11 @@ def test_a_killed_recorders_recording_is_invisible_and_removed_only_once_stale(o
     assert replayed_markers(object_store) == {20}
 
 
-def test_a_recording_removed_while_it_was_written_is_never_published(object_store):
-    """Another run's start-up clean-up removes a recording idle for long as stale: its recorder must not
-    then publish a manifest naming the incomplete recording (and retiring the good one)."""
+@pytest.mark.parametrize("removed", ["recording", "a data file"])
+def test_a_recording_removed_while_it_was_written_is_never_published(object_store, removed):
+    """Another run's start-up clean-up removes a recording idle for long as stale (or is part-way through
+    removing it): its recorder must not then publish a manifest naming the incomplete recording (and
+    retiring the good one)."""
     store, where = fs_store(object_store), step_dir(object_store)
     Recorder(object_store).record(1, marker=10)
     good = read_manifest(store, where)
@@ -223,7 +225,11 @@ def test_a_recording_removed_while_it_was_written_is_never_published(object_stor
     late.role.begin_recording(1)
     late.sample(1, [0, 1], 20)
     (idle,) = [n for n in store.list_dir(where) if is_recording(n) and n != good.recording]
-    store.remove(f"{where}/{idle}")  # what remove_stale_recordings does to a recording idle past STALE_SECONDS
+    if removed == "recording":  # what remove_stale_recordings does to a recording idle past STALE_SECONDS
+        store.remove(f"{where}/{idle}")
+    else:
+        (data,) = [n for n in store.list_dir(f"{where}/{idle}/0") if n.endswith(".json") and n != "meta.json"]
+        store.fs.rm(f"{store._p(where)}/{idle}/0/{data}")
     late.sample(1, [2, 3], 20)  # the last inner entry: the step would be published now
     assert late.role.stats["dump_failures"] == 1
     assert read_manifest(store, where) == good
@@ -305,7 +311,7 @@ def test_a_writer_deletes_retired_recordings_past_the_grace_period_after_its_man
     store, where = fs_store(object_store), step_dir(object_store)
     names = [f"rec-{c * 12}" for c in "abcd"]
     for name in names:
-        store.put_small(f"{where}/{name}/0/meta.json", b"{}")
+        store.write_entry(f"{where}/{name}/0", {"data.json": b"{}"}, {"global_steps": 1})
     grace = store.grace_seconds
     assert publish_manifest(store, where, names[0], 1, "r", now=1000.0) == []
     assert publish_manifest(store, where, names[1], 1, "r", now=1100.0) == []
