@@ -467,9 +467,11 @@ def _fsync_all(fds: list[int]) -> dict[int, OSError]:
 SETTLED_NS = 2_000_000_000
 
 
-def settled(version: tuple[int, int, int] | None, listed_at_ns: int) -> bool:
+def settled(version: tuple[int, ...] | None, listed_at_ns: int) -> bool:
     """Whether a listing taken at ``listed_at_ns`` (``time.time_ns()``) of a directory at ``version``
-    (:meth:`LocalStore.dir_version`) may be reused for as long as the version stays the same."""
+    (:meth:`LocalStore.dir_version`) may be reused for as long as the version stays the same (the
+    caller also re-lists after its own writes and at least every so often: see
+    :meth:`CachedRole.listed_steps`)."""
     return version is not None and listed_at_ns - version[2] >= SETTLED_NS
 
 
@@ -479,7 +481,7 @@ class _EntryStore:
     #: Whether :meth:`publish_dir` can publish a directory of entries atomically (local stores).
     publishes_dirs = False
 
-    def dir_version(self, path: str) -> tuple[int, int, int] | None:
+    def dir_version(self, path: str) -> tuple[int, ...] | None:
         """A value that changes whenever the names in directory ``path`` change; None where the store has
         none (object stores): listings are then never reused."""
         return None
@@ -886,12 +888,15 @@ class LocalStore(_EntryStore):
         finally:
             os.close(fd)
 
-    def dir_version(self, path: str) -> tuple[int, int, int] | None:
-        """``(device, inode, mtime in ns)`` of the directory ``path`` (reached without following links):
-        it changes whenever a name is added, removed or renamed there. None when it is not a directory.
+    def dir_version(self, path: str) -> tuple[int, ...] | None:
+        """``(device, inode, mtime in ns, ctime in ns)`` of the directory ``path`` (reached without
+        following links): it changes whenever a name is added, removed or renamed there, on filesystems
+        that keep directory times. None when it is not a directory.
 
-        A listing taken when the version was already at least :data:`SETTLED_NS` old stays valid
-        while the version does not change (see :func:`settled`).
+        The ctime is there because tools that restore times (``rsync -a``, ``touch -r``) can set the
+        mtime back but not the ctime. A listing taken when the mtime was already at least
+        :data:`SETTLED_NS` old may be reused while the version does not change (see :func:`settled`);
+        filesystems with fixed directory times (some FUSE mounts) are why callers re-list anyway.
         """
         try:
             fd = self._open_dir(path)
@@ -901,7 +906,7 @@ class LocalStore(_EntryStore):
             st = os.fstat(fd)
         finally:
             os.close(fd)
-        return st.st_dev, st.st_ino, st.st_mtime_ns
+        return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
 
     def _read(self, path: str) -> bytes:
         """One whole regular file (no links followed), e.g. for tests and tools."""

@@ -55,6 +55,11 @@ ROW_WISE_ACTIONS = [*ALL_ACTIONS, SkipAction.MATCH]
 VERL_LAYOUT_ROLES = frozenset({"rollout", "async_rollout", "rollout_tq"})
 
 _RETRY_SECONDS = 0.05
+#: A reused directory listing is taken afresh at least this often (seconds), whatever the
+#: directory's version says (see :meth:`CachedRole.listed_steps`).
+LISTING_MAX_AGE = 30.0
+#: The clock of :data:`LISTING_MAX_AGE` (a module attribute so tests can move it).
+_monotonic = time.monotonic
 
 
 def _prompt_digest(prompts: Any, exclude: Iterable[str]) -> str | None:
@@ -102,7 +107,9 @@ class CachedRole(BaseSkip):
         self._pending: dict[str, threading.Event] = {}  # entry path -> its background dump finished
         self._pending_lock = threading.Lock()
         self._index: Any = None  # the prompt index of ``action: match``, built on first use
-        self._listing: tuple[tuple[str, Any], tuple[int, ...]] | None = None  # see listed_steps
+        # see listed_steps: ((path, version), steps, monotonic time listed), and the count of this role's writes
+        self._listing: tuple[tuple[str, Any], tuple[int, ...], float] | None = None
+        self._writes_seen = 0
         self._index_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
@@ -166,22 +173,35 @@ class CachedRole(BaseSkip):
     def listed_steps(self) -> list[int]:
         """Steps that have a directory (one listing; nothing is read or validated).
 
-        On local disk the parsed listing is kept while the directory's version (inode and mtime)
-        stays what it was, once that version had settled when it was listed: a call then costs
-        a ``stat``, not a listing, whatever the number of entries. Only names are reused: every
-        candidate is still validated when it is chosen.
+        On local disk the parsed listing is reused while all of these hold: the directory's version
+        (device, inode, mtime and ctime) is what it was, that mtime was already
+        :data:`~stepskip.store.SETTLED_NS` old when it was listed, this role has written no entry
+        since, and the listing is less than :data:`LISTING_MAX_AGE` seconds old. A call then costs
+        a ``stat``, not a listing, whatever the number of entries. The last two rules bound what
+        directory times cannot tell: a FUSE mount with fixed directory times, an NFS client whose
+        clock runs ahead of the server's, entries added by other writers whose times were set back.
+        Only names are reused: every candidate is still validated when it is chosen.
         """
         path = self.project_dump_dir
         version = self.store.dir_version(path)
         cached = self._listing
-        if version is not None and cached is not None and cached[0] == (path, version):
+        writes = self._writes_seen
+        if (version is not None and cached is not None and cached[0] == (path, version)
+                and 0 <= _monotonic() - cached[2] < LISTING_MAX_AGE):
             return list(cached[1])
-        listed_at = time.time_ns()
+        listed_at, listed_mono = time.time_ns(), _monotonic()
         steps = (Layout.parse_step(name) for name in self.store.list_dir(path))
         listed = sorted(s for s in steps if s is not None)
-        if settled(version, listed_at) and self.store.dir_version(path) == version:
-            self._listing = ((path, version), tuple(listed))
+        if (settled(version, listed_at) and self.store.dir_version(path) == version
+                and writes == self._writes_seen):  # no write of ours finished while we listed
+            self._listing = ((path, version), tuple(listed), listed_mono)
         return listed
+
+    def _forget_listing(self) -> None:
+        """This role wrote (or tried to write) an entry: the next listing is taken afresh."""
+        with self._pending_lock:
+            self._writes_seen += 1
+            self._listing = None
 
     def available_steps(self) -> list[int]:
         """Steps with a valid entry, sorted (damaged and unreadable entries and temporaries are left out)."""
@@ -717,6 +737,7 @@ class CachedRole(BaseSkip):
         default_worker().submit(dump, nbytes=nbytes, group=group)
 
     def _finish_dump(self, path: str, done: threading.Event) -> None:
+        self._forget_listing()
         with self._pending_lock:
             if self._pending.get(path) is done:
                 del self._pending[path]
@@ -786,6 +807,8 @@ class CachedRole(BaseSkip):
         except Exception as err:  # the dump boundary: no storage error may stop the training run
             self._dump_failed(step, path, err)
             return False
+        finally:
+            self._forget_listing()
         seconds = time.perf_counter() - start
         self.stats.add(dumps=1, dump_seconds=seconds, bytes_written=written)
         logger.info("%s dump: step %d written to %s (%d bytes, %.3fs)", self.name, step, path, written, seconds)
