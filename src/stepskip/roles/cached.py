@@ -11,6 +11,7 @@ regenerated over or deleted — only ``action: record`` replaces it).
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -1031,8 +1032,17 @@ class _Dump:
             self.role._finish_dump(self.path, self.done)
 
 
+#: At most this many non-tensor objects are looked at to size a snapshot; more make it a large dump.
+_SIZED_OBJECTS = 4096
+
+
 def _small_size(frozen: Any) -> int | None:
-    """The bytes a snapshot's tensors hold when it is a small dump; None for a large or unknown one."""
+    """The bytes a snapshot holds when it is a small dump; None for a large or unknown one.
+
+    Its tensors are counted exactly; its non-tensor part (the snapshot tree: text, message
+    lists, numpy arrays ...) by :func:`_rough_bytes`, an estimate that bounds the queue's
+    memory as the tensors' bytes do. A snapshot that is not sized cheaply is a large dump.
+    """
     tensors = getattr(frozen, "tensors", None)
     if not isinstance(tensors, dict):
         return None
@@ -1044,9 +1054,52 @@ def _small_size(frozen: Any) -> int | None:
         total += nbytes
         if total >= SMALL_DUMP_BYTES:
             return None
-    if not total:  # no tensors: the size is all in non-tensor values, not counted here
+    if not total:  # no tensors: not the one-sample entry that small dumps are for
         return None
-    return total + 4096  # the meta and the non-tensor columns of a few rows
+    rest = _rough_bytes(getattr(frozen, "tree", None), SMALL_DUMP_BYTES - total)
+    if rest is None:
+        return None
+    return total + rest + 4096  # and the meta
+
+
+def _rough_bytes(tree: Any, limit: int) -> int | None:
+    """An estimate of the memory a snapshot tree holds outside its tensors, or None once it
+    reaches ``limit`` or :data:`_SIZED_OBJECTS` objects (each distinct object counted once).
+
+    numpy arrays count their ``nbytes`` (object arrays their items too), strings and bytes
+    ``sys.getsizeof``, containers 8 bytes an item plus their items; deferred snapshots their
+    snapshot. Other leaves (numbers, None) count 32 bytes.
+    """
+    total, seen, todo = 0, set(), [tree]
+    while todo:
+        value = todo.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if len(seen) > _SIZED_OBJECTS:
+            return None
+        if isinstance(value, (str, bytes)):
+            total += sys.getsizeof(value)
+        elif isinstance(value, np.ndarray):
+            total += value.nbytes
+            if value.dtype.hasobject:
+                todo.extend(value.reshape(-1).tolist())
+        elif isinstance(getattr(value, "nbytes", None), int):  # a tensor (torch is imported lazily here)
+            total += value.nbytes
+        elif isinstance(value, dict):
+            total += 16 * len(value)
+            todo.extend(value.keys())
+            todo.extend(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            total += 8 * len(value)
+            todo.extend(value)
+        elif hasattr(value, "snapshot") and hasattr(value, "items"):  # safe's deferred leaf
+            todo.append(value.snapshot)
+        else:
+            total += 32
+        if total >= limit:
+            return None
+    return total
 
 
 def _step_of(meta: dict[str, Any]) -> int:

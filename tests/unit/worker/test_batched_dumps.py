@@ -171,3 +171,28 @@ def test_a_failure_in_a_batch_is_counted_alone(tmp_path, monkeypatch):
     assert sorted(p.name for p in run.iterdir()) == ["0", "1", "2", "4", "5"]
     assert not skip._pending  # every queued dump was finished, the failed one too
     assert np.array_equal(skip.load_entry(4)[0].batch["responses"].numpy(), _output(4).batch["responses"].numpy())
+
+
+def test_the_non_tensor_part_of_a_snapshot_counts_toward_its_small_size():
+    """Text, message lists and numpy images ride in the snapshot tree, not its tensors: they are
+    sized too, so 1024 queued one-sample snapshots cannot hold gigabytes beyond the budget."""
+    from stepskip.formats.safe import SafeFormat
+    from stepskip.roles.cached import SMALL_DUMP_BYTES, _small_size
+
+    fmt = SafeFormat()
+
+    def size(**non_tensors):
+        value = Batch.from_dict(tensors={"x": torch.ones(1, 4)}, non_tensors=non_tensors)
+        return _small_size(fmt.freeze(value, copy=True))
+
+    tiny = size(uid=["a"])
+    assert tiny is not None and tiny < 8192
+    text = size(uid=["a"], response=["x" * 200_000])
+    assert text is not None and text >= 200_000 + 16
+    assert size(uid=["a"], response=["x" * SMALL_DUMP_BYTES]) is None
+    messages = [[{"role": "user", "content": "y" * 100_000} for _ in range(12)]]
+    assert size(uid=["a"], messages=messages) is None  # 1.2 MB of message text
+    images = [{"pixels": np.zeros((1024, 1024, 3), dtype=np.uint8)}]
+    assert size(uid=["a"], images=images) is None  # a 3 MB image array inside a dict
+    many = [list(range(10_000))]
+    assert size(uid=["a"], ids=many) is None  # too many objects to size cheaply: a large dump
