@@ -196,3 +196,27 @@ def test_the_non_tensor_part_of_a_snapshot_counts_toward_its_small_size():
     assert size(uid=["a"], images=images) is None  # a 3 MB image array inside a dict
     many = [list(range(10_000))]
     assert size(uid=["a"], ids=many) is None  # too many objects to size cheaply: a large dump
+
+
+def _waiting(worker: DumpWorker, count: int) -> None:
+    with worker._cond:
+        assert worker._cond.wait_for(lambda: worker.waiting == count, timeout=WAIT_S)
+
+
+def test_small_jobs_do_not_overtake_a_waiting_large_job():
+    worker, ran = DumpWorker(max_pending=2), []
+    release = _held(worker)
+    for name in ("small-1", "small-2"):
+        worker.submit(lambda name=name: ran.append(name), nbytes=10)  # the job bound is reached
+    large = threading.Thread(target=worker.submit, args=(lambda: ran.append("large"),))
+    large.start()
+    _waiting(worker, 1)  # the large job waits for the job bound
+    late = threading.Thread(target=worker.submit, args=(lambda: ran.append("small-3"),), kwargs={"nbytes": 10})
+    late.start()
+    _waiting(worker, 2)  # within the small budget, yet behind the large job
+    assert worker.pending == 3  # the held job and the two small ones
+    release.set()
+    large.join(WAIT_S)
+    late.join(WAIT_S)
+    assert worker.flush(WAIT_S)
+    assert ran == ["small-1", "small-2", "large", "small-3"]
