@@ -423,19 +423,23 @@ class _Syncs:
 
     def _sync(self, key: Any, fd: int, close: bool) -> None:
         try:
-            os.fsync(fd)
+            try:
+                os.fsync(fd)
+            finally:
+                if close:
+                    os.close(fd)  # NFS reports a deferred write error here: as much a failed sync
         except OSError as err:
             with self._lock:
                 self._failed.setdefault(key, err)
-        finally:
-            if close:
-                os.close(fd)
 
-    def start(self, key: Any, fds: Iterable[int], close: bool = True) -> None:
-        """Sync ``fds`` (closing them after, with ``close``); a failure is reported under ``key``."""
+    def start(self, key: Any, fds: Iterable[int], close: bool = True, pooled: bool = False) -> None:
+        """Sync ``fds`` (closing them after, with ``close``); a failure is reported under ``key``.
+
+        A lone fd is synced right here unless ``pooled`` (more are coming) or syncs are running.
+        """
         fds = list(fds)
         taken = 0
-        if len(fds) > 1 or self._futures:
+        if len(fds) > 1 or self._futures or pooled:
             pool = _sync_pool()
             try:
                 for fd in fds:
@@ -458,8 +462,32 @@ def _fsync_all(fds: list[int]) -> dict[int, OSError]:
     """``fsync`` every fd side by side (see :class:`_Syncs`); the errors by fd (empty when all are durable)."""
     syncs = _Syncs()
     for fd in fds:
-        syncs.start(fd, [fd], close=False)
+        syncs.start(fd, [fd], close=False, pooled=len(fds) > 1)
     return syncs.wait()
+
+
+def _fsync_dir(fd: int) -> None:
+    """Make a directory's new names durable; best effort (some filesystems refuse to sync a directory)."""
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+
+
+def _makedirs_durable(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, each created directory's parent synced after its ``mkdir``."""
+    parent = os.path.dirname(path.rstrip("/")) or "/"
+    if parent != path and not os.path.isdir(parent):
+        _makedirs_durable(parent)
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _fsync_dir(fd)
+    finally:
+        os.close(fd)
 
 
 #: A directory's mtime this much older than a listing of it proves the listing complete: a later
@@ -804,8 +832,8 @@ class LocalStore(_EntryStore):
             _NotFollowed: a component is a symbolic link or not a directory.
         """
         base, parts = self._split(path)
-        if create:
-            os.makedirs(base, exist_ok=True)
+        if create and not os.path.isdir(base):
+            _makedirs_durable(base)
         fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         if len(parts) > 1 and not create:  # the common case in one system call; the walk below explains failures
             try:
@@ -827,6 +855,8 @@ class LocalStore(_EntryStore):
                         os.mkdir(part, dir_fd=fd)
                     except FileExistsError:
                         pass
+                    else:
+                        _fsync_dir(fd)  # the new name itself, not only what goes in it, survives a crash
                     child = os.open(part, _O_DIR, dir_fd=fd)
             except OSError as err:
                 if err.errno in (errno.ENOTDIR, errno.ELOOP):
