@@ -759,10 +759,13 @@ class CachedRole(BaseSkip):
                 return
             start = time.perf_counter()
             encoded: list[_Dump] = []
+            reached = 0  # dumps the store took from the generator (encoded or failed)
 
             def entries() -> Iterator[tuple[str, dict[str, bytes], dict[str, Any]]]:
                 """Encoded one by one as the store takes them: encoding overlaps the syncs of those before."""
+                nonlocal reached
                 for dump in dumps:
+                    reached += 1
                     try:
                         files = self.format.encode(dump.frozen)
                     except Exception as err:  # the dump boundary: this entry alone is lost
@@ -773,8 +776,10 @@ class CachedRole(BaseSkip):
 
             try:
                 results: list[int | Exception] = batched(entries())
-            except Exception as err:  # not expected (failures are per entry): every entry of the batch failed
-                results = [err] * len(encoded)
+            except Exception as err:  # not expected (failures are per entry): look at what got published
+                results = [self._published_size(dump, err) for dump in encoded]
+                for dump in dumps[reached:]:  # never taken from the generator: never written
+                    self._dump_failed(dump.step, dump.path, err)
             seconds = (time.perf_counter() - start) / max(1, len(encoded))  # each entry's share of the batch
             for dump, result in zip(encoded, results):
                 if isinstance(result, Exception):
@@ -786,6 +791,21 @@ class CachedRole(BaseSkip):
         finally:
             for dump in dumps:
                 self._finish_dump(dump.path, dump.done)
+
+    def _published_size(self, dump: _Dump, err: Exception) -> int | Exception:
+        """After a batched write raised: the bytes of ``dump``'s entry when this very dump got published
+        (its meta is on disk), else ``err``."""
+        try:
+            probe = self.store.probe(dump.path)
+        except Exception:  # the boundary: it counts as failed
+            return err
+        meta = probe.meta if probe.state is EntryState.PRESENT else None
+        if not isinstance(meta, dict) or any(meta.get(key) != dump.meta.get(key)
+                                             for key in ("run_id", "global_steps", "created_unix")):
+            return err
+        listed = meta.get("files")
+        sizes = [f.get("bytes") for f in listed.values() if isinstance(f, dict)] if isinstance(listed, dict) else []
+        return sum(n for n in sizes if isinstance(n, int))
 
     def _dump_failed(self, step: int, path: str, err: BaseException) -> None:
         self.stats.add(dump_failures=1)

@@ -6,6 +6,7 @@ form a batch is fixed by the test, not by thread timing.
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import numpy as np
@@ -110,13 +111,18 @@ def _config(tmp_path, **fields):
     return training_config(tmp_path, "async_rollout", gbs=1, n=1, steps="all", async_dump=True, **fields)
 
 
-def _record(tmp_path, count: int, monkeypatch, fail: int | None = None):
+def _record(tmp_path, count: int, monkeypatch, fail: int | None = None, broken_after: int | None = None):
     SkipManager.init(_config(tmp_path))
     skip = SkipManager.skip_instances["async_rollout"]
     store, batches = skip.store, []
     original = store.write_entries
 
     def spied(entries):
+        if broken_after is not None:  # the store publishes the first entries, then fails as a whole
+            taken = list(itertools.islice(entries, broken_after))
+            batches.append([path for path, _, _ in taken])
+            original(taken)
+            raise RuntimeError("the store failed mid-batch")
         entries = list(entries)
         batches.append([path for path, _, _ in entries])
         return original(entries)
@@ -171,6 +177,17 @@ def test_a_failure_in_a_batch_is_counted_alone(tmp_path, monkeypatch):
     assert sorted(p.name for p in run.iterdir()) == ["0", "1", "2", "4", "5"]
     assert not skip._pending  # every queued dump was finished, the failed one too
     assert np.array_equal(skip.load_entry(4)[0].batch["responses"].numpy(), _output(4).batch["responses"].numpy())
+
+
+def test_a_batch_that_fails_as_a_whole_counts_each_dump_once(tmp_path, monkeypatch):
+    skip, batches = _record(tmp_path, 5, monkeypatch, broken_after=2)
+    stats = SkipManager.stats()
+    assert len(batches) == 1 and len(batches[0]) == 2
+    # the two published count as written; the three the store never took count as failed
+    assert stats["skip/async_rollout/dumps"] == 2 and stats["skip/async_rollout/dump_failures"] == 3
+    assert stats["skip/async_rollout/bytes_written"] > 0
+    assert sorted(p.name for p in run_path(tmp_path, gbs=1, n=1).iterdir()) == ["0", "1"]
+    assert not skip._pending
 
 
 def test_the_non_tensor_part_of_a_snapshot_counts_toward_its_small_size():
