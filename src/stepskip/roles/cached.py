@@ -1036,7 +1036,8 @@ class CachedRole(BaseSkip):
     response_length = response_len
 
 
-#: A snapshot whose tensors hold less than this is a small dump: it may queue beyond the job bound
+#: A snapshot holding less than this (tensors and estimated non-tensor part) is a small dump: it may
+#: queue beyond the job bound
 #: and be committed in a batch with the small dumps queued next to it.
 SMALL_DUMP_BYTES = 1 << 20
 
