@@ -1037,8 +1037,7 @@ class CachedRole(BaseSkip):
 
 
 #: A snapshot holding less than this (tensors and estimated non-tensor part) is a small dump: it may
-#: queue beyond the job bound
-#: and be committed in a batch with the small dumps queued next to it.
+#: queue beyond the job bound and be committed in a batch with the small dumps queued next to it.
 SMALL_DUMP_BYTES = 1 << 20
 
 
