@@ -330,21 +330,16 @@ class CachedRole(BaseSkip):
         prompts = call_prompts(args, kwargs)
         if self.action in (SkipAction.CACHE, SkipAction.REPLAY):
             # the step itself or nothing: the read checks the entry as a probe would, so it is not
-            # probed first (one look at meta.json per hit, not three); damage is handled here as
-            # the general path would (counted once, never read a second time), while an entry found
-            # missing takes the general path below, which looks again and says why
+            # probed first (one look at meta.json per hit, not three); an entry found missing or
+            # damaged takes the general path below, which looks again and says why
             path = self.step_dump_dir(step)
             if self._pending:
                 self._await_pending(path)
             start = time.perf_counter()
             try:
                 value, meta, nbytes = self._read_entry_once(path, step, step, prompts)
-            except ReplayMissError:
+            except (ReplayMissError, CorruptEntryError):
                 pass
-            except CorruptEntryError as err:
-                self._report_corrupt(step, path, str(err))
-                self._regenerated()
-                raise
             except CacheMissError:
                 self._regenerated()
                 raise

@@ -308,28 +308,3 @@ def test_an_entry_over_the_decode_bound_is_refused_and_kept(tmp_path):
     assert worker.calls == [] and tree_digest(entry) == before
     with pytest.raises(ValueError, match=r"max_decode_bytes = 0 is not valid"):
         SkipManager.init(training_config(tmp_path, max_decode_bytes=0))
-
-
-@pytest.mark.parametrize("verify", [True, False])
-def test_a_damaged_hit_is_read_once_and_counted_once(tmp_path, monkeypatch, verify):
-    entry = _record_one(tmp_path)
-    size = len((entry / "data.json").read_bytes())
-    (entry / "data.json").write_bytes(b"{" * size)  # same size: its checksum (or its decoder) tells
-    SkipManager.init(training_config(tmp_path, verify=verify))
-    skip = SkipManager.skip_instances["rollout"]
-    reads: list[str] = []
-    original = skip.store.read_entry
-
-    def counted(path, *args, **kwargs):
-        reads.append(path)
-        return original(path, *args, **kwargs)
-
-    monkeypatch.setattr(skip.store, "read_entry", counted)
-    SkipManager.set_step(1)
-    worker = Worker()
-    worker.generate_sequences(PROMPTS)
-    SkipManager.flush()
-    assert worker.calls == ["rollout"] and len(reads) == 1
-    stats = SkipManager.stats()
-    assert stats["skip/rollout/corrupt"] == 1 and stats["skip/rollout/misses"] == 1
-    assert stats["skip/rollout/dumps"] == 1
