@@ -434,19 +434,23 @@ class _Syncs:
 
     def _sync(self, key: Any, fd: int, close: bool) -> None:
         try:
-            os.fsync(fd)
+            try:
+                os.fsync(fd)
+            finally:
+                if close:
+                    os.close(fd)  # NFS reports a deferred write error here: as much a failed sync
         except OSError as err:
             with self._lock:
                 self._failed.setdefault(key, err)
-        finally:
-            if close:
-                os.close(fd)
 
-    def start(self, key: Any, fds: Iterable[int], close: bool = True) -> None:
-        """Sync ``fds`` (closing them after, with ``close``); a failure is reported under ``key``."""
+    def start(self, key: Any, fds: Iterable[int], close: bool = True, pooled: bool = False) -> None:
+        """Sync ``fds`` (closing them after, with ``close``); a failure is reported under ``key``.
+
+        A lone fd is synced right here unless ``pooled`` (more are coming) or syncs are running.
+        """
         fds = list(fds)
         taken = 0
-        if len(fds) > 1 or self._futures:
+        if len(fds) > 1 or self._futures or pooled:
             pool = _sync_pool()
             try:
                 for fd in fds:
@@ -469,8 +473,32 @@ def _fsync_all(fds: list[int]) -> dict[int, OSError]:
     """``fsync`` every fd side by side (see :class:`_Syncs`); the errors by fd (empty when all are durable)."""
     syncs = _Syncs()
     for fd in fds:
-        syncs.start(fd, [fd], close=False)
+        syncs.start(fd, [fd], close=False, pooled=len(fds) > 1)
     return syncs.wait()
+
+
+def _fsync_dir(fd: int) -> None:
+    """Make a directory's new names durable; best effort (some filesystems refuse to sync a directory)."""
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+
+
+def _makedirs_durable(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, each created directory's parent synced after its ``mkdir``."""
+    parent = os.path.dirname(path.rstrip("/")) or "/"
+    if parent != path and not os.path.isdir(parent):
+        _makedirs_durable(parent)
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _fsync_dir(fd)
+    finally:
+        os.close(fd)
 
 
 #: A directory's mtime this much older than a listing of it proves the listing complete: a later
@@ -478,9 +506,11 @@ def _fsync_all(fds: list[int]) -> dict[int, OSError]:
 SETTLED_NS = 2_000_000_000
 
 
-def settled(version: tuple[int, int, int] | None, listed_at_ns: int) -> bool:
+def settled(version: tuple[int, ...] | None, listed_at_ns: int) -> bool:
     """Whether a listing taken at ``listed_at_ns`` (``time.time_ns()``) of a directory at ``version``
-    (:meth:`LocalStore.dir_version`) may be reused for as long as the version stays the same."""
+    (:meth:`LocalStore.dir_version`) may be reused for as long as the version stays the same (the
+    caller also re-lists after its own writes and at least every so often: see
+    :meth:`CachedRole.listed_steps`)."""
     return version is not None and listed_at_ns - version[2] >= SETTLED_NS
 
 
@@ -490,7 +520,7 @@ class _EntryStore:
     #: Whether :meth:`publish_dir` can publish a directory of entries atomically (local stores).
     publishes_dirs = False
 
-    def dir_version(self, path: str) -> tuple[int, int, int] | None:
+    def dir_version(self, path: str) -> tuple[int, ...] | None:
         """A value that changes whenever the names in directory ``path`` change; None where the store has
         none (object stores): listings are then never reused."""
         return None
@@ -817,8 +847,8 @@ class LocalStore(_EntryStore):
             _NotFollowed: a component is a symbolic link or not a directory.
         """
         base, parts = self._split(path)
-        if create:
-            os.makedirs(base, exist_ok=True)
+        if create and not os.path.isdir(base):
+            _makedirs_durable(base)
         fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         if len(parts) > 1 and not create:  # the common case in one system call; the walk below explains failures
             try:
@@ -840,6 +870,8 @@ class LocalStore(_EntryStore):
                         os.mkdir(part, dir_fd=fd)
                     except FileExistsError:
                         pass
+                    else:
+                        _fsync_dir(fd)  # the new name itself, not only what goes in it, survives a crash
                     child = os.open(part, _O_DIR, dir_fd=fd)
             except OSError as err:
                 if err.errno in (errno.ENOTDIR, errno.ELOOP):
@@ -901,12 +933,15 @@ class LocalStore(_EntryStore):
         finally:
             os.close(fd)
 
-    def dir_version(self, path: str) -> tuple[int, int, int] | None:
-        """``(device, inode, mtime in ns)`` of the directory ``path`` (reached without following links):
-        it changes whenever a name is added, removed or renamed there. None when it is not a directory.
+    def dir_version(self, path: str) -> tuple[int, ...] | None:
+        """``(device, inode, mtime in ns, ctime in ns)`` of the directory ``path`` (reached without
+        following links): it changes whenever a name is added, removed or renamed there, on filesystems
+        that keep directory times. None when it is not a directory.
 
-        A listing taken when the version was already at least :data:`SETTLED_NS` old stays valid
-        while the version does not change (see :func:`settled`).
+        The ctime is there because tools that restore times (``rsync -a``, ``touch -r``) can set the
+        mtime back but not the ctime. A listing taken when the mtime was already at least
+        :data:`SETTLED_NS` old may be reused while the version does not change (see :func:`settled`);
+        filesystems with fixed directory times (some FUSE mounts) are why callers re-list anyway.
         """
         try:
             fd = self._open_dir(path)
@@ -916,7 +951,7 @@ class LocalStore(_EntryStore):
             st = os.fstat(fd)
         finally:
             os.close(fd)
-        return st.st_dev, st.st_ino, st.st_mtime_ns
+        return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
 
     def _read(self, path: str) -> bytes:
         """One whole regular file (no links followed), e.g. for tests and tools."""

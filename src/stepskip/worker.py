@@ -58,6 +58,7 @@ class DumpWorker:
         self._small_budget = small_budget
         self._max_batch = max(1, max_batch)
         self._queue: collections.deque[_Queued] = collections.deque()
+        self._waiting: collections.deque[_Queued] = collections.deque()  # submits not yet admitted, in order
         self._queued_bytes = 0
         self._pending = 0  # queued plus running
         self._cond = threading.Condition()
@@ -65,7 +66,7 @@ class DumpWorker:
         self._start_lock = threading.Lock()
 
     def submit(self, job: Job, nbytes: int | None = None, group: Group | None = None) -> None:
-        """Queue ``job``; blocks while the queue is full.
+        """Queue ``job``; blocks while the queue is full (submits are admitted in the order they arrive).
 
         Args:
             job: run alone as ``job()`` (also when its group has nothing else queued).
@@ -79,11 +80,23 @@ class DumpWorker:
         self._ensure_started()
         item = _Queued(job, nbytes, group)
         with self._cond:
-            self._cond.wait_for(lambda: self._admits(item))
+            # in arrival order: a small job that comes after a waiting large one waits behind it, so
+            # a stream of small jobs cannot keep a large one out of the queue
+            self._waiting.append(item)
+            self._cond.notify_all()  # for those watching ``waiting``
+            try:
+                self._cond.wait_for(lambda: self._waiting[0] is item and self._admits(item))
+            finally:
+                self._waiting.remove(item)  # admitted, or interrupted: the next in line may go
+                self._cond.notify_all()
             self._queue.append(item)
             self._queued_bytes += nbytes or 0
             self._pending += 1
-            self._cond.notify_all()
+
+    @property
+    def waiting(self) -> int:
+        """Submits blocked for room in the queue."""
+        return len(self._waiting)
 
     def _admits(self, item: _Queued) -> bool:
         if len(self._queue) < self._max_pending:

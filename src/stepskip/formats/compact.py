@@ -236,7 +236,7 @@ def _decode_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budge
         return _untrim_small(parts, rows, width, dtype, bits_dtype, field)
     left = parts["left"].to(torch.int64)
     right = parts["right"].to(torch.int64)
-    if rows and (int(left.min()) < 0 or int(right.min()) < 0 or int((left + right).max()) > width):
+    if rows and not _runs_fit(left, right, width):
         raise CorruptEntryError(f"{TREE}: {field}: run lengths outside the row width {width}")
     values = parts["values"]
     if values.numel() != rows * width - int((left + right).sum()):
@@ -257,6 +257,17 @@ def _decode_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budge
             keep &= columns < (width - right)[:, None]
             out.numpy()[keep.numpy()] = values.numpy()
     return out.view(dtype) if dtype in _BITS else out
+
+
+def _runs_fit(left: Any, right: Any, width: int) -> bool:
+    """Whether every row's two runs fit its width (``left``/``right``: non-empty int64 tensors or arrays).
+
+    Each run is bounded by the width before any sum: stored lengths near 2**63 would otherwise
+    wrap the int64 sum to a small (or negative) number and pass the check.
+    """
+    if int(left.min()) < 0 or int(right.min()) < 0 or int(left.max()) > width or int(right.max()) > width:
+        return False
+    return int((left + right).max()) <= width
 
 
 def _fill_rows(flat: Any, width: int, left: list[int], right: list[int], lval: list[Any], rval: list[Any],
@@ -284,7 +295,7 @@ def _untrim_small(parts: dict[str, torch.Tensor], rows: int, width: int, dtype: 
     """:func:`_decode_trim` in numpy for a small tensor (the parts' shapes are checked already)."""
     left = parts["left"].numpy().astype(np.int64)
     right = parts["right"].numpy().astype(np.int64)
-    if rows and (int(left.min()) < 0 or int(right.min()) < 0 or int((left + right).max()) > width):
+    if rows and not _runs_fit(left, right, width):
         raise CorruptEntryError(f"{TREE}: {field}: run lengths outside the row width {width}")
     values = parts["values"].numpy()
     kept = rows * width - int((left + right).sum())

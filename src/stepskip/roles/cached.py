@@ -11,6 +11,7 @@ regenerated over or deleted — only ``action: record`` replaces it).
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -55,6 +56,11 @@ ROW_WISE_ACTIONS = [*ALL_ACTIONS, SkipAction.MATCH]
 VERL_LAYOUT_ROLES = frozenset({"rollout", "async_rollout", "rollout_tq"})
 
 _RETRY_SECONDS = 0.05
+#: A reused directory listing is taken afresh at least this often (seconds), whatever the
+#: directory's version says (see :meth:`CachedRole.listed_steps`).
+LISTING_MAX_AGE = 30.0
+#: The clock of :data:`LISTING_MAX_AGE` (a module attribute so tests can move it).
+_monotonic = time.monotonic
 
 
 def _prompt_digest(prompts: Any, exclude: Iterable[str]) -> str | None:
@@ -102,7 +108,9 @@ class CachedRole(BaseSkip):
         self._pending: dict[str, threading.Event] = {}  # entry path -> its background dump finished
         self._pending_lock = threading.Lock()
         self._index: Any = None  # the prompt index of ``action: match``, built on first use
-        self._listing: tuple[tuple[str, Any], tuple[int, ...]] | None = None  # see listed_steps
+        # see listed_steps: ((path, version), steps, monotonic time listed), and the count of this role's writes
+        self._listing: tuple[tuple[str, Any], tuple[int, ...], float] | None = None
+        self._writes_seen = 0
         self._index_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
@@ -166,22 +174,35 @@ class CachedRole(BaseSkip):
     def listed_steps(self) -> list[int]:
         """Steps that have a directory (one listing; nothing is read or validated).
 
-        On local disk the parsed listing is kept while the directory's version (inode and mtime)
-        stays what it was, once that version had settled when it was listed: a call then costs
-        a ``stat``, not a listing, whatever the number of entries. Only names are reused: every
-        candidate is still validated when it is chosen.
+        On local disk the parsed listing is reused while all of these hold: the directory's version
+        (device, inode, mtime and ctime) is what it was, that mtime was already
+        :data:`~stepskip.store.SETTLED_NS` old when it was listed, this role has written no entry
+        since, and the listing is less than :data:`LISTING_MAX_AGE` seconds old. A call then costs
+        a ``stat``, not a listing, whatever the number of entries. The last two rules bound what
+        directory times cannot tell: a FUSE mount with fixed directory times, an NFS client whose
+        clock runs ahead of the server's, entries added by other writers whose times were set back.
+        Only names are reused: every candidate is still validated when it is chosen.
         """
         path = self.project_dump_dir
         version = self.store.dir_version(path)
         cached = self._listing
-        if version is not None and cached is not None and cached[0] == (path, version):
+        writes = self._writes_seen
+        if (version is not None and cached is not None and cached[0] == (path, version)
+                and 0 <= _monotonic() - cached[2] < LISTING_MAX_AGE):
             return list(cached[1])
-        listed_at = time.time_ns()
+        listed_at, listed_mono = time.time_ns(), _monotonic()
         steps = (Layout.parse_step(name) for name in self.store.list_dir(path))
         listed = sorted(s for s in steps if s is not None)
-        if settled(version, listed_at) and self.store.dir_version(path) == version:
-            self._listing = ((path, version), tuple(listed))
+        if (settled(version, listed_at) and self.store.dir_version(path) == version
+                and writes == self._writes_seen):  # no write of ours finished while we listed
+            self._listing = ((path, version), tuple(listed), listed_mono)
         return listed
+
+    def _forget_listing(self) -> None:
+        """This role wrote (or tried to write) an entry: the next listing is taken afresh."""
+        with self._pending_lock:
+            self._writes_seen += 1
+            self._listing = None
 
     def available_steps(self) -> list[int]:
         """Steps with a valid entry, sorted (damaged and unreadable entries and temporaries are left out)."""
@@ -800,6 +821,7 @@ class CachedRole(BaseSkip):
         default_worker().submit(dump, nbytes=nbytes, group=group)
 
     def _finish_dump(self, path: str, done: threading.Event) -> None:
+        self._forget_listing()
         with self._pending_lock:
             if self._pending.get(path) is done:
                 del self._pending[path]
@@ -820,10 +842,13 @@ class CachedRole(BaseSkip):
                 return
             start = time.perf_counter()
             encoded: list[_Dump] = []
+            reached = 0  # dumps the store took from the generator (encoded or failed)
 
             def entries() -> Iterator[tuple[str, dict[str, bytes], dict[str, Any]]]:
                 """Encoded one by one as the store takes them: encoding overlaps the syncs of those before."""
+                nonlocal reached
                 for dump in dumps:
+                    reached += 1
                     try:
                         files = self.format.encode(dump.frozen)
                     except Exception as err:  # the dump boundary: this entry alone is lost
@@ -834,8 +859,10 @@ class CachedRole(BaseSkip):
 
             try:
                 results: list[int | Exception] = batched(entries())
-            except Exception as err:  # not expected (failures are per entry): every entry of the batch failed
-                results = [err] * len(encoded)
+            except Exception as err:  # not expected (failures are per entry): look at what got published
+                results = [self._published_size(dump, err) for dump in encoded]
+                for dump in dumps[reached:]:  # never taken from the generator: never written
+                    self._dump_failed(dump.step, dump.path, err)
             seconds = (time.perf_counter() - start) / max(1, len(encoded))  # each entry's share of the batch
             for dump, result in zip(encoded, results):
                 if isinstance(result, Exception):
@@ -847,6 +874,21 @@ class CachedRole(BaseSkip):
         finally:
             for dump in dumps:
                 self._finish_dump(dump.path, dump.done)
+
+    def _published_size(self, dump: _Dump, err: Exception) -> int | Exception:
+        """After a batched write raised: the bytes of ``dump``'s entry when this very dump got published
+        (its meta is on disk), else ``err``."""
+        try:
+            probe = self.store.probe(dump.path)
+        except Exception:  # the boundary: it counts as failed
+            return err
+        meta = probe.meta if probe.state is EntryState.PRESENT else None
+        if not isinstance(meta, dict) or any(meta.get(key) != dump.meta.get(key)
+                                             for key in ("run_id", "global_steps", "created_unix")):
+            return err
+        listed = meta.get("files")
+        sizes = [f.get("bytes") for f in listed.values() if isinstance(f, dict)] if isinstance(listed, dict) else []
+        return sum(n for n in sizes if isinstance(n, int))
 
     def _dump_failed(self, step: int, path: str, err: BaseException) -> None:
         self.stats.add(dump_failures=1)
@@ -869,6 +911,8 @@ class CachedRole(BaseSkip):
         except Exception as err:  # the dump boundary: no storage error may stop the training run
             self._dump_failed(step, path, err)
             return False
+        finally:
+            self._forget_listing()
         seconds = time.perf_counter() - start
         self.stats.add(dumps=1, dump_seconds=seconds, bytes_written=written)
         logger.info("%s dump: step %d written to %s (%d bytes, %.3fs)", self.name, step, path, written, seconds)
@@ -1070,8 +1114,8 @@ class CachedRole(BaseSkip):
     response_length = response_len
 
 
-#: A snapshot whose tensors hold less than this is a small dump: it may queue beyond the job bound
-#: and be committed in a batch with the small dumps queued next to it.
+#: A snapshot holding less than this (tensors and estimated non-tensor part) is a small dump: it may
+#: queue beyond the job bound and be committed in a batch with the small dumps queued next to it.
 SMALL_DUMP_BYTES = 1 << 20
 
 
@@ -1091,8 +1135,17 @@ class _Dump:
             self.role._finish_dump(self.path, self.done)
 
 
+#: At most this many non-tensor objects are looked at to size a snapshot; more make it a large dump.
+_SIZED_OBJECTS = 4096
+
+
 def _small_size(frozen: Any) -> int | None:
-    """The bytes a snapshot's tensors hold when it is a small dump; None for a large or unknown one."""
+    """The bytes a snapshot holds when it is a small dump; None for a large or unknown one.
+
+    Its tensors are counted exactly; its non-tensor part (the snapshot tree: text, message
+    lists, numpy arrays ...) by :func:`_rough_bytes`, an estimate that bounds the queue's
+    memory as the tensors' bytes do. A snapshot that is not sized cheaply is a large dump.
+    """
     tensors = getattr(frozen, "tensors", None)
     if not isinstance(tensors, dict):
         return None
@@ -1104,9 +1157,52 @@ def _small_size(frozen: Any) -> int | None:
         total += nbytes
         if total >= SMALL_DUMP_BYTES:
             return None
-    if not total:  # no tensors: the size is all in non-tensor values, not counted here
+    if not total:  # no tensors: not the one-sample entry that small dumps are for
         return None
-    return total + 4096  # the meta and the non-tensor columns of a few rows
+    rest = _rough_bytes(getattr(frozen, "tree", None), SMALL_DUMP_BYTES - total)
+    if rest is None:
+        return None
+    return total + rest + 4096  # and the meta
+
+
+def _rough_bytes(tree: Any, limit: int) -> int | None:
+    """An estimate of the memory a snapshot tree holds outside its tensors, or None once it
+    reaches ``limit`` or :data:`_SIZED_OBJECTS` objects (each distinct object counted once).
+
+    numpy arrays count their ``nbytes`` (object arrays their items too), strings and bytes
+    ``sys.getsizeof``, containers 8 bytes an item plus their items; deferred snapshots their
+    snapshot. Other leaves (numbers, None) count 32 bytes.
+    """
+    total, seen, todo = 0, set(), [tree]
+    while todo:
+        value = todo.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if len(seen) > _SIZED_OBJECTS:
+            return None
+        if isinstance(value, (str, bytes)):
+            total += sys.getsizeof(value)
+        elif isinstance(value, np.ndarray):
+            total += value.nbytes
+            if value.dtype.hasobject:
+                todo.extend(value.reshape(-1).tolist())
+        elif isinstance(getattr(value, "nbytes", None), int):  # a tensor (torch is imported lazily here)
+            total += value.nbytes
+        elif isinstance(value, dict):
+            total += 16 * len(value)
+            todo.extend(value.keys())
+            todo.extend(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            total += 8 * len(value)
+            todo.extend(value)
+        elif hasattr(value, "snapshot") and hasattr(value, "items"):  # safe's deferred leaf
+            todo.append(value.snapshot)
+        else:
+            total += 32
+        if total >= limit:
+            return None
+    return total
 
 
 def _step_of(meta: dict[str, Any]) -> int:

@@ -25,6 +25,7 @@ sys.path.insert(0, str(TESTS / "integration" / "pipelines"))
 sys.path.insert(0, str(TESTS / "unit" / "cli"))
 
 from cli_caches import base_config, rollout_batch  # noqa: E402
+from interrupts import popen_interruptible  # noqa: E402
 from pipeline_helpers import SMALL, skip_overrides  # noqa: E402
 
 RUN = "colocated_stepskip_pipelines/GBS4_N4_in5_out12"
@@ -77,8 +78,7 @@ def truth(dump) -> ViewSource:
 @pytest.fixture(scope="module")
 def server(dump):
     """``stepskip view DUMP --port 0 --allow-pickle`` as a real process; Ctrl-C (SIGINT) stops it."""
-    proc = subprocess.Popen([sys.executable, "-m", "stepskip", "view", str(dump), "--port", "0", "--allow-pickle"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = popen_interruptible([sys.executable, "-m", "stepskip", "view", str(dump), "--port", "0", "--allow-pickle"])
     line = proc.stdout.readline()
     assert "http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
     url = line.split(" at ")[1].split()[0]

@@ -498,3 +498,26 @@ def test_legit_bytearrays_in_a_torch_payload_still_load() -> None:
     data = _torch_bytes({"tensordict": TensorDict({"x": torch.arange(2)}, batch_size=[2]), "tags": [bytearray(b"ok")],
                          "keys": ["k"]})
     assert VerlTqFormat().decode({"tq_batch.pt": data})["tags"] == [bytearray(b"ok")]
+
+
+# --------------------------------------------------------------------------- trim run lengths near 2**63
+
+
+def _trim_entry(rows: int, width: int) -> Files:
+    """A ``trim`` node whose left runs are 2**63-1 and right runs 1: their int64 sum wraps to -2**63,
+    and an even number of rows sums to 0, so the values look like they fill every position."""
+    parts = {"values": torch.arange(rows * width, dtype=torch.int64),
+             "left": torch.full((rows,), 2**63 - 1, dtype=torch.int64),
+             "right": torch.ones(rows, dtype=torch.int64),
+             "lval": torch.zeros(rows, dtype=torch.int64), "rval": torch.zeros(rows, dtype=torch.int64)}
+    files = entry(parts, compress="none")
+    tree = json.loads(files[TREE])
+    refs = {name: node["ref"] for name, node in tree["root"]["entries"].items()}
+    node = {"kind": "tensor", "enc": "trim", "dtype": "int64", "shape": [rows, width], "bits": "int64", **refs}
+    tree["root"] = {"kind": "dict", "entries": {"x": node}}
+    return dict(files, **{TREE: json.dumps(tree).encode()})
+
+
+@pytest.mark.parametrize("rows", [230, 200], ids=["row-copy-rebuild", "small-numpy-rebuild"])
+def test_trim_run_lengths_that_overflow_when_summed_are_refused(rows: int) -> None:
+    assert_refused(_trim_entry(rows, 300), "root['x']", "run lengths outside the row width 300")

@@ -78,3 +78,50 @@ def test_repeat_still_validates_the_chosen_entry(tmp_path):
     assert skip.resolve_load_step(4) == 3
     (run / "3" / "meta.json").write_text("{not json")  # damaged inside: the directory's own version is unchanged
     assert skip.resolve_load_step(4) == 1
+
+
+def _fixed_version(monkeypatch, skip) -> None:
+    """What a FUSE mount with fixed directory times (mountpoint-s3, goofys) reports: one settled version."""
+    monkeypatch.setattr(skip.store, "dir_version", lambda path: (1, 2, 0, 0))
+
+
+def test_a_role_sees_its_own_dumps_where_directory_times_never_change(tmp_path, monkeypatch):
+    SkipManager.init(training_config(tmp_path, steps="all", action="repeat"))
+    skip = SkipManager.skip_instances["rollout"]
+    _fixed_version(monkeypatch, skip)
+    assert skip.listed_steps() == [] and skip.listed_steps() == []  # listed, then reused
+    SkipManager.set_step(1)
+    Loop().generate_sequences(Batch.from_dict(non_tensors={"uid": ["a", "b"]}))  # a miss: dumped
+    assert skip.stats["misses"] == 1 and skip.listed_steps() == [1]
+    SkipManager.set_step(2)
+    Loop().generate_sequences(Batch.from_dict(non_tensors={"uid": ["a", "b"]}))  # step 1 repeated
+    assert skip.stats["misses"] == 1 and skip.stats["hits"] == 1
+
+
+def test_an_mtime_set_back_after_a_change_still_changes_the_version(tmp_path, monkeypatch):
+    skip = _recorded(tmp_path, [1])
+    run = run_path(tmp_path)
+    _age(run, 60)
+    calls = _count_listings(monkeypatch, skip)
+    assert skip.listed_steps() == [1] and skip.listed_steps() == [1] and len(calls) == 1
+    before = os.stat(run)
+    (run / "4").mkdir()
+    os.utime(run, ns=(before.st_atime_ns, before.st_mtime_ns))  # as rsync -a or touch -r would
+    assert os.stat(run).st_mtime_ns == before.st_mtime_ns
+    assert skip.listed_steps() == [1, 4]  # the ctime moved: utime cannot set it back
+
+
+def test_a_reused_listing_is_taken_afresh_after_a_while(tmp_path, monkeypatch):
+    from stepskip.roles import cached
+
+    skip = _recorded(tmp_path, [1])
+    _fixed_version(monkeypatch, skip)
+    now = [1000.0]
+    monkeypatch.setattr(cached, "_monotonic", lambda: now[0])
+    calls = _count_listings(monkeypatch, skip)
+    assert skip.listed_steps() == [1] and len(calls) == 1
+    (run_path(tmp_path) / "6").mkdir()  # another writer; the fixed version cannot show it
+    now[0] += cached.LISTING_MAX_AGE - 1
+    assert skip.listed_steps() == [1] and len(calls) == 1
+    now[0] += 2
+    assert skip.listed_steps() == [1, 6] and len(calls) == 2

@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 from cli_caches import FIXTURE_RUN, ROWS, SAFE_RUN
+from interrupts import popen_interruptible
 from view_helpers import tree_state
 
 from stepskip.view.data import ViewSource
@@ -121,12 +122,10 @@ def test_nothing_but_reads_is_accepted(server):
 
 def test_the_view_command_prints_its_url_and_stops_on_ctrl_c(view_cache):
     import signal
-    import subprocess
     import sys
 
     before = tree_state(view_cache)
-    proc = subprocess.Popen([sys.executable, "-m", "stepskip", "view", str(view_cache), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = popen_interruptible([sys.executable, "-m", "stepskip", "view", str(view_cache), "--port", "0"])
     try:
         line = proc.stdout.readline()
         assert line.startswith("stepskip view: serving ") and "http://127.0.0.1:" in line, proc.stderr.read()

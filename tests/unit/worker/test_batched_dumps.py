@@ -6,6 +6,7 @@ form a batch is fixed by the test, not by thread timing.
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import numpy as np
@@ -110,13 +111,18 @@ def _config(tmp_path, **fields):
     return training_config(tmp_path, "async_rollout", gbs=1, n=1, steps="all", async_dump=True, **fields)
 
 
-def _record(tmp_path, count: int, monkeypatch, fail: int | None = None):
+def _record(tmp_path, count: int, monkeypatch, fail: int | None = None, broken_after: int | None = None):
     SkipManager.init(_config(tmp_path))
     skip = SkipManager.skip_instances["async_rollout"]
     store, batches = skip.store, []
     original = store.write_entries
 
     def spied(entries):
+        if broken_after is not None:  # the store publishes the first entries, then fails as a whole
+            taken = list(itertools.islice(entries, broken_after))
+            batches.append([path for path, _, _ in taken])
+            original(taken)
+            raise RuntimeError("the store failed mid-batch")
         entries = list(entries)
         batches.append([path for path, _, _ in entries])
         return original(entries)
@@ -171,3 +177,63 @@ def test_a_failure_in_a_batch_is_counted_alone(tmp_path, monkeypatch):
     assert sorted(p.name for p in run.iterdir()) == ["0", "1", "2", "4", "5"]
     assert not skip._pending  # every queued dump was finished, the failed one too
     assert np.array_equal(skip.load_entry(4)[0].batch["responses"].numpy(), _output(4).batch["responses"].numpy())
+
+
+def test_a_batch_that_fails_as_a_whole_counts_each_dump_once(tmp_path, monkeypatch):
+    skip, batches = _record(tmp_path, 5, monkeypatch, broken_after=2)
+    stats = SkipManager.stats()
+    assert len(batches) == 1 and len(batches[0]) == 2
+    # the two published count as written; the three the store never took count as failed
+    assert stats["skip/async_rollout/dumps"] == 2 and stats["skip/async_rollout/dump_failures"] == 3
+    assert stats["skip/async_rollout/bytes_written"] > 0
+    assert sorted(p.name for p in run_path(tmp_path, gbs=1, n=1).iterdir()) == ["0", "1"]
+    assert not skip._pending
+
+
+def test_the_non_tensor_part_of_a_snapshot_counts_toward_its_small_size():
+    """Text, message lists and numpy images ride in the snapshot tree, not its tensors: they are
+    sized too, so 1024 queued one-sample snapshots cannot hold gigabytes beyond the budget."""
+    from stepskip.formats.safe import SafeFormat
+    from stepskip.roles.cached import SMALL_DUMP_BYTES, _small_size
+
+    fmt = SafeFormat()
+
+    def size(**non_tensors):
+        value = Batch.from_dict(tensors={"x": torch.ones(1, 4)}, non_tensors=non_tensors)
+        return _small_size(fmt.freeze(value, copy=True))
+
+    tiny = size(uid=["a"])
+    assert tiny is not None and tiny < 8192
+    text = size(uid=["a"], response=["x" * 200_000])
+    assert text is not None and text >= 200_000 + 16
+    assert size(uid=["a"], response=["x" * SMALL_DUMP_BYTES]) is None
+    messages = [[{"role": "user", "content": "y" * 100_000} for _ in range(12)]]
+    assert size(uid=["a"], messages=messages) is None  # 1.2 MB of message text
+    images = [{"pixels": np.zeros((1024, 1024, 3), dtype=np.uint8)}]
+    assert size(uid=["a"], images=images) is None  # a 3 MB image array inside a dict
+    many = [list(range(10_000))]
+    assert size(uid=["a"], ids=many) is None  # too many objects to size cheaply: a large dump
+
+
+def _waiting(worker: DumpWorker, count: int) -> None:
+    with worker._cond:
+        assert worker._cond.wait_for(lambda: worker.waiting == count, timeout=WAIT_S)
+
+
+def test_small_jobs_do_not_overtake_a_waiting_large_job():
+    worker, ran = DumpWorker(max_pending=2), []
+    release = _held(worker)
+    for name in ("small-1", "small-2"):
+        worker.submit(lambda name=name: ran.append(name), nbytes=10)  # the job bound is reached
+    large = threading.Thread(target=worker.submit, args=(lambda: ran.append("large"),))
+    large.start()
+    _waiting(worker, 1)  # the large job waits for the job bound
+    late = threading.Thread(target=worker.submit, args=(lambda: ran.append("small-3"),), kwargs={"nbytes": 10})
+    late.start()
+    _waiting(worker, 2)  # within the small budget, yet behind the large job
+    assert worker.pending == 3  # the held job and the two small ones
+    release.set()
+    large.join(WAIT_S)
+    late.join(WAIT_S)
+    assert worker.flush(WAIT_S)
+    assert ran == ["small-1", "small-2", "large", "small-3"]
