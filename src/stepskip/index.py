@@ -31,7 +31,7 @@ import enum
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepskip.entries import FORMATS, format_spec, legacy_format, unsupported_format_message
@@ -43,7 +43,7 @@ from stepskip.errors import (
     UnreadableEntryError,
 )
 from stepskip.layout import RUN_DIR, Layout, is_url
-from stepskip.manifest import MANIFEST_FILE, StepManifest, is_recording, resolve_step
+from stepskip.manifest import MANIFEST_FILE, StepManifest, StepRoot, is_recording, resolve_step
 from stepskip.store import META_FILE, TMP_PREFIX, TRASH_PREFIX, DirItem, EntryState, open_store
 
 __all__ = [
@@ -59,6 +59,8 @@ V1_ROLE = "rollout_tq"
 DEFAULT_ROLE = "rollout"
 #: Missing V1 inner indices named in a message (a hostile ``parameter_sync_step`` may claim a billion).
 _LISTED_MISSING = 8
+#: Scans of a manifest step whose manifest keeps changing before it is left unjudged (being republished).
+_MANIFEST_SCANS = 3
 
 
 class NotACacheError(SkipConfigError):
@@ -642,16 +644,33 @@ class CacheIndex:
 
     def _scan_manifest_step(self, path: str, step: int, role: str | None, items: list[DirItem], size: int,
                             mtime: float) -> StepDir:
-        """A V1 step committed by a manifest: the recording it names, the other recordings as leftovers."""
-        names = {i.name: i for i in items}
+        """A V1 step committed by a manifest: the recording it names, the other recordings as leftovers.
+
+        The manifest is read before the step is listed again (a recorder publishing after the first
+        listing adds the recording it names), and a step whose manifest changed while it was scanned
+        is scanned again: what a concurrent publish shows half-done is never reported as damage.
+        """
         role = role or V1_ROLE
-        manifest_path = f"{path}/{MANIFEST_FILE}"
-        item = names[MANIFEST_FILE]
+        item = {i.name: i for i in items}[MANIFEST_FILE]
         if item.kind != "file":
-            issue = Issue(IssueKind.DAMAGED, manifest_path, f"{MANIFEST_FILE} is a {_kind_words(item)}, not a "
-                                                            "regular file (not followed)")
+            issue = Issue(IssueKind.DAMAGED, f"{path}/{MANIFEST_FILE}", f"{MANIFEST_FILE} is a {_kind_words(item)}, "
+                                                                         "not a regular file (not followed)")
             return StepDir(path, step, StepKind.V1, role, [], [], size, mtime, problem=issue)
-        where = resolve_step(self.store, path)
+        for _ in range(_MANIFEST_SCANS):
+            where = resolve_step(self.store, path)
+            self.store.forget_listings(path)  # listed below after the manifest was read: never a cached listing
+            scanned = self._scan_manifest_once(path, step, role, where, self.store.list_items(path), size, mtime)
+            if scanned.problem is None or where.manifest is None:
+                return scanned
+            if resolve_step(self.store, path).manifest == where.manifest:
+                return scanned  # the same manifest before and after: what it names is really lacking
+            logger.debug("the manifest of %s changed while it was scanned: scanning it again", path)
+        return replace(scanned, problem=None)  # still being republished: nothing to judge now
+
+    def _scan_manifest_once(self, path: str, step: int, role: str, where: StepRoot, items: list[DirItem], size: int,
+                            mtime: float) -> StepDir:
+        names = {i.name: i for i in items}
+        manifest_path = f"{path}/{MANIFEST_FILE}"
         if where.state is EntryState.UNREADABLE:
             issue = Issue(IssueKind.UNSUPPORTED, manifest_path, _relative_reason(where.reason, path))
             return StepDir(path, step, StepKind.V1, role, [], [], size, mtime, problem=issue)

@@ -57,7 +57,7 @@ MANIFEST_MAX_BYTES = 64 * 1024
 #: The manifest version this stepskip writes and reads.
 MANIFEST_VERSION = 1
 RECORDING_PREFIX = "rec-"
-_RECORDING = re.compile(r"^rec-[0-9a-f]{12}$")
+_RECORDING = re.compile(r"rec-[0-9a-f]{12}")
 #: Replaced recordings a manifest remembers (older ones are forgotten, then removed once stale).
 _MAX_RETIRED = 64
 _MAX_RUN_ID = 256
@@ -70,7 +70,7 @@ def is_recording(name: object) -> bool:
         >>> is_recording("rec-0123456789ab"), is_recording("../rec-0123456789ab"), is_recording("0")
         (True, False, False)
     """
-    return isinstance(name, str) and _RECORDING.match(name) is not None
+    return isinstance(name, str) and _RECORDING.fullmatch(name) is not None  # fullmatch: "$" admits a final "\\n"
 
 
 def new_recording() -> str:
@@ -105,8 +105,17 @@ class StepManifest:
         return json.dumps(body, indent=1, sort_keys=True).encode("utf-8")
 
 
+#: Largest time a manifest may hold (a float can represent it; far beyond any real clock).
+_MAX_TIME = 2**62
+
+
 def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    # ints are range-checked without float conversion: math.isfinite(10**400) raises OverflowError
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return 0 <= value <= _MAX_TIME
+    return isinstance(value, float) and math.isfinite(value) and value >= 0
 
 
 def parse_manifest(raw: bytes) -> StepManifest:
@@ -123,6 +132,14 @@ def parse_manifest(raw: bytes) -> StepManifest:
         ...
         stepskip.errors.CorruptEntryError: step.json: recording is '../x', expected rec- and 12 hex digits
     """
+    try:
+        return _parse_manifest(raw)
+    except (ArithmeticError, TypeError, RecursionError) as err:  # a hostile value a check missed: damage, not a crash
+        raise CorruptEntryError(f"{MANIFEST_FILE} holds a value stepskip cannot check "
+                                f"({type(err).__name__}: {err})") from err
+
+
+def _parse_manifest(raw: bytes) -> StepManifest:
     if len(raw) > MANIFEST_MAX_BYTES:
         raise CorruptEntryError(f"{MANIFEST_FILE} is {len(raw)} bytes, more than the {MANIFEST_MAX_BYTES} it may have")
     try:
@@ -232,10 +249,20 @@ def publish_manifest(store: Any, step_dir: str, recording: str, inner_entries: i
         The recording directories deleted.
 
     Raises:
+        FileNotFoundError: an inner entry of ``recording`` is missing or incomplete (another run may
+            have removed a recording idle for long as stale): nothing was written, the current
+            manifest stands.
         OSError: the manifest could not be written (nothing was deleted then).
     """
     grace = float(getattr(store, "grace_seconds", GRACE_SECONDS))
     now = float(getattr(store, "clock", time.time)()) if now is None else now
+    # a manifest must never name an incomplete recording (and retire the good one): one probe per inner entry
+    for inner in range(int(inner_entries)):
+        probe = store.probe(f"{step_dir}/{recording}/{inner}")
+        if probe.state is not EntryState.PRESENT:  # missing, or partly removed (as stale, by another run?)
+            raise FileNotFoundError(f"{step_dir}/{recording}/{inner} is {probe.state.value}"
+                                    f"{': ' + probe.reason if probe.reason else ''} (removed as stale by another "
+                                    "run?); the recording is incomplete and was not published")
     try:
         current = read_manifest(store, step_dir)
     except (CorruptEntryError, UnreadableEntryError) as err:  # replaced: what it names is left to go stale

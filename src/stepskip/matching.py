@@ -17,7 +17,8 @@ import numpy as np
 
 from stepskip.calls import is_dataproto_like
 
-__all__ = ["group_rows", "PromptIndex", "MatchSplit", "select_batch_rows", "concat_batches", "batch_rows"]
+__all__ = ["group_rows", "PromptIndex", "MatchSplit", "select_batch_rows", "concat_batches", "batch_rows",
+           "rows_problem", "join_problem"]
 
 
 def batch_rows(value: Any) -> int:
@@ -120,6 +121,64 @@ def concat_batches(parts: Sequence[Any]) -> Any:
         non_tensor = {k: np.concatenate([np.asarray(p.non_tensor_batch[k]) for p in parts]) for k in keys}
         return _rebuild(first, batch, non_tensor, dict(first.meta_info))
     return concat_rows(list(parts))
+
+
+def rows_problem(value: Any) -> str | None:
+    """Why ``value``'s columns do not all hold its row count (a crafted entry), or None.
+
+    A DataProto-like batch keeps its non-tensor columns beside the tensors: each must hold one item
+    per row, else selecting rows of it fails (or mixes rows up).
+    """
+    if not is_dataproto_like(value):
+        return None
+    rows = batch_rows(value)
+    for key, column in value.non_tensor_batch.items():
+        try:
+            count = len(column)
+        except TypeError:
+            return f"its non-tensor column {key!r} is a {type(column).__qualname__}, not one item per row"
+        if count != rows:
+            return f"its non-tensor column {key!r} holds {count} rows, its batch {rows}"
+    return None
+
+
+def join_problem(parts: Sequence[Any]) -> str | None:
+    """Why ``parts`` cannot be joined row-wise (other columns, dtypes or trailing shapes), or None.
+
+    Cheap: one row of each part is joined, which exercises every column without copying the batches.
+    """
+    if len(parts) < 2:
+        return None
+    try:
+        heads = [select_batch_rows(p, [0]) if batch_rows(p) > 0 else p for p in parts]
+        joined = concat_batches(heads)
+        if is_dataproto_like(joined):  # columns the first part lacks would be dropped silently
+            keys = set(joined.non_tensor_batch)
+            tensors = set() if joined.batch is None else set(joined.batch.keys(True, True))
+            for part in parts[1:]:
+                if set(part.non_tensor_batch) != keys or (
+                        tensors != (set() if part.batch is None else set(part.batch.keys(True, True)))):
+                    return "its columns differ from the others'"
+        else:
+            keys = set(joined.keys(True, True)) if hasattr(joined, "keys") else set()
+            for part in parts[1:]:
+                if hasattr(part, "keys") and set(part.keys(True, True)) != keys:
+                    return "its columns differ from the others'"
+        for head in heads[1:]:
+            if _dtypes(head) != _dtypes(heads[0]):
+                return "its column dtypes differ from the others'"
+    except Exception as err:  # any failure to join is the answer, never an escape into the trainer
+        return f"its columns cannot be joined with the others' ({type(err).__name__}: {err})"
+    return None
+
+
+def _dtypes(value: Any) -> dict[str, str]:
+    import torch
+
+    batch = value.batch if is_dataproto_like(value) else value
+    if batch is None or not hasattr(batch, "items"):
+        return {}
+    return {str(k): str(v.dtype) for k, v in batch.items(True, True) if isinstance(v, torch.Tensor)}
 
 
 def _rebuild(like: Any, batch: Any, non_tensor: Mapping[str, np.ndarray], meta_info: dict[str, Any]) -> Any:

@@ -137,8 +137,16 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+#: Bound on an int where meta.json holds a number (a float can represent it; math.isfinite(10**400) overflows).
+_MAX_NUMBER = 2**62
+
+
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return -_MAX_NUMBER <= value <= _MAX_NUMBER  # no float conversion: a huge int must not overflow
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def _shape_problem(meta: object, strings: bool = True) -> str | None:
@@ -276,7 +284,10 @@ def _parse_meta(raw: bytes) -> tuple[dict[str, Any] | None, str]:
         return None, f"{META_FILE} nests deeper than {META_MAX_DEPTH} levels"
     except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, int digits limit
         return None, f"unreadable {META_FILE}: {err}"
-    reason = _check_meta(meta, raw)
+    try:
+        reason = _check_meta(meta, raw)
+    except (ArithmeticError, TypeError, ValueError, RecursionError) as err:  # hostile values a check missed: damage
+        return None, f"{META_FILE} holds a value stepskip cannot check ({type(err).__name__}: {err})"
     return (None, reason) if reason else (meta, "")
 
 
@@ -513,6 +524,10 @@ class _EntryStore:
         """A value that changes whenever the names in directory ``path`` change; None where the store has
         none (object stores): listings are then never reused."""
         return None
+
+    def forget_listings(self, path: str) -> None:
+        """Drop any listing cached for ``path`` and below, so the next listing shows what others wrote since
+        (object stores' clients cache listings; local directories are always listed afresh)."""
 
     def publish_dir(self, staging: str, path: str) -> None:
         """Publish a staged directory of entries as ``path`` at once (only where ``publishes_dirs``)."""
@@ -1784,6 +1799,17 @@ class FsspecStore(_EntryStore):
         kind = {"directory": "dir", "file": "file"}.get(str(info.get("type")), "other")
         size = info.get("size") if kind == "file" else 0
         return DirItem(name, kind, size if isinstance(size, int) else 0, _info_time(info))
+
+    def forget_listings(self, path: str) -> None:
+        root = self._p(path).rstrip("/")
+        cache = getattr(self.fs, "dircache", None)
+        try:
+            self.fs.invalidate_cache(root)  # the path and its parents
+            if cache is not None:  # and below it (fsspec leaves those)
+                for key in [k for k in list(cache) if str(k).startswith(root + "/")]:
+                    cache.pop(key, None)
+        except Exception as err:  # a filesystem without a cache to drop: listings are fresh already
+            logger.debug("could not drop the cached listings of %s: %s", path, err)
 
     def list_items(self, path: str) -> list[DirItem]:
         root = self._p(path).rstrip("/")

@@ -26,7 +26,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from stepskip.batch import Batch
 from stepskip.calls import is_dataproto_like
-from stepskip.errors import CorruptEntryError, UnstorableValueError
+from stepskip.errors import CorruptEntryError, UnreadableEntryError, UnstorableValueError
 from stepskip.formats.bounds import DecodeBudget, check_jagged, shape_of
 from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, pack, unpack
 from stepskip.formats.snapshot import IMMUTABLE, snapshot_object_array, snapshot_value
@@ -45,6 +45,12 @@ __all__ = ["SafeFormat", "release_snapshot_buffers"]
 TENSORS_FILE = "data.safetensors"
 TREE_FILE = "data.json"
 VERSION = 1
+#: The version of a tree holding packed rows (``{"__t": "rows"}``, see :mod:`stepskip.formats.values`):
+#: a reader of an older version meets a tag it does not know. Trees without them keep :data:`VERSION`.
+ROWS_VERSION = 2
+#: The newest tree version this stepskip reads; a newer one is unreadable (intact, never regenerated over).
+READ_VERSION = ROWS_VERSION
+_ROWS_MARK = '"__t":"rows"'
 
 _STORABLE_DTYPES = {
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
@@ -586,6 +592,9 @@ class SafeFormat:
             if packed:
                 tree = dict(tree, packed=packed)
         text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"))
+        if _ROWS_MARK in text and tree.get("version") == VERSION:  # (a string holding the mark costs nothing)
+            tree = dict(tree, version=ROWS_VERSION)
+            text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"))
         try:
             data = text.encode("utf-8")
         except UnicodeEncodeError:  # lone surrogates: JSON's \u escapes keep them exactly, and json.loads reads them
@@ -615,15 +624,25 @@ class SafeFormat:
             tree = json.loads(take(TREE_FILE))
             if not isinstance(tree, dict) or not isinstance(tree.get("root"), dict):
                 raise CorruptEntryError(f"{TREE_FILE}: not an object with a 'root' node")
+            _check_version(tree.get("version", VERSION))
             raw = take(TENSORS_FILE)
             budget.charge(len(raw), TENSORS_FILE, "tensors")
             tensors = st_load(raw)
             del raw
             return _Decoder(tensors, tree.get("packed", {}), budget).node(tree["root"], "root")
-        except (CorruptEntryError, MemoryError):  # the bound keeps hostile entries from causing a MemoryError
-            raise
+        except (CorruptEntryError, UnreadableEntryError, MemoryError):  # the bound keeps hostile entries from
+            raise  # causing a MemoryError
         except Exception as err:  # the decode boundary: any failure to parse these bytes is a damaged entry
             raise CorruptEntryError(f"cannot decode a 'safe' entry: {type(err).__name__}: {err}") from err
+
+
+def _check_version(version: object) -> None:
+    """Raise for a tree version this stepskip cannot read: unreadable when newer, damage when not a version."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CorruptEntryError(f"{TREE_FILE}: version is {str(version)[:40]!r}, not a format version")
+    if version > READ_VERSION:
+        raise UnreadableEntryError(f"{TREE_FILE}: version {version} was written by a newer stepskip; this one reads "
+                                   f"versions up to {READ_VERSION}: upgrade stepskip to read it (left untouched)")
 
 
 def _complete(frozen: Frozen) -> None:

@@ -301,7 +301,8 @@ def decode_value(data: Any, get_tensor: TensorSource = _no_source, budget: Decod
         return {decode_value(v, get_tensor, budget, field) for v in data["v"]}
     if tag == "frozenset":
         return frozenset(decode_value(v, get_tensor, budget, field) for v in data["v"])
-    raise ValueError(f"unknown value tag {tag!r}")
+    # intact bytes of a newer stepskip, or damage: the reader tells them apart by the entry's checksums
+    raise CorruptEntryError(f"{_TREE}: {field}: unknown value tag {str(tag)[:40]!r} (written by a newer stepskip?)")
 
 
 def _decode_array(data: dict[str, Any], get_tensor: TensorSource, budget: DecodeBudget | None,
@@ -354,6 +355,8 @@ def _decode_rows(data: dict[str, Any], get_tensor: TensorSource, budget: DecodeB
         budget.charge(values.numel() * _ROW_ITEM_BYTES + rows * _ROW_BYTES, _TREE, field)
     flat = values.tolist()
     if holes is not None:
+        if budget is not None:  # the positions of the holes are listed too: charged before they are
+            budget.charge(int(holes.sum()) * _ROW_ITEM_BYTES, _TREE, field)
         for i in np.flatnonzero(holes.numpy()).tolist():  # numpy's is ~100x torch's nonzero on a CPU mask
             flat[i] = None
     bounds = offsets.tolist()

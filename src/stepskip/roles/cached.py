@@ -525,7 +525,7 @@ class CachedRole(BaseSkip):
         longer record the prompts they were indexed for (replaced since: not damage). Entries
         found damaged are appended to ``damaged``.
         """
-        from stepskip.matching import batch_rows, select_batch_rows
+        from stepskip.matching import batch_rows, join_problem, rows_problem, select_batch_rows
 
         needed: dict[str, dict[int, str]] = {}  # entry -> recorded row -> the digest it must record
         for live_row in sorted(found):
@@ -560,7 +560,29 @@ class CachedRole(BaseSkip):
                 dropped.append(path)
                 continue
             indices = list(wanted)
-            loaded[path] = (select_batch_rows(value, indices), indices, meta, size)
+            problem = rows_problem(value)
+            if problem is None:
+                try:  # a crafted entry whose columns disagree must cost its groups, never the step
+                    loaded[path] = (select_batch_rows(value, indices), indices, meta, size)
+                except Exception as err:
+                    problem = f"its rows cannot be selected ({type(err).__name__}: {err})"
+            if problem is not None:
+                self._report_corrupt(step, path, problem)
+                if damaged is not None:
+                    damaged.append(path)
+                dropped.append(path)
+        # entries that cannot be joined with the others would fail after generation: drop them now
+        # (the ones that agree with the entry serving the most rows stay)
+        if len(loaded) > 1:
+            reference = max(loaded, key=lambda p: len(loaded[p][1]))
+            for path in [p for p in loaded if p != reference]:
+                problem = join_problem([loaded[reference][0], loaded[path][0]])
+                if problem is not None:
+                    self._report_corrupt(step, path, problem)
+                    if damaged is not None:
+                        damaged.append(path)
+                    dropped.append(path)
+                    del loaded[path]
         if dropped:
             with self._index_lock:
                 if self._index is not None:
@@ -662,9 +684,67 @@ class CachedRole(BaseSkip):
             self._record_match(step, split, prompts, merged, generated)
         return merged
 
+    def match_rejoin(self, step: int, split: Any, prompts: Any, generated: Any
+                     ) -> tuple[Any, list[int], Any] | None:
+        """After generation: drop the recorded entries whose rows cannot be joined with ``generated``.
+
+        An entry of other columns, dtypes or trailing shapes than the live rows (a crafted entry, or
+        one another version recorded) is counted corrupt and forgotten by the index; its groups must
+        then be generated as well, so that the live generation is never lost to a failed join.
+
+        Returns:
+            None when every loaded entry joins; else ``(the split without those entries, the live
+            rows they were to serve, those rows' prompts)``: call the function with those prompts and
+            pass its result to :meth:`match_regenerated`.
+        """
+        from stepskip.matching import MatchSplit, join_problem, select_batch_rows
+
+        if not split.found or generated is None or not split.loaded:
+            return None
+        bad: list[str] = []
+        for path, (selected, _, _, _) in split.loaded.items():
+            problem = join_problem([generated, selected])
+            if problem is not None:
+                self._report_corrupt(step, path, f"{problem} (the live rows')")
+                bad.append(path)
+        if not bad:
+            return None
+        with self._index_lock:
+            if self._index is not None:
+                for path in bad:
+                    self._index.forget(path)
+        redo = sorted(row for row, (path, _) in split.found.items() if path in bad)
+        logger.warning("%s match: step %d generates %d more rows: their recorded entries do not join the live "
+                       "rows", self.name, step, len(redo))
+        found = {row: where for row, where in split.found.items() if where[0] not in bad}
+        missing = sorted(split.missing_rows + redo)
+        narrowed = MatchSplit(digests=split.digests, found=found, missing_rows=missing,
+                              subset=prompts if not found else select_batch_rows(prompts, missing),
+                              sources={p: n for p, n in split.sources.items() if p not in bad},
+                              loaded={p: v for p, v in split.loaded.items() if p not in bad},
+                              damaged=list(split.damaged) + bad)
+        return narrowed, redo, select_batch_rows(prompts, redo)
+
+    def match_regenerated(self, split: Any, narrowed: Any, redo: list[int], generated: Any, regenerated: Any) -> Any:
+        """The rows of ``narrowed.missing_rows`` in order, from the first generation and the second.
+
+        Args:
+            split: the split ``generated`` was made for (rows ``split.missing_rows``).
+            narrowed: the split :meth:`match_rejoin` returned for it; ``redo``: the rows it added.
+            generated: the first call's rows; ``regenerated``: the rows of ``redo``, in order.
+
+        Returns:
+            One batch of the generated rows, in the order of ``narrowed.missing_rows``.
+        """
+        from stepskip.matching import concat_batches, select_batch_rows
+
+        at = {row: i for i, row in enumerate(split.missing_rows)}
+        at.update({row: len(split.missing_rows) + i for i, row in enumerate(redo)})
+        return select_batch_rows(concat_batches([generated, regenerated]), [at[row] for row in narrowed.missing_rows])
+
     def _record_match(self, step: int, split: Any, prompts: Any, merged: Any, generated: Any) -> None:
         from stepskip.fidelity import prompt_row_digests
-        from stepskip.matching import batch_rows, concat_batches, select_batch_rows
+        from stepskip.matching import batch_rows, concat_batches, join_problem, rows_problem, select_batch_rows
 
         path = self.step_dump_dir(step)
         info = CURRENT_CALL.get()
@@ -678,6 +758,9 @@ class CachedRole(BaseSkip):
                 if isinstance(recorded, list) and batch_rows(existing) != len(recorded):
                     self._report_corrupt(step, path, f"its data holds {batch_rows(existing)} rows but its "
                                                      f"meta.json records the prompts of {len(recorded)}")
+                elif isinstance(recorded, list) and (
+                        problem := rows_problem(existing) or join_problem([generated, existing])) is not None:
+                    self._report_corrupt(step, path, problem)  # the live rows are written alone
                 elif isinstance(recorded, list):
                     subset = select_batch_rows(prompts, split.missing_rows) if split.found else prompts
                     to_write = concat_batches([existing, generated])

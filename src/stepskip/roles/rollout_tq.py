@@ -501,9 +501,11 @@ class RolloutTqSkip(RolloutSkip):
     def _inject_found(self, step: int, wanted: dict[str, list[int]], digests: list[str], uids: list[str],
                       index: Any, partition_id: str) -> tuple[set[int], int, float, dict[str, int]]:
         """Put the recorded trajectories of the ``wanted`` live rows into the queue; the rows injected."""
-        from stepskip.tq.rows import concat_rows, select_rows
+        from stepskip.matching import join_problem
+        from stepskip.tq.rows import concat_rows, num_rows, select_rows
 
         parts, keys, tags = [], [], []
+        accepted: list[tuple[str, Any, tuple[list[str], list[dict[str, Any]], set[int]], float]] = []
         found: set[int] = set()
         nbytes, saved = 0, 0.0
         sources: dict[str, int] = {}
@@ -545,16 +547,36 @@ class RolloutTqSkip(RolloutSkip):
                 continue
             nbytes += size
             if part is not None:
-                parts.append(part)
-                keys.extend(entry_out[0])
-                tags.extend(entry_out[1])
-                found |= entry_out[2]
-                step_dir = _step_dir_of(path)
-                sources[step_dir] = sources.get(step_dir, 0) + len(entry_out[2])
-                saved += _seconds(meta.get("generation_seconds")) * len(set(picked)) / max(len(entry_keys), 1)
+                accepted.append((path, part, entry_out,
+                                 _seconds(meta.get("generation_seconds")) * len(set(picked)) / max(len(entry_keys), 1)))
+        # parts that would not join the others (other columns, dtypes, trailing shapes) cost their own
+        # prompts, never the step: the ones that agree with the part serving the most trajectories stay
+        reference = max(accepted, key=lambda a: num_rows(a[1]))[1] if len(accepted) > 1 else None
+        for path, part, entry_out, entry_saved in accepted:
+            problem = None if reference is None or part is reference else join_problem([reference, part])
+            if problem is not None:
+                self._report_corrupt(step, path, problem)
+                logger.warning("%s match: submitting the %d prompts of %s to rollout", self.name,
+                               len(entry_out[2]), path)
+                with self._index_lock:
+                    index.forget(path)
+                continue
+            parts.append(part)
+            keys.extend(entry_out[0])
+            tags.extend(entry_out[1])
+            found |= entry_out[2]
+            step_dir = _step_dir_of(path)
+            sources[step_dir] = sources.get(step_dir, 0) + len(entry_out[2])
+            saved += entry_saved
         if found:
+            try:
+                fields = concat_rows(parts)
+            except Exception as err:  # each part was checked above; should the join still fail, generate them all
+                logger.error("%s match: step %d's recorded trajectories cannot be joined (%s: %s); submitting every "
+                             "prompt to rollout", self.name, step, type(err).__name__, err)
+                return set(), nbytes, 0.0, {}
             client = self.tq_client
-            client.kv_batch_put(keys=keys, fields=concat_rows(parts), tags=tags, partition_id=partition_id)
+            client.kv_batch_put(keys=keys, fields=fields, tags=tags, partition_id=partition_id)
             client.kv_batch_put(keys=[uids[row] for row in sorted(found)], partition_id=partition_id,
                                 tags=[{"is_prompt": True, "status": "finished", "global_steps": step} for _ in found])
         return found, nbytes, saved, sources

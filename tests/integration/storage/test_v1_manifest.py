@@ -213,6 +213,85 @@ def test_a_killed_recorders_recording_is_invisible_and_removed_only_once_stale(o
     assert replayed_markers(object_store) == {20}
 
 
+@pytest.mark.parametrize("removed", ["recording", "a data file"])
+def test_a_recording_removed_while_it_was_written_is_never_published(object_store, removed):
+    """Another run's start-up clean-up removes a recording idle for long as stale (or is part-way through
+    removing it): its recorder must not then publish a manifest naming the incomplete recording (and
+    retiring the good one)."""
+    store, where = fs_store(object_store), step_dir(object_store)
+    Recorder(object_store).record(1, marker=10)
+    good = read_manifest(store, where)
+    late = Recorder(object_store)
+    late.role.begin_recording(1)
+    late.sample(1, [0, 1], 20)
+    (idle,) = [n for n in store.list_dir(where) if is_recording(n) and n != good.recording]
+    if removed == "recording":  # what remove_stale_recordings does to a recording idle past STALE_SECONDS
+        store.remove(f"{where}/{idle}")
+    else:
+        (data,) = [n for n in store.list_dir(f"{where}/{idle}/0") if n.endswith(".json") and n != "meta.json"]
+        store.fs.rm(f"{store._p(where)}/{idle}/0/{data}")
+    late.sample(1, [2, 3], 20)  # the last inner entry: the step would be published now
+    assert late.role.stats["dump_failures"] == 1
+    assert read_manifest(store, where) == good
+    assert replayed_markers(object_store) == {10}
+    with pytest.raises(FileNotFoundError, match="incomplete"):
+        publish_manifest(store, where, idle, SYNC, "r")
+
+
+def test_a_step_published_while_it_is_verified_is_never_repaired_away(object_store):
+    """``verify --repair`` lists a step, then reads its manifest: a recorder publishing in between must not
+    make the step look as if its recording lacked inner entries (and have it deleted)."""
+    store, where = fs_store(object_store), step_dir(object_store)
+    Recorder(object_store).record(1, marker=10)
+    stale = store.list_items(where)  # the scan's listing, taken before the next recorder wrote anything
+    Recorder(object_store).record(1, marker=20)
+    index = CacheIndex(object_store[0], object_store[1])
+    listed = index.store.list_items
+    calls: list[str] = []
+
+    def list_items(path: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(path)
+        if path.rstrip("/").endswith(f"{RUN}/1") and calls.count(path) == 1:
+            return stale
+        return listed(path, *args, **kwargs)
+
+    index.store.list_items = list_items
+    (run,) = index.runs()
+    (step,) = run.steps
+    assert step.problem is None and step.valid
+    report = verify_runs(index, [run])
+    assert not [p for p in report.problems if p.kind is IssueKind.DAMAGED]
+    repair(index, report)
+    assert replayed_markers(object_store) == {20}
+
+
+def test_a_step_republished_while_its_recording_is_listed_is_scanned_again(object_store, caplog):
+    store, where = fs_store(object_store), step_dir(object_store)
+    Recorder(object_store).record(1, marker=10)
+    first = read_manifest(store, where).recording
+    index = CacheIndex(object_store[0], object_store[1])
+    listed = index.store.list_items
+
+    def list_items(path: str, *args: Any, **kwargs: Any) -> Any:
+        if path.rstrip("/").endswith(first) and not getattr(list_items, "done", False):
+            list_items.done = True  # type: ignore[attr-defined]
+            Recorder(object_store).record(1, marker=20)  # publishes while the scan lists the old recording
+            return [i for i in listed(path, *args, **kwargs) if i.name != "1"]  # listed half-deleted
+        return listed(path, *args, **kwargs)
+
+    index.store.list_items = list_items
+    index.tree_stats = lambda path: (0, 0.0)  # type: ignore[method-assign]  # list the recording in the scan only
+    with caplog.at_level("DEBUG", logger="stepskip.index"):
+        (run,) = index.runs()
+    (step,) = run.steps
+    assert getattr(list_items, "done", False) and "changed while it was scanned" in caplog.text
+    assert step.problem is None and step.valid and step.manifest.recording != first
+    report = verify_runs(index, [run])
+    assert not [p for p in report.problems if p.kind is IssueKind.DAMAGED]
+    repair(index, report)
+    assert replayed_markers(object_store) == {20}
+
+
 def test_retired_recordings_go_after_the_grace_period_never_the_named_one(object_store):
     store, where = fs_store(object_store), step_dir(object_store)
     first = Recorder(object_store)
@@ -232,7 +311,7 @@ def test_a_writer_deletes_retired_recordings_past_the_grace_period_after_its_man
     store, where = fs_store(object_store), step_dir(object_store)
     names = [f"rec-{c * 12}" for c in "abcd"]
     for name in names:
-        store.put_small(f"{where}/{name}/0/meta.json", b"{}")
+        store.write_entry(f"{where}/{name}/0", {"data.json": b"{}"}, {"global_steps": 1})
     grace = store.grace_seconds
     assert publish_manifest(store, where, names[0], 1, "r", now=1000.0) == []
     assert publish_manifest(store, where, names[1], 1, "r", now=1100.0) == []

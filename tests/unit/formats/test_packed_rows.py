@@ -250,3 +250,48 @@ def test_many_empty_rows_are_charged_before_they_are_built():
     with pytest.raises(DecodeLimitError, match="rows"):
         SafeFormat().decode(hostile, max_bytes=32 << 20)
     assert len(SafeFormat().decode(hostile)["rows"]) == 1_000_000  # within the default bound: real rows
+
+
+def test_a_tree_with_packed_rows_says_so_in_its_version_and_others_keep_theirs():
+    """Readers before packed rows meet a tag they do not know: such trees carry the version that has them."""
+    from stepskip.formats.safe import ROWS_VERSION, VERSION
+
+    assert json.loads(entry({"rows": ids()})[TREE])["version"] == ROWS_VERSION > VERSION
+    assert json.loads(entry({"rows": [[1, 2]], "x": torch.ones(2)})[TREE])["version"] == VERSION  # not packed
+
+
+def test_a_newer_tree_version_is_unreadable_not_damage():
+    from stepskip import UnreadableEntryError
+
+    files = entry({"rows": ids()})
+    tree = json.loads(files[TREE])
+    for version, error in ((99, UnreadableEntryError), ("2", CorruptEntryError), (0, CorruptEntryError)):
+        edited = dict(files, **{TREE: json.dumps(dict(tree, version=version)).encode()})
+        with pytest.raises(error, match="version"):
+            SafeFormat().decode(edited)
+
+
+def test_an_unknown_value_tag_is_a_typed_error_naming_it():
+    files = edit_node(rows_entry(), lambda n: n.update({"__t": "rows9"}))
+    with pytest.raises(CorruptEntryError, match="unknown value tag 'rows9'"):
+        SafeFormat().decode(files)
+
+
+def test_the_positions_of_holes_are_charged_to_the_decode_budget(monkeypatch):
+    from stepskip.formats import bounds
+
+    charged: list[int] = []
+    charge = bounds.DecodeBudget.charge
+
+    def counting(self: Any, nbytes: int, file: str, field: str) -> None:
+        charged.append(nbytes)
+        charge(self, nbytes, file, field)
+
+    monkeypatch.setattr(bounds.DecodeBudget, "charge", counting)
+    holes = 100_000
+    totals = []
+    for row in ([1.5] * (holes + 1), [1.5] + [None] * holes):
+        charged.clear()
+        assert through({"rows": [row]})["rows"] == [row]
+        totals.append(sum(charged))
+    assert totals[1] - totals[0] >= 8 * holes

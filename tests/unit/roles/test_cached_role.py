@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
 import pytest
 import torch
 from skip_configs import run_path, training_config
@@ -177,6 +178,43 @@ def test_intact_bytes_that_do_not_decode_are_unreadable(tmp_path):
             Worker().generate_sequences(PROMPTS)
         SkipManager.flush()
         assert tree_digest(entry) == before
+
+
+def _newer_tree(text: str, how: str) -> str:
+    if how == "value tag":
+        assert '"__t":"tuple"' in text
+        return text.replace('"__t":"tuple"', '"__t":"tuple-v9"')
+    tree = json.loads(text)
+    tree["version"] = 99
+    return json.dumps(tree)
+
+
+@pytest.mark.parametrize("how", ["value tag", "tree version"])
+def test_intact_bytes_of_a_newer_stepskip_are_unreadable_and_never_regenerated_over(tmp_path, how):
+    """A value tag (or tree version) this stepskip does not know, in an entry whose checksums match:
+    written by a newer stepskip, so it is said and left untouched, never counted damaged and replaced."""
+    from stepskip.formats.safe import SafeFormat
+
+    entry = _record_one(tmp_path)
+    value = batch(1.0)
+    value.non_tensor_batch["pair"] = np.array([(1, 2), (3, 4)] + [None], dtype=object)[:2]
+    fmt = SafeFormat()
+    files = fmt.encode(fmt.freeze(value, copy=True))
+    files["data.json"] = _newer_tree(files["data.json"].decode(), how).encode()
+    meta = json.loads((entry / "meta.json").read_text())
+    for name, data in files.items():
+        (entry / name).write_bytes(data)
+        meta["files"][name].update(bytes=len(data), checksum=checksum(data))  # intact by its checksums
+    (entry / "meta.json").write_text(json.dumps(meta))
+    before = tree_digest(entry)
+    SkipManager.init(training_config(tmp_path))
+    SkipManager.set_step(1)
+    worker = Worker()
+    with pytest.raises(UnreadableEntryError):
+        worker.generate_sequences(PROMPTS)
+    SkipManager.flush()
+    assert worker.calls == [] and SkipManager.stats()["skip/rollout/corrupt"] == 0
+    assert tree_digest(entry) == before
 
 
 def test_bytes_that_fail_their_checksum_are_damage_and_regenerated(tmp_path):

@@ -345,6 +345,15 @@ def test_huge_integer_literal_is_damage(cache: Local | Memory) -> None:
     assert_damaged(cache, path)
 
 
+@pytest.mark.parametrize("key", ["generation_seconds", "created_unix"])
+def test_huge_integer_time_is_damage_not_an_overflow(cache: Local | Memory, key: str) -> None:
+    """math.isfinite(10**400) raises OverflowError: a probe must report damage instead."""
+    path, _ = written(cache)
+    plant_meta(cache, path, b'{"global_steps": 1, "%s": 1' % key.encode() + b"0" * 400 + b', "files": {}}')
+    assert_damaged(cache, path, key)
+    assert check_meta({"global_steps": 1, key: 10**400})
+
+
 def test_lone_surrogate_string_is_damage(cache: Local | Memory) -> None:
     path, _ = written(cache)
     plant_meta(cache, path, b'{"global_steps": 3, "run_id": "\\ud800"}')

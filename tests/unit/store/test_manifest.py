@@ -66,3 +66,26 @@ def test_a_step_without_a_manifest_resolves_to_itself(tmp_path):
     store = LocalStore(str(tmp_path))
     where = resolve_step(store, str(tmp_path / "1"))
     assert (where.root, where.manifest, where.state) == (str(tmp_path / "1"), None, EntryState.PRESENT)
+
+
+@pytest.mark.parametrize("fields", [{"created_unix": 10**400}, {"retired": {"rec-ffffffffffff": 10**400}},
+                                    {"created_unix": -(10**400)}])
+def test_a_huge_integer_time_is_damage_not_an_overflow(fields):
+    """math.isfinite(10**400) raises OverflowError; parsing must still raise only the typed error."""
+    with pytest.raises(CorruptEntryError):
+        parse_manifest(json.dumps({**GOOD, **fields}).encode())
+
+
+def test_a_huge_integer_time_makes_the_step_damaged_not_a_crash(tmp_path):
+    store = LocalStore(str(tmp_path))
+    step = tmp_path / "1"
+    step.mkdir()
+    (step / "step.json").write_text(json.dumps({**GOOD, "created_unix": 10**400}))
+    assert resolve_step(store, str(step)).state == EntryState.DAMAGED
+
+
+@pytest.mark.parametrize("name", ["rec-0123456789ab\n", "\nrec-0123456789ab", "rec-0123456789ab\r"])
+def test_a_recording_name_with_a_line_break_is_not_a_recording(name):
+    assert not is_recording(name)
+    with pytest.raises(CorruptEntryError, match="recording"):
+        parse_manifest(json.dumps({**GOOD, "recording": name}).encode())

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from test_rollout_tq_match import by_prompt, make_config, record
 from v1_harness import V1Trainer
 
@@ -64,4 +65,36 @@ def test_an_inner_entry_whose_data_disagrees_is_damage_and_its_prompts_are_gener
     assert sorted(p.name for p in inner(tmp_path, 1).iterdir()) == files  # kept
     index = SkipManager.skip_instances["rollout_tq"]._index
     assert str(inner(tmp_path, 1)) not in index.entries
+    SkipManager.reset()
+
+
+def reward_of_another_shape(payload):
+    td = payload["tensordict"]
+    td.set("reward", td.get("reward").unsqueeze(1).expand(-1, 2).contiguous())
+
+
+def no_reward(payload):
+    del payload["tensordict"]["reward"]
+
+
+def reward_of_another_dtype(payload):
+    td = payload["tensordict"]
+    td.set("reward", td.get("reward").to(torch.float64))
+
+
+@pytest.mark.parametrize("change", [reward_of_another_shape, no_reward, reward_of_another_dtype])
+def test_an_inner_entry_that_does_not_join_the_others_costs_only_its_prompts(tmp_path, change):
+    """Trajectories of other columns than the other entries' (another version, a crafted entry) would
+    fail the join into the queue: the odd entry is counted corrupt and its prompts submitted."""
+    record(tmp_path, steps=3)  # prompts 0-3 at step 1, 4-7 at step 2, 8-11 at step 3
+    files = tamper(tmp_path, 1, change)
+    live = V1Trainer(make_config(tmp_path, steps=[1], action="match"), InProcessTQClient(), prompts_per_step=4)
+    live.next_prompt = 3  # prompt 3 (in the odd step 1), 4, 5, 6 (step 2)
+    (reads,) = [by_prompt(r) for r in live.fit(1)]
+    assert live.agent_loop.submitted == [[3]]
+    assert sorted(reads) == [3, 4, 5, 6]
+    stats = SkipManager.stats()
+    assert stats["skip/rollout_tq/corrupt"] == 1
+    assert (stats["skip/rollout_tq/rows_replayed"], stats["skip/rollout_tq/rows_generated"]) == (3, 1)
+    assert sorted(p.name for p in inner(tmp_path, 1).iterdir()) == files  # kept
     SkipManager.reset()
