@@ -37,7 +37,15 @@ def tamper(dump_dir, step, change):
 
 
 def fewer_rows(payload):
-    payload["tensordict"] = payload["tensordict"][:3]
+    """The last row dropped, leaf by leaf: tensordict 0.10's torch cannot slice a jagged tensor on dim 0."""
+    td = payload["tensordict"]
+    keep = td.batch_size[0] - 1
+
+    def first_rows(leaf):
+        return torch.nested.as_nested_tensor(list(leaf.unbind())[:keep], layout=torch.jagged) if leaf.is_nested \
+            else leaf[:keep]
+
+    payload["tensordict"] = td.apply(first_rows, batch_size=[keep])
 
 
 def fewer_tags(payload):
