@@ -80,7 +80,9 @@ def test_a_damaged_entry_only_costs_its_own_groups(tmp_path):
     assert recorded["row_prompts"]  # step 3 untouched
 
 
-def test_under_match_a_damaged_entry_never_stops_the_run_even_when_every_prompt_was_in_it(tmp_path):
+def record_then_damage_step_1(tmp_path):
+    """Step 1 records groups 1 and 2, step 2 group 3; step 1's data is then replaced by step 2's
+    (one group where its meta names two, checksums valid)."""
     run(tmp_path, batch_prompts=2, order=[1, 2], steps=1, seed=0, epoch="a")
     SkipManager.reset()
     SkipManager.init(config(tmp_path))
@@ -89,6 +91,10 @@ def test_under_match_a_damaged_entry_never_stops_the_run_even_when_every_prompt_
     SkipManager.flush()
     SkipManager.reset()
     plant_short_data(tmp_path, step=1, donor_step=2)
+
+
+def test_under_match_a_damaged_entry_never_stops_the_run_even_when_every_prompt_was_in_it(tmp_path):
+    record_then_damage_step_1(tmp_path)
     replayer, _ = run(tmp_path, batch_prompts=2, order=[2, 1], steps=1, seed=3, epoch="c")
     assert [ids[::N] for ids in replayer.seen] == [[2, 1]]
 
@@ -96,14 +102,7 @@ def test_under_match_a_damaged_entry_never_stops_the_run_even_when_every_prompt_
 def test_recording_over_a_damaged_entry_of_the_live_step_writes_a_consistent_one(tmp_path):
     """The live step's own entry is the damaged one: its groups are generated and the step's entry is
     rewritten from this call alone (a damaged entry is regenerated), never merged into a new mismatch."""
-    run(tmp_path, batch_prompts=2, order=[1, 2], steps=1, seed=0, epoch="a")
-    SkipManager.reset()
-    SkipManager.init(config(tmp_path))
-    SkipManager.set_step(2)
-    Rollout(seed=2).generate_sequences(prompts_for([3], "r"))
-    SkipManager.flush()
-    SkipManager.reset()
-    plant_short_data(tmp_path, step=1, donor_step=2)
+    record_then_damage_step_1(tmp_path)
     for order in ([2, 1], [7, 8]):  # the damaged entry holds the call's groups, or none of them
         replayer, _ = run(tmp_path, batch_prompts=2, order=order, steps=1, seed=3, epoch="c")
         assert [ids[::N] for ids in replayer.seen] == [order]
