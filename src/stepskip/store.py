@@ -1087,15 +1087,30 @@ class LocalStore(_EntryStore):
         finally:
             os.close(fd)
 
-    def put_small(self, path: str, data: bytes) -> None:
+    def _entry_place(self, path: str, files: Mapping[str, bytes]) -> tuple[str, str]:
+        """The parent directory and name of what is written at ``path`` (an entry or a small file),
+        each of ``files`` checked to be one plain file name other than the metadata file's.
+
+        Raises:
+            OSError: ``EINVAL``, naming the bad name.
+        """
+        for file_name in files:
+            if not valid_name(file_name) or file_name == META_FILE:
+                raise OSError(errno.EINVAL, f"cannot store a data file named {file_name!r}: "
+                                            "it must be one file name (no '/', '..', NUL)", path)
         parent, name = os.path.split(self._abs(path))
         if not valid_name(name):
-            raise OSError(errno.EINVAL, f"{name!r} cannot name a file", path)
+            raise OSError(errno.EINVAL, f"{name!r} cannot name an entry", path)
+        return parent, name
+
+    def put_small(self, path: str, data: bytes) -> None:
+        parent, name = self._entry_place(path, {})
         parent_fd = self._open_dir(parent, create=True)
         tmp = f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
         try:
             self._write_file(parent_fd, tmp, data)
             os.rename(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+            _fsync_dir(parent_fd)  # the rename itself durable, as for an entry
         finally:
             _remove_at(parent_fd, tmp)  # gone already when renamed
             os.close(parent_fd)
@@ -1111,13 +1126,7 @@ class LocalStore(_EntryStore):
             OSError: the entry could not be written (a bad file name, a link in the way, a full
                 disk ...); nothing partial is left behind.
         """
-        for file_name in files:
-            if not valid_name(file_name) or file_name == META_FILE:
-                raise OSError(errno.EINVAL, f"cannot store a data file named {file_name!r}: "
-                                            "it must be one file name (no '/', '..', NUL)", path)
-        parent, name = os.path.split(self._abs(path))
-        if not valid_name(name):
-            raise OSError(errno.EINVAL, f"{name!r} cannot name an entry", path)
+        parent, name = self._entry_place(path, files)
         parent_fd = self._open_dir(parent, create=True)
         tmp = f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
         try:
@@ -1141,10 +1150,7 @@ class LocalStore(_EntryStore):
                         os.close(fd)
                 if not self._publish(parent_fd, tmp, name, path, overwrite):
                     return 0
-                try:
-                    os.fsync(parent_fd)
-                except OSError:
-                    pass
+                _fsync_dir(parent_fd)
                 return total + len(meta_bytes)
             finally:
                 _remove_at(parent_fd, tmp)  # gone already when published
@@ -1207,13 +1213,7 @@ class LocalStore(_EntryStore):
     def _stage(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any],
                parents: dict[str, int]) -> tuple[int, str, str, str, int, list[int]]:
         """Write an entry's files into its temporary directory, unsynced; the open fds to sync."""
-        for file_name in files:
-            if not valid_name(file_name) or file_name == META_FILE:
-                raise OSError(errno.EINVAL, f"cannot store a data file named {file_name!r}: "
-                                            "it must be one file name (no '/', '..', NUL)", path)
-        parent, name = os.path.split(self._abs(path))
-        if not valid_name(name):
-            raise OSError(errno.EINVAL, f"{name!r} cannot name an entry", path)
+        parent, name = self._entry_place(path, files)
         if parent not in parents:
             parents[parent] = self._open_dir(parent, create=True)
         parent_fd = parents[parent]
@@ -1310,10 +1310,7 @@ class LocalStore(_EntryStore):
             finally:
                 os.close(tmp_fd)
             self._publish(parent_fd, tmp, name, path, overwrite=True)
-            try:
-                os.fsync(parent_fd)
-            except OSError:
-                pass
+            _fsync_dir(parent_fd)
         finally:
             os.close(parent_fd)
 

@@ -51,6 +51,18 @@ def test_a_missing_store_root_is_made_durable_in_its_parent(tmp_path, monkeypatc
     assert {_id(tmp_path), _id(tmp_path / "fresh"), _id(root)} <= synced
 
 
+def test_a_small_file_is_renamed_durably(tmp_path, monkeypatch):
+    """``put_small`` (a V1 step's manifest) syncs its directory after the rename, as an entry does."""
+    store = LocalStore(str(tmp_path))
+    (tmp_path / "run" / "3").mkdir(parents=True)
+    synced = _synced_dirs(monkeypatch)
+    store.put_small(f"{tmp_path}/run/3/step.json", b"{}")
+    assert (tmp_path / "run" / "3" / "step.json").read_bytes() == b"{}"
+    assert _id(tmp_path / "run" / "3") in synced
+    with pytest.raises(OSError, match="cannot name an entry"):
+        store.put_small(f"{tmp_path}/run/3/step\x00.json", b"{}")
+
+
 def test_the_files_of_an_entry_are_synced_side_by_side(tmp_path, monkeypatch):
     store = LocalStore(str(tmp_path))
     (tmp_path / "run").mkdir()
