@@ -50,6 +50,15 @@ def config(tmp_path, **fields):
     return training_config(tmp_path, steps="all", action="match", **fields)
 
 
+def record_call(tmp_path, rollout: Rollout, step: int, ids: list[int], epoch: str = "rec") -> None:
+    """One run recording one call of ``rollout`` over the prompts ``ids`` at ``step``."""
+    SkipManager.init(config(tmp_path))
+    SkipManager.set_step(step)
+    rollout.generate_sequences(prompts_for(ids, epoch))
+    SkipManager.flush()
+    SkipManager.reset()
+
+
 def run(tmp_path, batch_prompts: int, order: list[int], steps: int, seed: int, epoch: str, **fields):
     """A run over ``order`` in batches of ``batch_prompts``; returns (rollout, {prompt id: response rows})."""
     SkipManager.init(config(tmp_path, **fields))

@@ -9,7 +9,7 @@ import json
 
 import pytest
 from skip_configs import run_path
-from test_match import N, Rollout, config, prompts_for, run
+from test_match import N, Rollout, config, prompts_for, record_call, run
 
 from stepskip import SkipManager
 from stepskip.store import open_store
@@ -32,11 +32,7 @@ def test_row_prompts_naming_more_rows_than_the_data_are_damage_not_a_crash(tmp_p
     run(tmp_path, batch_prompts=4, order=[1, 2, 3, 4], steps=1, seed=0, epoch="a")  # step 1: 8 rows
     SkipManager.reset()
     # step 2: prompt 9's entry (2 rows); then step 1 gets those 2 rows under its own 8-row meta
-    SkipManager.init(config(tmp_path))
-    SkipManager.set_step(2)
-    Rollout(seed=1).generate_sequences(prompts_for([9], "y"))
-    SkipManager.flush()
-    SkipManager.reset()
+    record_call(tmp_path, Rollout(seed=1), step=2, ids=[9], epoch="y")
     planted = plant_short_data(tmp_path, step=1, donor_step=2)
     assert len(planted["row_prompts"]) == 4 * N
     before = sorted(p.name for p in (run_path(tmp_path) / "1").iterdir())
@@ -60,12 +56,8 @@ def test_row_prompts_naming_more_rows_than_the_data_are_damage_not_a_crash(tmp_p
 def test_a_damaged_entry_only_costs_its_own_groups(tmp_path):
     run(tmp_path, batch_prompts=2, order=[1, 2], steps=1, seed=0, epoch="a")
     SkipManager.reset()
-    SkipManager.init(config(tmp_path))
     for step, ids in ((2, [3]), (3, [5, 6])):
-        SkipManager.set_step(step)
-        Rollout(seed=step).generate_sequences(prompts_for(ids, "r"))
-    SkipManager.flush()
-    SkipManager.reset()
+        record_call(tmp_path, Rollout(seed=step), step=step, ids=ids, epoch="r")
     recorded = json.loads((run_path(tmp_path) / "3" / "meta.json").read_text())
     plant_short_data(tmp_path, step=1, donor_step=2)
 
@@ -85,11 +77,7 @@ def record_then_damage_step_1(tmp_path):
     (one group where its meta names two, checksums valid)."""
     run(tmp_path, batch_prompts=2, order=[1, 2], steps=1, seed=0, epoch="a")
     SkipManager.reset()
-    SkipManager.init(config(tmp_path))
-    SkipManager.set_step(2)
-    Rollout(seed=2).generate_sequences(prompts_for([3], "r"))
-    SkipManager.flush()
-    SkipManager.reset()
+    record_call(tmp_path, Rollout(seed=2), step=2, ids=[3], epoch="r")
     plant_short_data(tmp_path, step=1, donor_step=2)
 
 

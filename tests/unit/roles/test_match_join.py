@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from skip_configs import run_path
 from tensordict import TensorDict
-from test_match import N, Rollout, config, prompts_for
+from test_match import N, Rollout, config, prompts_for, record_call
 
 from stepskip import Batch, SkipManager
 
@@ -42,14 +42,6 @@ class ShortColumnRollout(Rollout):
                      non_tensor_batch={"uid": uid}, meta_info={})
 
 
-def record(tmp_path, rollout: Rollout, step: int, ids: list[int]) -> None:
-    SkipManager.init(config(tmp_path))
-    SkipManager.set_step(step)
-    rollout.generate_sequences(prompts_for(ids, "rec"))
-    SkipManager.flush()
-    SkipManager.reset()
-
-
 def replay(tmp_path, step: int, ids: list[int]) -> tuple[Rollout, Batch, dict]:
     SkipManager.init(config(tmp_path))
     rollout = Rollout(seed=9)
@@ -67,7 +59,7 @@ def assert_live(out: Batch, ids: list[int]) -> None:
 
 
 def test_an_entry_that_does_not_join_the_live_rows_is_regenerated_not_a_crash(tmp_path):
-    record(tmp_path, WideRollout(seed=0), step=1, ids=[1, 2])
+    record_call(tmp_path, WideRollout(seed=0), step=1, ids=[1, 2])
     before = sorted(p.name for p in (run_path(tmp_path) / "1").iterdir())
     rollout, out, stats = replay(tmp_path, step=2, ids=[3, 1])  # 1 is recorded, but wide; 3 is not
     assert [ids[::N] for ids in rollout.seen] == [[3], [1]]  # the first generation kept, 1 generated after
@@ -82,8 +74,8 @@ def test_an_entry_that_does_not_join_the_live_rows_is_regenerated_not_a_crash(tm
 
 
 def test_entries_that_do_not_join_each_other_cost_only_the_odd_one_before_generation(tmp_path):
-    record(tmp_path, Rollout(seed=0), step=1, ids=[1, 2, 3])
-    record(tmp_path, WideRollout(seed=0), step=2, ids=[4])
+    record_call(tmp_path, Rollout(seed=0), step=1, ids=[1, 2, 3])
+    record_call(tmp_path, WideRollout(seed=0), step=2, ids=[4])
     rollout, out, stats = replay(tmp_path, step=3, ids=[1, 4, 2, 5])
     assert [ids[::N] for ids in rollout.seen] == [[4, 5]]  # one call: the odd entry was dropped before it
     assert_live(out, [1, 4, 2, 5])
@@ -92,7 +84,7 @@ def test_entries_that_do_not_join_each_other_cost_only_the_odd_one_before_genera
 
 
 def test_a_non_tensor_column_of_the_wrong_length_is_damage_not_an_index_error(tmp_path):
-    record(tmp_path, ShortColumnRollout(seed=0), step=1, ids=[1, 2])
+    record_call(tmp_path, ShortColumnRollout(seed=0), step=1, ids=[1, 2])
     rollout, out, stats = replay(tmp_path, step=2, ids=[2, 3])
     assert [ids[::N] for ids in rollout.seen] == [[2, 3]]
     assert out.batch["responses"][:, 0].tolist() == [i * 100 for i in (2, 3) for _ in range(N)]
