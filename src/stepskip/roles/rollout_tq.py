@@ -409,16 +409,26 @@ class RolloutTqSkip(RolloutSkip):
             raise CorruptEntryError(f"{self.name}: {where.reason}")
         parts, keys, tags, nbytes, saved = [], [], [], 0, 0.0
         for inner in range(self.parameter_sync_step):
-            payload, meta, _, size = self._read_entry(f"{where.root}/{inner}", step, load_step,
-                                                      prompts if inner == 0 else None)
+            path = f"{where.root}/{inner}"
+            payload, meta, _, size = self._read_entry(path, step, load_step, prompts if inner == 0 else None)
+            problem = _payload_problem(payload)  # checksums prove the bytes, not that they are a V1 payload
+            if problem is not None:
+                self._report_corrupt(step, path, problem)
+                raise CorruptEntryError(f"{self.name}: step {load_step} at {path} is damaged: {problem}")
             parts.append(payload["tensordict"])
             keys.extend(payload["keys"])
             tags.extend(payload["tags"])
             nbytes += size
             saved += _seconds(meta.get("generation_seconds"))
-        data = concat_rows(parts)
-        if num_rows(data) != len(keys):
-            reason = f"step {load_step} holds {num_rows(data)} rows for {len(keys)} keys"
+        try:
+            data = concat_rows(parts)
+            rows = num_rows(data)
+        except Exception as err:  # inner entries of other columns, dtypes or shapes (crafted or damaged)
+            reason = f"step {load_step}'s inner entries cannot be joined ({type(err).__name__}: {err})"
+            self._report_corrupt(step, self.step_dump_dir(load_step), reason)
+            raise CorruptEntryError(f"{self.name}: {reason}") from err
+        if rows != len(keys):
+            reason = f"step {load_step} holds {rows} rows for {len(keys)} keys"
             self._report_corrupt(step, self.step_dump_dir(load_step), reason)
             raise CorruptEntryError(f"{self.name}: {reason}")
 
@@ -656,8 +666,9 @@ def _step_dir_of(path: str) -> str:
     return parent if is_recording(name) else f"{parent}/{name}"
 
 
-def _payload_problem(payload: Any, recorded: list[Any]) -> str | None:
-    """Why a decoded inner entry's keys, tags, rows and recorded prompts do not describe the same trajectories."""
+def _payload_problem(payload: Any, recorded: list[Any] | None = None) -> str | None:
+    """Why a decoded inner entry's keys, tags, rows (and recorded prompts, when given) do not describe the
+    same trajectories; None when they do. Run on every decoded V1 payload before it is used."""
     from stepskip.tq.rows import num_rows
 
     if not isinstance(payload, dict) or "tensordict" not in payload:
@@ -671,7 +682,10 @@ def _payload_problem(payload: Any, recorded: list[Any]) -> str | None:
         rows = num_rows(payload["tensordict"])
     except Exception:  # a decoded value that is no batch of rows
         rows = -1
-    if not len(keys) == len(tags) == rows == len(recorded):
+    if recorded is None:
+        if not len(keys) == len(tags) == rows:
+            return f"its data holds {rows} rows, {len(keys)} keys and {len(tags)} tags"
+    elif not len(keys) == len(tags) == rows == len(recorded):
         return (f"its data holds {rows} rows, {len(keys)} keys and {len(tags)} tags, and its meta.json records "
                 f"the prompts of {len(recorded)} trajectories")
     return None
