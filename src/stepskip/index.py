@@ -89,6 +89,7 @@ class IssueKind(str, enum.Enum):
     INCOMPLETE = "incomplete"  # a V1 step missing inner entries
     MIXED_RUNS = "mixed-runs"  # a V1 step whose inner entries come from different runs
     LEFTOVER = "leftover"  # .tmp-* / .trash-* of an interrupted write
+    SHADOWED = "shadowed"  # in-place inner directories beside a manifest written after it: not read, kept
 
 
 @dataclass(frozen=True)
@@ -212,11 +213,15 @@ class StepDir:
         role: the role owning it (None for a half-written directory directly in the run directory).
         entries: the entry itself (flat), the inner entries (V1, sorted), or none.
         leftovers: ``.tmp-*`` / ``.trash-*`` inside it (V1 inner writes leave them here), and on a
-            step with a manifest the recordings (and in-place inner directories) it does not name.
+            step with a manifest the recordings it does not name and the in-place inner directories
+            older than it (superseded by it).
         bytes: bytes below it.
         mtime: the newest modification time below it (how recently something wrote here).
         manifest: the step's manifest (V1 steps on object stores), when it has a usable one.
         problem: why the step's manifest cannot be used (damaged, or of a newer version), if so.
+        shadowed: on a step with a manifest, in-place inner directories (``{step}/{inner}/``) written
+            after it or of unknown age (verl's own dumper, an older stepskip): not read while the
+            manifest stands, reported, never removed.
     """
 
     path: str
@@ -229,6 +234,7 @@ class StepDir:
     mtime: float = 0.0
     manifest: StepManifest | None = None
     problem: Issue | None = None
+    shadowed: list[str] = field(default_factory=list)
 
     def retired_at(self, path: str) -> float | None:
         """When the manifest retired the recording at ``path`` (readers may still use it for a grace period)."""
@@ -300,6 +306,13 @@ class StepDir:
                                  "a step is replayed only when one run wrote all of it"))
         return out
 
+    def shadowed_issues(self) -> list[Issue]:
+        """The in-place inner directories the step's manifest shadows (see ``shadowed``): reported, never removed."""
+        return [Issue(IssueKind.SHADOWED, p, f"an in-place inner directory written after {MANIFEST_FILE}, which "
+                                             "names another recording: not read while the manifest stands; "
+                                             "kept (remove it yourself if it is not wanted)")
+                for p in self.shadowed]
+
     @property
     def valid(self) -> bool:
         return not self.issues()
@@ -368,6 +381,7 @@ class RunDir:
         out = [i for s in self.steps for i in s.issues()]
         leftovers = self.leftovers + [p for s in self.steps for p in s.leftovers]
         out += [Issue(IssueKind.LEFTOVER, p, "leftover of an interrupted write or replacement") for p in leftovers]
+        out += [i for s in self.steps for i in s.shadowed_issues()]
         return out
 
     def roles(self) -> list[RoleSummary]:
@@ -680,12 +694,22 @@ class CacheIndex:
         manifest = where.manifest
         named = names.get(manifest.recording)
         leftovers = sorted(f"{path}/{i.name}" for i in items if i.name != manifest.recording and i.kind == "dir"
-                           and (is_recording(i.name) or is_leftover(i.name) or Layout.parse_step(i.name) is not None))
+                           and (is_recording(i.name) or is_leftover(i.name)))
         leftovers += sorted(f"{path}/{i.name}" for i in items if is_leftover(i.name) and i.kind == "file")
+        # in-place inner directories: superseded (a leftover) only when all of them predates the manifest;
+        # written after it (verl's own dumper, an older stepskip) or of unknown age, they are someone's data
+        shadowed = []
+        for in_place in sorted(f"{path}/{i.name}" for i in items
+                               if i.kind == "dir" and Layout.parse_step(i.name) is not None):
+            newest = self.tree_stats(in_place)[1]
+            if manifest.created_unix is not None and 0.0 < newest < manifest.created_unix:
+                leftovers.append(in_place)
+            else:
+                shadowed.append(in_place)
         if named is not None and named.kind == "link":
             issue = Issue(IssueKind.DAMAGED, where.root, "the recording the manifest names is a symbolic link "
                                                          "(not followed)")
-            return StepDir(path, step, StepKind.V1, role, [], leftovers, size, mtime, manifest, issue)
+            return StepDir(path, step, StepKind.V1, role, [], leftovers, size, mtime, manifest, issue, shadowed)
         inner_items = self.store.list_items(where.root) if named is not None and named.kind == "dir" else []
         inner = sorted((idx, i.name) for i in inner_items
                        if (idx := Layout.parse_step(i.name)) is not None and i.kind == "dir")
@@ -700,7 +724,8 @@ class CacheIndex:
             problem = Issue(IssueKind.DAMAGED, manifest_path,
                             f"{MANIFEST_FILE} names the recording {manifest.recording}, which lacks inner "
                             f"entries {shown}")
-        return StepDir(path, step, StepKind.V1, role, entries, sorted(leftovers), size, mtime, manifest, problem)
+        return StepDir(path, step, StepKind.V1, role, entries, sorted(leftovers), size, mtime, manifest, problem,
+                       shadowed)
 
     def scan_entry(self, path: str, step: int, inner: int | None, role: str, items: list[DirItem] | None = None,
                    fixed_role: bool = False) -> EntryRecord:

@@ -282,10 +282,14 @@ def render_verify(report: VerifyReport, result: RepairResult | None, root: str, 
         for path in sorted(result.removed):
             out.print(f"removed {escape(relative(path, root))}")
         unreadable = [p for p in result.kept if p.kind in (IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE)]
-        in_progress = [p for p in result.kept if p not in unreadable]
+        shadowed = [p for p in result.kept if p.kind is IssueKind.SHADOWED]
+        in_progress = [p for p in result.kept if p not in unreadable and p not in shadowed]
         if unreadable:
             out.print(f"[yellow]kept {plural(len(unreadable), 'entry', 'entries')} this stepskip cannot read "
                       "(intact: never removed; upgrade stepskip, or re-record with action: record)[/]")
+        if shadowed:
+            out.print(f"[yellow]kept {plural(len(shadowed), 'in-place inner directory', 'in-place inner directories')} "
+                      "written after the manifest beside them (never removed: remove them yourself if unwanted)[/]")
         if in_progress:
             out.print(f"[yellow]kept {plural(len(in_progress), 'problem')} modified less than {grace} ago "
                       "(a write may be in progress; --grace 0 removes them)[/]")

@@ -27,8 +27,9 @@ logger = logging.getLogger(__name__)
 #: Kinds of damage a live writer may be in the middle of producing (protected by the grace period).
 IN_PROGRESS_KINDS = frozenset({IssueKind.LEFTOVER, IssueKind.HALF_WRITTEN, IssueKind.INCOMPLETE,
                                IssueKind.MIXED_RUNS})
-#: Entries whose bytes are intact but that this stepskip cannot decode: reported, never removed.
-KEPT_KINDS = frozenset({IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE})
+#: Reported, never removed: entries whose bytes are intact but that this stepskip cannot decode, and
+#: in-place inner directories written after the manifest beside them (someone's data, not read).
+KEPT_KINDS = frozenset({IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE, IssueKind.SHADOWED})
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,8 @@ def verify_runs(index: CacheIndex, runs: list[RunDir], deep: bool = False, allow
                 in_progress = issue.kind in IN_PROGRESS_KINDS or step.kind is not StepKind.ENTRY
                 report.problems.append(Problem(issue.kind, issue.path, issue.detail, target,
                                                recent=recent and in_progress))
+            for issue in step.shadowed_issues():
+                report.problems.append(Problem(issue.kind, issue.path, issue.detail, "", recent=False))
             for leftover in step.leftovers:
                 # a recording its manifest retired may still be read by whoever resolved the old manifest
                 when = max(index.tree_stats(leftover)[1], step.retired_at(leftover) or 0.0)

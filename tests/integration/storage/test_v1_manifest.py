@@ -419,6 +419,42 @@ def test_steps_written_in_place_are_still_read_beside_manifest_steps(object_stor
     assert [(s.step, s.valid, s.manifest is not None) for s in run.steps] == [(1, True, True), (2, True, False)]
 
 
+@pytest.mark.parametrize("written", ["before the manifest", "after the manifest"])
+def test_in_place_inner_directories_beside_a_manifest_are_removed_only_when_it_superseded_them(object_store,
+                                                                                              written):
+    """``{step}/{inner}/`` beside ``step.json``: left by an earlier in-place write the manifest superseded
+    (a leftover, repaired away), or written after it, by verl's own dumper or an older stepskip (someone's
+    data: reported as shadowed and never removed, whatever the grace period)."""
+    recorder = Recorder(object_store)
+    recorder.record(1, marker=10)
+    store, where = fs_store(object_store), step_dir(object_store)
+    recording = read_manifest(store, where).recording
+    for inner in range(SYNC):  # the recording's inner entries, copied in place beside the manifest
+        meta, files = store.read_entry(f"{where}/{recording}/{inner}")
+        store.write_entry(f"{where}/{inner}", files, {k: v for k, v in meta.items() if k not in ("files", "retired")})
+    now = store.clock()
+    # the manifest republished (same recording) dated after or before the in-place writes
+    publish_manifest(store, where, recording, SYNC, recorder.run_id,
+                     now=now + 10**6 if written == "before the manifest" else now - 10**6)
+    in_place = [f"{where}/{inner}" for inner in range(SYNC)]
+    index = CacheIndex(object_store[0], object_store[1])
+    (run,) = index.runs()
+    (step,) = run.steps
+    assert step.valid and step.manifest is not None
+    report = verify_runs(index, [run], grace=0.0, now=now + 2 * 10**6)
+    removed = repair(index, report).removed
+    if written == "before the manifest":
+        assert step.leftovers == in_place and step.shadowed == []
+        assert sorted(removed) == in_place
+        assert not any(n.isdigit() for n in store.list_dir(where))
+    else:
+        assert step.leftovers == [] and step.shadowed == in_place
+        assert [(p.kind, p.path, p.remove) for p in report.problems] == [(IssueKind.SHADOWED, p, "") for p in in_place]
+        assert removed == []
+        assert sorted(n for n in store.list_dir(where) if n.isdigit()) == [str(i) for i in range(SYNC)]
+    assert replayed_markers(object_store) == {10}  # the manifest's recording, either way
+
+
 def test_the_cli_lists_verifies_shows_and_views_manifest_steps(object_store):
     from cli_run import stepskip
 
