@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import time
 import uuid
@@ -42,7 +41,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepskip.errors import CorruptEntryError, UnreadableEntryError
-from stepskip.store import GRACE_SECONDS, MANIFEST_FILE, MAX_INNER_ENTRIES, STALE_SECONDS, EntryState
+from stepskip.store import (
+    GRACE_SECONDS,
+    MANIFEST_FILE,
+    MAX_INNER_ENTRIES,
+    STALE_SECONDS,
+    EntryState,
+    _bounded_int,
+    _is_number,
+    _load_json,
+    _show,
+)
 
 __all__ = [
     "MANIFEST_FILE", "MANIFEST_MAX_BYTES", "MANIFEST_VERSION", "RECORDING_PREFIX", "StepManifest", "StepRoot",
@@ -105,17 +114,9 @@ class StepManifest:
         return json.dumps(body, indent=1, sort_keys=True).encode("utf-8")
 
 
-#: Largest time a manifest may hold (a float can represent it; far beyond any real clock).
-_MAX_TIME = 2**62
-
-
-def _number(value: object) -> bool:
-    # ints are range-checked without float conversion: math.isfinite(10**400) raises OverflowError
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return 0 <= value <= _MAX_TIME
-    return isinstance(value, float) and math.isfinite(value) and value >= 0
+def _time(value: object) -> bool:
+    """A time a manifest may hold: a finite number >= 0 (a huge int is refused unconverted: no overflow)."""
+    return _is_number(value) and value >= 0  # type: ignore[operator]  # _is_number made sure it is a number
 
 
 def parse_manifest(raw: bytes) -> StepManifest:
@@ -140,14 +141,9 @@ def parse_manifest(raw: bytes) -> StepManifest:
 
 
 def _parse_manifest(raw: bytes) -> StepManifest:
-    if len(raw) > MANIFEST_MAX_BYTES:
-        raise CorruptEntryError(f"{MANIFEST_FILE} is {len(raw)} bytes, more than the {MANIFEST_MAX_BYTES} it may have")
-    try:
-        body = json.loads(raw)
-    except RecursionError:
-        raise CorruptEntryError(f"{MANIFEST_FILE} nests too deep") from None
-    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
-        raise CorruptEntryError(f"unreadable {MANIFEST_FILE}: {err}") from None
+    body, reason = _load_json(raw, MANIFEST_MAX_BYTES, MANIFEST_FILE)
+    if reason:
+        raise CorruptEntryError(reason)
     if not isinstance(body, dict):
         raise CorruptEntryError(f"{MANIFEST_FILE} is not a JSON object")
     version = body.get("stepskip_manifest")
@@ -160,28 +156,23 @@ def _parse_manifest(raw: bytes) -> StepManifest:
     if not is_recording(recording):
         raise CorruptEntryError(f"{MANIFEST_FILE}: recording is {_show(recording)}, expected "
                                 f"{RECORDING_PREFIX} and 12 hex digits")
-    inner = body.get("inner_entries")
-    if isinstance(inner, bool) or not isinstance(inner, int) or not 1 <= inner <= MAX_INNER_ENTRIES:
-        raise CorruptEntryError(f"{MANIFEST_FILE}: inner_entries is {_show(inner)}, expected an int from 1 to "
-                                f"{MAX_INNER_ENTRIES}")
+    inner: Any = body.get("inner_entries")
+    problem = _bounded_int({"inner_entries": inner}, "inner_entries", 1, MAX_INNER_ENTRIES, file=MANIFEST_FILE)
+    if problem is not None:  # absent is None here: refused like any other value that is not an int
+        raise CorruptEntryError(problem)
     run_id = body.get("run_id")
     if run_id is not None and (not isinstance(run_id, str) or len(run_id) > _MAX_RUN_ID):
         raise CorruptEntryError(f"{MANIFEST_FILE}: run_id is {_show(run_id)}, expected a string or null")
     created = body.get("created_unix")
-    if created is not None and not _number(created):
+    if created is not None and not _time(created):
         raise CorruptEntryError(f"{MANIFEST_FILE}: created_unix is {_show(created)}, expected a number >= 0 or null")
     retired = body.get("retired", {})
     if (not isinstance(retired, dict) or len(retired) > _MAX_RETIRED
-            or not all(is_recording(k) and _number(v) for k, v in retired.items())):
+            or not all(is_recording(k) and _time(v) for k, v in retired.items())):
         raise CorruptEntryError(f"{MANIFEST_FILE}: retired is {_show(retired)}, expected at most {_MAX_RETIRED} "
                                 "recording names with times")
     return StepManifest(str(recording), inner, run_id, None if created is None else float(created),
                         {str(k): float(v) for k, v in retired.items() if k != recording})
-
-
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def read_manifest(store: Any, step_dir: str) -> StepManifest | None:

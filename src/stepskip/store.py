@@ -177,12 +177,14 @@ def _shape_problem(meta: object, strings: bool = True) -> str | None:
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-def _bounded_int(meta: Mapping[str, Any], key: str, low: int, high: int) -> str | None:
+def _bounded_int(meta: Mapping[str, Any], key: str, low: int, high: int, file: str = META_FILE) -> str | None:
+    """Why ``meta[key]`` (of the JSON document ``file``) is not an int from ``low`` to ``high``; None when
+    it is, or when the key is absent."""
     if key not in meta:
         return None
     value = meta[key]
     if not _is_int(value) or not low <= value <= high:
-        return f"{META_FILE}: {key} is {_show(value)}, expected an int from {low} to {high}"
+        return f"{file}: {key} is {_show(value)}, expected an int from {low} to {high}"
     return None
 
 
@@ -274,16 +276,24 @@ def _retired_problem(retired: object) -> str | None:
     return None
 
 
+def _load_json(raw: bytes, limit: int, file: str) -> tuple[Any, str]:
+    """``(value, "")`` for at most ``limit`` bytes of JSON (the small documents of a cache: ``meta.json``,
+    a step manifest), else ``(None, reason)`` naming ``file``; never raises."""
+    if len(raw) > limit:
+        return None, f"{file} is {len(raw)} bytes, more than the {limit} it may have"
+    try:
+        return json.loads(raw), ""
+    except RecursionError:
+        return None, f"{file} nests too deep: it nests deeper than the JSON parser allows"
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, int digits limit
+        return None, f"unreadable {file}: {err}"
+
+
 def _parse_meta(raw: bytes) -> tuple[dict[str, Any] | None, str]:
     """``(meta, "")`` for a trustworthy ``meta.json``, else ``(None, reason)``; never raises."""
-    if len(raw) > META_MAX_BYTES:
-        return None, f"{META_FILE} is {len(raw)} bytes, more than the {META_MAX_BYTES} a meta.json may have"
-    try:
-        meta = json.loads(raw)
-    except RecursionError:
-        return None, f"{META_FILE} nests deeper than {META_MAX_DEPTH} levels"
-    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, int digits limit
-        return None, f"unreadable {META_FILE}: {err}"
+    meta, unparsed = _load_json(raw, META_MAX_BYTES, META_FILE)
+    if unparsed:
+        return None, unparsed
     try:
         reason = _check_meta(meta, raw)
     except (ArithmeticError, TypeError, ValueError, RecursionError) as err:  # hostile values a check missed: damage
@@ -1474,18 +1484,33 @@ class FsspecStore(_EntryStore):
                            f"{META_FILE} says {size}")
         return data
 
-    def _read_meta(self, path: str) -> bytes:
-        p = self._p(f"{path}/{META_FILE}")
+    def _read_bounded(self, path: str, limit: int) -> bytes:
+        """At most ``limit + 1`` bytes of the object at ``path``: one ranged read, so an object larger
+        than its bound is never fetched whole (the caller sees it is too large).
+
+        Raises:
+            FileNotFoundError, IsADirectoryError, NotADirectoryError: no object there.
+            OSError: the read failed (an empty object whose byte range a server refuses reads as b"").
+        """
+        p = self._p(path)
         try:
-            return bytes(self.fs.cat_file(p, start=0, end=META_MAX_BYTES + 1))
-        except IsADirectoryError as err:
-            raise FileNotFoundError(p) from err
-        except FileNotFoundError:
+            return bytes(self.fs.cat_file(p, start=0, end=limit + 1))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise
         except OSError:
-            if self.fs.size(p) == 0:  # some servers refuse a byte range of an empty object
+            try:
+                empty = self.fs.size(p) == 0
+            except OSError:
+                empty = False
+            if empty:  # some servers refuse a byte range of an empty object
                 return b""
             raise
+
+    def _read_meta(self, path: str) -> bytes:
+        try:
+            return self._read_bounded(f"{path}/{META_FILE}", META_MAX_BYTES)
+        except IsADirectoryError as err:
+            raise FileNotFoundError(self._p(f"{path}/{META_FILE}")) from err
 
     def _size(self, path: str) -> int:
         return int(self.fs.size(self._p(path)))
@@ -1610,9 +1635,8 @@ class FsspecStore(_EntryStore):
         return out
 
     def read_small(self, path: str, limit: int) -> bytes | None:
-        p = self._p(path)
         try:
-            data = bytes(self.fs.cat_file(p, start=0, end=limit + 1))
+            data = self._read_bounded(path, limit)
         except (FileNotFoundError, NotADirectoryError):
             if self.is_dir(path):
                 raise CorruptEntryError(f"{path} is a directory, not a file") from None
@@ -1620,11 +1644,6 @@ class FsspecStore(_EntryStore):
         except IsADirectoryError:
             raise CorruptEntryError(f"{path} is a directory, not a file") from None
         except OSError as err:
-            try:
-                if self.fs.size(p) == 0:  # some servers refuse a byte range of an empty object
-                    return b""
-            except OSError:
-                pass
             raise CorruptEntryError(f"cannot read {path}: {err}") from err
         if len(data) > limit:
             raise CorruptEntryError(f"{path} is more than the {limit} bytes it may have")
