@@ -716,14 +716,8 @@ class CacheIndex:
         leftovers += sorted(f"{where.root}/{i.name}" for i in inner_items
                             if is_leftover(i.name) and i.kind in ("dir", "file"))
         entries = [self.scan_entry(f"{where.root}/{n}", step, idx, role, fixed_role=True) for idx, n in inner]
-        have = {idx for idx, _ in inner}
-        lacking = [str(i) for i in range(manifest.inner_entries) if i not in have]
-        problem: Issue | None = None
-        if lacking:  # the manifest is written after every inner entry it counts: damage, not a write in progress
-            shown = ", ".join(lacking[:_LISTED_MISSING]) + (" ..." if len(lacking) > _LISTED_MISSING else "")
-            problem = Issue(IssueKind.DAMAGED, manifest_path,
-                            f"{MANIFEST_FILE} names the recording {manifest.recording}, which lacks inner "
-                            f"entries {shown}")
+        lacking = manifest.lacking(idx for idx, _ in inner)
+        problem = Issue(IssueKind.DAMAGED, manifest_path, manifest.lacking_reason(lacking)) if lacking else None
         return StepDir(path, step, StepKind.V1, role, entries, sorted(leftovers), size, mtime, manifest, problem,
                        shadowed)
 

@@ -37,6 +37,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,8 @@ _RECORDING = re.compile(r"rec-[0-9a-f]{12}")
 #: Replaced recordings a manifest remembers (older ones are forgotten, then removed once stale).
 _MAX_RETIRED = 64
 _MAX_RUN_ID = 256
+#: Lacking inner entries a message names (then a count): never a list as long as a hostile count.
+_LISTED_LACKING = 8
 
 
 def is_recording(name: object) -> bool:
@@ -104,6 +107,29 @@ class StepManifest:
     run_id: str | None = None
     created_unix: float | None = None
     retired: dict[str, float] = field(default_factory=dict)
+
+    def lacking(self, present: Iterable[int]) -> list[int]:
+        """The inner entries this manifest counts that are not among ``present`` (ascending).
+
+        Example:
+            >>> StepManifest("rec-0123456789ab", 3).lacking([0, 2])
+            [1]
+        """
+        have = set(present)
+        return [i for i in range(self.inner_entries) if i not in have]
+
+    def lacking_reason(self, lacking: Sequence[int]) -> str:
+        """Why a step whose recording lacks the inner entries ``lacking`` is damaged: the manifest is
+        written after every inner entry it counts, so one missing is damage, not a write in progress.
+
+        Example:
+            >>> StepManifest("rec-0123456789ab", 3).lacking_reason([1])
+            'step.json names the recording rec-0123456789ab, which lacks inner entry 1'
+        """
+        shown = ", ".join(str(i) for i in lacking[:_LISTED_LACKING])
+        more = f" and {len(lacking) - _LISTED_LACKING} more" if len(lacking) > _LISTED_LACKING else ""
+        return (f"{MANIFEST_FILE} names the recording {self.recording}, which lacks inner "
+                f"entr{'y' if len(lacking) == 1 else 'ies'} {shown}{more}")
 
     def to_bytes(self) -> bytes:
         body: dict[str, Any] = {"stepskip_manifest": MANIFEST_VERSION, "recording": self.recording,

@@ -143,12 +143,11 @@ class RolloutTqSkip(RolloutSkip):
         out = [(f"{where.root}/{i}", self._probe(f"{where.root}/{i}")) for i in range(self.parameter_sync_step)]
         manifest = where.manifest
         if manifest is not None:  # written after every inner entry it counts: one of them missing is damage
-            lacking = [str(i) for i, (_, p) in enumerate(out) if p.state is EntryState.MISSING
-                       and i < manifest.inner_entries]
+            present = [i for i, (_, p) in enumerate(out) if p.state is not EntryState.MISSING]
+            lacking = [i for i in manifest.lacking(present) if i < len(out)]  # of the inner entries this run reads
             if lacking:
-                reason = (f"{MANIFEST_FILE} names the recording {manifest.recording}, which lacks inner "
-                          f"entr{'y' if len(lacking) == 1 else 'ies'} {', '.join(lacking)}")
-                return [(f"{self.step_dump_dir(step)}/{MANIFEST_FILE}", Probe(EntryState.DAMAGED, reason=reason))]
+                return [(f"{self.step_dump_dir(step)}/{MANIFEST_FILE}",
+                         Probe(EntryState.DAMAGED, reason=manifest.lacking_reason(lacking)))]
         return out
 
     def _probes(self, step: int) -> list[Probe]:

@@ -89,3 +89,13 @@ def test_a_recording_name_with_a_line_break_is_not_a_recording(name):
     assert not is_recording(name)
     with pytest.raises(CorruptEntryError, match="recording"):
         parse_manifest(json.dumps({**GOOD, "recording": name}).encode())
+
+
+def test_what_a_manifest_lacks_is_named_in_one_message_bounded_in_length():
+    manifest = StepManifest("rec-0123456789ab", 4096)
+    assert StepManifest("rec-0123456789ab", 3).lacking(iter([2, 0, 7])) == [1]
+    lacking = manifest.lacking([0])
+    assert lacking == list(range(1, 4096))
+    reason = manifest.lacking_reason(lacking)
+    assert reason.startswith("step.json names the recording rec-0123456789ab, which lacks inner entries 1, 2,")
+    assert reason.endswith(" and 4087 more") and len(reason) < 200
