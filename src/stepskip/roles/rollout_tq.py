@@ -303,10 +303,11 @@ class RolloutTqSkip(RolloutSkip):
             uid_prompts = self._uid_prompts.get(step, {})
             if inner == 0 and step not in self._recording:  # saved without a submit phase: a fresh staging
                 self._new_staging(step)
-            staging = self._staging.get(step)
+            # set by begin_recording or just above; removed only once all parameter_sync_step entries were written
+            staging = self._staging[step]
         from stepskip.tq.rows import num_rows
 
-        path = f"{staging}/{inner}" if staging else self.inner_dump_dir(step, inner)
+        path = f"{staging}/{inner}"
         keys = list(batch.keys)
         row_prompts = [uid_prompts.get(str(key).split("_")[0]) for key in keys]
         try:
@@ -341,22 +342,18 @@ class RolloutTqSkip(RolloutSkip):
                 return False
             written = self._written[step] = self._written.get(step, 0) + 1
             complete = written == self.parameter_sync_step and step not in self._failed
-            staging = self._staging.get(step)
-            if complete:
-                self._staging.pop(step, None)
+            staging = self._staging.pop(step) if complete else ""  # every inner entry was written into it
         if complete:
             self._complete_step(step, staging)
         return True
 
-    def _complete_step(self, step: int, staging: str | None) -> None:
+    def _complete_step(self, step: int, staging: str) -> None:
         target = self.step_dump_dir(step)
         with self._index_lock:
             indexed = self._indexed.pop(target, [])  # re-read from the step once it is published
             if self._index is not None:
                 for path in indexed:
                     self._index.forget(path)
-        if staging is None:  # written in place (no staging was set up): nothing to publish
-            return
         try:
             if self.store.publishes_dirs:
                 self.store.publish_dir(staging, target)
