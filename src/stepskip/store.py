@@ -1817,14 +1817,27 @@ class FsspecStore(_EntryStore):
         return DirItem(name, kind, size if isinstance(size, int) else 0, _info_time(info))
 
     def forget_listings(self, path: str) -> None:
+        # Only the listings of path and below: its parents' (the run directory's) stay, and the cache is
+        # walked down from path's own cached listing, so a call costs the subtree, not every cached key
+        # (an index calls this once per step). Without a cached listing of path there is no walk to
+        # take: every key is looked at then, as below-path listings may still be cached.
         root = self._p(path).rstrip("/")
         cache = getattr(self.fs, "dircache", None)
+        if cache is None:
+            return
         try:
-            self.fs.invalidate_cache(root)  # the path and its parents
-            if cache is not None:  # and below it (fsspec leaves those)
+            if root not in cache:
                 for key in [k for k in list(cache) if str(k).startswith(root + "/")]:
                     cache.pop(key, None)
-        except Exception as err:  # a filesystem without a cache to drop: listings are fresh already
+                return
+            pending = [root]
+            while pending:
+                key = pending.pop()
+                for info in cache.pop(key, None) or ():
+                    name = str(info.get("name", "")).rstrip("/") if isinstance(info, Mapping) else ""
+                    if name.startswith(key + "/") and info.get("type") == "directory":
+                        pending.append(name)
+        except Exception as err:  # a filesystem whose cache cannot be dropped: listings are fresh already
             logger.debug("could not drop the cached listings of %s: %s", path, err)
 
     def list_items(self, path: str) -> list[DirItem]:

@@ -683,3 +683,42 @@ def test_parse_step_roundtrips_step_dir(tmp_path: Path) -> None:
     lay = Layout(str(tmp_path))
     for step in (0, 1, 42, 10**6):
         assert Layout.parse_step(os.path.basename(lay.step_dir(step))) == step
+
+
+class _CountingCache(dict):
+    """fsspec's dircache (a mapping of path -> listing), counting the walks over all its keys."""
+
+    walks = 0
+
+    def __iter__(self):
+        type(self).walks += 1
+        return super().__iter__()
+
+
+def test_forget_listings_drops_the_subtree_only_and_never_walks_every_key():
+    """Called once per step by the index: the run directory's listing stays cached, and a call costs the
+    step's own listings (walked from its cached listing), not every key of the cache."""
+    store = open_store("memory://forget/dump")
+    run = store._p("memory://forget/dump/run")  # the keys fsspec caches listings under
+    step = f"{run}/1"
+
+    def d(name):
+        return {"name": name, "type": "directory"}
+
+    cache = _CountingCache({
+        run: [d(step), d(f"{run}/2")],
+        step: [d(f"{step}/rec-0123456789ab"), d(f"{step}/0"), {"name": f"{step}/step.json", "type": "file"}],
+        f"{step}/rec-0123456789ab": [d(f"{step}/rec-0123456789ab/0")],
+        f"{step}/rec-0123456789ab/0": [{"name": f"{step}/rec-0123456789ab/0/meta.json", "type": "file"}],
+        f"{step}/0": [],
+        f"{run}/2": [d(f"{run}/2/0")],
+        f"{run}/10": [],  # a sibling whose name starts like the step's
+    })
+    store.fs.dircache = cache
+    _CountingCache.walks = 0
+    store.forget_listings("memory://forget/dump/run/1")
+    assert _CountingCache.walks == 0
+    assert sorted(cache) == sorted([run, f"{run}/2", f"{run}/10"])
+    cache[f"{step}/rec-0123456789ab/0"] = []  # cached below the step while the step's own listing is not
+    store.forget_listings("memory://forget/dump/run/1")  # no walk to take: the keys below it are looked for
+    assert sorted(cache) == sorted([run, f"{run}/2", f"{run}/10"])
