@@ -323,7 +323,7 @@ def _newest(store: Any, path: str) -> float | None:
 
 
 def remove_stale_recordings(store: Any, step_dir: str, older_than: float = STALE_SECONDS,
-                            now: float | None = None) -> list[str]:
+                            now: float | None = None, where: StepRoot | None = None) -> list[str]:
     """Delete the recordings of ``step_dir`` that no reader can reach and no writer is still writing.
 
     Kept: the recording the manifest names; a retired one within the store's grace period; a
@@ -332,12 +332,15 @@ def remove_stale_recordings(store: Any, step_dir: str, older_than: float = STALE
     manifest is damaged or unreadable (keep rather than delete when in doubt). Only directories
     named like recordings are considered.
 
+    Args:
+        where: ``step_dir`` as the caller just resolved it (:func:`resolve_step`); resolved here when None.
+
     Returns:
         The recording directories deleted.
     """
     grace = float(getattr(store, "grace_seconds", GRACE_SECONDS))
     now = float(getattr(store, "clock", time.time)()) if now is None else now
-    step = resolve_step(store, step_dir)
+    step = resolve_step(store, step_dir) if where is None else where
     if step.state is not EntryState.PRESENT:
         return []
     manifest = step.manifest

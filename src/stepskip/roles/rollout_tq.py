@@ -102,11 +102,10 @@ class RolloutTqSkip(RolloutSkip):
         super().start()
         for step in self.listed_steps():  # inner entries are built inside their step directory: clean there too
             step_dir = self.step_dump_dir(step)
-            self.store.remove_leftovers(step_dir)
-            remove_stale_recordings(self.store, step_dir)  # recordings no manifest names, once stale
-            where = self._step_root(step)
-            if where.manifest is not None:
-                self.store.remove_leftovers(where.root)
+            where = self._step_root(step)  # the manifest read once for both clean-ups
+            remove_stale_recordings(self.store, step_dir, where=where)  # recordings no manifest names, once stale
+            # an inner write's temporaries lie beside its entry: in the recording a manifest names, else in place
+            self.store.remove_leftovers(where.root if where.manifest is not None else step_dir)
 
     # ------------------------------------------------------------------ queue and paths
 

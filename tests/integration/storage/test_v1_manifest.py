@@ -455,6 +455,22 @@ def test_in_place_inner_directories_beside_a_manifest_are_removed_only_when_it_s
     assert replayed_markers(object_store) == {10}  # the manifest's recording, either way
 
 
+def test_start_up_clean_up_reads_each_manifest_once_and_cleans_the_recording_it_names(object_store, monkeypatch):
+    Recorder(object_store).record(1, marker=10)
+    store, where = fs_store(object_store), step_dir(object_store)
+    recording = read_manifest(store, where).recording
+    reads: list[str] = []
+    cleaned: list[str] = []
+    read_small, remove_leftovers = type(store).read_small, type(store).remove_leftovers
+    monkeypatch.setattr(type(store), "read_small", lambda self, path, limit: reads.append(path) or read_small(
+        self, path, limit))
+    monkeypatch.setattr(type(store), "remove_leftovers", lambda self, path, *a, **k: cleaned.append(path) or
+                        remove_leftovers(self, path, *a, **k))
+    Recorder(object_store)  # binding starts the role: its clean-up of every listed step
+    assert reads == [f"{where}/{MANIFEST_FILE}"]
+    assert cleaned[-1:] == [f"{where}/{recording}"] and where not in cleaned  # the run directory's own is before
+
+
 def test_the_cli_lists_verifies_shows_and_views_manifest_steps(object_store):
     from cli_run import stepskip
 
