@@ -42,7 +42,7 @@ from stepskip.manifest import (
     resolve_step,
 )
 from stepskip.policies import MatchN, SkipAction
-from stepskip.resolve import remap_v1
+from stepskip.resolve import load_candidates, remap_v1
 from stepskip.roles.base import register_skip
 from stepskip.roles.cached import ROW_WISE_ACTIONS, _prompt_digest, _seconds, _step_of
 from stepskip.roles.rollout import RolloutSkip
@@ -133,10 +133,10 @@ class RolloutTqSkip(RolloutSkip):
         """Where ``step``'s inner entries are, its manifest read once (see :mod:`stepskip.manifest`)."""
         return resolve_step(self.store, self.step_dump_dir(step))
 
-    def _probed(self, step: int) -> list[tuple[str, Probe]]:
-        """``(path, probe)`` of every inner entry of ``step``, all below one resolved root; one damaged
-        or unreadable probe of the manifest when it cannot be used."""
-        where = self._step_root(step)
+    def _probed(self, step: int, where: StepRoot | None = None) -> list[tuple[str, Probe]]:
+        """``(path, probe)`` of every inner entry of ``step``, all below one resolved root (``where``, else
+        resolved here); one damaged or unreadable probe of the manifest when it cannot be used."""
+        where = self._step_root(step) if where is None else where
         if where.state is not EntryState.PRESENT:
             return [(f"{self.step_dump_dir(step)}/{MANIFEST_FILE}", Probe(where.state, reason=where.reason))]
         out = [(f"{where.root}/{i}", self._probe(f"{where.root}/{i}")) for i in range(self.parameter_sync_step)]
@@ -153,11 +153,17 @@ class RolloutTqSkip(RolloutSkip):
         return [probe for _, probe in self._probed(step)]
 
     def _present(self, step: int) -> bool:
-        probes = self._probes(step)
-        if any(p.state is not EntryState.PRESENT for p in probes):
-            return False
-        runs = {(p.meta or {}).get("run_id") for p in probes}
-        return len(runs) == 1  # a step half-written by a crashed run is never completed by another
+        return _complete(self._probed(step))
+
+    def _resolve_root(self, step: int) -> tuple[int, StepRoot | None]:
+        """:meth:`resolve_load_step` and the root it validated: the step's inner entries are then read
+        from the recording that was probed, its manifest not read again."""
+        listed = () if self.action in (SkipAction.CACHE, SkipAction.REPLAY) else self.listed_steps()
+        for candidate in load_candidates(self.action, step, listed, self.seed):
+            where = self._step_root(candidate)
+            if _complete(self._probed(candidate, where)):
+                return candidate, where
+        return -1, None
 
     # ------------------------------------------------------------------ the seed's V1 interface
 
@@ -172,12 +178,14 @@ class RolloutTqSkip(RolloutSkip):
         elif action is SkipAction.REPLAY:
             return True
         else:
-            for path, probe in self._probed(step):
+            probed = self._probed(step)
+            for path, probe in probed:
                 if probe.state is EntryState.UNREADABLE:
                     raise self._unreadable(probe.reason)  # the step would be re-recorded over it: never
                 if action is SkipAction.CACHE and probe.state is EntryState.DAMAGED:
                     self._report_corrupt(step, path, probe.reason)
-            hit = self.has_v1_cache(step)
+            # cache loads the step itself: what was just probed decides (its manifest is not read again)
+            hit = _complete(probed) if action is SkipAction.CACHE else self.has_v1_cache(step)
         if not hit:
             self.stats.add(misses=1)
             logger.info("%s miss: step %d has no complete entry under %s; generating and dumping it",
@@ -384,15 +392,15 @@ class RolloutTqSkip(RolloutSkip):
         Raises:
             CacheMissError: no complete step to load; CorruptEntryError: a damaged inner entry.
         """
-        load_step = self.resolve_load_step(step)
-        if load_step == -1 and self.action is SkipAction.REPLAY:  # say why: damaged and unreadable are not missing
+        load_step, where = self._resolve_root(step)
+        if where is None and self.action is SkipAction.REPLAY:  # say why: damaged and unreadable are not missing
             for path, probe in self._probed(step):
                 if probe.state is EntryState.UNREADABLE:
                     raise self._unreadable(probe.reason)
                 if probe.state is EntryState.DAMAGED:
                     self._report_corrupt(step, path, probe.reason)
                     raise CorruptEntryError(f"{self.name}: step {step} at {path} is damaged: {probe.reason}")
-        if load_step == -1:
+        if where is None:
             raise CacheMissError(
                 f"{self.name}: no complete V1 entry for step {step} under {self.project_dump_dir} "
                 f"(action {self.action.value!r}, parameter_sync_step {self.parameter_sync_step})"
@@ -400,12 +408,7 @@ class RolloutTqSkip(RolloutSkip):
         from stepskip.tq.rows import concat_rows, num_rows, select_rows
 
         start = time.perf_counter()
-        where = self._step_root(load_step)  # once: every inner entry comes from the recording it names
-        if where.state is EntryState.UNREADABLE:
-            raise self._unreadable(where.reason)
-        if where.state is EntryState.DAMAGED:
-            self._report_corrupt(step, self.step_dump_dir(load_step), where.reason)
-            raise CorruptEntryError(f"{self.name}: {where.reason}")
+        # every inner entry comes from the recording whose probes made the step complete (manifest read once)
         parts, keys, tags, nbytes, saved = [], [], [], 0, 0.0
         for inner in range(self.parameter_sync_step):
             path = f"{where.root}/{inner}"
@@ -657,6 +660,14 @@ class RolloutTqSkip(RolloutSkip):
 
     def _resolve_load_step_v1(self, step: int) -> int:
         return self.resolve_load_step(step)
+
+
+def _complete(probed: list[tuple[str, Probe]]) -> bool:
+    """True when every inner entry probed is present and one run wrote them all."""
+    if any(p.state is not EntryState.PRESENT for _, p in probed):
+        return False
+    runs = {(p.meta or {}).get("run_id") for _, p in probed}
+    return len(runs) == 1  # a step half-written by a crashed run is never completed by another
 
 
 def _step_dir_of(path: str) -> str:

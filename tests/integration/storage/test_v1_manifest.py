@@ -471,6 +471,34 @@ def test_start_up_clean_up_reads_each_manifest_once_and_cleans_the_recording_it_
     assert cleaned[-1:] == [f"{where}/{recording}"] and where not in cleaned  # the run directory's own is before
 
 
+def test_a_cache_hit_reads_the_manifest_once_per_phase_and_loads_the_recording_it_probed(object_store, monkeypatch):
+    """``meet_precondition`` decides from the one probe of the step; ``inject`` reads the inner entries of
+    the recording its own probe validated, even when the manifest names another one by then."""
+    Recorder(object_store).record(1, marker=10)
+    store, where = fs_store(object_store), step_dir(object_store)
+    reader = Recorder(object_store, action="cache")
+    reads: list[str] = []
+    read_small = type(store).read_small
+    monkeypatch.setattr(type(store), "read_small", lambda self, path, limit: reads.append(path) or read_small(
+        self, path, limit))
+    assert reader.role.meet_precondition(1)
+    assert reads == [f"{where}/{MANIFEST_FILE}"]
+    probed = reader.role._probed
+
+    def then_renamed(step, *args):
+        out = probed(step, *args)  # then another manifest, naming a recording that is not there
+        store.put_small(f"{where}/{MANIFEST_FILE}", StepManifest("rec-ffffffffffff", SYNC, "other").to_bytes())
+        return out
+
+    monkeypatch.setattr(reader.role, "_probed", then_renamed)
+    reads.clear()
+    uids = ["a", "b", "c", "d"]
+    reader.role.inject(1, uids)
+    assert reads == [f"{where}/{MANIFEST_FILE}"]
+    data = reader.tq.kv_batch_get(keys=[f"{u}_{s}_0" for u in uids for s in range(N)], partition_id="train")
+    assert {int(r[0]) // 1000 for r in data["responses"]} == {10}
+
+
 def test_the_cli_lists_verifies_shows_and_views_manifest_steps(object_store):
     from cli_run import stepskip
 
