@@ -153,15 +153,19 @@ def _new_meta(entry: EntryRecord, target: Format) -> dict[str, Any]:
     return meta
 
 
-def _convert_one(src: CacheIndex, dst: CacheIndex, job: _Job, allow_pickle: bool) -> ConvertedEntry:
+def _convert_one(src: CacheIndex, dst: CacheIndex, job: _Job, allow_pickle: bool,
+                 removed: set[str] | None = None) -> ConvertedEntry:
+    """Convert one entry; ``removed`` holds the destination manifests removed already (one per step, not per job)."""
     entry, target = job.entry, job.target
+    removed = set() if removed is None else removed
     result = ConvertedEntry(entry.path, job.dest, entry.format or "?", target.name)
     wrote = False
     try:
         value = src.read_entry(entry, allow_pickle=allow_pickle)
         files = target.encode(target.freeze(value, copy=False))
-        if job.manifest is not None and dst.inside(job.manifest):
+        if job.manifest is not None and job.manifest not in removed and dst.inside(job.manifest):
             dst.store.remove(job.manifest)  # the step is written in place now: its old commit point goes
+            removed.add(job.manifest)
         result.bytes = dst.store.write_entry(job.dest, files, _new_meta(entry, target))
         wrote = True
         written = dst.scan_entry(job.dest, entry.step, entry.inner, entry.role)
@@ -206,8 +210,9 @@ def convert_cache(src: CacheIndex, dst: CacheIndex, to: str, allow_pickle: bool 
     """
     jobs, skipped = plan_convert(src, dst, to, allow_pickle, overwrite, role)
     report = ConvertReport(skipped=skipped)
+    removed: set[str] = set()  # destination manifests removed: the other jobs of their step skip them
     for job in jobs:
-        done = _convert_one(src, dst, job, allow_pickle)
+        done = _convert_one(src, dst, job, allow_pickle, removed)
         (report.failed if done.error else report.converted).append(done)
         if on_entry is not None:
             on_entry(done)

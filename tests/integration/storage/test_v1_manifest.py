@@ -590,7 +590,8 @@ def test_local_small_files_are_read_bounded_and_written_whole(tmp_path):
         store.read_small(str(tmp_path / "a"), 10)  # a directory
 
 
-def test_convert_writes_a_manifest_step_in_place_and_clears_a_destination_manifest(object_store, tmp_path):
+def test_convert_writes_a_manifest_step_in_place_and_clears_a_destination_manifest(object_store, tmp_path,
+                                                                                   monkeypatch):
     from stepskip.cli.convert import convert_cache
 
     Recorder(object_store).record(1, marker=10)
@@ -601,8 +602,13 @@ def test_convert_writes_a_manifest_step_in_place_and_clears_a_destination_manife
     assert sorted(p.name for p in (local / RUN / "1").iterdir()) == ["0", "1"]  # in place: no manifest needed
     assert replayed_markers((str(local), {})) == {20}
     # back onto the object store, over the manifest step: the old manifest goes, the converted step is read
+    removes: list[str] = []
+    remove = type(fs_store(object_store)).remove
+    monkeypatch.setattr(type(fs_store(object_store)), "remove", lambda self, path: removes.append(path) or
+                        remove(self, path))
     back = convert_cache(CacheIndex(str(local)), CacheIndex(*object_store), to="safe", overwrite=True)
     assert back.ok
+    assert [p for p in removes if p.endswith(MANIFEST_FILE)] == [f"{step_dir(object_store)}/{MANIFEST_FILE}"]  # once
     assert read_manifest(fs_store(object_store), step_dir(object_store)) is None
     assert replayed_markers(object_store) == {20}
 
