@@ -18,7 +18,7 @@ import numpy as np
 from stepskip.calls import is_dataproto_like
 
 __all__ = ["group_rows", "PromptIndex", "MatchSplit", "select_batch_rows", "concat_batches", "batch_rows",
-           "rows_problem", "join_problem"]
+           "rows_unlike_prompts", "join_problem"]
 
 
 def batch_rows(value: Any) -> int:
@@ -123,22 +123,12 @@ def concat_batches(parts: Sequence[Any]) -> Any:
     return concat_rows(list(parts))
 
 
-def rows_problem(value: Any) -> str | None:
-    """Why ``value``'s columns do not all hold its row count (a crafted entry), or None.
-
-    A DataProto-like batch keeps its non-tensor columns beside the tensors: each must hold one item
-    per row, else selecting rows of it fails (or mixes rows up).
-    """
-    if not is_dataproto_like(value):
-        return None
+def rows_unlike_prompts(value: Any, recorded: Any) -> str | None:
+    """Why an entry's data does not hold the rows its ``row_prompts`` (``recorded``) describe, or None."""
     rows = batch_rows(value)
-    for key, column in value.non_tensor_batch.items():
-        try:
-            count = len(column)
-        except TypeError:
-            return f"its non-tensor column {key!r} is a {type(column).__qualname__}, not one item per row"
-        if count != rows:
-            return f"its non-tensor column {key!r} holds {count} rows, its batch {rows}"
+    if not isinstance(recorded, list) or rows != len(recorded):
+        count = len(recorded) if isinstance(recorded, list) else 0
+        return f"its data holds {rows} rows but its meta.json records the prompts of {count}"
     return None
 
 

@@ -517,7 +517,7 @@ class CachedRole(BaseSkip):
                           loaded=loaded, damaged=damaged)
 
     def _load_found(self, step: int, found: dict[int, tuple[str, int]], digests: list[str],
-                    damaged: list[str] | None = None) -> dict[str, tuple[Any, list[int], dict[str, Any], int]]:
+                    damaged: list[str]) -> dict[str, tuple[Any, list[int], dict[str, Any], int]]:
         """Read the recorded rows ``found`` names: entry -> ``(those rows, their recorded indices, meta, bytes)``.
 
         An entry is left out (its groups are then generated) when it cannot be read, when its data
@@ -525,7 +525,7 @@ class CachedRole(BaseSkip):
         longer record the prompts they were indexed for (replaced since: not damage). Entries
         found damaged are appended to ``damaged``.
         """
-        from stepskip.matching import batch_rows, join_problem, rows_problem, select_batch_rows
+        from stepskip.matching import join_problem, rows_unlike_prompts, select_batch_rows
 
         needed: dict[str, dict[int, str]] = {}  # entry -> recorded row -> the digest it must record
         for live_row in sorted(found):
@@ -541,17 +541,15 @@ class CachedRole(BaseSkip):
             except CacheMissError as err:  # damaged (counted by the read), vanished, of other settings now
                 logger.warning("%s match: %s; generating its %d prompt groups", self.name, err,
                                len(set(wanted.values())))
-                if isinstance(err, CorruptEntryError) and damaged is not None:
+                if isinstance(err, CorruptEntryError):
                     damaged.append(path)
                 dropped.append(path)
                 continue
             recorded = meta.get("row_prompts")
-            rows = batch_rows(value)
-            if not isinstance(recorded, list) or rows != len(recorded):
-                self._report_corrupt(step, path, f"its data holds {rows} rows but its meta.json records the "
-                                                 f"prompts of {len(recorded) if isinstance(recorded, list) else 0}")
-                if damaged is not None:
-                    damaged.append(path)
+            problem = rows_unlike_prompts(value, recorded)
+            if problem is not None or not isinstance(recorded, list):  # (a list whenever problem is None)
+                self._report_corrupt(step, path, str(problem))
+                damaged.append(path)
                 dropped.append(path)
                 continue
             if any(row >= len(recorded) or recorded[row] != digest for row, digest in wanted.items()):
@@ -560,16 +558,11 @@ class CachedRole(BaseSkip):
                 dropped.append(path)
                 continue
             indices = list(wanted)
-            problem = rows_problem(value)
-            if problem is None:
-                try:  # a crafted entry whose columns disagree must cost its groups, never the step
-                    loaded[path] = (select_batch_rows(value, indices), indices, meta, size)
-                except Exception as err:
-                    problem = f"its rows cannot be selected ({type(err).__name__}: {err})"
-            if problem is not None:
-                self._report_corrupt(step, path, problem)
-                if damaged is not None:
-                    damaged.append(path)
+            try:  # decoding made a consistent batch (Batch and DataProto check their columns); others may not
+                loaded[path] = (select_batch_rows(value, indices), indices, meta, size)
+            except Exception as err:
+                self._report_corrupt(step, path, f"its rows cannot be selected ({type(err).__name__}: {err})")
+                damaged.append(path)
                 dropped.append(path)
         # entries that cannot be joined with the others would fail after generation: drop them now
         # (the ones that agree with the entry serving the most rows stay)
@@ -579,8 +572,7 @@ class CachedRole(BaseSkip):
                 problem = join_problem([loaded[reference][0], loaded[path][0]])
                 if problem is not None:
                     self._report_corrupt(step, path, problem)
-                    if damaged is not None:
-                        damaged.append(path)
+                    damaged.append(path)
                     dropped.append(path)
                     del loaded[path]
         if dropped:
@@ -643,12 +635,7 @@ class CachedRole(BaseSkip):
         sources: list[Any] = []
         offsets: dict[str, tuple[int, dict[int, int]]] = {}  # entry -> (its first row in sources, row map)
         nbytes, saved, base = 0, 0.0, 0
-        loaded = split.loaded
-        if split.found and not loaded:  # a split made elsewhere: read (and check) its entries now
-            loaded = self._load_found(step, split.found, split.digests)
-        if any(path not in loaded for path, _ in split.found.values()):
-            raise CacheMissError(f"{self.name}: an entry of step {step}'s recorded prompt groups could not be read")
-        for path, (selected, rows, meta, size) in loaded.items():
+        for path, (selected, rows, meta, size) in split.loaded.items():  # match_split read every found entry
             nbytes += size
             recorded_rows = len(meta.get("row_prompts") or ()) or len(rows)
             saved += _seconds(meta.get("generation_seconds")) * len(rows) / recorded_rows
@@ -744,7 +731,7 @@ class CachedRole(BaseSkip):
 
     def _record_match(self, step: int, split: Any, prompts: Any, merged: Any, generated: Any) -> None:
         from stepskip.fidelity import prompt_row_digests
-        from stepskip.matching import batch_rows, concat_batches, join_problem, rows_problem, select_batch_rows
+        from stepskip.matching import concat_batches, join_problem, rows_unlike_prompts, select_batch_rows
 
         path = self.step_dump_dir(step)
         info = CURRENT_CALL.get()
@@ -755,11 +742,8 @@ class CachedRole(BaseSkip):
             try:
                 existing, meta, _, _ = self.load_entry(step)
                 recorded = meta.get("row_prompts")
-                if isinstance(recorded, list) and batch_rows(existing) != len(recorded):
-                    self._report_corrupt(step, path, f"its data holds {batch_rows(existing)} rows but its "
-                                                     f"meta.json records the prompts of {len(recorded)}")
-                elif isinstance(recorded, list) and (
-                        problem := rows_problem(existing) or join_problem([generated, existing])) is not None:
+                problem = rows_unlike_prompts(existing, recorded) or join_problem([generated, existing])
+                if isinstance(recorded, list) and problem is not None:
                     self._report_corrupt(step, path, problem)  # the live rows are written alone
                 elif isinstance(recorded, list):
                     subset = select_batch_rows(prompts, split.missing_rows) if split.found else prompts
@@ -789,9 +773,7 @@ class CachedRole(BaseSkip):
         try:
             return self.format.freeze(value, copy=copy), meta()
         except Exception as err:  # the dump boundary: nothing about a result may stop the training run
-            self.stats.add(dump_failures=1)
-            logger.error("%s dump failed: step %d not written to %s: %s: %s",
-                         self.name, step, path, type(err).__name__, err)
+            self._dump_failed(step, path, err)
             return None
 
     def _entry_meta(self, step: int, generation_seconds: float | None, **extra: Any) -> dict[str, Any]:
@@ -809,7 +791,10 @@ class CachedRole(BaseSkip):
 
     def _submit_write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> None:
         if not self.async_dump:
-            self._write(path, step, frozen, meta)
+            try:
+                self._write(path, step, frozen, meta)
+            finally:  # after a subclass's own publication too (rollout_tq's whole step)
+                self._forget_listing()
             return
         done = threading.Event()
         with self._pending_lock:
@@ -821,7 +806,7 @@ class CachedRole(BaseSkip):
         default_worker().submit(dump, nbytes=nbytes, group=group)
 
     def _finish_dump(self, path: str, done: threading.Event) -> None:
-        self._forget_listing()
+        self._forget_listing()  # every queued write ends here, batched or not
         with self._pending_lock:
             if self._pending.get(path) is done:
                 del self._pending[path]
@@ -911,8 +896,6 @@ class CachedRole(BaseSkip):
         except Exception as err:  # the dump boundary: no storage error may stop the training run
             self._dump_failed(step, path, err)
             return False
-        finally:
-            self._forget_listing()
         seconds = time.perf_counter() - start
         self.stats.add(dumps=1, dump_seconds=seconds, bytes_written=written)
         logger.info("%s dump: step %d written to %s (%d bytes, %.3fs)", self.name, step, path, written, seconds)
@@ -1137,6 +1120,7 @@ class _Dump:
 
 #: At most this many non-tensor objects are looked at to size a snapshot; more make it a large dump.
 _SIZED_OBJECTS = 4096
+_CONTAINERS = (list, tuple, set, frozenset)
 
 
 def _small_size(frozen: Any) -> int | None:
@@ -1181,6 +1165,10 @@ def _rough_bytes(tree: Any, limit: int) -> int | None:
         seen.add(id(value))
         if len(seen) > _SIZED_OBJECTS:
             return None
+        sized = isinstance(value, (dict, *_CONTAINERS))
+        items = value.size if isinstance(value, np.ndarray) else len(value) if sized else 0
+        if items > _SIZED_OBJECTS:
+            return None  # too many items to look at: given up before copying them into ``todo``
         if isinstance(value, (str, bytes)):
             total += sys.getsizeof(value)
         elif isinstance(value, np.ndarray):
@@ -1193,7 +1181,7 @@ def _rough_bytes(tree: Any, limit: int) -> int | None:
             total += 16 * len(value)
             todo.extend(value.keys())
             todo.extend(value.values())
-        elif isinstance(value, (list, tuple, set, frozenset)):
+        elif isinstance(value, _CONTAINERS):
             total += 8 * len(value)
             todo.extend(value)
         elif hasattr(value, "snapshot") and hasattr(value, "items"):  # safe's deferred leaf
