@@ -110,9 +110,17 @@ def select_batch_rows(value: Any, rows: Sequence[int]) -> Any:
 
 
 def concat_batches(parts: Sequence[Any]) -> Any:
-    """Join batches of one type row-wise (meta_info from the first)."""
+    """Join batches of one type row-wise (meta_info from the first).
+
+    Raises:
+        ValueError: the parts hold other columns, or columns of other dtypes (a join would drop
+            or silently convert them).
+    """
     from stepskip.tq.rows import concat_rows
 
+    problem = _column_mismatch(parts)
+    if problem is not None:
+        raise ValueError(f"cannot join these batches row-wise: {problem}")
     first = parts[0]
     if is_dataproto_like(first):
         batches = [p.batch for p in parts]
@@ -121,6 +129,23 @@ def concat_batches(parts: Sequence[Any]) -> Any:
         non_tensor = {k: np.concatenate([np.asarray(p.non_tensor_batch[k]) for p in parts]) for k in keys}
         return _rebuild(first, batch, non_tensor, dict(first.meta_info))
     return concat_rows(list(parts))
+
+
+def _column_mismatch(parts: Sequence[Any]) -> str | None:
+    """How a part's columns (non-tensor names; tensor names and dtypes) differ from the first part's."""
+    first = parts[0]
+    names = set(first.non_tensor_batch) if is_dataproto_like(first) else None
+    dtypes = _dtypes(first)
+    for i, part in enumerate(parts[1:], start=1):
+        if names is not None and set(part.non_tensor_batch) != names:
+            return f"part {i} has the non-tensor columns {sorted(part.non_tensor_batch)}, part 0 {sorted(names)}"
+        other = _dtypes(part)
+        if other != dtypes:
+            if other.keys() != dtypes.keys():
+                return f"part {i} has the tensors {sorted(other)}, part 0 {sorted(dtypes)}"
+            key = next(k for k in dtypes if other[k] != dtypes[k])
+            return f"part {i}'s {key!r} is {other[key]}, part 0's {dtypes[key]}"
+    return None
 
 
 def rows_unlike_prompts(value: Any, recorded: Any) -> str | None:
@@ -140,23 +165,7 @@ def join_problem(parts: Sequence[Any]) -> str | None:
     if len(parts) < 2:
         return None
     try:
-        heads = [select_batch_rows(p, [0]) if batch_rows(p) > 0 else p for p in parts]
-        joined = concat_batches(heads)
-        if is_dataproto_like(joined):  # columns the first part lacks would be dropped silently
-            keys = set(joined.non_tensor_batch)
-            tensors = set() if joined.batch is None else set(joined.batch.keys(True, True))
-            for part in parts[1:]:
-                if set(part.non_tensor_batch) != keys or (
-                        tensors != (set() if part.batch is None else set(part.batch.keys(True, True)))):
-                    return "its columns differ from the others'"
-        else:
-            keys = set(joined.keys(True, True)) if hasattr(joined, "keys") else set()
-            for part in parts[1:]:
-                if hasattr(part, "keys") and set(part.keys(True, True)) != keys:
-                    return "its columns differ from the others'"
-        for head in heads[1:]:
-            if _dtypes(head) != _dtypes(heads[0]):
-                return "its column dtypes differ from the others'"
+        concat_batches([select_batch_rows(p, [0]) if batch_rows(p) > 0 else p for p in parts])
     except Exception as err:  # any failure to join is the answer, never an escape into the trainer
         return f"its columns cannot be joined with the others' ({type(err).__name__}: {err})"
     return None
