@@ -96,6 +96,17 @@ class MatchSplit:
     loaded: dict[str, tuple[Any, list[int], dict[str, Any], int]] = field(default_factory=dict)
     damaged: list[str] = field(default_factory=list)
 
+    def keeping(self, loaded: dict[str, tuple[Any, list[int], dict[str, Any], int]], prompts: Any,
+                damaged: Sequence[str] = ()) -> MatchSplit:
+        """This split replaying only the entries of ``loaded``: the rows of any other entry are generated
+        too (``prompts``: the live call's, for the new ``subset``; ``damaged``: entries to add to it)."""
+        found = {row: where for row, where in self.found.items() if where[0] in loaded}
+        missing = sorted(self.missing_rows + [row for row, where in self.found.items() if where[0] not in loaded])
+        subset = None if not missing else prompts if not found else select_batch_rows(prompts, missing)
+        return MatchSplit(digests=self.digests, found=found, missing_rows=missing, subset=subset,
+                          sources={path: n for path, n in self.sources.items() if path in loaded},
+                          loaded=dict(loaded), damaged=[*self.damaged, *damaged])
+
 
 def select_batch_rows(value: Any, rows: Sequence[int]) -> Any:
     """Rows ``rows`` (any order, repeats allowed) of a DataProto-like batch or a TensorDict, as the same type."""

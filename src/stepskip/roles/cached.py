@@ -483,7 +483,7 @@ class CachedRole(BaseSkip):
                 TensorDict prompts).
         """
         from stepskip.fidelity import prompt_row_digests
-        from stepskip.matching import MatchSplit, group_rows, select_batch_rows
+        from stepskip.matching import MatchSplit, group_rows
 
         try:
             digests = prompt_row_digests(prompts, self.rebind_keys)
@@ -504,17 +504,9 @@ class CachedRole(BaseSkip):
             for session, row in enumerate(rows):  # a different sample count cycles, as the V1 remap does
                 found[row] = (path, recorded_rows[session % len(recorded_rows)])
         damaged: list[str] = []
-        loaded = self._load_found(step, found, digests, damaged)
-        for row in [r for r, (path, _) in found.items() if path not in loaded]:  # its entry failed: generate
-            missing.append(row)
-            del found[row]
-        sources = {path: count for path, count in sources.items() if path in loaded}
-        missing.sort()
-        subset = None
-        if missing:
-            subset = prompts if not found else select_batch_rows(prompts, missing)
-        return MatchSplit(digests=digests, found=found, missing_rows=missing, subset=subset, sources=sources,
-                          loaded=loaded, damaged=damaged)
+        loaded = self._load_found(step, found, digests, damaged)  # an entry that failed: its groups are generated
+        return MatchSplit(digests=digests, found=found, missing_rows=missing, sources=sources).keeping(
+            loaded, prompts, damaged)
 
     def _load_found(self, step: int, found: dict[int, tuple[str, int]], digests: list[str],
                     damaged: list[str]) -> dict[str, tuple[Any, list[int], dict[str, Any], int]]:
@@ -684,7 +676,7 @@ class CachedRole(BaseSkip):
             rows they were to serve, those rows' prompts)``: call the function with those prompts and
             pass its result to :meth:`match_regenerated`.
         """
-        from stepskip.matching import MatchSplit, join_problem, select_batch_rows
+        from stepskip.matching import join_problem, select_batch_rows
 
         if not split.found or generated is None or not split.loaded:
             return None
@@ -703,13 +695,7 @@ class CachedRole(BaseSkip):
         redo = sorted(row for row, (path, _) in split.found.items() if path in bad)
         logger.warning("%s match: step %d generates %d more rows: their recorded entries do not join the live "
                        "rows", self.name, step, len(redo))
-        found = {row: where for row, where in split.found.items() if where[0] not in bad}
-        missing = sorted(split.missing_rows + redo)
-        narrowed = MatchSplit(digests=split.digests, found=found, missing_rows=missing,
-                              subset=prompts if not found else select_batch_rows(prompts, missing),
-                              sources={p: n for p, n in split.sources.items() if p not in bad},
-                              loaded={p: v for p, v in split.loaded.items() if p not in bad},
-                              damaged=list(split.damaged) + bad)
+        narrowed = split.keeping({p: v for p, v in split.loaded.items() if p not in bad}, prompts, bad)
         return narrowed, redo, select_batch_rows(prompts, redo)
 
     def match_regenerated(self, split: Any, narrowed: Any, redo: list[int], generated: Any, regenerated: Any) -> Any:
