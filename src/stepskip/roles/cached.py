@@ -787,8 +787,10 @@ class CachedRole(BaseSkip):
             self._pending[path] = done
         dump = _Dump(self, path, step, frozen, meta, done)
         nbytes = _small_size(frozen)
-        # consecutive small dumps are committed together (fsyncs batched), unless a subclass writes its own way
-        group = self._write_batch if nbytes is not None and type(self)._write is CachedRole._write else None
+        # consecutive small dumps are committed together (fsyncs batched) where the store can, unless a
+        # subclass writes its own way
+        batches = nbytes is not None and hasattr(self.store, "write_entries") and type(self)._write is CachedRole._write
+        group = self._write_batch if batches else None
         default_worker().submit(dump, nbytes=nbytes, group=group)
 
     def _finish_dump(self, path: str, done: threading.Event) -> None:
@@ -803,14 +805,9 @@ class CachedRole(BaseSkip):
 
         The store publishes each entry atomically and makes it durable before it counts as
         written, as :meth:`_write` does, with the fsyncs of the whole batch issued together; a
-        failure is counted for its own entry alone. Stores without batched writes write one by one.
+        failure is counted for its own entry alone. Only dumps to a store with ``write_entries`` come here.
         """
-        batched = getattr(self.store, "write_entries", None)
         try:
-            if batched is None:
-                for dump in dumps:
-                    self._write(dump.path, dump.step, dump.frozen, dump.meta)
-                return
             start = time.perf_counter()
             encoded: list[_Dump] = []
             reached = 0  # dumps the store took from the generator (encoded or failed)
@@ -829,9 +826,9 @@ class CachedRole(BaseSkip):
                     yield dump.path, files, dump.meta
 
             try:
-                results: list[int | Exception] = batched(entries())
-            except Exception as err:  # not expected (failures are per entry): look at what got published
-                results = [self._published_size(dump, err) for dump in encoded]
+                results: list[int | Exception] = self.store.write_entries(entries())
+            except Exception as err:  # not expected (the store reports failures per entry): all count as failed
+                results = [err] * len(encoded)
                 for dump in dumps[reached:]:  # never taken from the generator: never written
                     self._dump_failed(dump.step, dump.path, err)
             seconds = (time.perf_counter() - start) / max(1, len(encoded))  # each entry's share of the batch
@@ -845,21 +842,6 @@ class CachedRole(BaseSkip):
         finally:
             for dump in dumps:
                 self._finish_dump(dump.path, dump.done)
-
-    def _published_size(self, dump: _Dump, err: Exception) -> int | Exception:
-        """After a batched write raised: the bytes of ``dump``'s entry when this very dump got published
-        (its meta is on disk), else ``err``."""
-        try:
-            probe = self.store.probe(dump.path)
-        except Exception:  # the boundary: it counts as failed
-            return err
-        meta = probe.meta if probe.state is EntryState.PRESENT else None
-        if not isinstance(meta, dict) or any(meta.get(key) != dump.meta.get(key)
-                                             for key in ("run_id", "global_steps", "created_unix")):
-            return err
-        listed = meta.get("files")
-        sizes = [f.get("bytes") for f in listed.values() if isinstance(f, dict)] if isinstance(listed, dict) else []
-        return sum(n for n in sizes if isinstance(n, int))
 
     def _dump_failed(self, step: int, path: str, err: BaseException) -> None:
         self.stats.add(dump_failures=1)
