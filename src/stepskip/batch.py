@@ -45,6 +45,24 @@ class Batch:
     non_tensor_batch: dict[str, np.ndarray] = field(default_factory=dict)
     meta_info: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """With tensors, every non-tensor column holds one item per row, as verl's ``DataProto`` checks.
+
+        Raises:
+            ValueError: a column that is not a sequence, or whose length is not the row count.
+        """
+        if self.batch is None or self.batch.batch_dims == 0:
+            return
+        rows = len(self.batch)
+        for key, column in self.non_tensor_batch.items():
+            try:
+                count = len(column)
+            except TypeError:
+                raise ValueError(f"non-tensor column {key!r} is a {type(column).__qualname__}, "
+                                 "not one item per row") from None
+            if count != rows:
+                raise ValueError(f"non-tensor column {key!r} holds {count} rows, the batch {rows}")
+
     @classmethod
     def from_dict(
         cls,

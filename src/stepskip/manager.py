@@ -103,8 +103,7 @@ def _match_plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_Instructi
             args, kwargs = _with_prompts(args, kwargs, split.subset)
         start = time.perf_counter()
         generated = yield ("call", args, kwargs)
-        rejoin = getattr(skip, "match_rejoin", None)
-        redo = None if rejoin is None else (yield ("io", rejoin, (hooks.step, split, hooks.prompts, generated), {}))
+        redo = yield ("io", skip.match_rejoin, (hooks.step, split, hooks.prompts, generated), {})
         if redo is not None:  # recorded rows that cannot join the live ones: generate them too, keep the rest
             narrowed, rows, extra = redo
             regenerated = yield ("call", *_with_prompts(hooks.args, hooks.kwargs, extra))

@@ -18,7 +18,7 @@ import numpy as np
 from stepskip.calls import is_dataproto_like
 
 __all__ = ["group_rows", "PromptIndex", "MatchSplit", "select_batch_rows", "concat_batches", "batch_rows",
-           "rows_problem", "join_problem"]
+           "rows_unlike_prompts", "join_problem"]
 
 
 def batch_rows(value: Any) -> int:
@@ -96,6 +96,17 @@ class MatchSplit:
     loaded: dict[str, tuple[Any, list[int], dict[str, Any], int]] = field(default_factory=dict)
     damaged: list[str] = field(default_factory=list)
 
+    def keeping(self, loaded: dict[str, tuple[Any, list[int], dict[str, Any], int]], prompts: Any,
+                damaged: Sequence[str] = ()) -> MatchSplit:
+        """This split replaying only the entries of ``loaded``: the rows of any other entry are generated
+        too (``prompts``: the live call's, for the new ``subset``; ``damaged``: entries to add to it)."""
+        found = {row: where for row, where in self.found.items() if where[0] in loaded}
+        missing = sorted(self.missing_rows + [row for row, where in self.found.items() if where[0] not in loaded])
+        subset = None if not missing else prompts if not found else select_batch_rows(prompts, missing)
+        return MatchSplit(digests=self.digests, found=found, missing_rows=missing, subset=subset,
+                          sources={path: n for path, n in self.sources.items() if path in loaded},
+                          loaded=dict(loaded), damaged=[*self.damaged, *damaged])
+
 
 def select_batch_rows(value: Any, rows: Sequence[int]) -> Any:
     """Rows ``rows`` (any order, repeats allowed) of a DataProto-like batch or a TensorDict, as the same type."""
@@ -110,9 +121,17 @@ def select_batch_rows(value: Any, rows: Sequence[int]) -> Any:
 
 
 def concat_batches(parts: Sequence[Any]) -> Any:
-    """Join batches of one type row-wise (meta_info from the first)."""
+    """Join batches of one type row-wise (meta_info from the first).
+
+    Raises:
+        ValueError: the parts hold other columns, or columns of other dtypes (a join would drop
+            or silently convert them).
+    """
     from stepskip.tq.rows import concat_rows
 
+    problem = _column_mismatch(parts)
+    if problem is not None:
+        raise ValueError(f"cannot join these batches row-wise: {problem}")
     first = parts[0]
     if is_dataproto_like(first):
         batches = [p.batch for p in parts]
@@ -123,22 +142,29 @@ def concat_batches(parts: Sequence[Any]) -> Any:
     return concat_rows(list(parts))
 
 
-def rows_problem(value: Any) -> str | None:
-    """Why ``value``'s columns do not all hold its row count (a crafted entry), or None.
+def _column_mismatch(parts: Sequence[Any]) -> str | None:
+    """How a part's columns (non-tensor names; tensor names and dtypes) differ from the first part's."""
+    first = parts[0]
+    names = set(first.non_tensor_batch) if is_dataproto_like(first) else None
+    dtypes = _dtypes(first)
+    for i, part in enumerate(parts[1:], start=1):
+        if names is not None and set(part.non_tensor_batch) != names:
+            return f"part {i} has the non-tensor columns {sorted(part.non_tensor_batch)}, part 0 {sorted(names)}"
+        other = _dtypes(part)
+        if other != dtypes:
+            if other.keys() != dtypes.keys():
+                return f"part {i} has the tensors {sorted(other)}, part 0 {sorted(dtypes)}"
+            key = next(k for k in dtypes if other[k] != dtypes[k])
+            return f"part {i}'s {key!r} is {other[key]}, part 0's {dtypes[key]}"
+    return None
 
-    A DataProto-like batch keeps its non-tensor columns beside the tensors: each must hold one item
-    per row, else selecting rows of it fails (or mixes rows up).
-    """
-    if not is_dataproto_like(value):
-        return None
+
+def rows_unlike_prompts(value: Any, recorded: Any) -> str | None:
+    """Why an entry's data does not hold the rows its ``row_prompts`` (``recorded``) describe, or None."""
     rows = batch_rows(value)
-    for key, column in value.non_tensor_batch.items():
-        try:
-            count = len(column)
-        except TypeError:
-            return f"its non-tensor column {key!r} is a {type(column).__qualname__}, not one item per row"
-        if count != rows:
-            return f"its non-tensor column {key!r} holds {count} rows, its batch {rows}"
+    if not isinstance(recorded, list) or rows != len(recorded):
+        count = len(recorded) if isinstance(recorded, list) else 0
+        return f"its data holds {rows} rows but its meta.json records the prompts of {count}"
     return None
 
 
@@ -150,23 +176,7 @@ def join_problem(parts: Sequence[Any]) -> str | None:
     if len(parts) < 2:
         return None
     try:
-        heads = [select_batch_rows(p, [0]) if batch_rows(p) > 0 else p for p in parts]
-        joined = concat_batches(heads)
-        if is_dataproto_like(joined):  # columns the first part lacks would be dropped silently
-            keys = set(joined.non_tensor_batch)
-            tensors = set() if joined.batch is None else set(joined.batch.keys(True, True))
-            for part in parts[1:]:
-                if set(part.non_tensor_batch) != keys or (
-                        tensors != (set() if part.batch is None else set(part.batch.keys(True, True)))):
-                    return "its columns differ from the others'"
-        else:
-            keys = set(joined.keys(True, True)) if hasattr(joined, "keys") else set()
-            for part in parts[1:]:
-                if hasattr(part, "keys") and set(part.keys(True, True)) != keys:
-                    return "its columns differ from the others'"
-        for head in heads[1:]:
-            if _dtypes(head) != _dtypes(heads[0]):
-                return "its column dtypes differ from the others'"
+        concat_batches([select_batch_rows(p, [0]) if batch_rows(p) > 0 else p for p in parts])
     except Exception as err:  # any failure to join is the answer, never an escape into the trainer
         return f"its columns cannot be joined with the others' ({type(err).__name__}: {err})"
     return None

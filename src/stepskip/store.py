@@ -1207,7 +1207,7 @@ class LocalStore(_EntryStore):
                     self._publish(parent_fd, tmp, name, path, True)
                     published.add(i)
                     results.append(total)
-                except OSError as err:
+                except Exception as err:  # reported for this entry alone, as when staging
                     _remove_at(parent_fd, tmp)
                     results.append(err)
             _fsync_all(list(set(parents.values())))  # the renames: best effort, as in write_entry

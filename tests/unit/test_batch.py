@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
@@ -38,3 +39,27 @@ def test_concat_without_tensors_in_one_part_has_none():
     assert joined.batch is None and joined["uid"].tolist() == ["a", "b"] and len(joined) == 2
     with pytest.raises(ValueError, match="at least one"):
         Batch.concat([])
+
+
+def test_a_non_tensor_column_of_another_length_than_the_rows_is_refused():
+    """As verl's ``DataProto`` checks its columns: a decoder handing back such a batch would give the
+    trainer rows that do not line up (a crafted entry); it is a decoding failure instead."""
+    tensors = TensorDict({"ids": torch.zeros(3, 2)}, batch_size=[3])
+    with pytest.raises(ValueError, match="non-tensor column 'uid' holds 1 rows, the batch 3"):
+        Batch(batch=tensors, non_tensor_batch={"uid": np.array(["a"], dtype=object)})
+    with pytest.raises(ValueError, match="'score' is a int, not one item per row"):
+        Batch(batch=tensors, non_tensor_batch={"score": 7})
+    assert len(Batch(batch=tensors, non_tensor_batch={"uid": np.array(["a", "b", "c"], dtype=object)})) == 3
+    assert Batch(non_tensor_batch={"scalar": np.array(3.5)}).batch is None  # no tensors: nothing to line up with
+
+
+def test_a_safe_entry_whose_column_is_short_does_not_decode():
+    from stepskip.errors import CorruptEntryError
+    from stepskip.formats.safe import SafeFormat
+
+    fmt = SafeFormat()
+    value = Batch.from_dict(tensors={"ids": torch.zeros(3, 2)}, non_tensors={"uid": ["a", "b", "c"]})
+    value.non_tensor_batch["uid"] = value.non_tensor_batch["uid"][:1]  # after construction, which checks
+    files = fmt.encode(fmt.freeze(value, copy=True))
+    with pytest.raises(CorruptEntryError, match="non-tensor column 'uid' holds 1 rows, the batch 3"):
+        fmt.decode(files)

@@ -242,6 +242,28 @@ def test_shared_object_digests_gives_the_values_computed_without_it():
     assert len(set(inside) | {alone[1]}) == 6
 
 
+def test_shared_object_digests_hashes_each_distinct_object_once_for_both_digests(monkeypatch):
+    """What the block is for: a miss computes row digests and the prompt digest over the same columns."""
+    from stepskip import fidelity
+
+    calls = []
+    value_digest = fidelity._value_digest
+    monkeypatch.setattr(fidelity, "_value_digest", lambda value: calls.append(1) or value_digest(value))
+    prompts = _verl_like_prompts(4, 3)
+
+    def both() -> int:
+        calls.clear()
+        prompt_row_digests(prompts, ["uid"])
+        prompt_digest(prompts, ["uid"])
+        return len(calls)
+
+    alone = both()
+    with shared_object_digests():
+        shared = both()
+    assert 0 < shared < alone  # the second digest reuses the first one's object hashes
+    assert shared == 8  # 4 distinct messages and 4 distinct reward dicts, each hashed once
+
+
 def test_shared_object_digests_never_mistakes_a_new_object_at_a_freed_address():
     """A memo keyed by id alone would hand a freed object's digest to a new one at its address."""
     with shared_object_digests():

@@ -45,12 +45,12 @@ Sink = Callable[[torch.Tensor], str]
 Source = Callable[[str], torch.Tensor]
 
 
-#: Tensors of at most this many elements are encoded and decoded through numpy: for a small
-#: tensor, each torch call costs more than the work it does (one-sample entries of the async role).
+#: Tensors of at most this many elements are narrowed through numpy: for a small tensor, each
+#: torch call costs more than the work it does (one-sample entries of the async role).
 SMALL_ELEMENTS = 1 << 16
 _NARROW_RANGES = [(dtype, torch.iinfo(dtype).min, torch.iinfo(dtype).max) for dtype in _NARROW]
 _NUMPY = {torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32,
-          torch.int64: np.int64}
+          torch.int64: np.int64, torch.uint16: np.uint16, torch.uint32: np.uint32, torch.uint64: np.uint64}
 
 
 def _small_array(tensor: torch.Tensor) -> np.ndarray | None:
@@ -90,22 +90,14 @@ def narrow(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     array = _small_array(tensor)
     if array is not None:  # the same choice in numpy, for a fraction of torch's per-call cost
-        if array.size == 1:  # the per-row counts and values of a one-row trim
-            low = high = int(array.reshape(-1)[0])
-        else:
-            low, high = int(array.min()), int(array.max())
-        for dtype, smallest, largest in _NARROW_RANGES:
-            if smallest <= low and high <= largest:
-                if dtype.itemsize >= tensor.dtype.itemsize:
-                    return tensor
-                return torch.from_numpy(array.astype(_NUMPY[dtype]))
-        return tensor
-    # torch has no min/max for uint16 on CPU: its values fit int32 exactly
-    low, high = (int(v) for v in torch.aminmax(tensor.to(torch.int32) if tensor.dtype == torch.uint16 else tensor))
-    for dtype in _NARROW:
-        info = torch.iinfo(dtype)
-        if info.min <= low and high <= info.max:
-            return tensor.to(dtype) if dtype.itemsize < tensor.dtype.itemsize else tensor
+        low, high = int(array.min()), int(array.max())
+    else:  # torch has no min/max for uint16 on CPU: its values fit int32 exactly
+        low, high = (int(v) for v in torch.aminmax(tensor.to(torch.int32) if tensor.dtype == torch.uint16 else tensor))
+    for dtype, smallest, largest in _NARROW_RANGES:
+        if smallest <= low and high <= largest:
+            if dtype.itemsize >= tensor.dtype.itemsize:
+                return tensor
+            return torch.from_numpy(array.astype(_NUMPY[dtype])) if array is not None else tensor.to(dtype)
     return tensor
 
 
@@ -114,9 +106,6 @@ def _trim(bits: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
     rows, width = bits.shape
     if rows == 0 or width < 2:
         return None
-    array = _small_array(bits)
-    if array is not None:
-        return _trim_small(array)
     a = np.ascontiguousarray(bits.numpy())
     index = np.arange(rows)
     lval, rval = a[:, 0].copy(), a[:, -1].copy()
@@ -140,23 +129,6 @@ def _trim(bits: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
         middle = a[(columns >= left[:, None]) & (columns < (width - right)[:, None])]
     return (torch.from_numpy(middle), torch.from_numpy(left.astype(np.int32)), torch.from_numpy(right.astype(np.int32)),
             torch.from_numpy(lval), torch.from_numpy(rval))
-
-
-def _trim_small(bits: np.ndarray) -> tuple[torch.Tensor, ...] | None:
-    """:func:`_trim` in numpy for a small tensor: the same parts, in the same dtypes."""
-    rows, width = bits.shape
-    lval, rval = bits[:, 0], bits[:, -1]
-    same_left = bits == lval[:, None]
-    left = np.where(same_left.all(1), width, (~same_left).argmax(1))
-    same_right = (bits == rval[:, None])[:, ::-1]
-    right = np.minimum(np.where(same_right.all(1), width, (~same_right).argmax(1)), width - left)
-    kept = int((width - left - right).sum())
-    if kept > MIN_TRIM_GAIN * rows * width:
-        return None
-    columns = np.arange(width)
-    keep = (columns >= left[:, None]) & (columns < (width - right)[:, None])
-    parts = (bits[keep], left.astype(np.int32), right.astype(np.int32), lval.copy(), rval.copy())
-    return tuple(torch.from_numpy(part) for part in parts)
 
 
 def encode_tensor(tensor: torch.Tensor, add: Sink) -> dict[str, Any]:
@@ -231,32 +203,30 @@ def _decode_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budge
             raise CorruptEntryError(f"{TREE}: {field}.{name}: {part.numel()} values for {rows} rows")
     # the output, the two run masks and the column index, charged before any of them exists
     budget.charge(rows * width * (dtype.itemsize + 2) + width * 8, TREE, field)
-    small = rows * width <= SMALL_ELEMENTS and bits_dtype in _NUMPY
-    if small and all(_small_array(part) is not None for part in parts.values()):
-        return _untrim_small(parts, rows, width, dtype, bits_dtype, field)
-    left = parts["left"].to(torch.int64)
-    right = parts["right"].to(torch.int64)
+    left = parts["left"].numpy().astype(np.int64)
+    right = parts["right"].numpy().astype(np.int64)
     if rows and not _runs_fit(left, right, width):
         raise CorruptEntryError(f"{TREE}: {field}: run lengths outside the row width {width}")
-    values = parts["values"]
-    if values.numel() != rows * width - int((left + right).sum()):
-        raise CorruptEntryError(f"{TREE}: {field}.values: {values.numel()} values for "
-                                f"{rows * width - int((left + right).sum())} kept positions")
-    lval, rval = parts["lval"].to(bits_dtype), parts["rval"].to(bits_dtype)
-    if width >= ROW_COPY_MIN_WIDTH:
-        out = torch.empty((rows, width), dtype=bits_dtype)
+    values = parts["values"].numpy()
+    kept = rows * width - int((left + right).sum())
+    if values.size != kept:
+        raise CorruptEntryError(f"{TREE}: {field}.values: {values.size} values for {kept} kept positions")
+    target = _NUMPY[bits_dtype]
+    lval, rval = parts["lval"].numpy().astype(target), parts["rval"].numpy().astype(target)
+    if rows == 1 or width >= ROW_COPY_MIN_WIDTH:  # each row by slices (one row: an entry per sample)
+        out = np.empty((rows, width), dtype=target)
         if rows:
-            _fill_rows(out.numpy().reshape(-1), width, left.tolist(), right.tolist(), lval.tolist(), rval.tolist(),
-                       values.numpy())
+            _fill_rows(out.reshape(-1), width, left.tolist(), right.tolist(), lval.tolist(), rval.tolist(), values)
     else:  # narrow rows: per-row Python work would dominate, so the vectorised rebuild
-        columns = torch.arange(width)
+        columns = np.arange(width)
         in_left = columns < left[:, None]
-        out = torch.where(in_left, lval[:, None], rval[:, None])
-        if values.numel():  # masks are all runs: nothing in the middle
-            keep = in_left.logical_not_()  # reuse the buffer: peak memory matters on load
+        out = np.where(in_left, lval[:, None], rval[:, None])
+        if values.size:  # masks are all runs: nothing in the middle
+            keep = np.logical_not(in_left, out=in_left)  # reuse the buffer: peak memory matters on load
             keep &= columns < (width - right)[:, None]
-            out.numpy()[keep.numpy()] = values.numpy()
-    return out.view(dtype) if dtype in _BITS else out
+            out[keep] = values
+    result = torch.from_numpy(out)
+    return result.view(dtype) if dtype in _BITS else result
 
 
 def _runs_fit(left: Any, right: Any, width: int) -> bool:
@@ -288,38 +258,6 @@ def _fill_rows(flat: Any, width: int, left: list[int], right: list[int], lval: l
         flat[middle:start + width] = r_value
         start += width
         taken += kept
-
-
-def _untrim_small(parts: dict[str, torch.Tensor], rows: int, width: int, dtype: torch.dtype,
-                  bits_dtype: torch.dtype, field: str) -> torch.Tensor:
-    """:func:`_decode_trim` in numpy for a small tensor (the parts' shapes are checked already)."""
-    left = parts["left"].numpy().astype(np.int64)
-    right = parts["right"].numpy().astype(np.int64)
-    if rows and not _runs_fit(left, right, width):
-        raise CorruptEntryError(f"{TREE}: {field}: run lengths outside the row width {width}")
-    values = parts["values"].numpy()
-    kept = rows * width - int((left + right).sum())
-    if values.size != kept:
-        raise CorruptEntryError(f"{TREE}: {field}.values: {values.size} values for {kept} kept positions")
-    target = _NUMPY[bits_dtype]
-    if rows == 1:  # one row (an entry per sample): three slices instead of masks
-        lead, tail = int(left[0]), width - int(right[0])
-        row = np.empty(width, dtype=target)
-        row[:lead] = parts["lval"].numpy().astype(target)
-        row[tail:] = parts["rval"].numpy().astype(target)
-        row[lead:tail] = values
-        single = torch.from_numpy(row.reshape(1, width))
-        return single.view(dtype) if dtype in _BITS else single
-    columns = np.arange(width)
-    in_left = columns < left[:, None]
-    out = np.where(in_left, parts["lval"].numpy().astype(target)[:, None],
-                   parts["rval"].numpy().astype(target)[:, None])
-    if values.size:
-        keep = ~in_left
-        keep &= columns < (width - right)[:, None]
-        out[keep] = values
-    result = torch.from_numpy(out)
-    return result.view(dtype) if dtype in _BITS else result
 
 
 def find_concat(tensors: Mapping[str, torch.Tensor]) -> dict[str, list[str]]:

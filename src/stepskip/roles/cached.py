@@ -483,7 +483,7 @@ class CachedRole(BaseSkip):
                 TensorDict prompts).
         """
         from stepskip.fidelity import prompt_row_digests
-        from stepskip.matching import MatchSplit, group_rows, select_batch_rows
+        from stepskip.matching import MatchSplit, group_rows
 
         try:
             digests = prompt_row_digests(prompts, self.rebind_keys)
@@ -504,20 +504,12 @@ class CachedRole(BaseSkip):
             for session, row in enumerate(rows):  # a different sample count cycles, as the V1 remap does
                 found[row] = (path, recorded_rows[session % len(recorded_rows)])
         damaged: list[str] = []
-        loaded = self._load_found(step, found, digests, damaged)
-        for row in [r for r, (path, _) in found.items() if path not in loaded]:  # its entry failed: generate
-            missing.append(row)
-            del found[row]
-        sources = {path: count for path, count in sources.items() if path in loaded}
-        missing.sort()
-        subset = None
-        if missing:
-            subset = prompts if not found else select_batch_rows(prompts, missing)
-        return MatchSplit(digests=digests, found=found, missing_rows=missing, subset=subset, sources=sources,
-                          loaded=loaded, damaged=damaged)
+        loaded = self._load_found(step, found, digests, damaged)  # an entry that failed: its groups are generated
+        return MatchSplit(digests=digests, found=found, missing_rows=missing, sources=sources).keeping(
+            loaded, prompts, damaged)
 
     def _load_found(self, step: int, found: dict[int, tuple[str, int]], digests: list[str],
-                    damaged: list[str] | None = None) -> dict[str, tuple[Any, list[int], dict[str, Any], int]]:
+                    damaged: list[str]) -> dict[str, tuple[Any, list[int], dict[str, Any], int]]:
         """Read the recorded rows ``found`` names: entry -> ``(those rows, their recorded indices, meta, bytes)``.
 
         An entry is left out (its groups are then generated) when it cannot be read, when its data
@@ -525,7 +517,7 @@ class CachedRole(BaseSkip):
         longer record the prompts they were indexed for (replaced since: not damage). Entries
         found damaged are appended to ``damaged``.
         """
-        from stepskip.matching import batch_rows, join_problem, rows_problem, select_batch_rows
+        from stepskip.matching import join_problem, rows_unlike_prompts, select_batch_rows
 
         needed: dict[str, dict[int, str]] = {}  # entry -> recorded row -> the digest it must record
         for live_row in sorted(found):
@@ -541,17 +533,15 @@ class CachedRole(BaseSkip):
             except CacheMissError as err:  # damaged (counted by the read), vanished, of other settings now
                 logger.warning("%s match: %s; generating its %d prompt groups", self.name, err,
                                len(set(wanted.values())))
-                if isinstance(err, CorruptEntryError) and damaged is not None:
+                if isinstance(err, CorruptEntryError):
                     damaged.append(path)
                 dropped.append(path)
                 continue
             recorded = meta.get("row_prompts")
-            rows = batch_rows(value)
-            if not isinstance(recorded, list) or rows != len(recorded):
-                self._report_corrupt(step, path, f"its data holds {rows} rows but its meta.json records the "
-                                                 f"prompts of {len(recorded) if isinstance(recorded, list) else 0}")
-                if damaged is not None:
-                    damaged.append(path)
+            problem = rows_unlike_prompts(value, recorded)
+            if problem is not None or not isinstance(recorded, list):  # (a list whenever problem is None)
+                self._report_corrupt(step, path, str(problem))
+                damaged.append(path)
                 dropped.append(path)
                 continue
             if any(row >= len(recorded) or recorded[row] != digest for row, digest in wanted.items()):
@@ -560,16 +550,11 @@ class CachedRole(BaseSkip):
                 dropped.append(path)
                 continue
             indices = list(wanted)
-            problem = rows_problem(value)
-            if problem is None:
-                try:  # a crafted entry whose columns disagree must cost its groups, never the step
-                    loaded[path] = (select_batch_rows(value, indices), indices, meta, size)
-                except Exception as err:
-                    problem = f"its rows cannot be selected ({type(err).__name__}: {err})"
-            if problem is not None:
-                self._report_corrupt(step, path, problem)
-                if damaged is not None:
-                    damaged.append(path)
+            try:  # decoding made a consistent batch (Batch and DataProto check their columns); others may not
+                loaded[path] = (select_batch_rows(value, indices), indices, meta, size)
+            except Exception as err:
+                self._report_corrupt(step, path, f"its rows cannot be selected ({type(err).__name__}: {err})")
+                damaged.append(path)
                 dropped.append(path)
         # entries that cannot be joined with the others would fail after generation: drop them now
         # (the ones that agree with the entry serving the most rows stay)
@@ -579,8 +564,7 @@ class CachedRole(BaseSkip):
                 problem = join_problem([loaded[reference][0], loaded[path][0]])
                 if problem is not None:
                     self._report_corrupt(step, path, problem)
-                    if damaged is not None:
-                        damaged.append(path)
+                    damaged.append(path)
                     dropped.append(path)
                     del loaded[path]
         if dropped:
@@ -643,12 +627,7 @@ class CachedRole(BaseSkip):
         sources: list[Any] = []
         offsets: dict[str, tuple[int, dict[int, int]]] = {}  # entry -> (its first row in sources, row map)
         nbytes, saved, base = 0, 0.0, 0
-        loaded = split.loaded
-        if split.found and not loaded:  # a split made elsewhere: read (and check) its entries now
-            loaded = self._load_found(step, split.found, split.digests)
-        if any(path not in loaded for path, _ in split.found.values()):
-            raise CacheMissError(f"{self.name}: an entry of step {step}'s recorded prompt groups could not be read")
-        for path, (selected, rows, meta, size) in loaded.items():
+        for path, (selected, rows, meta, size) in split.loaded.items():  # match_split read every found entry
             nbytes += size
             recorded_rows = len(meta.get("row_prompts") or ()) or len(rows)
             saved += _seconds(meta.get("generation_seconds")) * len(rows) / recorded_rows
@@ -697,7 +676,7 @@ class CachedRole(BaseSkip):
             rows they were to serve, those rows' prompts)``: call the function with those prompts and
             pass its result to :meth:`match_regenerated`.
         """
-        from stepskip.matching import MatchSplit, join_problem, select_batch_rows
+        from stepskip.matching import join_problem, select_batch_rows
 
         if not split.found or generated is None or not split.loaded:
             return None
@@ -716,13 +695,7 @@ class CachedRole(BaseSkip):
         redo = sorted(row for row, (path, _) in split.found.items() if path in bad)
         logger.warning("%s match: step %d generates %d more rows: their recorded entries do not join the live "
                        "rows", self.name, step, len(redo))
-        found = {row: where for row, where in split.found.items() if where[0] not in bad}
-        missing = sorted(split.missing_rows + redo)
-        narrowed = MatchSplit(digests=split.digests, found=found, missing_rows=missing,
-                              subset=prompts if not found else select_batch_rows(prompts, missing),
-                              sources={p: n for p, n in split.sources.items() if p not in bad},
-                              loaded={p: v for p, v in split.loaded.items() if p not in bad},
-                              damaged=list(split.damaged) + bad)
+        narrowed = split.keeping({p: v for p, v in split.loaded.items() if p not in bad}, prompts, bad)
         return narrowed, redo, select_batch_rows(prompts, redo)
 
     def match_regenerated(self, split: Any, narrowed: Any, redo: list[int], generated: Any, regenerated: Any) -> Any:
@@ -744,7 +717,7 @@ class CachedRole(BaseSkip):
 
     def _record_match(self, step: int, split: Any, prompts: Any, merged: Any, generated: Any) -> None:
         from stepskip.fidelity import prompt_row_digests
-        from stepskip.matching import batch_rows, concat_batches, join_problem, rows_problem, select_batch_rows
+        from stepskip.matching import concat_batches, join_problem, rows_unlike_prompts, select_batch_rows
 
         path = self.step_dump_dir(step)
         info = CURRENT_CALL.get()
@@ -755,11 +728,8 @@ class CachedRole(BaseSkip):
             try:
                 existing, meta, _, _ = self.load_entry(step)
                 recorded = meta.get("row_prompts")
-                if isinstance(recorded, list) and batch_rows(existing) != len(recorded):
-                    self._report_corrupt(step, path, f"its data holds {batch_rows(existing)} rows but its "
-                                                     f"meta.json records the prompts of {len(recorded)}")
-                elif isinstance(recorded, list) and (
-                        problem := rows_problem(existing) or join_problem([generated, existing])) is not None:
+                problem = rows_unlike_prompts(existing, recorded) or join_problem([generated, existing])
+                if isinstance(recorded, list) and problem is not None:
                     self._report_corrupt(step, path, problem)  # the live rows are written alone
                 elif isinstance(recorded, list):
                     subset = select_batch_rows(prompts, split.missing_rows) if split.found else prompts
@@ -789,9 +759,7 @@ class CachedRole(BaseSkip):
         try:
             return self.format.freeze(value, copy=copy), meta()
         except Exception as err:  # the dump boundary: nothing about a result may stop the training run
-            self.stats.add(dump_failures=1)
-            logger.error("%s dump failed: step %d not written to %s: %s: %s",
-                         self.name, step, path, type(err).__name__, err)
+            self._dump_failed(step, path, err)
             return None
 
     def _entry_meta(self, step: int, generation_seconds: float | None, **extra: Any) -> dict[str, Any]:
@@ -809,19 +777,24 @@ class CachedRole(BaseSkip):
 
     def _submit_write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> None:
         if not self.async_dump:
-            self._write(path, step, frozen, meta)
+            try:
+                self._write(path, step, frozen, meta)
+            finally:  # after a subclass's own publication too (rollout_tq's whole step)
+                self._forget_listing()
             return
         done = threading.Event()
         with self._pending_lock:
             self._pending[path] = done
         dump = _Dump(self, path, step, frozen, meta, done)
         nbytes = _small_size(frozen)
-        # consecutive small dumps are committed together (fsyncs batched), unless a subclass writes its own way
-        group = self._write_batch if nbytes is not None and type(self)._write is CachedRole._write else None
+        # consecutive small dumps are committed together (fsyncs batched) where the store can, unless a
+        # subclass writes its own way
+        batches = nbytes is not None and hasattr(self.store, "write_entries") and type(self)._write is CachedRole._write
+        group = self._write_batch if batches else None
         default_worker().submit(dump, nbytes=nbytes, group=group)
 
     def _finish_dump(self, path: str, done: threading.Event) -> None:
-        self._forget_listing()
+        self._forget_listing()  # every queued write ends here, batched or not
         with self._pending_lock:
             if self._pending.get(path) is done:
                 del self._pending[path]
@@ -832,14 +805,9 @@ class CachedRole(BaseSkip):
 
         The store publishes each entry atomically and makes it durable before it counts as
         written, as :meth:`_write` does, with the fsyncs of the whole batch issued together; a
-        failure is counted for its own entry alone. Stores without batched writes write one by one.
+        failure is counted for its own entry alone. Only dumps to a store with ``write_entries`` come here.
         """
-        batched = getattr(self.store, "write_entries", None)
         try:
-            if batched is None:
-                for dump in dumps:
-                    self._write(dump.path, dump.step, dump.frozen, dump.meta)
-                return
             start = time.perf_counter()
             encoded: list[_Dump] = []
             reached = 0  # dumps the store took from the generator (encoded or failed)
@@ -858,9 +826,9 @@ class CachedRole(BaseSkip):
                     yield dump.path, files, dump.meta
 
             try:
-                results: list[int | Exception] = batched(entries())
-            except Exception as err:  # not expected (failures are per entry): look at what got published
-                results = [self._published_size(dump, err) for dump in encoded]
+                results: list[int | Exception] = self.store.write_entries(entries())
+            except Exception as err:  # not expected (the store reports failures per entry): all count as failed
+                results = [err] * len(encoded)
                 for dump in dumps[reached:]:  # never taken from the generator: never written
                     self._dump_failed(dump.step, dump.path, err)
             seconds = (time.perf_counter() - start) / max(1, len(encoded))  # each entry's share of the batch
@@ -874,21 +842,6 @@ class CachedRole(BaseSkip):
         finally:
             for dump in dumps:
                 self._finish_dump(dump.path, dump.done)
-
-    def _published_size(self, dump: _Dump, err: Exception) -> int | Exception:
-        """After a batched write raised: the bytes of ``dump``'s entry when this very dump got published
-        (its meta is on disk), else ``err``."""
-        try:
-            probe = self.store.probe(dump.path)
-        except Exception:  # the boundary: it counts as failed
-            return err
-        meta = probe.meta if probe.state is EntryState.PRESENT else None
-        if not isinstance(meta, dict) or any(meta.get(key) != dump.meta.get(key)
-                                             for key in ("run_id", "global_steps", "created_unix")):
-            return err
-        listed = meta.get("files")
-        sizes = [f.get("bytes") for f in listed.values() if isinstance(f, dict)] if isinstance(listed, dict) else []
-        return sum(n for n in sizes if isinstance(n, int))
 
     def _dump_failed(self, step: int, path: str, err: BaseException) -> None:
         self.stats.add(dump_failures=1)
@@ -911,8 +864,6 @@ class CachedRole(BaseSkip):
         except Exception as err:  # the dump boundary: no storage error may stop the training run
             self._dump_failed(step, path, err)
             return False
-        finally:
-            self._forget_listing()
         seconds = time.perf_counter() - start
         self.stats.add(dumps=1, dump_seconds=seconds, bytes_written=written)
         logger.info("%s dump: step %d written to %s (%d bytes, %.3fs)", self.name, step, path, written, seconds)
@@ -1137,6 +1088,7 @@ class _Dump:
 
 #: At most this many non-tensor objects are looked at to size a snapshot; more make it a large dump.
 _SIZED_OBJECTS = 4096
+_CONTAINERS = (list, tuple, set, frozenset)
 
 
 def _small_size(frozen: Any) -> int | None:
@@ -1181,6 +1133,10 @@ def _rough_bytes(tree: Any, limit: int) -> int | None:
         seen.add(id(value))
         if len(seen) > _SIZED_OBJECTS:
             return None
+        sized = isinstance(value, (dict, *_CONTAINERS))
+        items = value.size if isinstance(value, np.ndarray) else len(value) if sized else 0
+        if items > _SIZED_OBJECTS:
+            return None  # too many items to look at: given up before copying them into ``todo``
         if isinstance(value, (str, bytes)):
             total += sys.getsizeof(value)
         elif isinstance(value, np.ndarray):
@@ -1193,7 +1149,7 @@ def _rough_bytes(tree: Any, limit: int) -> int | None:
             total += 16 * len(value)
             todo.extend(value.keys())
             todo.extend(value.values())
-        elif isinstance(value, (list, tuple, set, frozenset)):
+        elif isinstance(value, _CONTAINERS):
             total += 8 * len(value)
             todo.extend(value)
         elif hasattr(value, "snapshot") and hasattr(value, "items"):  # safe's deferred leaf

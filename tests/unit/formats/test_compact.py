@@ -147,11 +147,23 @@ def test_rollout_batch_round_trip_and_size(compress):
         assert size < 0.2 * in_memory
 
 
-def test_a_concatenation_decodes_beside_its_parts_and_a_damaged_part_fails_without_a_hang():
+def test_a_concatenation_decodes_beside_its_parts_and_a_damaged_part_fails_without_a_hang(monkeypatch):
     """input_ids (prompts | responses) is copied on the pool once its parts exist; a part that does
     not decode must surface as a damaged entry, never leave the concatenation waiting forever."""
-    from stepskip.errors import CorruptEntryError
+    import threading
 
+    from stepskip.errors import CorruptEntryError
+    from stepskip.formats import safe
+
+    monkeypatch.setattr(safe, "PARALLEL_MIN_BYTES", 0)  # this small entry decodes on the pool too
+    decoded_on: set[str] = set()
+    node = safe._Decoder.node
+
+    def spied(self, *args, **kwargs):
+        decoded_on.add(threading.current_thread().name)
+        return node(self, *args, **kwargs)
+
+    monkeypatch.setattr(safe._Decoder, "node", spied)
     batch = make_rollout_batch(16, 300, 400, n=4, seed=2)  # rows wide enough for the row-copy rebuild
     fmt = get_format("safe", compress="auto")
     files = fmt.encode(fmt.freeze(batch, copy=True))
@@ -160,6 +172,7 @@ def test_a_concatenation_decodes_beside_its_parts_and_a_damaged_part_fails_witho
     assert entries["input_ids"]["enc"] == "concat" and entries["responses"]["enc"] == "trim"
     out = fmt.decode(dict(files))
     assert torch.equal(out.batch["input_ids"], batch.batch["input_ids"])
+    assert decoded_on - {threading.current_thread().name}  # the pool decoded (the path under test)
     entries["responses"]["shape"] = [16, 10**6]  # the runs and values no longer fit this width
     damaged = dict(files, **{"data.json": json.dumps(tree).encode()})
     for _ in range(3):  # more than the pool has workers: none may be left blocked by a failed decode

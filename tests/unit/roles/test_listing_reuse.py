@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
 import torch
 from skip_configs import run_path, training_config
 
@@ -29,6 +30,14 @@ def _recorded(tmp_path, steps):
     SkipManager.reset()
     SkipManager.init(training_config(tmp_path, steps="all", action="repeat"))
     return SkipManager.skip_instances["rollout"]
+
+
+@pytest.fixture(autouse=True)
+def _still_clock(monkeypatch):
+    """The reuse clock stands still (a listing never gets too old here) unless a test moves it."""
+    from stepskip.roles import cached
+
+    monkeypatch.setattr(cached, "_monotonic", lambda: 1000.0)
 
 
 def _age(path, seconds: float) -> None:
@@ -65,7 +74,7 @@ def test_a_settled_directory_is_listed_once_until_it_changes(tmp_path, monkeypat
 
 def test_a_directory_changed_just_now_is_listed_on_every_call(tmp_path, monkeypatch):
     skip = _recorded(tmp_path, [2])
-    _age(run_path(tmp_path), 0)
+    _age(run_path(tmp_path), -3600)  # not settled however long the test takes (``_age(run, 0)`` would be after 2 s)
     calls = _count_listings(monkeypatch, skip)
     assert skip.listed_steps() == [2] and skip.listed_steps() == [2]
     assert len(calls) == 2  # its time cannot prove the listing complete yet
@@ -85,13 +94,15 @@ def _fixed_version(monkeypatch, skip) -> None:
     monkeypatch.setattr(skip.store, "dir_version", lambda path: (1, 2, 0, 0))
 
 
-def test_a_role_sees_its_own_dumps_where_directory_times_never_change(tmp_path, monkeypatch):
-    SkipManager.init(training_config(tmp_path, steps="all", action="repeat"))
+@pytest.mark.parametrize("async_dump", [False, True])
+def test_a_role_sees_its_own_dumps_where_directory_times_never_change(tmp_path, monkeypatch, async_dump):
+    SkipManager.init(training_config(tmp_path, steps="all", action="repeat", async_dump=async_dump))
     skip = SkipManager.skip_instances["rollout"]
     _fixed_version(monkeypatch, skip)
     assert skip.listed_steps() == [] and skip.listed_steps() == []  # listed, then reused
     SkipManager.set_step(1)
     Loop().generate_sequences(Batch.from_dict(non_tensors={"uid": ["a", "b"]}))  # a miss: dumped
+    SkipManager.flush()  # (the background write, when async, ends the reuse as it finishes)
     assert skip.stats["misses"] == 1 and skip.listed_steps() == [1]
     SkipManager.set_step(2)
     Loop().generate_sequences(Batch.from_dict(non_tensors={"uid": ["a", "b"]}))  # step 1 repeated

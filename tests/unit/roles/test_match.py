@@ -4,6 +4,7 @@ the function called once, with only the groups never recorded."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -172,15 +173,34 @@ def test_prompts_recorded_under_another_batch_size_are_found(tmp_path):
     assert (run_path(tmp_path, gbs=2) / "1" / "meta.json").exists()
 
 
-def test_a_prompt_recurring_while_its_dump_is_queued_is_replayed(tmp_path):
+def test_a_prompt_recurring_while_its_dump_is_queued_is_replayed(tmp_path, monkeypatch):
     """Background dumps: the second call of the same prompts waits for the queued entry instead of
-    generating again."""
+    generating again. The worker is held until that wait begins, so the entry is still queued then."""
+    import threading
+
+    from stepskip.worker import default_worker
+
     SkipManager.init(config(tmp_path, async_dump=True))
+    skip = SkipManager.skip_instances["rollout"]
+    release, running = threading.Event(), threading.Event()
+    default_worker().submit(lambda: (running.set(), release.wait(60)))
+    assert running.wait(60)
+    waited: list[bool] = []
+    await_pending = skip._await_pending
+
+    def waiting_for(path):
+        waited.append(os.path.exists(f"{path}/meta.json"))  # not written yet: only queued
+        release.set()
+        await_pending(path)
+
+    monkeypatch.setattr(skip, "_await_pending", waiting_for)
     rollout = Rollout(seed=0)
     SkipManager.set_step(1)
     first = rollout.generate_sequences(prompts_for([1, 2], "a"))
     SkipManager.set_step(2)
     again = rollout.generate_sequences(prompts_for([2, 1], "b"))
+    release.set()
     SkipManager.flush()
+    assert waited and not waited[0]  # the second call waited for the queued dump
     assert len(rollout.seen) == 1
     assert again.batch["responses"].tolist() == first.batch["responses"][[2, 3, 0, 1]].tolist()

@@ -1,19 +1,21 @@
 """``action: match`` over recorded entries that cannot be joined with the live rows or with each other
-(another version's columns, a crafted non-tensor column of the wrong length): the entry is counted
-corrupt, forgotten by the prompt index, kept on disk, and its groups are generated; the live generation
-is never lost and nothing but the library's typed errors reaches the trainer.
+(another version's columns): the entry is counted corrupt, forgotten by the prompt index, kept on disk,
+and its groups are generated; the live generation is never lost and nothing but the library's typed
+errors reaches the trainer.
 
 The rollout is a stand-in for an inference server (none can run here)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from skip_configs import run_path
 from tensordict import TensorDict
 from test_match import N, Rollout, config, prompts_for, record_call
 
 from stepskip import Batch, SkipManager
+from stepskip.errors import UnreadableEntryError
 
 
 class WideRollout(Rollout):
@@ -38,8 +40,9 @@ class ShortColumnRollout(Rollout):
         responses = torch.cat([prompts.batch["input_ids"] * 100, torch.zeros(len(ids), 1, dtype=torch.long)], dim=1)
         uid = np.empty(1, dtype=object)
         uid[0] = "only-one"
-        return Batch(batch=TensorDict({"responses": responses}, batch_size=[len(ids)]),
-                     non_tensor_batch={"uid": uid}, meta_info={})
+        result = Batch(batch=TensorDict({"responses": responses}, batch_size=[len(ids)]))
+        result.non_tensor_batch["uid"] = uid  # after construction, which would refuse it
+        return result
 
 
 def replay(tmp_path, step: int, ids: list[int]) -> tuple[Rollout, Batch, dict]:
@@ -83,10 +86,12 @@ def test_entries_that_do_not_join_each_other_cost_only_the_odd_one_before_genera
     assert stats["skip/rollout/rows_replayed"] == 2 * N
 
 
-def test_a_non_tensor_column_of_the_wrong_length_is_damage_not_an_index_error(tmp_path):
+def test_a_non_tensor_column_of_the_wrong_length_is_refused_by_name_not_an_index_error(tmp_path):
+    """Its files match their checksums but do not decode into a consistent batch (``Batch`` refuses a
+    column of another length, as verl's ``DataProto`` does): an unreadable entry, said by name and
+    left untouched, never an IndexError from selecting its rows."""
     record_call(tmp_path, ShortColumnRollout(seed=0), step=1, ids=[1, 2])
-    rollout, out, stats = replay(tmp_path, step=2, ids=[2, 3])
-    assert [ids[::N] for ids in rollout.seen] == [[2, 3]]
-    assert out.batch["responses"][:, 0].tolist() == [i * 100 for i in (2, 3) for _ in range(N)]
-    assert stats["skip/rollout/corrupt"] == 1
-    assert (run_path(tmp_path) / "1" / "meta.json").exists()
+    before = {p.name: p.read_bytes() for p in (run_path(tmp_path) / "1").iterdir()}
+    with pytest.raises(UnreadableEntryError, match="non-tensor column 'uid' holds 1 rows, the batch 4"):
+        replay(tmp_path, step=2, ids=[2, 3])
+    assert {p.name: p.read_bytes() for p in (run_path(tmp_path) / "1").iterdir()} == before

@@ -69,7 +69,8 @@ def test_small_jobs_queue_beyond_the_job_bound_within_the_budget():
     thread = threading.Thread(target=over_budget)
     thread.start()
     assert blocked.wait(WAIT_S)
-    assert worker.pending == 5 and not submitted.is_set()  # the sixth waits (budget spent, queue not empty)
+    _waiting(worker, 1)  # the sixth is inside submit, waiting (budget spent, queue not empty)
+    assert worker.pending == 5 and not submitted.is_set()
     release.set()
     thread.join(WAIT_S)
     assert submitted.is_set() and worker.flush(WAIT_S)
@@ -180,14 +181,32 @@ def test_a_failure_in_a_batch_is_counted_alone(tmp_path, monkeypatch):
 
 
 def test_a_batch_that_fails_as_a_whole_counts_each_dump_once(tmp_path, monkeypatch):
+    """The store reports failures per entry; should it still raise, no dump is counted twice or lost
+    from the counters (all count as failed: what it published stays, whole, on disk)."""
     skip, batches = _record(tmp_path, 5, monkeypatch, broken_after=2)
     stats = SkipManager.stats()
     assert len(batches) == 1 and len(batches[0]) == 2
-    # the two published count as written; the three the store never took count as failed
-    assert stats["skip/async_rollout/dumps"] == 2 and stats["skip/async_rollout/dump_failures"] == 3
-    assert stats["skip/async_rollout/bytes_written"] > 0
+    assert stats["skip/async_rollout/dumps"] == 0 and stats["skip/async_rollout/dump_failures"] == 5
     assert sorted(p.name for p in run_path(tmp_path, gbs=1, n=1).iterdir()) == ["0", "1"]
     assert not skip._pending
+
+
+def test_an_unexpected_error_publishing_one_entry_costs_that_entry_alone(tmp_path, monkeypatch):
+    from stepskip.store import LocalStore
+
+    store = LocalStore(str(tmp_path))
+    publish = store._publish
+
+    def failing(parent_fd, tmp, name, path, overwrite):
+        if name == "1":
+            raise RuntimeError("not an OSError")
+        return publish(parent_fd, tmp, name, path, overwrite)
+
+    monkeypatch.setattr(store, "_publish", failing)
+    results = store.write_entries([(f"{tmp_path}/run/{i}", {"data.json": b"{}"}, {"global_steps": i})
+                                   for i in range(3)])
+    assert isinstance(results[1], RuntimeError) and all(isinstance(results[i], int) for i in (0, 2))
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["0", "2"]  # nothing partial of 1
 
 
 def test_the_non_tensor_part_of_a_snapshot_counts_toward_its_small_size():
