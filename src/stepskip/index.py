@@ -928,12 +928,17 @@ class CacheIndex:
         payloads = [self.read_entry(e, allow_pickle) for e in step.entries]
         if not all(isinstance(p, Mapping) and "tensordict" in p for p in payloads):
             return payloads[0]
-        from stepskip.tq.rows import concat_rows
+        from stepskip.tq.rows import concat_rows, payload_problem
+
+        for entry, payload in zip(step.entries, payloads):
+            problem = payload_problem(payload)  # checksums prove the bytes, not that they are a V1 payload
+            if problem is not None:
+                raise CorruptEntryError(f"{entry.path}: {problem}")
 
         return {
             "tensordict": concat_rows([p["tensordict"] for p in payloads]),
-            "tags": [t for p in payloads for t in p.get("tags", [])],
-            "keys": [k for p in payloads for k in p.get("keys", [])],
+            "tags": [t for p in payloads for t in p["tags"]],
+            "keys": [k for p in payloads for k in p["keys"]],
             "global_steps": payloads[0].get("global_steps"),
         }
 

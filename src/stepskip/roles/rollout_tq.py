@@ -405,7 +405,7 @@ class RolloutTqSkip(RolloutSkip):
                 f"{self.name}: no complete V1 entry for step {step} under {self.project_dump_dir} "
                 f"(action {self.action.value!r}, parameter_sync_step {self.parameter_sync_step})"
             )
-        from stepskip.tq.rows import concat_rows, num_rows, select_rows
+        from stepskip.tq.rows import concat_rows, num_rows, payload_problem, select_rows
 
         start = time.perf_counter()
         # every inner entry comes from the recording whose probes made the step complete (manifest read once)
@@ -413,7 +413,7 @@ class RolloutTqSkip(RolloutSkip):
         for inner in range(self.parameter_sync_step):
             path = f"{where.root}/{inner}"
             payload, meta, _, size = self._read_entry(path, step, load_step, prompts if inner == 0 else None)
-            problem = _payload_problem(payload)  # checksums prove the bytes, not that they are a V1 payload
+            problem = payload_problem(payload)  # checksums prove the bytes, not that they are a V1 payload
             if problem is not None:
                 self._report_corrupt(step, path, problem)
                 raise CorruptEntryError(f"{self.name}: step {load_step} at {path} is damaged: {problem}")
@@ -514,7 +514,7 @@ class RolloutTqSkip(RolloutSkip):
                       index: Any, partition_id: str) -> tuple[set[int], int, float, dict[str, int]]:
         """Put the recorded trajectories of the ``wanted`` live rows into the queue; the rows injected."""
         from stepskip.matching import join_problem
-        from stepskip.tq.rows import concat_rows, num_rows, select_rows
+        from stepskip.tq.rows import concat_rows, num_rows, payload_problem, select_rows
 
         parts, keys, tags = [], [], []
         accepted: list[tuple[str, Any, tuple[list[str], list[dict[str, Any]], set[int]], float]] = []
@@ -533,7 +533,7 @@ class RolloutTqSkip(RolloutSkip):
                     index.forget(path)
                 continue
             try:  # metadata and data that disagree (a crafted or damaged entry) must not reach the trainer
-                problem = _payload_problem(payload, recorded)
+                problem = payload_problem(payload, recorded)
                 if problem is None:
                     entry_keys, entry_tags = list(payload["keys"]), list(payload["tags"])
                     picked: list[int] = []
@@ -674,28 +674,3 @@ def _step_dir_of(path: str) -> str:
     """The step directory of an inner entry path (``{step}/{inner}`` or ``{step}/rec-{token}/{inner}``)."""
     parent, _, name = path.rsplit("/", 1)[0].rpartition("/")
     return parent if is_recording(name) else f"{parent}/{name}"
-
-
-def _payload_problem(payload: Any, recorded: list[Any] | None = None) -> str | None:
-    """Why a decoded inner entry's keys, tags, rows (and recorded prompts, when given) do not describe the
-    same trajectories; None when they do. Run on every decoded V1 payload before it is used."""
-    from stepskip.tq.rows import num_rows
-
-    if not isinstance(payload, dict) or "tensordict" not in payload:
-        return "it does not hold a V1 payload"
-    keys, tags = payload.get("keys"), payload.get("tags")
-    if not isinstance(keys, list) or not isinstance(tags, list):
-        return "its keys or tags are not lists"
-    if not all(isinstance(t, dict) for t in tags):
-        return "one of its tags is not a mapping"
-    try:
-        rows = num_rows(payload["tensordict"])
-    except Exception:  # a decoded value that is no batch of rows
-        rows = -1
-    if recorded is None:
-        if not len(keys) == len(tags) == rows:
-            return f"its data holds {rows} rows, {len(keys)} keys and {len(tags)} tags"
-    elif not len(keys) == len(tags) == rows == len(recorded):
-        return (f"its data holds {rows} rows, {len(keys)} keys and {len(tags)} tags, and its meta.json records "
-                f"the prompts of {len(recorded)} trajectories")
-    return None

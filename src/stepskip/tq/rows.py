@@ -16,7 +16,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from stepskip.formats.bounds import jagged_problem
 
-__all__ = ["select_rows", "concat_rows", "num_rows"]
+__all__ = ["select_rows", "concat_rows", "num_rows", "payload_problem"]
 
 
 def _index(indices: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -163,3 +163,34 @@ def num_rows(data: Any) -> int:
             return num_rows(value)
         return 0
     return len(data)
+
+
+def payload_problem(payload: Any, recorded: list[Any] | None = None) -> str | None:
+    """Why a decoded V1 inner entry (``{"tensordict", "keys", "tags", ...}``) is no payload whose keys, tags,
+    rows (and recorded prompts, when given) describe the same trajectories; None when it is one.
+
+    A cache is data someone else may have written: checksums prove the bytes, not their shape, so
+    every decoded payload is checked before its keys or tags are used.
+
+    Example:
+        >>> payload_problem({"tensordict": torch.zeros(2), "keys": ["a", "b"], "tags": [{}, 5]})
+        'one of its tags is not a mapping'
+    """
+    if not isinstance(payload, dict) or "tensordict" not in payload:
+        return "it does not hold a V1 payload"
+    keys, tags = payload.get("keys"), payload.get("tags")
+    if not isinstance(keys, list) or not isinstance(tags, list):
+        return "its keys or tags are not lists"
+    if not all(isinstance(t, dict) for t in tags):
+        return "one of its tags is not a mapping"
+    try:
+        rows = num_rows(payload["tensordict"])
+    except Exception:  # a decoded value that is no batch of rows
+        rows = -1
+    if recorded is None:
+        if not len(keys) == len(tags) == rows:
+            return f"its data holds {rows} rows, {len(keys)} keys and {len(tags)} tags"
+    elif not len(keys) == len(tags) == rows == len(recorded):
+        return (f"its data holds {rows} rows, {len(keys)} keys and {len(tags)} tags, and its meta.json records "
+                f"the prompts of {len(recorded)} trajectories")
+    return None

@@ -13,6 +13,7 @@ from v1_harness import V1Trainer
 
 from stepskip import CorruptEntryError, SkipManager
 from stepskip.formats import get_format
+from stepskip.index import CacheIndex
 from stepskip.store import open_store
 from stepskip.tq import InProcessTQClient
 
@@ -33,6 +34,10 @@ def tags_not_mappings(payload):
     payload["tags"] = [5] * len(payload["tags"])
 
 
+def tags_not_a_list(payload):
+    payload["tags"] = 5
+
+
 def no_keys(payload):
     del payload["keys"]
 
@@ -45,7 +50,7 @@ def fewer_keys(payload):
     payload["keys"] = payload["keys"][:1]
 
 
-@pytest.mark.parametrize("change", [tags_not_mappings, no_keys, no_tensordict, fewer_keys])
+@pytest.mark.parametrize("change", [tags_not_mappings, tags_not_a_list, no_keys, no_tensordict, fewer_keys])
 def test_a_payload_that_is_no_v1_payload_is_damage_under_cache_and_replay(tmp_path, change):
     V1Trainer(make_config(tmp_path, steps=[1]), InProcessTQClient()).fit(1)
     SkipManager.reset()
@@ -65,3 +70,16 @@ def test_a_payload_that_is_no_v1_payload_is_damage_under_cache_and_replay(tmp_pa
     again.fit(1)
     assert again.agent_loop.calls == 0  # the regenerated step is whole
     SkipManager.reset()
+
+
+@pytest.mark.parametrize("change", [tags_not_mappings, tags_not_a_list, fewer_keys])
+def test_the_cli_reads_such_a_step_as_damaged(tmp_path, change):
+    """``stepskip show``/``describe``/``view`` merge a V1 step's inner entries through ``read_step``."""
+    V1Trainer(make_config(tmp_path, steps=[1]), InProcessTQClient()).fit(1)
+    SkipManager.reset()
+    tamper(tmp_path, 1, change)
+    index = CacheIndex(str(tmp_path))
+    (run,) = index.runs()
+    (step,) = run.steps
+    with pytest.raises(CorruptEntryError, match="/1/0: "):
+        index.read_step(step)
