@@ -372,10 +372,6 @@ class RolloutTqSkip(RolloutSkip):
             logger.error("%s dump failed: step %d not published from %s to %s: %s: %s",
                          self.name, step, staging, target, type(err).__name__, err)
             return
-        finally:
-            # super()._write forgot the listing before this publish made the step appear: a listing taken
-            # meanwhile (where directory times never change) would hide the step from repeat and random
-            self._forget_listing()
         logger.info("%s dump: step %d published at %s (%d inner entries)", self.name, step, target,
                     self.parameter_sync_step)
 
