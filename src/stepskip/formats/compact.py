@@ -7,7 +7,9 @@ exploit that, each exact to the bit (floats are compared through their integer b
 ``-0.0`` and NaN payloads survive):
 
 - ``trim``: per row, the run of the row's first value at its start and the run of its last value
-  at its end are stored as counts and values; only the middle is kept.
+  at its end are stored as counts and values; only the middle is kept. For a few rows (the
+  one-sample entries of the async role) the counts and values are written inline in the node,
+  as JSON integers, instead of as four stored parts of one element per row.
 - ``narrow``: integers stored in the smallest dtype that holds their range.
 - ``concat``: a 2-D tensor equal to two sibling tensors side by side is stored as a reference.
 
@@ -39,6 +41,11 @@ _SAMPLE_BYTES = 1 << 18
 #: slice copies per row); narrower ones with vectorised masks, so that the Python work per output
 #: element stays bounded whatever shape an entry declares.
 ROW_COPY_MIN_WIDTH = 256
+#: Trimmed tensors of at most this many rows keep their run counts and run values inline in the node
+#: (a few JSON integers) when the encoder is asked to (``inline=True``): each stored part costs
+#: more to write, index and read back than the handful of bytes it holds. Readers accept inline
+#: runs for at most this many rows.
+INLINE_MAX_ROWS = 16
 
 TREE = "data.json"  # the file whose fields the decoders check (error messages name it)
 Sink = Callable[[torch.Tensor], str]
@@ -101,8 +108,9 @@ def narrow(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _trim(bits: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
-    """Split a [B, L] integer tensor into (middle values, left counts, right counts, left values, right values)."""
+def _trim(bits: torch.Tensor) -> tuple[np.ndarray, ...] | None:
+    """Split a [B, L] integer tensor into numpy arrays of (middle values, left counts, right counts,
+    left values, right values)."""
     rows, width = bits.shape
     if rows == 0 or width < 2:
         return None
@@ -127,22 +135,33 @@ def _trim(bits: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
     else:  # narrow rows: a masked gather, whose cost does not grow with the row count
         columns = np.arange(width)
         middle = a[(columns >= left[:, None]) & (columns < (width - right)[:, None])]
-    return (torch.from_numpy(middle), torch.from_numpy(left.astype(np.int32)), torch.from_numpy(right.astype(np.int32)),
-            torch.from_numpy(lval), torch.from_numpy(rval))
+    return middle, left, right, lval, rval
 
 
-def encode_tensor(tensor: torch.Tensor, add: Sink) -> dict[str, Any]:
-    """The node of one dense tensor in its most compact exact encoding; ``add`` stores a part."""
-    if tensor.dim() == 2 and tensor.dtype in _INTS | set(_BITS):
+_TRIMMABLE = _INTS | set(_BITS)
+
+
+def encode_tensor(tensor: torch.Tensor, add: Sink, inline: bool = False) -> dict[str, Any]:
+    """The node of one dense tensor in its most compact exact encoding; ``add`` stores a part.
+
+    With ``inline``, a trimmed tensor of at most :data:`INLINE_MAX_ROWS` rows keeps its run counts
+    and run values in the node itself (readers before tree version 3 cannot read those nodes).
+    """
+    if tensor.dim() == 2 and tensor.dtype in _TRIMMABLE:
         parts = _trim(_bits(tensor))
         if parts is not None:
             values, left, right, lval, rval = parts
-            return {
+            node: dict[str, Any] = {
                 "kind": "tensor", "enc": "trim", "dtype": _dtype_name(tensor.dtype), "shape": list(tensor.shape),
-                "bits": _dtype_name(values.dtype),
-                "values": add(narrow(values)), "left": add(narrow(left)), "right": add(narrow(right)),
-                "lval": add(narrow(lval)), "rval": add(narrow(rval)),
+                "bits": values.dtype.name, "values": add(narrow(torch.from_numpy(values))),
             }
+            if inline and len(left) <= INLINE_MAX_ROWS:
+                node.update(left=left.tolist(), right=right.tolist(), lval=lval.tolist(), rval=rval.tolist())
+            else:
+                node.update({name: add(narrow(torch.from_numpy(part))) for name, part in (
+                    ("left", left.astype(np.int32)), ("right", right.astype(np.int32)), ("lval", lval),
+                    ("rval", rval))})
+            return node
     narrowed = narrow(tensor)
     if narrowed is not tensor:
         return {"kind": "tensor", "enc": "narrow", "dtype": _dtype_name(tensor.dtype), "ref": add(narrowed)}
@@ -181,19 +200,72 @@ def decode_tensor(node: Mapping[str, Any], get: Source, sibling: Callable[[str],
         budget.charge(sum(p.numel() for p in parts) * dtype.itemsize, TREE, field)
         return torch.cat(parts, dim=1)
     if enc == "trim":
+        if isinstance(node.get("left"), list):
+            return _decode_inline_trim(node, get, dtype, budget, field)
         return _decode_trim(node, get, dtype, budget, field)
     raise CorruptEntryError(f"{TREE}: {field}: unknown tensor encoding {str(enc)[:40]!r}")
 
 
-def _decode_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budget: DecodeBudget,
-                 field: str) -> torch.Tensor:
+def _trim_header(node: Mapping[str, Any], dtype: torch.dtype, field: str) -> tuple[int, int, torch.dtype]:
+    """``(rows, width, bits dtype)`` of a trim node, checked."""
     shape = shape_of(node["shape"], TREE, f"{field}.shape")
     if len(shape) != 2:
         raise CorruptEntryError(f"{TREE}: {field}.shape: a trimmed tensor is 2-D, not {list(shape)}")
-    rows, width = shape
     bits_dtype = _dtype(node["bits"], f"{field}.bits")
     if bits_dtype != _BITS.get(dtype, dtype):
         raise CorruptEntryError(f"{TREE}: {field}.bits: {bits_dtype} is not the bit pattern of {dtype}")
+    return shape[0], shape[1], bits_dtype
+
+
+def _inline_ints(node: Mapping[str, Any], name: str, rows: int, low: int, high: int, field: str) -> list[int]:
+    """The inline list ``node[name]``: exactly ``rows`` plain integers in ``[low, high]``."""
+    value = node.get(name)
+    if not isinstance(value, list) or len(value) != rows or \
+            not all(type(v) is int and low <= v <= high for v in value):
+        raise CorruptEntryError(f"{TREE}: {field}.{name}: {rows} inline integers in [{low}, {high}] are expected, "
+                                f"not {str(value)[:60]!r}")
+    return value
+
+
+def _decode_inline_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budget: DecodeBudget,
+                        field: str) -> torch.Tensor:
+    """A trimmed tensor of a few rows whose runs are inline in the node (tree version 3).
+
+    Every inline field is checked as strictly as a stored part: plain integers, one per row, run
+    lengths within the width, run values within the bit pattern's range (0 or 1 for bools).
+    """
+    rows, width, bits_dtype = _trim_header(node, dtype, field)
+    if not 1 <= rows <= INLINE_MAX_ROWS:
+        raise CorruptEntryError(f"{TREE}: {field}: inline runs are written for 1 to {INLINE_MAX_ROWS} rows, "
+                                f"not {rows}")
+    budget.charge(rows * width * dtype.itemsize, TREE, field)  # before anything is checked or allocated
+    left = _inline_ints(node, "left", rows, 0, width, field)
+    right = _inline_ints(node, "right", rows, 0, width, field)
+    if any(l_count + r_count > width for l_count, r_count in zip(left, right)):
+        raise CorruptEntryError(f"{TREE}: {field}: run lengths outside the row width {width}")
+    info = np.iinfo(_NUMPY[bits_dtype])
+    low, high = (0, 1) if dtype == torch.bool else (int(info.min), int(info.max))
+    lval = _inline_ints(node, "lval", rows, low, high, field)
+    rval = _inline_ints(node, "rval", rows, low, high, field)
+    stored = get(node["values"])
+    if stored.is_nested or stored.dim() != 1 or stored.dtype not in _INTS:
+        raise CorruptEntryError(f"{TREE}: {field}.values: a 1-D integer tensor is expected, "
+                                f"not {stored.dtype} of shape {list(stored.shape)}")
+    kept = rows * width - sum(left) - sum(right)
+    if stored.numel() != kept:
+        raise CorruptEntryError(f"{TREE}: {field}.values: {stored.numel()} values for {kept} kept positions")
+    values = stored.numpy()
+    if dtype == torch.bool and kept and int(values.max()) > 1:
+        raise CorruptEntryError(f"{TREE}: {field}.values: a bool tensor's values are 0 or 1")
+    out = np.empty((rows, width), dtype=_NUMPY[bits_dtype])
+    _fill_rows(out.reshape(-1), width, left, right, lval, rval, values)
+    result = torch.from_numpy(out)
+    return result.view(dtype) if dtype in _BITS else result
+
+
+def _decode_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budget: DecodeBudget,
+                 field: str) -> torch.Tensor:
+    rows, width, bits_dtype = _trim_header(node, dtype, field)
     parts = {name: get(node[name]) for name in ("left", "right", "lval", "rval", "values")}
     for name, part in parts.items():
         if part.is_nested or part.dim() != 1 or part.dtype not in _INTS | {torch.uint8}:

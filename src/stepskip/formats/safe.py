@@ -48,8 +48,11 @@ VERSION = 1
 #: The version of a tree holding packed rows (``{"__t": "rows"}``, see :mod:`stepskip.formats.values`):
 #: a reader of an older version meets a tag it does not know. Trees without them keep :data:`VERSION`.
 ROWS_VERSION = 2
+#: The version of a tree holding trimmed tensors whose runs are inline (lists, not part names: see
+#: :data:`stepskip.formats.compact.INLINE_MAX_ROWS`); it may hold packed rows too.
+INLINE_VERSION = 3
 #: The newest tree version this stepskip reads; a newer one is unreadable (intact, never regenerated over).
-READ_VERSION = ROWS_VERSION
+READ_VERSION = INLINE_VERSION
 _ROWS_MARK = '"__t":"rows"'
 
 _STORABLE_DTYPES = {
@@ -579,8 +582,9 @@ class SafeFormat:
             return dict(files)
 
     def _encode(self, tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, bytes]:
+        inline = False
         if self.compress != "none":
-            tree, tensors = _compact(tree, tensors)
+            tree, tensors, inline = _compact(tree, tensors)
             refs = list(tensors)
             packed: dict[str, Any] = {}
             total = sum(map(_nbytes, tensors.values()))
@@ -591,6 +595,8 @@ class SafeFormat:
                     packed[ref] = info
             if packed:
                 tree = dict(tree, packed=packed)
+        if inline and tree.get("version") == VERSION:  # the newest layout it holds says which readers can read it
+            tree = dict(tree, version=INLINE_VERSION)
         text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"))
         if _ROWS_MARK in text and tree.get("version") == VERSION:  # (a string holding the mark costs nothing)
             tree = dict(tree, version=ROWS_VERSION)
@@ -711,9 +717,14 @@ def _all_plain(items: list[Any]) -> bool:
     return True
 
 
-def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Rewrite plain tensor nodes into compact encodings; other references stay valid."""
+def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]
+             ) -> tuple[dict[str, Any], dict[str, torch.Tensor], bool]:
+    """Rewrite plain tensor nodes into compact encodings; other references stay valid.
+
+    Returns the tree, the stored tensors and whether a node keeps its runs inline (tree version 3).
+    """
     table = dict(tensors)
+    inline: list[bool] = []
 
     def dense(node: dict[str, Any]) -> dict[str, Any]:
         # parts are named after the tensor they replace, so the bytes do not depend on thread timing
@@ -724,7 +735,10 @@ def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[di
             table[ref] = tensor.contiguous()
             return ref
 
-        return encode_tensor(table.pop(base), add)
+        encoded = encode_tensor(table.pop(base), add, inline=True)
+        if isinstance(encoded.get("left"), list):
+            inline.append(True)
+        return encoded
 
     def dense_many(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Encode sibling tensors side by side (torch releases the GIL)."""
@@ -765,4 +779,5 @@ def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[di
             return dict(node, entries={k: walk(v) for k, v in node["entries"].items()})
         return node
 
-    return dict(tree, root=walk(tree["root"])), table
+    root = walk(tree["root"])
+    return dict(tree, root=root), table, bool(inline)
