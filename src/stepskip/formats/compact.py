@@ -217,6 +217,11 @@ def _trim_header(node: Mapping[str, Any], dtype: torch.dtype, field: str) -> tup
     return shape[0], shape[1], bits_dtype
 
 
+_RANGES: dict[torch.dtype, tuple[int, int]] = {
+    dtype: (int(np.iinfo(array_dtype).min), int(np.iinfo(array_dtype).max))  # type: ignore[type-var]
+    for dtype, array_dtype in _NUMPY.items()}
+
+
 def _inline_ints(node: Mapping[str, Any], name: str, rows: int, low: int, high: int, field: str) -> list[int]:
     """The inline list ``node[name]``: exactly ``rows`` plain integers in ``[low, high]``."""
     value = node.get(name)
@@ -243,8 +248,7 @@ def _decode_inline_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype
     right = _inline_ints(node, "right", rows, 0, width, field)
     if any(l_count + r_count > width for l_count, r_count in zip(left, right)):
         raise CorruptEntryError(f"{TREE}: {field}: run lengths outside the row width {width}")
-    info = np.iinfo(_NUMPY[bits_dtype])
-    low, high = (0, 1) if dtype == torch.bool else (int(info.min), int(info.max))
+    low, high = (0, 1) if dtype == torch.bool else _RANGES[bits_dtype]
     lval = _inline_ints(node, "lval", rows, low, high, field)
     rval = _inline_ints(node, "rval", rows, low, high, field)
     stored = get(node["values"])
