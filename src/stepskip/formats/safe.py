@@ -422,26 +422,25 @@ class _Decoder:
         return list(dims)
 
     def tensordict(self, node: dict[str, Any], field: str) -> TensorDict:
-        td = TensorDict({}, batch_size=self.batch_size(node, field))
+        batch_size = self.batch_size(node, field)
         entries = _mapping(node, "entries", field)
         if not all(isinstance(c, dict) for c in entries.values()):
             raise CorruptEntryError(f"{TREE_FILE}: {field}.entries: every entry must be a node")
-        decoded: dict[str, Any] = {}
+        decoded: dict[str, Any] = {}  # the tensor entries: what a concatenation may name as its parts
         dense = [k for k, c in entries.items() if c.get("kind") == "tensor" and c.get("enc") not in (None, "concat")]
-        if len(dense) > 1:  # torch, numpy and zstd release the GIL: decode the big tensors side by side
+        if len(dense) > 1 and self.stored_bytes >= PARALLEL_MIN_BYTES:
+            # torch, numpy and zstd release the GIL: decode the big tensors side by side
             decoded.update(self._decode_side_by_side(entries, dense, field))
         # entries stored as a concatenation of siblings decode after those siblings
         order = sorted((k for k in entries if k not in decoded), key=lambda k: entries[k].get("enc") == "concat")
-        for key in decoded:
-            td.set(key, decoded[key])
+        values: dict[str, Any] = {}
         for key in order:
             child = entries[key]
             kind = child.get("kind")
             where = f"{field}[{key!r}]"
             if kind == "non_tensor_data":
                 data = decode_value(child["v"], self.getter(where), self.budget, where)
-                non_tensor: Any = NonTensorData(data=data, batch_size=self.batch_size(child, where))  # a TensorDict
-                td.set(key, non_tensor)
+                values[key] = NonTensorData(data=data, batch_size=self.batch_size(child, where))  # a TensorDict
             elif kind == "non_tensor_stack":
                 rows = decode_value(child["v"], self.getter(where), self.budget, where)
                 size = self.batch_size(child, where)
@@ -449,13 +448,12 @@ class _Decoder:
                     raise CorruptEntryError(f"{TREE_FILE}: {where}: the rows do not match batch size {size}")
                 # each row becomes a NonTensorData object (~600 bytes) however few bytes it took in data.json
                 self.budget.charge(len(rows) * _NON_TENSOR_ROW_BYTES, TREE_FILE, where)
-                stack = NonTensorStack(*(NonTensorData(data=r, batch_size=size[1:]) for r in rows))
-                td.set(key, stack)
+                values[key] = NonTensorStack(*(NonTensorData(data=r, batch_size=size[1:]) for r in rows))
             else:
                 decoded[key] = self.node(child, where, _siblings(decoded, where))
-                td.set(key, decoded[key])
-        # keep the recorded key order
-        return td.select(*entries.keys()) if list(td.keys()) != list(entries.keys()) else td
+        # built once, in the recorded key order (each value checked against the batch size as by set)
+        return TensorDict({key: decoded[key] if key in decoded else values[key] for key in entries},
+                          batch_size=batch_size)
 
     def _decode_side_by_side(self, entries: dict[str, Any], dense: list[str], field: str) -> dict[str, Any]:
         """Decode the ``dense`` entries on the pool, and with them each concatenation of two of them
