@@ -68,13 +68,14 @@ def _small_array(tensor: torch.Tensor) -> np.ndarray | None:
     return tensor.numpy()
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 _DTYPES = {_name: getattr(torch, _name) for _name in (
     "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64", "float16", "bfloat16",
     "float32", "float64")}
+_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return _NAMES.get(dtype) or str(dtype).removeprefix("torch.")
 
 
 def _dtype(name: Any, field: str = "dtype") -> torch.dtype:
@@ -97,15 +98,29 @@ def narrow(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     array = _small_array(tensor)
     if array is not None:  # the same choice in numpy, for a fraction of torch's per-call cost
-        low, high = int(array.min()), int(array.max())
-    else:  # torch has no min/max for uint16 on CPU: its values fit int32 exactly
-        low, high = (int(v) for v in torch.aminmax(tensor.to(torch.int32) if tensor.dtype == torch.uint16 else tensor))
+        narrowed = _narrow_small(array)
+        return tensor if narrowed is array else torch.from_numpy(narrowed)
+    # torch has no min/max for uint16 on CPU: its values fit int32 exactly
+    low, high = (int(v) for v in torch.aminmax(tensor.to(torch.int32) if tensor.dtype == torch.uint16 else tensor))
     for dtype, smallest, largest in _NARROW_RANGES:
         if smallest <= low and high <= largest:
-            if dtype.itemsize >= tensor.dtype.itemsize:
-                return tensor
-            return torch.from_numpy(array.astype(_NUMPY[dtype])) if array is not None else tensor.to(dtype)
+            return tensor if dtype.itemsize >= tensor.dtype.itemsize else tensor.to(dtype)
     return tensor
+
+
+_NARROW_ARRAYS = [(np.dtype(_NUMPY[dtype]), smallest, largest) for dtype, smallest, largest in _NARROW_RANGES]
+
+
+def _narrow_small(array: np.ndarray) -> np.ndarray:
+    """:func:`narrow` of a small numpy integer array, in numpy (the array itself when nothing is smaller)."""
+    if array.size == 0 or array.dtype.kind not in "iu" or array.dtype.itemsize == 1 or \
+            array.dtype in (np.uint64, np.uint32):
+        return array
+    low, high = int(array.min()), int(array.max())
+    for dtype, smallest, largest in _NARROW_ARRAYS:
+        if smallest <= low and high <= largest:
+            return array if dtype.itemsize >= array.dtype.itemsize else array.astype(dtype)
+    return array
 
 
 def _trim(bits: torch.Tensor) -> tuple[np.ndarray, ...] | None:
@@ -115,6 +130,30 @@ def _trim(bits: torch.Tensor) -> tuple[np.ndarray, ...] | None:
     if rows == 0 or width < 2:
         return None
     a = np.ascontiguousarray(bits.numpy())
+    return _trim_row(a.reshape(-1)) if rows == 1 else _trim_rows(a)
+
+
+def _trim_row(row: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """:func:`_trim_rows` of a single row (the one-sample entries of the async role): the same parts
+    from a handful of numpy calls instead of the row-vectorised ones."""
+    width = row.shape[0]
+    lval, rval = row[:1].copy(), row[-1:].copy()
+    differs = row != lval[0]
+    left = int(differs.argmax())
+    if differs[left]:
+        # a value other than the first exists, so one other than the last does too
+        right = min(int((row[::-1] != rval[0]).argmax()), width - left)
+    else:
+        left, right = width, 0  # the whole row is one run
+    if width - left - right > MIN_TRIM_GAIN * width:
+        return None
+    return (row[left:width - right].copy(), np.array([left], dtype=np.intp), np.array([right], dtype=np.intp),
+            lval, rval)
+
+
+def _trim_rows(a: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """:func:`_trim` of a contiguous [B, L] array."""
+    rows, width = a.shape
     index = np.arange(rows)
     lval, rval = a[:, 0].copy(), a[:, -1].copy()
     # numpy's bool argmax stops at each row's first True: a run costs one comparison pass, not four
@@ -151,9 +190,11 @@ def encode_tensor(tensor: torch.Tensor, add: Sink, inline: bool = False) -> dict
         parts = _trim(_bits(tensor))
         if parts is not None:
             values, left, right, lval, rval = parts
+            stored = torch.from_numpy(_narrow_small(values)) if values.size <= SMALL_ELEMENTS else \
+                narrow(torch.from_numpy(values))
             node: dict[str, Any] = {
                 "kind": "tensor", "enc": "trim", "dtype": _dtype_name(tensor.dtype), "shape": list(tensor.shape),
-                "bits": values.dtype.name, "values": add(narrow(torch.from_numpy(values))),
+                "bits": _dtype_name(_BITS.get(tensor.dtype, tensor.dtype)), "values": add(stored),
             }
             if inline and len(left) <= INLINE_MAX_ROWS:
                 node.update(left=left.tolist(), right=right.tolist(), lval=lval.tolist(), rval=rval.tolist())
@@ -343,20 +384,24 @@ def find_concat(tensors: Mapping[str, torch.Tensor]) -> dict[str, list[str]]:
     on their own.
     """
     two_d = {k: t for k, t in tensors.items() if t.dim() == 2 and t.dtype in _INTS and not t.is_nested}
+    # (rows, width, dtype) read once: the pairs below compare these far more often than any values
+    kinds = {k: (t.shape[0], t.shape[1], t.dtype) for k, t in two_d.items()}
     found: dict[str, list[str]] = {}
     parts: set[str] = set()
-    for key, whole in two_d.items():
+    for key, (rows, width, dtype) in kinds.items():
         if key in parts:
             continue
-        for a_key, a in two_d.items():
-            if a_key == key or a_key in found or a.shape[0] != whole.shape[0] or a.dtype != whole.dtype:
+        whole = two_d[key]
+        for a_key, (a_rows, a_width, a_dtype) in kinds.items():
+            rest = width - a_width
+            if rest <= 0 or a_rows != rows or a_dtype != dtype or a_key == key or a_key in found:
                 continue
-            rest = whole.shape[1] - a.shape[1]
-            if rest <= 0 or not torch.equal(whole[:, : a.shape[1]], a):
+            # the shapes first: comparing values costs more than looking for a sibling that could match
+            others = [k for k, kind in kinds.items() if kind == (rows, rest, dtype) and k not in (key, a_key)
+                      and k not in found]
+            if not others or not torch.equal(whole[:, :a_width], two_d[a_key]):
                 continue
-            b_key = next((k for k, b in two_d.items() if k not in (key, a_key) and k not in found
-                          and b.shape == (whole.shape[0], rest) and b.dtype == whole.dtype
-                          and torch.equal(whole[:, a.shape[1]:], b)), None)
+            b_key = next((k for k in others if torch.equal(whole[:, a_width:], two_d[k])), None)
             if b_key is not None:
                 found[key] = [a_key, b_key]
                 parts.update((a_key, b_key))
