@@ -386,6 +386,7 @@ def find_concat(tensors: Mapping[str, torch.Tensor]) -> dict[str, list[str]]:
     two_d = {k: t for k, t in tensors.items() if t.dim() == 2 and t.dtype in _INTS and not t.is_nested}
     # (rows, width, dtype) read once: the pairs below compare these far more often than any values
     kinds = {k: (t.shape[0], t.shape[1], t.dtype) for k, t in two_d.items()}
+    arrays = {k: _small_array(t) for k, t in two_d.items()}
     found: dict[str, list[str]] = {}
     parts: set[str] = set()
     for key, (rows, width, dtype) in kinds.items():
@@ -399,14 +400,23 @@ def find_concat(tensors: Mapping[str, torch.Tensor]) -> dict[str, list[str]]:
             # the shapes first: comparing values costs more than looking for a sibling that could match
             others = [k for k, kind in kinds.items() if kind == (rows, rest, dtype) and k not in (key, a_key)
                       and k not in found]
-            if not others or not torch.equal(whole[:, :a_width], two_d[a_key]):
+            if not others or not _equal(whole, arrays[key], two_d[a_key], arrays[a_key], 0, a_width):
                 continue
-            b_key = next((k for k in others if torch.equal(whole[:, a_width:], two_d[k])), None)
+            b_key = next((k for k in others if _equal(whole, arrays[key], two_d[k], arrays[k], a_width, width)), None)
             if b_key is not None:
                 found[key] = [a_key, b_key]
                 parts.update((a_key, b_key))
                 break
     return found
+
+
+def _equal(whole: torch.Tensor, whole_array: np.ndarray | None, part: torch.Tensor, part_array: np.ndarray | None,
+           start: int, stop: int) -> bool:
+    """Whether columns ``start:stop`` of ``whole`` equal ``part`` (same shape): in numpy when both are small,
+    where one torch call costs more than the comparison."""
+    if whole_array is not None and part_array is not None:
+        return bool((whole_array[:, start:stop] == part_array).all())
+    return torch.equal(whole[:, start:stop], part)
 
 
 ZSTD_MIN_BYTES = 1 << 16
