@@ -7,6 +7,7 @@ form a batch is fixed by the test, not by thread timing.
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 
 import numpy as np
@@ -135,7 +136,8 @@ def _record(tmp_path, count: int, monkeypatch, fail: int | None = None, broken_a
 
         def failing(frozen):
             files = encode(frozen)
-            if b'"feed"' in files["data.json"] and f"[{fail}]".encode() in files["data.json"]:
+            feed = json.loads(files["data.json"])["root"]["non_tensor_batch"].get("feed", {}).get("v")
+            if feed == [fail]:
                 raise ValueError(f"cannot encode sample {fail}")
             return files
 
