@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import threading
 import time
 import uuid
@@ -340,6 +341,27 @@ def _load_renameat2() -> Any:
 
 
 _RENAMEAT2 = _load_renameat2()
+
+
+def _load_syncfs() -> Any:
+    """libc's ``syncfs`` where it reports writeback errors (Linux 5.8 and later), else None."""
+    release = os.uname().release if hasattr(os, "uname") else ""
+    found = re.match(r"(\d+)\.(\d+)", release)
+    if not sys.platform.startswith("linux") or found is None or (int(found[1]), int(found[2])) < (5, 8):
+        return None  # older kernels' syncfs returns 0 even when writing back failed
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNCFS = _load_syncfs()
+#: Batches with at least this many entries on one filesystem are made durable by one ``syncfs`` there
+#: instead of an ``fsync`` per file and directory (see :meth:`LocalStore.write_entries`).
+SYNCFS_MIN_ENTRIES = 4
 _RENAME_EXCHANGE = 2
 
 
@@ -472,6 +494,15 @@ class _Syncs:
                 pass
         for fd in fds[taken:]:
             self._sync(key, fd, close)
+
+    def close(self, key: Any, fds: Iterable[int]) -> None:
+        """Close fds already made durable; a close error is reported under ``key`` as a failed sync would be."""
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError as err:  # NFS reports a deferred write error here
+                with self._lock:
+                    self._failed.setdefault(key, err)
 
     def wait(self) -> dict[Any, OSError]:
         """Wait for every sync started; the first error of each key that had one."""
@@ -1178,6 +1209,13 @@ class LocalStore(_EntryStore):
         becomes visible and is published whole, as with :meth:`write_entry`, for a fraction of the
         system calls when entries are small (the fully async role writes one per sample).
 
+        Where Linux's ``syncfs`` reports writeback errors (5.8 and later), a filesystem holding at
+        least :data:`SYNCFS_MIN_ENTRIES` entries of the batch is synced by one ``syncfs`` instead of
+        one ``fsync`` per file and directory (four per entry of format ``safe``): every file written
+        before it is durable when it returns 0, as after each file's own ``fsync``. Should it fail,
+        those entries' files are synced one by one, so a failure still costs only the entries it
+        hit. (``syncfs`` also writes back what other programs left dirty on that filesystem.)
+
         Returns:
             Per entry, in order: the bytes written, or the exception that kept it from being written
             (nothing partial of it is left behind); one entry's failure does not stop the others.
@@ -1186,6 +1224,7 @@ class LocalStore(_EntryStore):
         parents: dict[str, int] = {}
         syncs = _Syncs()
         published: set[int] = set()
+        held: dict[int, list[int]] = {}  # fds left for one syncfs of their filesystem
         try:
             for i, (path, files, meta) in enumerate(entries):
                 try:
@@ -1194,8 +1233,11 @@ class LocalStore(_EntryStore):
                     staged.append(err)
                     continue
                 staged.append((parent_fd, tmp, name, path, total))
-                # synced (and closed) side by side while the next entries are written
-                syncs.start(i, fds)
+                if _SYNCFS is not None:
+                    held[i] = fds
+                else:  # synced (and closed) side by side while the next entries are written
+                    syncs.start(i, fds)
+            self._sync_held(held, staged, syncs)
             failed = syncs.wait()  # every file and directory of every entry: then the renames
             results: list[int | Exception] = []
             for i, item in enumerate(staged):
@@ -1215,12 +1257,36 @@ class LocalStore(_EntryStore):
             _fsync_all(list(set(parents.values())))  # the renames: best effort, as in write_entry
             return results
         finally:
+            for fds in held.values():  # ``entries`` raised before they were synced
+                syncs.close(None, fds)
             syncs.wait()  # every fd closed, also when ``entries`` itself raised
             for i, item in enumerate(staged):
                 if not isinstance(item, Exception) and i not in published:
                     _remove_at(item[0], item[1])  # nothing partial stays behind (gone already when published)
             for fd in parents.values():
                 os.close(fd)
+
+    @staticmethod
+    def _sync_held(held: dict[int, list[int]], staged: list[Any], syncs: _Syncs) -> None:
+        """Make the ``held`` fds of staged entries durable: one ``syncfs`` per filesystem holding at
+        least :data:`SYNCFS_MIN_ENTRIES` of them (each entry's fds then closed), else, and should the
+        ``syncfs`` fail, an ``fsync`` per fd; each fd leaves ``held`` once handed over."""
+        by_device: dict[int, list[int]] = {}
+        devices: dict[int, int] = {}
+        for i in held:
+            parent_fd = staged[i][0]
+            if parent_fd not in devices:
+                devices[parent_fd] = os.fstat(parent_fd).st_dev  # the entry's directory is made in its parent
+            by_device.setdefault(devices[parent_fd], []).append(i)
+        for keys in by_device.values():
+            # the parent was opened before any file of the batch was written there: its syncfs reports any
+            # writeback error since (the kernel samples the filesystem's error state when a file is opened)
+            if _SYNCFS is not None and len(keys) >= SYNCFS_MIN_ENTRIES and _SYNCFS(staged[keys[0]][0]) == 0:
+                for i in keys:
+                    syncs.close(i, held.pop(i))
+                continue
+            for i in keys:
+                syncs.start(i, held.pop(i), pooled=True)
 
     def _stage(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any],
                parents: dict[str, int]) -> tuple[int, str, str, str, int, list[int]]:
