@@ -1,0 +1,171 @@
+"""LocalStore.write_entries with ``syncfs``: one sync per filesystem for a batch of small entries, each
+entry still durable before its rename, and the per-file fsyncs back whenever ``syncfs`` fails.
+
+``syncfs``, ``os.fsync``, ``os.rename`` and ``os.close`` are wrapped (the real calls still run) to see
+which syncs ran and in which order.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+
+from stepskip import store as store_module
+from stepskip.store import SYNCFS_MIN_ENTRIES, EntryState, LocalStore
+
+pytestmark = pytest.mark.skipif(store_module._SYNCFS is None, reason="needs Linux 5.8+ syncfs")
+
+
+def _entries(root, count, start=0):
+    return [(f"{root}/run/{i}", {"data.json": json.dumps({"i": i}).encode(), "data.bin": bytes([i % 256]) * 10},
+             {"global_steps": i}) for i in range(start, start + count)]
+
+
+def _spy(monkeypatch, syncfs_result=None):
+    """Record ('syncfs' | 'fsync' | 'rename', ...) in call order; ``syncfs_result`` replaces its result."""
+    calls: list[tuple[str, int | str]] = []
+    real_syncfs, real_fsync, real_rename = store_module._SYNCFS, os.fsync, os.rename
+
+    def syncfs(fd):
+        calls.append(("syncfs", os.fstat(fd).st_dev))
+        result = real_syncfs(fd)
+        return result if syncfs_result is None else syncfs_result
+
+    def fsync(fd):
+        calls.append(("fsync", fd))
+        real_fsync(fd)
+
+    def rename(src, dst, **kwargs):
+        calls.append(("rename", str(dst)))
+        real_rename(src, dst, **kwargs)
+
+    monkeypatch.setattr(store_module, "_SYNCFS", syncfs)
+    monkeypatch.setattr(store_module.os, "fsync", fsync)
+    monkeypatch.setattr(store_module.os, "rename", rename)
+    return calls
+
+
+def test_a_batch_is_synced_once_before_any_entry_is_published(tmp_path, monkeypatch):
+    store = LocalStore(str(tmp_path))
+    (tmp_path / "run").mkdir()
+    calls = _spy(monkeypatch)
+    results = store.write_entries(_entries(tmp_path, 8))
+    assert all(isinstance(r, int) and r > 0 for r in results)
+    kinds = [kind for kind, _ in calls]
+    first_rename = kinds.index("rename")
+    assert kinds[:first_rename] == ["syncfs"]  # no per-file fsync: the one syncfs covers every file
+    assert kinds[first_rename:].count("rename") == 8 and "syncfs" not in kinds[first_rename:]
+    for i in range(8):
+        meta, files = store.read_entry(f"{tmp_path}/run/{i}")
+        assert meta["global_steps"] == i and json.loads(files["data.json"]) == {"i": i}
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted(str(i) for i in range(8))
+
+
+def test_small_batches_keep_their_per_file_fsyncs(tmp_path, monkeypatch):
+    store = LocalStore(str(tmp_path))
+    (tmp_path / "run").mkdir()
+    calls = _spy(monkeypatch)
+    count = SYNCFS_MIN_ENTRIES - 1
+    assert all(isinstance(r, int) for r in store.write_entries(_entries(tmp_path, count)))
+    kinds = [kind for kind, _ in calls]
+    assert "syncfs" not in kinds
+    first_rename = kinds.index("rename")
+    assert kinds[:first_rename].count("fsync") == count * 4  # two data files, meta.json, the directory
+
+
+def test_a_failed_syncfs_falls_back_to_an_fsync_per_file(tmp_path, monkeypatch):
+    store = LocalStore(str(tmp_path))
+    (tmp_path / "run").mkdir()
+    calls = _spy(monkeypatch, syncfs_result=-1)
+    results = store.write_entries(_entries(tmp_path, 6))
+    assert all(isinstance(r, int) for r in results)
+    kinds = [kind for kind, _ in calls]
+    first_rename = kinds.index("rename")
+    assert kinds[0] == "syncfs" and kinds[1:first_rename].count("fsync") == 6 * 4
+
+
+def test_after_a_failed_syncfs_a_failing_fsync_costs_its_entry_alone(tmp_path, monkeypatch):
+    store = LocalStore(str(tmp_path))
+    (tmp_path / "run").mkdir()
+    _spy(monkeypatch, syncfs_result=-1)
+    real_stage, bad = store._stage, set()
+
+    def stage(*args, **kwargs):
+        out = real_stage(*args, **kwargs)
+        if args[0].endswith("/run/2"):
+            bad.update(out[5])
+        return out
+
+    spied_fsync = store_module.os.fsync
+
+    def fsync(fd):
+        if fd in bad:
+            raise OSError(errno.EIO, "writeback failed")
+        spied_fsync(fd)
+
+    monkeypatch.setattr(store, "_stage", stage)
+    monkeypatch.setattr(store_module.os, "fsync", fsync)
+    results = store.write_entries(_entries(tmp_path, 5))
+    assert isinstance(results[2], OSError) and results[2].errno == errno.EIO
+    assert all(isinstance(results[i], int) for i in (0, 1, 3, 4))
+    assert store.probe(f"{tmp_path}/run/2").state is EntryState.MISSING
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["0", "1", "3", "4"]  # nothing partial
+
+
+def test_a_close_error_after_syncfs_keeps_that_entry_unpublished(tmp_path, monkeypatch):
+    store = LocalStore(str(tmp_path))
+    (tmp_path / "run").mkdir()
+    _spy(monkeypatch)
+    real_close, real_stage, failing = os.close, store._stage, set()
+
+    def stage(*args, **kwargs):
+        out = real_stage(*args, **kwargs)
+        if args[0].endswith("/run/1"):
+            failing.update(out[5])
+        return out
+
+    def close(fd):
+        real_close(fd)
+        if fd in failing:
+            failing.discard(fd)
+            raise OSError(errno.EIO, "deferred write error")
+
+    monkeypatch.setattr(store, "_stage", stage)
+    monkeypatch.setattr(store_module.os, "close", close)
+    results = store.write_entries(_entries(tmp_path, 5))
+    assert isinstance(results[1], OSError) and results[1].errno == errno.EIO
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["0", "2", "3", "4"]
+
+
+def test_each_filesystem_of_a_batch_gets_its_own_syncfs(tmp_path, monkeypatch):
+    other = "/dev/shm"
+    if not os.path.isdir(other) or os.stat(other).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs a second filesystem (/dev/shm)")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=other) as second:
+        store = LocalStore()  # no root: entries anywhere
+        calls = _spy(monkeypatch)
+        items = _entries(tmp_path, 4) + _entries(second, 4, start=10)
+        assert all(isinstance(r, int) for r in store.write_entries(items))
+        synced = {device for kind, device in calls if kind == "syncfs"}
+        assert synced == {os.stat(tmp_path).st_dev, os.stat(second).st_dev}
+        assert store.read_entry(f"{second}/run/12")[0]["global_steps"] == 12
+
+
+def test_an_entry_source_that_raises_leaves_no_fd_open_and_nothing_published(tmp_path):
+    store = LocalStore(str(tmp_path))
+    (tmp_path / "run").mkdir()
+    before = len(os.listdir("/proc/self/fd"))
+
+    def items():
+        yield from _entries(tmp_path, 5)
+        raise RuntimeError("the producer failed")
+
+    with pytest.raises(RuntimeError, match="producer"):
+        store.write_entries(items())
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert list((tmp_path / "run").iterdir()) == []
