@@ -105,21 +105,27 @@ def test_max_bytes_refuses_by_name() -> None:
 # --------------------------------------------------------------------------- trim / narrow / concat
 
 
-def test_trim_width_beyond_the_bound_is_refused_before_allocation() -> None:
-    files = edited(td_entry(x=padded()), lambda t: batch_entries(t)["x"].update(shape=[4, 10**9]))
+# 4 rows keep their runs inline in data.json, 20 as stored parts (compact.INLINE_MAX_ROWS is 16)
+LAYOUTS = pytest.mark.parametrize("rows", [4, 20], ids=["inline-runs", "stored-runs"])
+
+
+@LAYOUTS
+def test_trim_width_beyond_the_bound_is_refused_before_allocation(rows: int) -> None:
+    files = edited(td_entry(x=padded(rows=rows)), lambda t: batch_entries(t)["x"].update(shape=[rows, 10**9]))
     assert_refused(files, TREE, "root.batch['x']", error=DecodeLimitError)
 
 
+@LAYOUTS
 @pytest.mark.parametrize("change", ["rows", "width", "bits", "dtype", "left", "negative", "not-2d", "huge-dims"])
-def test_trim_fields_that_do_not_fit_the_stored_parts(change: str) -> None:
-    files = td_entry(x=padded())
+def test_trim_fields_that_do_not_fit_the_stored_parts(change: str, rows: int) -> None:
+    files = td_entry(x=padded(rows=rows))
     tree = json.loads(files[TREE])
     node = batch_entries(tree)["x"]
-    assert node["enc"] == "trim"
+    assert node["enc"] == "trim" and isinstance(node["left"], list) == (rows == 4)
     if change == "rows":
-        node["shape"] = [5, 64]
+        node["shape"] = [rows + 1, 64]
     elif change == "width":
-        node["shape"] = [4, 65]  # one more kept position than there are values
+        node["shape"] = [rows, 65]  # one more kept position per row than there are values
     elif change == "bits":
         node["bits"] = "int8"
     elif change == "dtype":
@@ -127,19 +133,20 @@ def test_trim_fields_that_do_not_fit_the_stored_parts(change: str) -> None:
     elif change == "left":
         node["left"], node["values"] = node["values"], node["left"]
     elif change == "negative":
-        node["shape"] = [4, -64]
+        node["shape"] = [rows, -64]
     elif change == "not-2d":
-        node["shape"] = [4, 8, 8]
+        node["shape"] = [rows, 8, 8]
     else:
         node["shape"] = [2**62, 2**62]
     assert_refused(dict(files, **{TREE: json.dumps(tree).encode()}), TREE, "root.batch['x']")
 
 
-def test_trim_run_lengths_outside_the_row_are_refused() -> None:
-    files = td_entry(x=padded(rows=4, width=8))
+@LAYOUTS
+def test_trim_run_lengths_outside_the_row_are_refused(rows: int) -> None:
+    files = td_entry(x=padded(rows=rows, width=8 if rows < 8 else 24))
     tree = json.loads(files[TREE])
     node = batch_entries(tree)["x"]
-    node["shape"] = [4, 2]  # the stored run lengths (up to 6) no longer fit a row of 2
+    node["shape"] = [rows, 2]  # the stored run lengths (up to 6, or 22) no longer fit a row of 2
     assert_refused(dict(files, **{TREE: json.dumps(tree).encode()}), TREE, "root.batch['x']")
 
 
