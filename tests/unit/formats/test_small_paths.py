@@ -105,3 +105,17 @@ def test_one_row_trims_decode_bit_exact(dtype, lead, tail):
     out = compact.decode_tensor(node, parts.__getitem__)
     assert out.dtype == row.dtype and out.shape == row.shape
     assert torch.equal(out.view(torch.uint8), row.view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("row", [[5, 5, 1, 2, 9, 9, 9], [5] * 9, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [3, 3, 3, 3, 3, 3, 4],
+                                 [0, 1, 1, 1, 1, 1, 1, 1, 1, 1], [7, 7, 7, 7, 7, 7, 7, 8, 8, 8]], ids=str)
+def test_the_one_row_trim_gives_the_parts_of_the_general_one(dtype, row):
+    """The async role's rows take :func:`compact._trim_row`: the same parts as the row-vectorised trim."""
+    tensor = torch.tensor([row]).to(dtype) if dtype != torch.bool else torch.tensor([row]) > 4
+    array = compact._bits(tensor).numpy()
+    one, general = compact._trim_row(array.reshape(-1).copy()), compact._trim_rows(array.copy())
+    assert (one is None) == (general is None)
+    if one is not None:
+        for a, b in zip(one, general):
+            assert a.dtype == b.dtype and a.tolist() == b.tolist()
