@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import xxhash
@@ -81,11 +81,16 @@ class EntryState(enum.Enum):
 
 @dataclass(frozen=True)
 class Probe:
-    """What a cheap look at an entry found (no data read, no checksum computed)."""
+    """What a cheap look at an entry found (no data read, no checksum computed).
+
+    ``stamp`` identifies the file version of ``meta.json`` that was read (local stores): a read
+    given this probe reuses its ``meta`` instead of parsing the file again while the stamp is the same.
+    """
 
     state: EntryState
     meta: dict[str, Any] | None = None
     reason: str = ""
+    stamp: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -586,7 +591,7 @@ class _EntryStore:
 
     def read_entry(self, path: str, legacy_files: Iterable[str] = (),
                    names: Iterable[str] | Callable[[dict[str, Any]], Iterable[str]] | None = None,
-                   verify: bool = True) -> tuple[dict[str, Any], dict[str, bytes]]:
+                   verify: bool = True, probe: Probe | None = None) -> tuple[dict[str, Any], dict[str, bytes]]:
         """Check and read one entry as one version: its ``meta.json`` and the named data files.
 
         Unlike :meth:`probe` followed by :meth:`read_files`, the files read are those of the
@@ -601,6 +606,10 @@ class _EntryStore:
                 them — it may also raise (a format or fidelity refusal, say) to stop the read
                 before any data is read; it is called again should a newer version be read.
             verify: check each file's checksum (sizes are always checked).
+            probe: a :meth:`probe` of ``path`` just taken: where the store can tell that
+                ``meta.json`` is still the very file that probe parsed (local stores: the same
+                directory and file, size and times), and ``verify`` is on, its ``meta`` is used
+                without parsing the file again. Any other case reads ``meta.json`` afresh.
 
         Returns:
             ``(meta, {name: bytes})``.
@@ -613,12 +622,13 @@ class _EntryStore:
             >>> meta, files = store.read_entry(path, names=["data.json"])  # doctest: +SKIP
         """
         wanted: _Names = names if names is None or callable(names) else list(names)
-        probe, files = self._look(path, tuple(legacy_files), wanted, verify, read=True)
-        if probe.state is EntryState.MISSING:
+        known = probe if verify and probe is not None and probe.state is EntryState.PRESENT and probe.stamp else None
+        found, files = self._look(path, tuple(legacy_files), wanted, verify, read=True, known=known)
+        if found.state is EntryState.MISSING:
             raise CacheMissError(f"{path}: no entry there (never written, or removed meanwhile)")
-        if probe.state is EntryState.DAMAGED:
-            raise CorruptEntryError(f"{path}: {probe.reason}")
-        return probe.meta or {}, files
+        if found.state is EntryState.DAMAGED:
+            raise CorruptEntryError(f"{path}: {found.reason}")
+        return found.meta or {}, files
 
     def read_files(self, path: str, meta: Mapping[str, Any], names: Iterable[str], verify: bool) -> dict[str, bytes]:
         """Read the named data files of a present entry, checking sizes and (``verify``) checksums.
@@ -701,7 +711,7 @@ class _EntryStore:
         raise NotImplementedError
 
     def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
-              read: bool) -> tuple[Probe, dict[str, bytes]]:
+              read: bool, known: Probe | None = None) -> tuple[Probe, dict[str, bytes]]:
         raise NotImplementedError
 
     def _read_listed(self, path: str, meta: Mapping[str, Any], names: list[str], verify: bool) -> dict[str, bytes]:
@@ -777,6 +787,17 @@ def _read_at(dir_fd: int, name: str, expected: int | None, limit: int | None = N
         FileNotFoundError: no such file (damage, or a concurrent removal: the caller tells).
         _BadFile: a link, a FIFO, a device, a directory, the wrong size, over ``limit``.
     """
+    return _read_at_stat(dir_fd, name, expected, limit)[0]
+
+
+def _read_at_stat(dir_fd: int, name: str, expected: int | None, limit: int | None = None
+                  ) -> tuple[bytes, os.stat_result]:
+    """:func:`_read_at`, with the status of the file read.
+
+    Raises:
+        FileNotFoundError: no such file (damage, or a concurrent removal: the caller tells).
+        _BadFile: a link, a FIFO, a device, a directory, the wrong size, over ``limit``.
+    """
     try:
         fd = os.open(name, _O_FILE, dir_fd=dir_fd)
     except OSError as err:
@@ -801,9 +822,28 @@ def _read_at(dir_fd: int, name: str, expected: int | None, limit: int | None = N
             raise _BadFile(f"cannot read {name}: {err}") from None
         if len(data) != st.st_size:
             raise _BadFile(f"{name} ended after {len(data)} of its {st.st_size} bytes")
-        return data
+        return data, st
     finally:
         os.close(fd)
+
+
+def _meta_stamp(dir_fd: int, st: os.stat_result) -> tuple[int, ...]:
+    """What identifies one version of an entry's ``meta.json``: its directory and the file itself, with
+    its size and times. A writer replaces an entry by renaming a new directory (a new inode) into place."""
+    directory = os.fstat(dir_fd)
+    return (directory.st_dev, directory.st_ino, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _known_meta(dir_fd: int, known: Probe) -> dict[str, Any] | None:
+    """``known.meta`` when ``meta.json`` in ``dir_fd`` is still the file ``known`` parsed, else None.
+
+    Only for a probe of an entry that lists its files (the reader then checks every file it reads
+    against that listing: its size always, its checksum because reuse requires ``verify``).
+    """
+    st = _lstat_at(dir_fd, META_FILE)
+    if st is None or not stat.S_ISREG(st.st_mode) or known.meta is None or known.meta.get("files") is None:
+        return None
+    return known.meta if _meta_stamp(dir_fd, st) == known.stamp else None
 
 
 def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
@@ -1008,7 +1048,7 @@ class LocalStore(_EntryStore):
             os.close(fd)
 
     def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
-              read: bool) -> tuple[Probe, dict[str, bytes]]:
+              read: bool, known: Probe | None = None) -> tuple[Probe, dict[str, bytes]]:
         for _ in range(_MAX_ATTEMPTS):
             try:
                 dir_fd = self._open_dir(path)
@@ -1023,8 +1063,9 @@ class LocalStore(_EntryStore):
             except OSError as err:
                 return Probe(EntryState.DAMAGED, reason=f"cannot open {path}: {err}"), {}
             try:
-                return self._look_at(dir_fd, path, legacy_files, names, verify, read)
+                return self._look_at(dir_fd, path, legacy_files, names, verify, read, known)
             except _Raced:
+                known = None  # whatever that probe saw was replaced: read meta.json itself
                 continue
             except OSError as err:  # e.g. a permission denied on one file: never an exception from a probe
                 return Probe(EntryState.DAMAGED, reason=f"cannot read {path}: {err}"), {}
@@ -1033,18 +1074,22 @@ class LocalStore(_EntryStore):
         return Probe(EntryState.DAMAGED, reason=f"kept changing while read ({_MAX_ATTEMPTS} attempts)"), {}
 
     def _look_at(self, dir_fd: int, path: str, legacy_files: tuple[str, ...], names: _Names,
-                 verify: bool, read: bool) -> tuple[Probe, dict[str, bytes]]:
-        try:
-            raw = _read_at(dir_fd, META_FILE, None, META_MAX_BYTES)
-        except FileNotFoundError:
-            if not self._same_dir(dir_fd, path):
-                raise _Raced() from None
-            return Probe(EntryState.MISSING), {}
-        except _BadFile as err:
-            return Probe(EntryState.DAMAGED, reason=str(err)), {}
-        meta, reason = _parse_meta(raw)
+                 verify: bool, read: bool, known: Probe | None = None) -> tuple[Probe, dict[str, bytes]]:
+        meta = _known_meta(dir_fd, known) if known is not None else None
+        stamp = known.stamp if meta is not None and known is not None else None
         if meta is None:
-            return Probe(EntryState.DAMAGED, reason=reason), {}
+            try:
+                raw, st = _read_at_stat(dir_fd, META_FILE, None, META_MAX_BYTES)
+            except FileNotFoundError:
+                if not self._same_dir(dir_fd, path):
+                    raise _Raced() from None
+                return Probe(EntryState.MISSING), {}
+            except _BadFile as err:
+                return Probe(EntryState.DAMAGED, reason=str(err)), {}
+            meta, reason = _parse_meta(raw)
+            if meta is None:
+                return Probe(EntryState.DAMAGED, reason=reason), {}
+            stamp = _meta_stamp(dir_fd, st)
         names = _resolve(names, meta) if read else None
         try:
             if meta.get("files") is None:
@@ -1059,7 +1104,7 @@ class LocalStore(_EntryStore):
                 info = listed[name]
                 data = _read_at(dir_fd, _object(name, info), info["bytes"])
                 out[name] = _verified(name, data, info, verify)
-            return Probe(EntryState.PRESENT, meta), out
+            return Probe(EntryState.PRESENT, meta, stamp=stamp), out
         except (FileNotFoundError, _BadFile) as err:
             if not self._same_dir(dir_fd, path):
                 raise _Raced() from None  # replaced or removed while we read: look again
@@ -1612,7 +1657,8 @@ class FsspecStore(_EntryStore):
     # ------------------------------------------------------------------ reading
 
     def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
-              read: bool) -> tuple[Probe, dict[str, bytes]]:
+              read: bool, known: Probe | None = None) -> tuple[Probe, dict[str, bytes]]:
+        # ``known`` is not used: an object's version cannot be told without fetching it again
         try:
             raw = self._read_meta(path)
         except (FileNotFoundError, NotADirectoryError):

@@ -112,6 +112,9 @@ class CachedRole(BaseSkip):
         self._listing: tuple[tuple[str, Any], tuple[int, ...], float] | None = None
         self._writes_seen = 0
         self._index_lock = threading.Lock()
+        # the probe meet_precondition took of a present entry, for the read that follows (one slot: a
+        # read only uses it for the same path, and the store uses it only while meta.json is that same file)
+        self._hit_probe: tuple[str, Probe] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -303,12 +306,20 @@ class CachedRole(BaseSkip):
         return hit
 
     def _exact_step_usable(self, step: int) -> bool:
-        probe = self._probe_settled(self.step_dump_dir(step))
+        path = self.step_dump_dir(step)
+        probe = self._probe_settled(path)
         if probe.state is EntryState.UNREADABLE:
             raise self._unreadable(probe.reason)
         if probe.state is EntryState.DAMAGED:
-            self._report_corrupt(step, self.step_dump_dir(step), probe.reason)
+            self._report_corrupt(step, path, probe.reason)
+        if probe.state is EntryState.PRESENT:
+            self._hit_probe = (path, probe)
         return probe.state is EntryState.PRESENT
+
+    def _take_probe(self, path: str) -> Probe | None:
+        """The probe :meth:`meet_precondition` just took of ``path``, once (None for another path)."""
+        held, self._hit_probe = self._hit_probe, None
+        return held[1] if held is not None and held[0] == path else None
 
     def _refuse_unreadable(self, step: int) -> None:
         for probe in self._probes(step):
@@ -337,7 +348,7 @@ class CachedRole(BaseSkip):
                 self._await_pending(path)
             start = time.perf_counter()
             try:
-                value, meta, nbytes = self._read_entry_once(path, step, step, prompts)
+                value, meta, nbytes = self._read_entry_once(path, step, step, prompts, self._take_probe(path))
             except (ReplayMissError, CorruptEntryError):
                 pass
             except CacheMissError:
@@ -902,7 +913,7 @@ class CachedRole(BaseSkip):
         return value, meta, time.perf_counter() - start, nbytes
 
     def _read_entry_once(self, path: str, step: int, load_step: int | None,
-                         prompts: Any) -> tuple[Any, dict[str, Any], int]:
+                         prompts: Any, probe: Probe | None = None) -> tuple[Any, dict[str, Any], int]:
         load_step = step if load_step is None else load_step
         chosen: list[FormatSpec] = []
 
@@ -926,7 +937,7 @@ class CachedRole(BaseSkip):
             return spec.files
 
         try:  # one version of the entry, even while a writer replaces it
-            meta, files = self.store.read_entry(path, self.legacy.files, files_of, self.verify)
+            meta, files = self.store.read_entry(path, self.legacy.files, files_of, self.verify, probe=probe)
         except CorruptEntryError:
             raise
         except CacheMissError as err:

@@ -1,0 +1,135 @@
+"""A read handed the probe just taken reuses its parsed meta.json, only while it is the same file version.
+
+``_read_at_stat`` is wrapped (the real call still runs) to count the reads of meta.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from stepskip import store as store_module
+from stepskip.store import META_FILE, EntryState, LocalStore
+
+
+@pytest.fixture
+def meta_reads(monkeypatch):
+    reads: list[str] = []
+    real = store_module._read_at_stat
+
+    def spied(dir_fd, name, expected, limit=None):
+        if name == META_FILE:
+            reads.append(name)
+        return real(dir_fd, name, expected, limit)
+
+    monkeypatch.setattr(store_module, "_read_at_stat", spied)
+    return reads
+
+
+def _write(store, path, version, fill=b"1"):
+    store.write_entry(path, {"data.bin": fill * 16}, {"global_steps": 3, "v": version})
+
+
+def test_a_fresh_probe_saves_the_second_parse(tmp_path, meta_reads):
+    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    _write(store, path, 1)
+    probe = store.probe(path)
+    assert probe.state is EntryState.PRESENT and len(meta_reads) == 1
+    meta, files = store.read_entry(path, probe=probe)
+    assert len(meta_reads) == 1  # not read again
+    assert meta == probe.meta and files == {"data.bin": b"1" * 16}
+
+
+def test_an_entry_replaced_between_probe_and_read_is_read_as_its_new_version(tmp_path, meta_reads):
+    """Same sizes, same meta length: only the directory's identity tells the versions apart."""
+    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    _write(store, path, 1)
+    probe = store.probe(path)
+    _write(store, path, 2, fill=b"2")
+    meta, files = store.read_entry(path, probe=probe)
+    assert meta["v"] == 2 and files == {"data.bin": b"2" * 16}  # never the old meta with the new data
+    assert len(meta_reads) == 2
+
+
+def test_a_meta_json_swapped_inside_the_entry_is_read_again(tmp_path, meta_reads):
+    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    _write(store, path, 1)
+    probe = store.probe(path)
+    meta_path = os.path.join(path, META_FILE)
+    edited = json.loads(open(meta_path, "rb").read())
+    edited["v"] = 7
+    with open(meta_path + ".new", "w") as fh:
+        json.dump(edited, fh)
+    os.replace(meta_path + ".new", meta_path)  # a new file in the same directory
+    meta, _ = store.read_entry(path, probe=probe)
+    assert meta["v"] == 7 and len(meta_reads) == 2
+
+
+def test_a_removed_entry_is_a_miss_even_with_a_probe(tmp_path):
+    from stepskip import CacheMissError
+
+    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    _write(store, path, 1)
+    probe = store.probe(path)
+    store.retire_entry(path)
+    with pytest.raises(CacheMissError):
+        store.read_entry(path, probe=probe)
+
+
+def test_data_damaged_after_the_probe_is_still_caught(tmp_path):
+    from stepskip import CorruptEntryError
+
+    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    _write(store, path, 1)
+    probe = store.probe(path)
+    with open(os.path.join(path, "data.bin"), "r+b") as fh:  # same size, other bytes
+        fh.write(b"X")
+    with pytest.raises(CorruptEntryError, match="checksum"):
+        store.read_entry(path, probe=probe)
+
+
+def test_without_checksums_the_probe_is_not_reused(tmp_path, meta_reads):
+    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    _write(store, path, 1)
+    probe = store.probe(path)
+    store.read_entry(path, probe=probe, verify=False)
+    assert len(meta_reads) == 2
+
+
+def test_a_probe_of_another_entry_is_not_reused(tmp_path, meta_reads):
+    store = LocalStore(str(tmp_path))
+    _write(store, f"{tmp_path}/run/3", 1)
+    _write(store, f"{tmp_path}/run/4", 2)
+    other = store.probe(f"{tmp_path}/run/4")
+    meta, _ = store.read_entry(f"{tmp_path}/run/3", probe=other)
+    assert meta["v"] == 1 and len(meta_reads) == 2
+
+
+def test_a_hit_through_the_decorator_parses_meta_json_once(tmp_path, meta_reads):
+    from stepskip import Batch, SkipManager
+    from stepskip.testing import make_rollout_batch
+
+    result = make_rollout_batch(2, 4, 4, n=1)
+
+    class Loop:
+        @SkipManager.annotate(role="rollout")
+        def generate_sequences(self, prompts):
+            return result
+
+    config = {"trainer": {"experiment_name": "e", "project_name": "p"},
+              "data": {"train_batch_size": 2, "max_prompt_length": 4, "max_response_length": 4},
+              "actor_rollout_ref": {"rollout": {"n": 1}},
+              "skip": {"rollout": {"enable": True, "dump_dir": str(tmp_path), "steps": [1], "async_dump": False}}}
+    SkipManager.init(config)
+    try:
+        SkipManager.set_step(1)
+        prompts = Batch.from_dict(non_tensors={"uid": ["a", "b"]})
+        Loop().generate_sequences(prompts)  # the miss writes it
+        meta_reads.clear()
+        Loop().generate_sequences(prompts)
+        assert SkipManager.stats()["skip/rollout/hits"] == 1
+        assert len(meta_reads) == 1  # the probe's; the read reused it
+    finally:
+        SkipManager.reset()
