@@ -78,6 +78,9 @@ class Frozen:
     buffers: list[torch.Tensor] = field(default_factory=list, repr=False, compare=False)
     #: the encoded files, kept once the buffers went back (a second encode returns them)
     files: dict[str, bytes] | None = field(default=None, repr=False, compare=False)
+    #: the non-tensor values ``tree`` holds (snapshots and plain values) until encoded: what sizing a queued
+    #: snapshot looks at instead of walking the whole tree (see ``stepskip.roles.cached._small_size``)
+    leaves: list[Any] | None = field(default=None, repr=False, compare=False)
 
 
 #: Tensors at least this large are snapshot into pooled buffers.
@@ -156,6 +159,7 @@ class _Encoder:
         self._storages: set[int] = set()
         self._clones: list[str] = []  # refs whose tensor is still the caller's: cloned together by finish()
         self.buffers: list[torch.Tensor] = []  # pooled buffers the clones live in
+        self.leaves: list[Any] = []  # every non-tensor value put in the tree (see Frozen.leaves)
 
     @staticmethod
     def check(tensor: torch.Tensor, path: str) -> None:
@@ -213,8 +217,11 @@ class _Encoder:
         """A snapshot of a non-tensor value, encoded later by :func:`_complete` (off the caller's thread)."""
         kind = type(value)
         if kind in IMMUTABLE and kind is not bytes:
+            self.leaves.append(value)
             return value  # encodes as itself
-        return _Deferred(snapshot_value(value, path, self.check, self.copy), path)
+        deferred = _Deferred(snapshot_value(value, path, self.check, self.copy), path)
+        self.leaves.append(deferred)
+        return deferred
 
     def node(self, value: Any, path: str) -> dict[str, Any]:
         if isinstance(value, torch.Tensor):
@@ -267,7 +274,9 @@ class _Encoder:
     def array_node(self, array: np.ndarray, path: str) -> dict[str, Any]:
         if array.dtype.hasobject:
             snapshot = snapshot_object_array(array, path, self.check, self.copy)
-            return {"kind": "object_array", "shape": list(array.shape), "v": _Deferred(snapshot, path, items=True)}
+            deferred = _Deferred(snapshot, path, items=True)
+            self.leaves.append(deferred)
+            return {"kind": "object_array", "shape": list(array.shape), "v": deferred}
         if array.dtype.kind in "biuf" and array.dtype.isnative:
             try:
                 tensor = torch.from_numpy(np.ascontiguousarray(array))
@@ -564,7 +573,7 @@ class SafeFormat:
             raise unstorable_recursion(value, "result", self.name) from err
         encoder.finish()
         return Frozen(tensors=encoder.tensors, tree={"format": self.name, "version": VERSION, "root": root},
-                      deferred=True, buffers=encoder.buffers)
+                      deferred=True, buffers=encoder.buffers, leaves=encoder.leaves)
 
     def encode(self, frozen: Frozen) -> dict[str, bytes]:
         """Serialise a snapshot into the entry's files, in the compact encodings unless ``compress`` is none."""
@@ -678,6 +687,7 @@ def _complete(frozen: Frozen) -> None:
         encoder.finish()
         frozen.buffers.extend(encoder.buffers)
         frozen.deferred = False
+        frozen.leaves = None  # encoded now: the snapshots go with the tree
 
 
 def _encode_deferred(encoder: _Encoder, deferred: _Deferred) -> Any:

@@ -1122,10 +1122,15 @@ def _small_size(frozen: Any) -> int | None:
             return None
     if not total:  # no tensors: not the one-sample entry that small dumps are for
         return None
-    rest = _rough_bytes(getattr(frozen, "tree", None), SMALL_DUMP_BYTES - total)
+    # a snapshot that lists the non-tensor values of its tree is sized by those (the rest of the tree is
+    # a node per tensor or value, counted below), without walking every node
+    leaves = getattr(frozen, "leaves", None)
+    rest = _rough_bytes(leaves if isinstance(leaves, list) else getattr(frozen, "tree", None),
+                        SMALL_DUMP_BYTES - total)
     if rest is None:
         return None
-    return total + rest + 4096  # and the meta
+    nodes = len(tensors) + (len(leaves) if isinstance(leaves, list) else 0)
+    return total + rest + 256 * nodes + 4096  # the tree's nodes, and the meta
 
 
 def _rough_bytes(tree: Any, limit: int) -> int | None:

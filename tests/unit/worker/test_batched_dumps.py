@@ -258,3 +258,23 @@ def test_small_jobs_do_not_overtake_a_waiting_large_job():
     late.join(WAIT_S)
     assert worker.flush(WAIT_S)
     assert ran == ["small-1", "small-2", "large", "small-3"]
+
+
+def test_plain_values_held_by_the_tree_count_toward_the_small_size_too():
+    """A string the snapshot keeps as itself (not copied: immutable) is sized with the snapshots."""
+    from tensordict import NonTensorData, TensorDict
+
+    from stepskip.formats.safe import SafeFormat
+    from stepskip.roles.cached import SMALL_DUMP_BYTES, _small_size
+
+    fmt = SafeFormat()
+    td = TensorDict({"x": torch.ones(1, 4)}, batch_size=[1])
+    td.set("note", NonTensorData(data="z" * 300_000, batch_size=[1]))
+    frozen = fmt.freeze(td, copy=True)
+    assert frozen.leaves and any(leaf == "z" * 300_000 for leaf in frozen.leaves if isinstance(leaf, str))
+    size = _small_size(frozen)
+    assert size is not None and size >= 300_000
+    td.set("note", NonTensorData(data="z" * SMALL_DUMP_BYTES, batch_size=[1]))
+    assert _small_size(fmt.freeze(td, copy=True)) is None
+    fmt.encode(frozen)
+    assert frozen.leaves is None  # encoded: the snapshots are no longer held twice
