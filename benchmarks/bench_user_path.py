@@ -229,11 +229,16 @@ def stepskip_colocated(inputs: dict[str, Any], workdir: str, repeat: int) -> dic
         SkipManager.flush()
         write.append(time.perf_counter() - start)
 
-    def hit() -> None:
+    held: list[Any] = [None]
+
+    def hit() -> None:  # the last hit's batch stays alive while the next one loads, as a trainer's loop variable does
         SkipManager.set_step(100)
-        touch(loop.generate_sequences(prompts))
+        out = loop.generate_sequences(prompts)
+        touch(out)
+        held[0] = out
 
     hits = timed(hit, repeat)
+    held[0] = None
     digest = timed(lambda: prompt_digest(prompts, ["uid"]), repeat)
     # where a miss's blocking time goes: the two halves of the snapshot, measured alone
     result, fmt = loop.result, skip.format
@@ -270,12 +275,13 @@ def stepskip_colocated(inputs: dict[str, Any], workdir: str, repeat: int) -> dic
     return out
 
 
-def stepskip_peak(inputs_path: str, workdir: str) -> int:
+def stepskip_peak(inputs_path: str, workdir: str) -> dict[str, Any]:
+    """The peak extra memory and the time of a process's first hit (no recycled pages yet), in a fresh process."""
     done = subprocess.run([sys.executable, __file__, "--peak-child", inputs_path, workdir], capture_output=True,
                           text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
-    return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_extra"])
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def peak_child(inputs_path: str, workdir: str) -> None:
@@ -292,9 +298,11 @@ def peak_child(inputs_path: str, workdir: str) -> None:
         fh.write("5")  # reset VmHWM to the current RSS
     before = _status("VmRSS")
     SkipManager.set_step(100)
+    start = time.perf_counter()
     touch(loop.generate_sequences(prompts))
+    seconds = time.perf_counter() - start
     assert SkipManager.stats()["skip/rollout/hits"] == 1
-    print(json.dumps({"peak_extra": _status("VmHWM") - before}))
+    print(json.dumps({"peak_extra": _status("VmHWM") - before, "first_hit": seconds}))
 
 
 class V1Owner:
@@ -618,6 +626,8 @@ def render_colocated(size: str, threads: str, ours: dict[str, Any], verl: dict[s
     row("full write (miss + background dump)", ours["write"], v.get("miss"), TARGETS["write"])
     row("hit, every tensor touched", ours["hit"], v.get("hit"), TARGETS["hit"])
     row("hit vs raw read of verl's gen_batch.dp", ours["hit"], v.get("raw"), TARGETS["hit_raw"])
+    if ours.get("first_hit") is not None:  # one sample each, in a fresh process: no recycled pages yet
+        row("  a process's first hit (fresh pages)", ours["first_hit"], v.get("first_hit"), None)
     mb = lambda x: f"{x / 1e6:9.2f} MB" if x is not None else f"{'-':>9s}"  # noqa: E731
     row("bytes on disk", ours["bytes"], v.get("bytes"), TARGETS["bytes"], fmt=mb)
     times = lambda x: f"{x / batch_bytes:9.2f} x" if x is not None else f"{'-':>9s}"  # noqa: E731
@@ -677,11 +687,12 @@ def main() -> None:
                 tag = f"{rows}-{threads}"
                 if "colocated" not in skip:
                     ours = stepskip_colocated(inputs, f"{workdir}/ours-{tag}", repeat)
-                    ours["peak"] = stepskip_peak(inputs_path, f"{workdir}/ours-{tag}")
+                    first = stepskip_peak(inputs_path, f"{workdir}/ours-{tag}")
+                    ours["peak"], ours["first_hit"] = first["peak_extra"], [first["first_hit"]]
                     verl = run_verl("colocated", inputs_path, f"{workdir}/verl-{tag}", threads, repeat)
                     if verl and "error" not in verl:
-                        verl["peak"] = (run_verl("peak", inputs_path, f"{workdir}/verl-{tag}", threads, 1)
-                                        or {}).get("peak_extra")
+                        first = run_verl("peak", inputs_path, f"{workdir}/verl-{tag}", threads, 1) or {}
+                        verl["peak"], verl["first_hit"] = first.get("peak_extra"), [first.get("first_hit")]
                     run["colocated"] = {"stepskip": ours, "verl": verl}
                     lines += render_colocated(size, f"{threads} ({threads_name})", ours, verl, batch_bytes)
                 if "v1" not in skip:
