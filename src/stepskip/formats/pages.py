@@ -29,6 +29,7 @@ import threading
 import weakref
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 __all__ = ["PagePool", "POOL", "KEEP_BYTES", "MIN_BYTES"]
@@ -78,7 +79,7 @@ class PagePool:
         with self._lock:
             return sum(size for size, _, _ in self._idle)
 
-    def array(self, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    def array(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
         """An uninitialised C-contiguous array of ``shape`` and ``dtype``."""
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
