@@ -120,3 +120,31 @@ def test_decoded_tensors_recycle_and_every_byte_is_rewritten():
     for key, tensor in second.items():
         assert torch.equal(again[key], tensor), key
     assert np.array_equal(again["attention_mask"].numpy(), second["attention_mask"].numpy())
+
+
+def test_the_manager_gives_idle_pages_back_when_it_closes(tmp_path):
+    from skip_configs import training_config
+
+    from stepskip import Batch, SkipManager
+
+    class Loop:
+        result = Batch.from_dict({"responses": torch.arange(8 * MB // 8).reshape(1024, -1)},
+                                 non_tensors={"uid": [str(i // 2) for i in range(1024)]})
+
+        @SkipManager.annotate(role="rollout")
+        def generate_sequences(self, prompts):
+            return self.result
+
+    prompts = Batch.from_dict(non_tensors={"uid": [str(i // 2) for i in range(1024)]})
+    SkipManager.init(training_config(tmp_path, compress="none"))
+    SkipManager.set_step(1)
+    Loop().generate_sequences(prompts)
+    POOL.clear()
+    out = Loop().generate_sequences(prompts)  # a hit of 8 MiB: its tensor file and its output in pages
+    assert torch.equal(out.batch["responses"], Loop.result.batch["responses"])
+    del out
+    gc.collect()
+    assert POOL.idle_bytes >= 8 * MB
+    SkipManager.close()
+    assert POOL.idle_bytes == 0
+    SkipManager.reset()
