@@ -148,3 +148,17 @@ def test_the_manager_gives_idle_pages_back_when_it_closes(tmp_path):
     SkipManager.close()
     assert POOL.idle_bytes == 0
     SkipManager.reset()
+
+
+def test_pooled_tensors_pickle_and_move_to_shared_memory_like_any_other():
+    import pickle
+
+    pool = PagePool(keep=64 * MB, min_bytes=MB)
+    out = pool.empty((MB // 8,), torch.int64)
+    out.copy_(torch.arange(MB // 8))
+    assert torch.equal(pickle.loads(pickle.dumps(out)), torch.arange(MB // 8))
+    out.share_memory_()  # copied into shared memory: the mapping is no longer used and goes back
+    gc.collect()
+    assert out.is_shared() and torch.equal(out, torch.arange(MB // 8)) and pool.idle_bytes == 2 * MB
+    with pytest.raises(RuntimeError):
+        pool.empty((MB // 8,), torch.int64).resize_(MB)
