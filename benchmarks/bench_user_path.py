@@ -335,8 +335,10 @@ class TimedQueue(InProcessTQClient):
     """The in-process queue, counting the seconds spent inside it: verl's side gets a stand-in that
     hands back a prebuilt TensorDict and stores a reference, so the queue's own copies are told apart."""
 
-    seconds = 0.0
-    shares: list[float] = []
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds = 0.0
+        self.shares: list[float] = []  # the queue's seconds inside each call in_queue times
 
     def kv_batch_get(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
