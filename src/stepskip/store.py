@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeVar, cast, overload
 
 import xxhash
 
@@ -591,7 +591,8 @@ class _EntryStore:
 
     def read_entry(self, path: str, legacy_files: Iterable[str] = (),
                    names: Iterable[str] | Callable[[dict[str, Any]], Iterable[str]] | None = None,
-                   verify: bool = True, probe: Probe | None = None) -> tuple[dict[str, Any], dict[str, bytes]]:
+                   verify: bool = True, pooled: bool = False,
+                   probe: Probe | None = None) -> tuple[dict[str, Any], dict[str, bytes | memoryview]]:
         """Check and read one entry as one version: its ``meta.json`` and the named data files.
 
         Unlike :meth:`probe` followed by :meth:`read_files`, the files read are those of the
@@ -606,13 +607,15 @@ class _EntryStore:
                 them — it may also raise (a format or fidelity refusal, say) to stop the read
                 before any data is read; it is called again should a newer version be read.
             verify: check each file's checksum (sizes are always checked).
+            pooled: a store on local disk may return a big file as a memoryview of recycled pages
+                (:mod:`stepskip.formats.pages`), for a decoder that reads buffers (format ``safe``).
             probe: a :meth:`probe` of ``path`` just taken: where the store can tell that
                 ``meta.json`` is still the very file that probe parsed (local stores: the same
                 directory and file, size and times), and ``verify`` is on, its ``meta`` is used
                 without parsing the file again. Any other case reads ``meta.json`` afresh.
 
         Returns:
-            ``(meta, {name: bytes})``.
+            ``(meta, {name: bytes})`` (memoryviews among them with ``pooled``).
 
         Raises:
             CacheMissError: there is no entry (never written, or removed meanwhile).
@@ -623,12 +626,12 @@ class _EntryStore:
         """
         wanted: _Names = names if names is None or callable(names) else list(names)
         known = probe if verify and probe is not None and probe.state is EntryState.PRESENT and probe.stamp else None
-        found, files = self._look(path, tuple(legacy_files), wanted, verify, read=True, known=known)
+        found, files = self._look(path, tuple(legacy_files), wanted, verify, read=True, pooled=pooled, known=known)
         if found.state is EntryState.MISSING:
             raise CacheMissError(f"{path}: no entry there (never written, or removed meanwhile)")
         if found.state is EntryState.DAMAGED:
             raise CorruptEntryError(f"{path}: {found.reason}")
-        return found.meta or {}, files
+        return found.meta or {}, dict(files)
 
     def read_files(self, path: str, meta: Mapping[str, Any], names: Iterable[str], verify: bool) -> dict[str, bytes]:
         """Read the named data files of a present entry, checking sizes and (``verify``) checksums.
@@ -711,7 +714,8 @@ class _EntryStore:
         raise NotImplementedError
 
     def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
-              read: bool, known: Probe | None = None) -> tuple[Probe, dict[str, bytes]]:
+              read: bool, pooled: bool = False, known: Probe | None = None
+              ) -> tuple[Probe, Mapping[str, bytes | memoryview]]:
         raise NotImplementedError
 
     def _read_listed(self, path: str, meta: Mapping[str, Any], names: list[str], verify: bool) -> dict[str, bytes]:
@@ -726,6 +730,9 @@ class _EntryStore:
         """``path`` itself, not followed if it is a link; None when it does not exist."""
         raise NotImplementedError
 
+
+#: A data file's contents: bytes, or a memoryview of recycled pages where a read asked for them.
+_Data = TypeVar("_Data", bytes, memoryview, bytes | memoryview)
 
 #: What a read wants: names, every file (None), or a function choosing names from the version read.
 _Names = list[str] | Callable[[dict[str, Any]], Iterable[str]] | None
@@ -745,7 +752,7 @@ def _check_files(meta: Mapping[str, Any], names: list[str] | None) -> list[str]:
     return wanted
 
 
-def _verified(name: str, data: bytes, info: Mapping[str, Any], verify: bool) -> bytes:
+def _verified(name: str, data: _Data, info: Mapping[str, Any], verify: bool) -> _Data:
     if verify and checksum(data) != info.get("checksum"):
         raise _BadFile(f"{name} does not match its checksum in {META_FILE}")
     return data
@@ -762,10 +769,27 @@ def _local_path(path: str) -> str | None:
     return None if "://" in path else path
 
 
-def _read_fd(fd: int, size: int) -> bytes:
-    """Exactly ``size`` bytes from ``fd``: one allocation, never a byte past ``size``."""
+def _read_fd(fd: int, size: int, pooled: bool = False) -> bytes | memoryview:
+    """Exactly ``size`` bytes from ``fd``: one allocation, never a byte past ``size``.
+
+    With ``pooled``, a big file is read into recycled pages (:mod:`stepskip.formats.pages`) and
+    comes back as a memoryview of them: a fresh buffer of its size would fault in every page.
+    """
     if size == 0:
         return b""
+    if pooled:
+        from stepskip.formats.pages import POOL  # torch's and numpy's: only where a decoder asked for it
+
+        pooled = size >= POOL.min_bytes
+    if pooled:
+        view = POOL.array((size,), "uint8").data  # the memoryview holds the array, and so the pages
+        got = 0
+        while got < size:
+            count = os.readv(fd, [view[got:]])
+            if not count:
+                return view[:got]
+            got += count
+        return view
     data = os.read(fd, size)
     if len(data) == size or not data:
         return data
@@ -780,18 +804,25 @@ def _read_fd(fd: int, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_at(dir_fd: int, name: str, expected: int | None, limit: int | None = None) -> bytes:
+@overload
+def _read_at(dir_fd: int, name: str, expected: int | None, limit: int | None = None,
+             pooled: Literal[False] = False) -> bytes: ...
+@overload
+def _read_at(dir_fd: int, name: str, expected: int | None, limit: int | None = None,
+             pooled: bool = False) -> bytes | memoryview: ...
+def _read_at(dir_fd: int, name: str, expected: int | None, limit: int | None = None,
+             pooled: bool = False) -> bytes | memoryview:
     """Read a regular file of an entry directory without following links or reading past its size.
 
     Raises:
         FileNotFoundError: no such file (damage, or a concurrent removal: the caller tells).
         _BadFile: a link, a FIFO, a device, a directory, the wrong size, over ``limit``.
     """
-    return _read_at_stat(dir_fd, name, expected, limit)[0]
+    return _read_at_stat(dir_fd, name, expected, limit, pooled)[0]
 
 
-def _read_at_stat(dir_fd: int, name: str, expected: int | None, limit: int | None = None
-                  ) -> tuple[bytes, os.stat_result]:
+def _read_at_stat(dir_fd: int, name: str, expected: int | None, limit: int | None = None,
+                  pooled: bool = False) -> tuple[bytes | memoryview, os.stat_result]:
     """:func:`_read_at`, with the status of the file read.
 
     Raises:
@@ -815,7 +846,7 @@ def _read_at_stat(dir_fd: int, name: str, expected: int | None, limit: int | Non
         if limit is not None and st.st_size > limit:
             raise _BadFile(f"{name} is {st.st_size} bytes, more than the {limit} it may have")
         try:
-            data = _read_fd(fd, st.st_size)
+            data = _read_fd(fd, st.st_size, pooled)
         except MemoryError:
             raise _BadFile(f"{name} ({st.st_size} bytes) does not fit in memory") from None
         except OSError as err:
@@ -1048,7 +1079,8 @@ class LocalStore(_EntryStore):
             os.close(fd)
 
     def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
-              read: bool, known: Probe | None = None) -> tuple[Probe, dict[str, bytes]]:
+              read: bool, pooled: bool = False, known: Probe | None = None
+              ) -> tuple[Probe, Mapping[str, bytes | memoryview]]:
         for _ in range(_MAX_ATTEMPTS):
             try:
                 dir_fd = self._open_dir(path)
@@ -1063,7 +1095,7 @@ class LocalStore(_EntryStore):
             except OSError as err:
                 return Probe(EntryState.DAMAGED, reason=f"cannot open {path}: {err}"), {}
             try:
-                return self._look_at(dir_fd, path, legacy_files, names, verify, read, known)
+                return self._look_at(dir_fd, path, legacy_files, names, verify, read, pooled, known)
             except _Raced:
                 known = None  # whatever that probe saw was replaced: read meta.json itself
                 continue
@@ -1074,7 +1106,8 @@ class LocalStore(_EntryStore):
         return Probe(EntryState.DAMAGED, reason=f"kept changing while read ({_MAX_ATTEMPTS} attempts)"), {}
 
     def _look_at(self, dir_fd: int, path: str, legacy_files: tuple[str, ...], names: _Names,
-                 verify: bool, read: bool, known: Probe | None = None) -> tuple[Probe, dict[str, bytes]]:
+                 verify: bool, read: bool, pooled: bool = False, known: Probe | None = None
+                 ) -> tuple[Probe, Mapping[str, bytes | memoryview]]:
         meta = _known_meta(dir_fd, known) if known is not None else None
         stamp = known.stamp if meta is not None and known is not None else None
         if meta is None:
@@ -1086,7 +1119,7 @@ class LocalStore(_EntryStore):
                 return Probe(EntryState.MISSING), {}
             except _BadFile as err:
                 return Probe(EntryState.DAMAGED, reason=str(err)), {}
-            meta, reason = _parse_meta(raw)
+            meta, reason = _parse_meta(cast(bytes, raw))  # not pooled: bytes
             if meta is None:
                 return Probe(EntryState.DAMAGED, reason=reason), {}
             stamp = _meta_stamp(dir_fd, st)
@@ -1099,10 +1132,10 @@ class LocalStore(_EntryStore):
             for name, info in listed.items():
                 if name not in wanted:
                     _regular_size(dir_fd, _object(name, info), info["bytes"])
-            out = {}
+            out: dict[str, bytes | memoryview] = {}
             for name in wanted:
                 info = listed[name]
-                data = _read_at(dir_fd, _object(name, info), info["bytes"])
+                data = _read_at(dir_fd, _object(name, info), info["bytes"], pooled=pooled)
                 out[name] = _verified(name, data, info, verify)
             return Probe(EntryState.PRESENT, meta, stamp=stamp), out
         except (FileNotFoundError, _BadFile) as err:
@@ -1657,7 +1690,8 @@ class FsspecStore(_EntryStore):
     # ------------------------------------------------------------------ reading
 
     def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
-              read: bool, known: Probe | None = None) -> tuple[Probe, dict[str, bytes]]:
+              read: bool, pooled: bool = False, known: Probe | None = None
+              ) -> tuple[Probe, Mapping[str, bytes | memoryview]]:
         # ``known`` is not used: an object's version cannot be told without fetching it again
         try:
             raw = self._read_meta(path)

@@ -19,10 +19,10 @@ def meta_reads(monkeypatch):
     reads: list[str] = []
     real = store_module._read_at_stat
 
-    def spied(dir_fd, name, expected, limit=None):
+    def spied(dir_fd, name, *args, **kwargs):
         if name == META_FILE:
             reads.append(name)
-        return real(dir_fd, name, expected, limit)
+        return real(dir_fd, name, *args, **kwargs)
 
     monkeypatch.setattr(store_module, "_read_at_stat", spied)
     return reads
