@@ -307,7 +307,13 @@ def _decode_inline_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype
     if dtype == torch.bool and kept and int(values.max()) > 1:
         raise CorruptEntryError(f"{TREE}: {field}.values: a bool tensor's values are 0 or 1")
     out = np.empty((rows, width), dtype=_NUMPY[bits_dtype])
-    _fill_rows(out.reshape(-1), width, left, right, lval, rval, values)
+    if rows == 1:  # one sample: the row's three slices, without the per-row loop
+        row, middle = out[0], width - right[0]
+        row[:left[0]] = lval[0]
+        row[left[0]:middle] = values
+        row[middle:] = rval[0]
+    else:
+        _fill_rows(out.reshape(-1), width, left, right, lval, rval, values)
     result = torch.from_numpy(out)
     return result.view(dtype) if dtype in _BITS else result
 
