@@ -367,6 +367,35 @@ _SYNCFS = _load_syncfs()
 #: Batches with at least this many entries on one filesystem are made durable by one ``syncfs`` there
 #: instead of an ``fsync`` per file and directory (see :meth:`LocalStore.write_entries`).
 SYNCFS_MIN_ENTRIES = 4
+#: ``syncfs`` also writes back what other programs left dirty on the filesystem (a checkpoint being
+#: saved, say): with more than this much dirty or under writeback in the whole system, a batch is
+#: synced file by file instead, so that its commit never waits for someone else's gigabytes.
+SYNCFS_MAX_DIRTY_BYTES = 64 << 20
+
+
+def _dirty_bytes() -> int | None:
+    """The system's dirty and writeback bytes (``/proc/meminfo``); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            text = fh.read(1 << 14)
+    except OSError:
+        return None
+    total, found = 0, 0
+    for line in text.splitlines():
+        if line.startswith((b"Dirty:", b"Writeback:")):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                total += int(parts[1]) * 1024
+                found += 1
+    return total if found == 2 else None
+
+
+def _syncfs_pays() -> bool:
+    """Whether one ``syncfs`` is the cheap way to make a batch durable just now."""
+    if _SYNCFS is None:
+        return False
+    dirty = _dirty_bytes()
+    return dirty is not None and dirty <= SYNCFS_MAX_DIRTY_BYTES
 _RENAME_EXCHANGE = 2
 
 
@@ -1292,7 +1321,8 @@ class LocalStore(_EntryStore):
         one ``fsync`` per file and directory (four per entry of format ``safe``): every file written
         before it is durable when it returns 0, as after each file's own ``fsync``. Should it fail,
         those entries' files are synced one by one, so a failure still costs only the entries it
-        hit. (``syncfs`` also writes back what other programs left dirty on that filesystem.)
+        hit. (``syncfs`` also writes back what other programs left dirty on that filesystem: it is
+        used only while the system holds at most :data:`SYNCFS_MAX_DIRTY_BYTES` dirty.)
 
         Returns:
             Per entry, in order: the bytes written, or the exception that kept it from being written
@@ -1351,6 +1381,7 @@ class LocalStore(_EntryStore):
         ``syncfs`` fail, an ``fsync`` per fd; each fd leaves ``held`` once handed over."""
         by_device: dict[int, list[int]] = {}
         devices: dict[int, int] = {}
+        whole = _syncfs_pays()
         for i in held:
             parent_fd = staged[i][0]
             if parent_fd not in devices:
@@ -1359,7 +1390,7 @@ class LocalStore(_EntryStore):
         for keys in by_device.values():
             # the parent was opened before any file of the batch was written there: its syncfs reports any
             # writeback error since (the kernel samples the filesystem's error state when a file is opened)
-            if _SYNCFS is not None and len(keys) >= SYNCFS_MIN_ENTRIES and _SYNCFS(staged[keys[0]][0]) == 0:
+            if whole and len(keys) >= SYNCFS_MIN_ENTRIES and _SYNCFS(staged[keys[0]][0]) == 0:
                 for i in keys:
                     syncs.close(i, held.pop(i))
                 continue

@@ -43,6 +43,7 @@ def _spy(monkeypatch, syncfs_result=None):
         real_rename(src, dst, **kwargs)
 
     monkeypatch.setattr(store_module, "_SYNCFS", syncfs)
+    monkeypatch.setattr(store_module, "_dirty_bytes", lambda: 0)  # a quiet system: no one else's dirty pages
     monkeypatch.setattr(store_module.os, "fsync", fsync)
     monkeypatch.setattr(store_module.os, "rename", rename)
     return calls
@@ -62,6 +63,24 @@ def test_a_batch_is_synced_once_before_any_entry_is_published(tmp_path, monkeypa
         meta, files = store.read_entry(f"{tmp_path}/run/{i}")
         assert meta["global_steps"] == i and json.loads(files["data.json"]) == {"i": i}
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted(str(i) for i in range(8))
+
+
+def test_a_system_holding_much_dirty_data_keeps_per_file_fsyncs(tmp_path, monkeypatch):
+    """syncfs would also write back everyone else's dirty pages (a checkpoint being saved): not then."""
+    store = LocalStore()
+    calls = _spy(monkeypatch)
+    monkeypatch.setattr(store_module, "_dirty_bytes", lambda: store_module.SYNCFS_MAX_DIRTY_BYTES + 1)
+    results = store.write_entries(_entries(tmp_path, 8))
+    assert all(isinstance(r, int) for r in results)
+    assert not [c for c in calls if c[0] == "syncfs"] and [c for c in calls if c[0] == "fsync"]
+    monkeypatch.setattr(store_module, "_dirty_bytes", lambda: None)  # unknown: the same, per file
+    store.write_entries(_entries(tmp_path, 8, start=8))
+    assert not [c for c in calls if c[0] == "syncfs"]
+
+
+def test_the_system_dirty_bytes_are_read_from_meminfo():
+    dirty = store_module._dirty_bytes()
+    assert dirty is not None and dirty >= 0  # Linux (the module is skipped elsewhere)
 
 
 def test_small_batches_keep_their_per_file_fsyncs(tmp_path, monkeypatch):
