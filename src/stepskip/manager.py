@@ -274,6 +274,9 @@ class SkipManager:
         cls.skip_instances = instances
         cls._serving = {name: skip for name, skip in instances.items() if skip.is_enabled()}
         cls._closed = False
+        pages = sys.modules.get("stepskip.formats.pages")
+        if pages is not None:  # released by the last close(): hits keep their pages for reuse again
+            pages.POOL.resume()
         if cls._serving:
             logger.info("stepskip run %s: enabled roles %s", run_id[:12], ", ".join(cls._serving))
 
@@ -480,8 +483,8 @@ class SkipManager:
         if safe is not None:
             safe.release_snapshot_buffers()
         pages = sys.modules.get("stepskip.formats.pages")
-        if pages is not None:  # the idle recycled pages of hits (tensors still in use keep theirs)
-            pages.POOL.clear()
+        if pages is not None:  # the idle pages of hits, and those given back later (batches still held)
+            pages.POOL.release()
 
     @classmethod
     def reset(cls) -> None:

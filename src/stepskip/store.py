@@ -620,7 +620,7 @@ class _EntryStore:
 
     def read_entry(self, path: str, legacy_files: Iterable[str] = (),
                    names: Iterable[str] | Callable[[dict[str, Any]], Iterable[str]] | None = None,
-                   verify: bool = True, pooled: bool = False,
+                   verify: bool = True, pooled: _Pooled = False,
                    probe: Probe | None = None) -> tuple[dict[str, Any], dict[str, bytes | memoryview]]:
         """Check and read one entry as one version: its ``meta.json`` and the named data files.
 
@@ -637,7 +637,8 @@ class _EntryStore:
                 before any data is read; it is called again should a newer version be read.
             verify: check each file's checksum (sizes are always checked).
             pooled: a store on local disk may return a big file as a memoryview of recycled pages
-                (:mod:`stepskip.formats.pages`), for a decoder that reads buffers (format ``safe``).
+                (:mod:`stepskip.formats.pages`), for a decoder that reads buffers (format ``safe``);
+                or a function asked once ``names`` has chosen the files (it knows the format then).
             probe: a :meth:`probe` of ``path`` just taken: where the store can tell that
                 ``meta.json`` is still the very file that probe parsed (local stores: the same
                 directory and file, size and times), and ``verify`` is on, its ``meta`` is used
@@ -743,7 +744,7 @@ class _EntryStore:
         raise NotImplementedError
 
     def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
-              read: bool, pooled: bool = False, known: Probe | None = None
+              read: bool, pooled: _Pooled = False, known: Probe | None = None
               ) -> tuple[Probe, Mapping[str, bytes | memoryview]]:
         raise NotImplementedError
 
@@ -759,6 +760,9 @@ class _EntryStore:
         """``path`` itself, not followed if it is a link; None when it does not exist."""
         raise NotImplementedError
 
+
+#: Whether a read may return big files in recycled pages: a flag, or a function asked once the files are chosen.
+_Pooled = bool | Callable[[], bool]
 
 #: A data file's contents: bytes, or a memoryview of recycled pages where a read asked for them.
 _Data = TypeVar("_Data", bytes, memoryview, bytes | memoryview)
@@ -1108,7 +1112,7 @@ class LocalStore(_EntryStore):
             os.close(fd)
 
     def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
-              read: bool, pooled: bool = False, known: Probe | None = None
+              read: bool, pooled: _Pooled = False, known: Probe | None = None
               ) -> tuple[Probe, Mapping[str, bytes | memoryview]]:
         for _ in range(_MAX_ATTEMPTS):
             try:
@@ -1135,7 +1139,7 @@ class LocalStore(_EntryStore):
         return Probe(EntryState.DAMAGED, reason=f"kept changing while read ({_MAX_ATTEMPTS} attempts)"), {}
 
     def _look_at(self, dir_fd: int, path: str, legacy_files: tuple[str, ...], names: _Names,
-                 verify: bool, read: bool, pooled: bool = False, known: Probe | None = None
+                 verify: bool, read: bool, pooled: _Pooled = False, known: Probe | None = None
                  ) -> tuple[Probe, Mapping[str, bytes | memoryview]]:
         meta = _known_meta(dir_fd, known) if known is not None else None
         stamp = known.stamp if meta is not None and known is not None else None
@@ -1162,9 +1166,10 @@ class LocalStore(_EntryStore):
                 if name not in wanted:
                     _regular_size(dir_fd, _object(name, info), info["bytes"])
             out: dict[str, bytes | memoryview] = {}
+            into_pages = pooled() if callable(pooled) else pooled
             for name in wanted:
                 info = listed[name]
-                data = _read_at(dir_fd, _object(name, info), info["bytes"], pooled=pooled)
+                data = _read_at(dir_fd, _object(name, info), info["bytes"], pooled=into_pages)
                 out[name] = _verified(name, data, info, verify)
             return Probe(EntryState.PRESENT, meta, stamp=stamp), out
         except (FileNotFoundError, _BadFile) as err:
@@ -1721,7 +1726,7 @@ class FsspecStore(_EntryStore):
     # ------------------------------------------------------------------ reading
 
     def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
-              read: bool, pooled: bool = False, known: Probe | None = None
+              read: bool, pooled: _Pooled = False, known: Probe | None = None
               ) -> tuple[Probe, Mapping[str, bytes | memoryview]]:
         # ``known`` is not used: an object's version cannot be told without fetching it again
         try:

@@ -637,6 +637,7 @@ class SafeFormat:
             take = files.pop if consume and isinstance(files, dict) else files.__getitem__
             text = take(TREE_FILE)
             tree = json.loads(text if isinstance(text, bytes) else bytes(text))  # a big one: recycled pages
+            del text
             if not isinstance(tree, dict) or not isinstance(tree.get("root"), dict):
                 raise CorruptEntryError(f"{TREE_FILE}: not an object with a 'root' node")
             _check_version(tree.get("version", VERSION))

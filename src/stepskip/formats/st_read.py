@@ -52,6 +52,8 @@ def load_view(data: memoryview, file: str = "data.safetensors") -> dict[str, tor
         header = json.loads(bytes(data[8:8 + size]))
     except (UnicodeDecodeError, ValueError) as err:
         raise CorruptEntryError(f"{file}: the header is not JSON: {err}") from None
+    except RecursionError:
+        raise CorruptEntryError(f"{file}: the header nests too deep to be a safetensors header") from None
     if not isinstance(header, dict):
         raise CorruptEntryError(f"{file}: the header is not a JSON object")
     start, length = 8 + size, len(data) - 8 - size
@@ -80,7 +82,10 @@ def _check(name: str, info: Any, length: int, file: str) -> tuple[torch.dtype, l
     if dtype is None:
         raise CorruptEntryError(f"{where}: dtype {str(code)[:20]!r} is not a safetensors dtype")
     shape, offsets = info.get("shape"), info.get("data_offsets")
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape) or len(shape) > 64:
+    # each size below 2**62: a shape holding a 0 may list any others, and torch overflows past 2**63
+    if (not isinstance(shape, list) or len(shape) > 64
+            or not all(type(d) is int and 0 <= d < 1 << 62 for d in shape)
+            or math.prod(d for d in shape if d) >= 1 << 62):
         raise CorruptEntryError(f"{where}: shape {str(shape)[:60]} is not a list of sizes")
     if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
             or not 0 <= offsets[0] <= offsets[1] <= length):

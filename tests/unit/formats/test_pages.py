@@ -145,8 +145,19 @@ def test_the_manager_gives_idle_pages_back_when_it_closes(tmp_path):
     del out
     gc.collect()
     assert POOL.idle_bytes >= 8 * MB
+    held = Loop().generate_sequences(prompts)
     SkipManager.close()
     assert POOL.idle_bytes == 0
+    del held  # a batch still held at close: its pages are unmapped when it goes, not kept
+    gc.collect()
+    assert POOL.idle_bytes == 0
+    SkipManager.reset()
+    SkipManager.init(training_config(tmp_path, compress="none"))  # pages are kept for reuse again
+    SkipManager.set_step(1)
+    again = Loop().generate_sequences(prompts)
+    del again
+    gc.collect()
+    assert POOL.idle_bytes >= 8 * MB
     SkipManager.reset()
 
 
@@ -162,3 +173,66 @@ def test_pooled_tensors_pickle_and_move_to_shared_memory_like_any_other():
     assert out.is_shared() and torch.equal(out, torch.arange(MB // 8)) and pool.idle_bytes == 2 * MB
     with pytest.raises(RuntimeError):
         pool.empty((MB // 8,), torch.int64).resize_(MB)
+
+
+def test_an_array_freed_while_its_thread_holds_the_lock_is_filed_later_not_deadlocked():
+    """The cyclic GC may free a pooled array anywhere, also inside the pool's own locked code."""
+    pool = PagePool(keep=64 * MB, min_bytes=MB)
+    out = pool.array((2 * MB,), np.uint8)
+    with pool._lock:  # as if a GC pass ran inside _take: the finalizer must not wait for the lock
+        del out
+        gc.collect()
+    assert pool.idle_bytes == 2 * MB  # filed by the next call that takes the lock
+    pool.array((2 * MB,), np.uint8)
+    assert pool.reused == 1
+
+
+def test_numpy_views_of_an_array_keep_its_pages():
+    pool = PagePool(keep=64 * MB, min_bytes=MB)
+    out = pool.array((4, MB), np.uint8)
+    out[:] = 7
+    view = out[1:]
+    del out
+    gc.collect()
+    assert pool.idle_bytes == 0
+    pool.array((4, MB), np.uint8)[:] = 9  # a new mapping: the view's pages are still in use
+    assert int(view.max()) == 7 and pool.reused == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_the_lock_is_held_gets_a_pool_of_its_own():
+    pool = PagePool(keep=64 * MB, min_bytes=MB)
+    with pool._lock:  # another thread of the parent inside the pool at the fork
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child
+            pool.array((2 * MB,), np.uint8)[:] = 1
+            os._exit(0 if pool.idle_bytes == 2 * MB else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_released_pool_unmaps_what_comes_back_until_resumed():
+    pool = PagePool(keep=64 * MB, min_bytes=MB)
+    held = pool.array((2 * MB,), np.uint8)
+    pool.release()
+    del held
+    gc.collect()
+    assert pool.idle_bytes == 0
+    plain = pool.empty((2 * MB,), torch.uint8)
+    assert plain.untyped_storage().resizable()  # the ordinary allocator while released
+    pool.resume()
+    again = pool.empty((2 * MB,), torch.uint8)
+    del again
+    gc.collect()
+    assert pool.idle_bytes == 2 * MB
+
+
+def test_a_bad_keep_bytes_setting_is_named(monkeypatch, caplog):
+    from stepskip.formats import pages
+
+    monkeypatch.setenv("STEPSKIP_KEEP_BYTES", "4G")
+    with caplog.at_level("WARNING", logger="stepskip.formats.pages"):
+        assert pages._keep_bytes() == 4 << 30
+    assert "STEPSKIP_KEEP_BYTES='4G' is not a number of bytes" in caplog.text
+    monkeypatch.setenv("STEPSKIP_KEEP_BYTES", "0")
+    assert pages._keep_bytes() == 0

@@ -59,6 +59,10 @@ def crafted(header: object, data: bytes = b"", size: int | None = None) -> memor
     (crafted({"a": {"dtype": "I64", "shape": [1], "data_offsets": [8, 0]}}, bytes(8)), "not a range inside"),
     (crafted({"a": {"dtype": "I64", "shape": [2], "data_offsets": [0, 8]}}, bytes(8)), "8 bytes for shape"),
     (crafted({"a": {"dtype": "I64", "shape": [1 << 40], "data_offsets": [0, 8]}}, bytes(8)), "8 bytes for shape"),
+    (memoryview(struct.pack("<Q", 40_000) + b"[" * 20_000 + b"]" * 20_000), "nests too deep"),
+    (crafted({"a": {"dtype": "I64", "shape": [1 << 70, 0], "data_offsets": [0, 0]}}), "not a list of sizes"),
+    (crafted({"a": {"dtype": "I64", "shape": [1 << 61, 1 << 61, 0], "data_offsets": [0, 0]}}),
+     "not a list of sizes"),
     # the same bytes under many names: each would be a copy, more memory than the file holds
     (crafted({f"a{i}": {"dtype": "U8", "shape": [64], "data_offsets": [0, 64]} for i in range(3)}, bytes(64)),
      "overlap"),
