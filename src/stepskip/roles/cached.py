@@ -40,7 +40,7 @@ from stepskip.policies import CheckPrompts, MatchN, OnMismatch, SkipAction
 from stepskip.resolve import load_candidates
 from stepskip.roles.base import BaseSkip, RunContext
 from stepskip.stats import RoleStats
-from stepskip.store import EntryState, Probe, check_dump_dir, open_store, settled
+from stepskip.store import EntryState, Probe, Tree, check_dump_dir, open_store, settled
 from stepskip.worker import default_worker
 
 __all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS", "VERL_LAYOUT_ROLES"]
@@ -135,7 +135,17 @@ class CachedRole(BaseSkip):
         a :class:`SkipConfigError` now, not a dump failure at every step; stale temporaries go."""
         check_dump_dir(self.dump_dir, self.config.storage_options, key=f"{self.config.section}.dump_dir",
                        entry_dir=self.layout.project_dir)
-        self.store.remove_leftovers(self.layout.project_dir)
+        self.clean_up(self.store.scan(self.layout.project_dir))
+
+    def clean_up(self, tree: Tree | None) -> None:
+        """Remove what interrupted writers left in this role's entries once it is stale (at start-up).
+
+        Args:
+            tree: one recursive listing of the run directory on object stores (:meth:`~stepskip.store.
+                FsspecStore.scan`), from which only the entries that may hold a leftover are looked
+                at: a bounded number of requests whatever the number of entries; None locally.
+        """
+        self.store.remove_leftovers(self.layout.project_dir, tree=tree)
 
     @property
     def layout(self) -> Layout:

@@ -32,10 +32,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
+from stepskip.layout import Layout
 from stepskip.manifest import (
     MANIFEST_FILE,
     StepRoot,
     is_recording,
+    may_need_clean_up,
     new_recording,
     publish_manifest,
     remove_stale_recordings,
@@ -46,7 +48,7 @@ from stepskip.resolve import load_candidates, remap_v1
 from stepskip.roles.base import register_skip
 from stepskip.roles.cached import ROW_WISE_ACTIONS, _prompt_digest, _seconds, _step_of
 from stepskip.roles.rollout import RolloutSkip
-from stepskip.store import TMP_PREFIX, EntryState, Probe
+from stepskip.store import TMP_PREFIX, EntryState, Probe, Tree
 
 if TYPE_CHECKING:
     from stepskip.tq import TQClient  # stepskip.tq imports torch: only for type checkers
@@ -98,14 +100,21 @@ class RolloutTqSkip(RolloutSkip):
         self._failed: set[int] = set()  # steps with an inner entry that could not be written
         self._indexed: dict[str, list[str]] = {}  # step directory -> its inner entries in the prompt index
 
-    def start(self) -> None:
-        super().start()
-        for step in self.listed_steps():  # inner entries are built inside their step directory: clean there too
+    def clean_up(self, tree: Tree | None) -> None:
+        super().clean_up(tree)
+        if tree is None:
+            steps = self.listed_steps()
+        else:  # the run directory's listing: only the steps it leaves room for a leftover in are looked at
+            steps = sorted(s for s in map(Layout.parse_step, tree.dirs(self.project_dump_dir)) if s is not None)
+        for step in steps:  # inner entries are built inside their step directory: clean there too
             step_dir = self.step_dump_dir(step)
+            if tree is not None and not may_need_clean_up(self.store, tree, step_dir):
+                continue
             where = self._step_root(step)  # the manifest read once for both clean-ups
-            remove_stale_recordings(self.store, step_dir, where=where)  # recordings no manifest names, once stale
+            # recordings no manifest names, once stale
+            remove_stale_recordings(self.store, step_dir, where=where, tree=tree)
             # an inner write's temporaries lie beside its entry: in the recording a manifest names, else in place
-            self.store.remove_leftovers(where.root if where.manifest is not None else step_dir)
+            self.store.remove_leftovers(where.root if where.manifest is not None else step_dir, tree=tree)
 
     # ------------------------------------------------------------------ queue and paths
 
