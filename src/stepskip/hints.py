@@ -1,0 +1,213 @@
+"""Prompt hints: per-writer documents that let ``action: match`` index a run without reading every entry.
+
+Every entry a row-wise role writes records one prompt digest per row in its ``meta.json``
+(``row_prompts``); the prompt index of ``action: match`` is built from those. Read entry by entry,
+the first ``match`` call of a run costs one ``meta.json`` read per entry: seconds at 10,000 entries
+on a local disk, one request each on an object store. So each writing role also keeps a *hint
+document* of its own in the directory holding its entries::
+
+    {"stepskip_hints": 1, "run_id": "...", "role": "rollout", "entries": {"12": {...}, ...}}
+
+one per writer (a role in one process, a fresh token per run; a writer starts another document once
+its current one reaches :data:`HINTS_ROLL_BYTES`), rewritten whole — atomically, with the store's
+small-object put — after each entry it wrote. The documents of every run directory of an experiment
+lie in one directory beside those run directories, named for the run directory (and role
+subdirectory) whose entries they describe, so that run directories hold only steps and one listing
+finds the documents of every run directory ``match`` spans::
+
+    {experiment}/.stepskip-index/GBS4_N2_in8_out6+{token}.json          entries of {experiment}/GBS4_N2_in8_out6/
+    {experiment}/.stepskip-index/GBS4_N2_in8_out6+reward+{token}.json   entries of .../GBS4_N2_in8_out6/reward/
+ Per entry it holds the entry's identity (``run_id``
+and ``created_unix`` of its ``meta.json``) and its row digests, run-length coded. The first
+``match`` call lists the documents (a number bounded by the writers, not the entries) and reads
+them instead of the entries' ``meta.json``.
+
+The documents are hints, never the truth: someone else may have written them. They are read up to
+:data:`HINTS_MAX_BYTES`, must be JSON of the documented types and sizes (anything else: the whole
+document is ignored, with a warning), may only name entries as step names inside the run directory their
+name says, and a hint only counts for an entry the directory's listing shows. The entry a hint
+makes the index choose is validated before it is used: its ``meta.json`` is read as without hints
+and must carry the hinted identity and digests. A hint to an entry rewritten since is corrected from
+that ``meta.json``; one whose identity matches but whose digests do not makes its whole document
+ignored (it lies). Entries no document covers (written by verl, an older stepskip, or a writer that
+stopped before its document) are indexed from their ``meta.json`` as before.
+
+Example:
+    >>> doc = HintDocument(run_id="r1", role="rollout")
+    >>> doc.add("12", {"global_steps": 12, "run_id": "r1", "created_unix": 1.5, "row_prompts": ["a", "a", "b"]})
+    True
+    >>> parse_hints(doc.to_bytes(), "w.json")[0]["12"].digests
+    ['a', 'a', 'b']
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stepskip.store import _is_int, _is_number, _load_json
+
+__all__ = ["HINTS_DIR", "HINTS_MAX_BYTES", "HINTS_ROLL_BYTES", "HINTS_VERSION", "Hint", "HintDocument",
+           "document_name", "document_of", "new_writer_token", "parse_hints", "same_version"]
+
+#: The directory (in an experiment's directory, beside its run directories) holding the hint documents.
+HINTS_DIR = ".stepskip-index"
+HINTS_VERSION = 1
+#: A hint document larger than this is ignored (the entries it covers are read directly).
+HINTS_MAX_BYTES = 16 << 20
+#: A writer starts another document once its current one is larger than this.
+HINTS_ROLL_BYTES = 4 << 20
+#: Bounds on what one document may describe: expanded rows in all, rows of one entry, one digest.
+_MAX_ROWS = 1 << 22
+_MAX_ENTRY_ROWS = 1 << 20
+_MAX_DIGEST = 256
+_TOKEN = re.compile(r"[0-9a-f]{16}(?:-[0-9]{1,6})?")
+_ENTRY = re.compile(r"[0-9]{1,19}")
+
+
+def document_name(run_name: str, subdir: str | None, token: str) -> str:
+    """The name of a writer's document describing the entries of ``run_name`` (and role ``subdir``).
+
+    Example:
+        >>> document_name("GBS4_N2_in8_out6", None, "0123456789abcdef")
+        'GBS4_N2_in8_out6+0123456789abcdef.json'
+    """
+    return "+".join([run_name, *([subdir] if subdir else []), token]) + ".json"
+
+
+def document_of(name: object) -> tuple[str, str | None] | None:
+    """``(run directory name, role subdirectory or None)`` a document name describes; None for a name
+    a writer does not give (a temporary, a planted file).
+
+    Example:
+        >>> document_of("GBS4_N2_in8_out6+reward+0123456789abcdef-2.json")
+        ('GBS4_N2_in8_out6', 'reward')
+    """
+    if not isinstance(name, str) or not name.endswith(".json") or name.startswith("."):
+        return None
+    head, _, token = name[:-5].rpartition("+")
+    if not head or not _TOKEN.fullmatch(token):
+        return None
+    run_name, _, subdir = head.partition("+")
+    return (run_name, subdir or None) if run_name else None
+
+
+def new_writer_token() -> str:
+    """A fresh writer token: the stem of a writer's document names."""
+    return uuid.uuid4().hex[:16]
+
+
+@dataclass(frozen=True)
+class Hint:
+    """What a hint document says about one entry.
+
+    Args:
+        step: the entry's ``global_steps``.
+        run_id: the ``run_id`` of the ``meta.json`` it describes.
+        created: that ``meta.json``'s ``created_unix``.
+        digests: its ``row_prompts`` (one digest per row).
+        document: the name of the document it comes from.
+    """
+
+    step: int
+    run_id: str | None
+    created: float | None
+    digests: list[str]
+    document: str = ""
+
+    def describes(self, meta: Mapping[str, Any]) -> bool:
+        """True when ``meta`` is the version of the entry this hint was written for (same identity)."""
+        return same_version(meta, self.run_id, self.created)
+
+    def newer_than(self, other: Hint) -> bool:
+        return (self.created or 0.0) > (other.created or 0.0)
+
+
+def same_version(meta: Mapping[str, Any], run_id: str | None, created: float | None) -> bool:
+    """True when ``meta`` carries this identity (``run_id`` and ``created_unix``), and it is one."""
+    return created is not None and meta.get("run_id") == run_id and meta.get("created_unix") == created
+
+
+def _run_length(digests: list[str]) -> list[list[Any]]:
+    runs: list[list[Any]] = []
+    for digest in digests:
+        if runs and runs[-1][0] == digest:
+            runs[-1][1] += 1
+        else:
+            runs.append([digest, 1])
+    return runs
+
+
+class HintDocument:
+    """The hint document one writer keeps (its entries, each as :meth:`add` was last given it).
+
+    Args:
+        run_id: the writer's run.
+        role: the writer's role.
+    """
+
+    def __init__(self, run_id: str, role: str) -> None:
+        self.run_id, self.role = run_id, role
+        self.entries: dict[str, dict[str, Any]] = {}
+
+    def add(self, name: str, meta: Mapping[str, Any]) -> bool:
+        """Describe the entry ``name`` (its step directory's name) as ``meta`` (its ``meta.json``) says;
+        False (nothing added) when it records no row digests or identity to hint."""
+        digests = meta.get("row_prompts")
+        created = meta.get("created_unix")
+        if (not _ENTRY.fullmatch(name) or not isinstance(digests, list) or not _is_number(created)
+                or not all(isinstance(d, str) and len(d) <= _MAX_DIGEST for d in digests)
+                or len(digests) > _MAX_ENTRY_ROWS):
+            self.entries.pop(name, None)
+            return False
+        self.entries[name] = {"step": meta.get("global_steps"), "run_id": meta.get("run_id"),
+                              "created_unix": created, "rows": _run_length(digests)}
+        return True
+
+    def to_bytes(self) -> bytes:
+        body = {"stepskip_hints": HINTS_VERSION, "run_id": self.run_id, "role": self.role, "entries": self.entries}
+        return json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
+def parse_hints(raw: bytes, document: str) -> tuple[dict[str, Hint], str]:
+    """``(entry name -> hint, "")`` for a well-formed hint document, else ``({}, reason)``; never raises.
+
+    Every value is checked for its type and bound before it is used: a document of another version,
+    shape or size is ignored whole (its entries are then read directly).
+    """
+    body, problem = _load_json(raw, HINTS_MAX_BYTES, document)
+    if problem:
+        return {}, problem
+    if not isinstance(body, dict) or body.get("stepskip_hints") != HINTS_VERSION:
+        version = body.get("stepskip_hints") if isinstance(body, dict) else None
+        return {}, f"{document} is not a hint document of version {HINTS_VERSION} (found {str(version)[:40]!r})"
+    entries = body.get("entries")
+    if not isinstance(entries, dict):
+        return {}, f"{document}: entries is not an object"
+    hints: dict[str, Hint] = {}
+    total = 0
+    for name, info in entries.items():
+        if not isinstance(name, str) or not _ENTRY.fullmatch(name):
+            return {}, f"{document} names the entry {str(name)[:60]!r}, which is not a step directory's name"
+        if not isinstance(info, dict):
+            return {}, f"{document}: entry {name} is not an object"
+        step, run_id, created, rows = info.get("step"), info.get("run_id"), info.get("created_unix"), info.get("rows")
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**63 \
+                or (run_id is not None and not isinstance(run_id, str)) or not _is_number(created) \
+                or not isinstance(rows, list):
+            return {}, f"{document}: entry {name} has an ill-typed step, run_id, created_unix or rows"
+        digests: list[str] = []
+        for run in rows:
+            if (not isinstance(run, list) or len(run) != 2 or not isinstance(run[0], str) or len(run[0]) > _MAX_DIGEST
+                    or not _is_int(run[1]) or not 1 <= run[1] <= _MAX_ENTRY_ROWS - len(digests)):
+                return {}, f"{document}: entry {name} has a malformed or oversized row list"
+            total += run[1]
+            if total > _MAX_ROWS:
+                return {}, f"{document} describes more than {_MAX_ROWS} rows"
+            digests.extend([run[0]] * run[1])
+        hints[name] = Hint(step, run_id, float(created), digests, document)  # type: ignore[arg-type]
+    return hints, ""
