@@ -50,6 +50,7 @@ from tensordict import TensorDict
 
 from stepskip import Batch, SkipManager
 from stepskip.fidelity import prompt_digest, prompt_row_digests, shared_object_digests
+from stepskip.hints import HINTS_DIR, HintDocument
 from stepskip.testing import make_rollout_batch
 from stepskip.tq import InProcessTQClient, KVBatchMeta
 
@@ -488,7 +489,8 @@ def per_call_curve_s3(counts: list[int], repeat: int) -> list[dict[str, Any]]:
 
     Each action starts a fresh ``SkipManager.init`` (a fresh s3fs instance: no listing cached from an
     earlier action); the first call of a run is counted apart from the later ones (``match`` builds
-    its prompt index on its first call, from every entry's ``meta.json``).
+    its prompt index on its first call, from the writer's hint document: the copies are added to the
+    document of the run that wrote the first entry, as that writer would have added them).
     """
     try:
         server = CountingS3()
@@ -515,14 +517,20 @@ def per_call_curve_s3(counts: list[int], repeat: int) -> list[dict[str, Any]]:
             meta = json.loads(objects.pop("meta.json"))
             run = first.rsplit("/", 1)[0]
             SkipManager.reset()
+            hints_dir = f"{run.rsplit('/', 1)[0]}/{HINTS_DIR}"
+            (document,) = fs.ls(hints_dir)  # the hint document of the writer of step 0
+            hints = HintDocument(meta["run_id"], "rollout")
+            hints.add("0", meta)
             batch: dict[str, bytes] = {}
             for step in range(1, count):  # copies of one entry, each with its own step (setup only, not counted)
                 target = f"{run}/{2 * step}"  # even steps only: odd ones are missing
                 batch.update({f"{target}/{name}": data for name, data in objects.items()})
                 batch[f"{target}/meta.json"] = json.dumps(dict(meta, global_steps=2 * step)).encode()
+                hints.add(str(2 * step), dict(meta, global_steps=2 * step))
                 if len(batch) >= 3000 or step == count - 1:
                     fs.pipe(batch)
                     batch = {}
+            fs.pipe_file(document, hints.to_bytes())
             last = 2 * ((count - 1) if count > 1 else 0)
             row: dict[str, Any] = {"entries": count}
             for action, step in (("cache", last), ("repeat", last + 1), ("random", 1), ("replay", last),
@@ -744,9 +752,11 @@ def main() -> None:
                 for row in curve_s3:
                     cells = [f"{row[a]['first']:>3d} / {row[a]['later']:<3d} {ms(row[a]['ms']):>14s}" for a in actions]
                     lines.append(f"  {row['entries']:8d} {row['init']:5d} " + " ".join(f"{c:>24s}" for c in cells))
-                lines.append("  init: requests of SkipManager.init (it lists the run directory: one request per 1,000 "
-                             "names; s3fs keeps that listing for the run); match's first call indexes every "
-                             "entry's prompts (one meta.json read each), later calls only new entries")
+                lines.append("  init: requests of SkipManager.init (its clean-up lists the run directory recursively: "
+                             "one request per 1,000 objects, s3fs keeps that listing for the run, and looks only at "
+                             "entries that listing shows may hold a leftover); match's first call indexes the "
+                             "entries' prompts from the writers' hint documents (one read per writer) and validates "
+                             "only the entries it chooses; later calls read only new entries")
     lines.append("\nratios: stepskip / verl (best against best); targets from issue 11; noise = median/best - 1 "
                  "of stepskip's runs")
     print("\n".join(lines))

@@ -52,7 +52,7 @@ from typing import Any
 from stepskip.store import _is_int, _is_number, _load_json
 
 __all__ = ["HINTS_DIR", "HINTS_MAX_BYTES", "HINTS_ROLL_BYTES", "HINTS_VERSION", "Hint", "HintDocument",
-           "document_name", "document_of", "new_writer_token", "parse_hints", "same_version"]
+           "document_name", "document_of", "new_writer_token", "parse_hints", "rows_of", "same_version"]
 
 #: The directory (in an experiment's directory, beside its run directories) holding the hint documents.
 HINTS_DIR = ".stepskip-index"
@@ -61,8 +61,8 @@ HINTS_VERSION = 1
 HINTS_MAX_BYTES = 16 << 20
 #: A writer starts another document once its current one is larger than this.
 HINTS_ROLL_BYTES = 4 << 20
-#: Bounds on what one document may describe: expanded rows in all, rows of one entry, one digest.
-_MAX_ROWS = 1 << 22
+#: Bounds on what one document may describe: rows in all, rows of one entry, one digest's length.
+_MAX_ROWS = 1 << 24
 _MAX_ENTRY_ROWS = 1 << 20
 _MAX_DIGEST = 256
 _TOKEN = re.compile(r"[0-9a-f]{16}(?:-[0-9]{1,6})?")
@@ -109,15 +109,20 @@ class Hint:
         step: the entry's ``global_steps``.
         run_id: the ``run_id`` of the ``meta.json`` it describes.
         created: that ``meta.json``'s ``created_unix``.
-        digests: its ``row_prompts`` (one digest per row).
+        runs: its ``row_prompts`` run-length coded: ``(digest, rows)`` in row order.
         document: the name of the document it comes from.
     """
 
     step: int
     run_id: str | None
     created: float | None
-    digests: list[str]
+    runs: tuple[tuple[str, int], ...]
     document: str = ""
+
+    @property
+    def digests(self) -> list[str]:
+        """The entry's ``row_prompts`` (one digest per row), expanded."""
+        return [digest for digest, count in self.runs for _ in range(count)]
 
     def describes(self, meta: Mapping[str, Any]) -> bool:
         """True when ``meta`` is the version of the entry this hint was written for (same identity)."""
@@ -130,6 +135,11 @@ class Hint:
 def same_version(meta: Mapping[str, Any], run_id: str | None, created: float | None) -> bool:
     """True when ``meta`` carries this identity (``run_id`` and ``created_unix``), and it is one."""
     return created is not None and meta.get("run_id") == run_id and meta.get("created_unix") == created
+
+
+def rows_of(hints: Mapping[str, Hint]) -> int:
+    """The rows ``hints`` describe in all."""
+    return sum(count for hint in hints.values() for _, count in hint.runs)
 
 
 def _run_length(digests: list[str]) -> list[list[Any]]:
@@ -173,12 +183,15 @@ class HintDocument:
         return json.dumps(body, separators=(",", ":")).encode("utf-8")
 
 
-def parse_hints(raw: bytes, document: str) -> tuple[dict[str, Hint], str]:
+def parse_hints(raw: bytes, document: str, max_rows: int = _MAX_ROWS) -> tuple[dict[str, Hint], str]:
     """``(entry name -> hint, "")`` for a well-formed hint document, else ``({}, reason)``; never raises.
 
     Every value is checked for its type and bound before it is used: a document of another version,
-    shape or size is ignored whole (its entries are then read directly).
+    shape or size is ignored whole (its entries are then read directly), and so is one describing
+    more than ``max_rows`` rows (at most :data:`_MAX_ROWS`; a reader of many documents passes what
+    is left of its budget).
     """
+    max_rows = min(max_rows, _MAX_ROWS)
     body, problem = _load_json(raw, HINTS_MAX_BYTES, document)
     if problem:
         return {}, problem
@@ -200,14 +213,16 @@ def parse_hints(raw: bytes, document: str) -> tuple[dict[str, Hint], str]:
                 or (run_id is not None and not isinstance(run_id, str)) or not _is_number(created) \
                 or not isinstance(rows, list):
             return {}, f"{document}: entry {name} has an ill-typed step, run_id, created_unix or rows"
-        digests: list[str] = []
+        runs: list[tuple[str, int]] = []
+        entry_rows = 0
         for run in rows:
             if (not isinstance(run, list) or len(run) != 2 or not isinstance(run[0], str) or len(run[0]) > _MAX_DIGEST
-                    or not _is_int(run[1]) or not 1 <= run[1] <= _MAX_ENTRY_ROWS - len(digests)):
+                    or not _is_int(run[1]) or not 1 <= run[1] <= _MAX_ENTRY_ROWS - entry_rows):
                 return {}, f"{document}: entry {name} has a malformed or oversized row list"
-            total += run[1]
-            if total > _MAX_ROWS:
-                return {}, f"{document} describes more than {_MAX_ROWS} rows"
-            digests.extend([run[0]] * run[1])
-        hints[name] = Hint(step, run_id, float(created), digests, document)  # type: ignore[arg-type]
+            entry_rows += run[1]
+            runs.append((run[0], run[1]))
+        total += entry_rows
+        if total > max_rows:
+            return {}, f"{document} describes more than {max_rows} rows"
+        hints[name] = Hint(step, run_id, float(created), tuple(runs), document)  # type: ignore[arg-type]
     return hints, ""

@@ -64,8 +64,9 @@ _monotonic = time.monotonic
 #: ``action: match`` reads the hint documents of a run directory once at least this many of its
 #: entries are not indexed yet (fewer are read directly: as cheap as the documents' listing).
 _HINTED_FROM = 8
-#: Hint documents read per run directory at most (a bound should someone plant many).
+#: Hint documents read at most, and the rows they may describe in all (bounds should someone plant many).
 _MAX_HINT_DOCUMENTS = 1024
+_MAX_HINTED_ROWS = 1 << 25
 
 
 def _prompt_digest(prompts: Any, exclude: Iterable[str]) -> str | None:
@@ -651,7 +652,7 @@ class CachedRole(BaseSkip):
         """Entry path -> its newest hint, from the hint documents of ``projects`` not read before
         (:mod:`stepskip.hints`): one listing per run directory and one bounded read per document.
         A document that cannot be read or parsed is ignored with a warning."""
-        from stepskip.hints import HINTS_DIR, HINTS_MAX_BYTES, document_of, parse_hints
+        from stepskip.hints import HINTS_DIR, HINTS_MAX_BYTES, document_of, parse_hints, rows_of
 
         out: dict[str, Any] = {}
         wanted = projects - self._hints_read
@@ -674,6 +675,7 @@ class CachedRole(BaseSkip):
                            "(the entries of the others are read directly)", self.name, where, len(names),
                            _MAX_HINT_DOCUMENTS)
             names = names[:_MAX_HINT_DOCUMENTS]
+        budget = _MAX_HINTED_ROWS  # rows all documents may describe: what they cost in memory stays bounded
         for name, project in names:
             document = f"{where}/{name}"
             try:
@@ -683,7 +685,8 @@ class CachedRole(BaseSkip):
                 continue
             if raw is None:
                 continue  # replaced or removed since listed
-            hints, problem = parse_hints(raw, document)
+            hints, problem = parse_hints(raw, document, budget)
+            budget -= rows_of(hints)
             if problem:
                 logger.warning("%s match: ignoring the hint document %s: %s; the entries it describes are "
                                "read directly", self.name, document, problem)

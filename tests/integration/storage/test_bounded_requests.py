@@ -135,3 +135,35 @@ def test_v1_init_reads_no_manifest_of_a_clean_step_at_10_and_100_steps(counting_
         assert SkipManager.will_replay("rollout_tq", [1])
         SkipManager.reset()
     assert counts[10] == counts[100] <= 2, counts
+
+
+def match_prompts(ids: list[int]) -> Batch:
+    return Batch.from_dict(tensors={"ids": torch.tensor([[i, i] for i in ids for _ in range(2)])},
+                           non_tensors={"uid": [f"live{i}" for i in ids for _ in range(2)]})
+
+
+def test_first_match_call_costs_the_same_requests_at_10_and_200_entries(counting_s3):
+    """The run's writer keeps a hint document: the first ``match`` call lists and reads it, validates and
+    reads only the two entries it chooses, and generates (and records) the one prompt never recorded."""
+    counts = {}
+    for count in (10, 200):
+        dump_dir = f"s3://{counting_s3.bucket()}/dump"
+        SkipManager.init(rollout_config(dump_dir, counting_s3.options, action="record"))
+        recorder = Rollout()
+        for step in range(count):  # the real writer: entries and its hint document
+            SkipManager.set_step(step)
+            recorder.generate_sequences(match_prompts([2 * step, 2 * step + 1]))
+        SkipManager.reset()
+        SkipManager.init(rollout_config(dump_dir, counting_s3.options, action="match"))
+        rollout = Rollout()
+        SkipManager.set_step(10_000)
+        before = len(counting_s3.requests)
+        out = rollout.generate_sequences(match_prompts([0, 2 * count - 1, 99_999]))
+        counts[count] = len(counting_s3.requests) - before
+        assert rollout.calls == 1 and out.batch["out"][:, 0].tolist() == [0, 0, 20 * count - 10, 20 * count - 10,
+                                                                         999_990, 999_990]
+        stats = SkipManager.stats()
+        assert stats["skip/rollout/rows_replayed"] == 4 and stats["skip/rollout/rows_generated"] == 2
+        SkipManager.reset()
+    assert counts[10] == counts[200], counts
+    assert counts[10] <= 25, counts
