@@ -396,7 +396,10 @@ def stepskip_async(inputs: dict[str, Any], workdir: str, count: int, repeat: int
 
 
 def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[str, Any]]:
-    """ms per call with ``count`` entries on disk, for the actions that look beyond the exact step."""
+    """ms per call with ``count`` entries on disk, for the actions that look beyond the exact step, and
+    ms of ``match``'s first call of a run (``SkipManager.init`` before each, not timed): it builds its
+    prompt index from the writer's hint document (the copies are added to the document of the run that
+    wrote the first entry, as that writer would have added them)."""
     shape = {"rows": 2, "n": 1, "prompt": 4, "response": 4}
     small = make_rollout_batch(2, 4, 4, n=1)
     out = []
@@ -412,12 +415,17 @@ def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[st
         first = Path(skip.step_dump_dir(0))
         files = {f.name: f.read_bytes() for f in first.iterdir()}
         meta = json.loads(files.pop("meta.json"))
+        (document,) = (first.parent.parent / HINTS_DIR).iterdir()  # the hint document of step 0's writer
+        hints = HintDocument(meta["run_id"], "rollout")
+        hints.add("0", meta)
         for step in range(1, count):  # copies of one entry, each with its own step (no fsync: setup only)
             target = Path(skip.step_dump_dir(2 * step))  # even steps only: odd ones are missing
             target.mkdir()
             for name, data in files.items():
                 (target / name).write_bytes(data)
             (target / "meta.json").write_text(json.dumps(dict(meta, global_steps=2 * step)))
+            hints.add(str(2 * step), dict(meta, global_steps=2 * step))
+        document.write_bytes(hints.to_bytes())
         settled = time.time() - 60  # a cache written before this run (a listing is reused once its directory settled)
         os.utime(first.parent, (settled, settled))
         SkipManager.reset()
@@ -431,6 +439,13 @@ def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[st
 
             row[action] = timed(call, repeat)
             assert SkipManager.stats()["skip/rollout/hits"] == repeat, (action, SkipManager.stats())
+            SkipManager.reset()
+        row["match_first"] = []
+        for i in range(repeat):
+            SkipManager.init(config(root, shape, "rollout", action="match"))
+            SkipManager.set_step(10 * count + 1 + 2 * i)
+            row["match_first"] += timed(lambda: loop.generate_sequences(small), 1)
+            assert SkipManager.stats()["skip/rollout/hits"] == 1, SkipManager.stats()
             SkipManager.reset()
         out.append(row)
         shutil.rmtree(root)
@@ -732,10 +747,11 @@ def main() -> None:
             lines.append("\nper-call cost with N entries on local disk (ms, best (median)); "
                          "repeat and random look beyond the exact step (they reuse the run directory's listing "
                          "while the directory is unchanged; the entries here were written a minute earlier)")
-            lines.append(f"  {'entries':>8s} {'cache (hit)':>20s} {'repeat (nearest)':>20s} {'random':>20s}")
+            lines.append(f"  {'entries':>8s} {'cache (hit)':>20s} {'repeat (nearest)':>20s} {'random':>20s} "
+                         f"{'match (first call)':>20s}")
             for row in curve:
                 lines.append(f"  {row['entries']:8d} {ms(row['cache']):>20s} {ms(row['repeat']):>20s} "
-                             f"{ms(row['random']):>20s}")
+                             f"{ms(row['random']):>20s} {ms(row['match_first']):>20s}")
         if "s3" not in skip:
             counts = S3_ENTRY_COUNTS[mode]
             curve_s3 = per_call_curve_s3(counts, repeat)

@@ -332,3 +332,38 @@ def test_a_document_describes_only_what_can_be_checked(meta: dict[str, Any], add
     assert doc.add("../1", dict(meta, row_prompts=["a"], created_unix=1.0)) is False
     hints, problem = parse_hints(doc.to_bytes(), "doc")
     assert not problem and (("1" in hints) is added)
+
+
+def test_a_stage_roles_documents_serve_it_across_run_directories(dump_dir, monkeypatch) -> None:
+    """A row-wise stage role keeps its entries in ``{run}/{role}/``: its documents are named for that
+    directory, read by the same role in a run of another batch size, and never by the rollout role."""
+    calls: list[list[int]] = []
+
+    @SkipManager.annotate(role="reward")
+    def score(self: Any, batch: Batch) -> Batch:
+        calls.append(sorted(set(batch.batch["input_ids"][:, 0].tolist())))
+        return Batch.from_dict(tensors={"score": batch.batch["input_ids"][:, :1].float() * 0.5})
+
+    def reward_config(gbs: int) -> dict[str, Any]:
+        return training_config(dump_dir, role="reward", gbs=gbs, kind="stage", row_wise=True, action="match",
+                               steps="all")
+
+    SkipManager.init(reward_config(4))
+    for step in range(10):
+        SkipManager.set_step(step)
+        score(None, prompts_for([2 * step, 2 * step + 1], "rec"))
+    SkipManager.flush()
+    SkipManager.reset()
+    cache_of(dump_dir, 10)  # the rollout role's entries and document, in the same run directory
+    names = sorted(documents(dump_dir))
+    assert len(names) == 2 and sum("+reward+" in n for n in names) == 1
+    SkipManager.init(reward_config(2))  # another run directory: GBS2_...
+    reads = Reads(monkeypatch)
+    SkipManager.set_step(1)
+    out = score(None, prompts_for([0, 19, 500], "live"))
+    looked = list(reads.paths)
+    monkeypatch.undo()
+    SkipManager.flush()
+    assert out.batch["score"][:, 0].tolist() == [i * 0.5 for i in (0, 19, 500) for _ in range(N)]
+    assert calls[-1] == [500] and len(set(looked)) <= 8, looked
+    assert all("/reward/" in p for p in looked)
