@@ -163,6 +163,16 @@ class HintDocument:
     def __init__(self, run_id: str, role: str) -> None:
         self.run_id, self.role = run_id, role
         self.entries: dict[str, dict[str, Any]] = {}
+        self._sizes: dict[str, int] = {}  # entry -> the bytes it adds to the document
+
+    @property
+    def size(self) -> int:
+        """The bytes :meth:`to_bytes` returns, near enough (without encoding the document)."""
+        return 96 + len(self.run_id) + len(self.role) + sum(self._sizes.values())
+
+    def remove(self, name: str) -> None:
+        self.entries.pop(name, None)
+        self._sizes.pop(name, None)
 
     def add(self, name: str, meta: Mapping[str, Any]) -> bool:
         """Describe the entry ``name`` (its step directory's name) as ``meta`` (its ``meta.json``) says;
@@ -172,10 +182,12 @@ class HintDocument:
         if (not _ENTRY.fullmatch(name) or not isinstance(digests, list) or not _is_number(created)
                 or not all(isinstance(d, str) and len(d) <= _MAX_DIGEST for d in digests)
                 or len(digests) > _MAX_ENTRY_ROWS):
-            self.entries.pop(name, None)
+            self.remove(name)
             return False
-        self.entries[name] = {"step": meta.get("global_steps"), "run_id": meta.get("run_id"),
-                              "created_unix": created, "rows": _run_length(digests)}
+        record = {"step": meta.get("global_steps"), "run_id": meta.get("run_id"), "created_unix": created,
+                  "rows": _run_length(digests)}
+        self.entries[name] = record
+        self._sizes[name] = len(name) + 4 + len(json.dumps(record, separators=(",", ":")))
         return True
 
     def to_bytes(self) -> bytes:

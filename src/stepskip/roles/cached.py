@@ -1013,9 +1013,9 @@ class CachedRole(BaseSkip):
                     if not self._hints.add(name, meta):
                         continue
                     changed = True
-                    if len(self._hints.entries) > 1 and len(self._hints.to_bytes()) > HINTS_ROLL_BYTES:
+                    if len(self._hints.entries) > 1 and self._hints.size > HINTS_ROLL_BYTES:
                         # the current document is full: written as it was, the next one starts with this entry
-                        self._hints.entries.pop(name)
+                        self._hints.remove(name)
                         self._put_hints(HINTS_DIR)
                         stem, _, shard = self._hint_name.partition("-")
                         self._hints = HintDocument(self.run_id, self.name)
