@@ -230,11 +230,16 @@ def stepskip_colocated(inputs: dict[str, Any], workdir: str, repeat: int) -> dic
         SkipManager.flush()
         write.append(time.perf_counter() - start)
 
-    def hit() -> None:
+    held: list[Any] = [None]
+
+    def hit() -> None:  # the last hit's batch stays alive while the next one loads, as a trainer's loop variable does
         SkipManager.set_step(100)
-        touch(loop.generate_sequences(prompts))
+        out = loop.generate_sequences(prompts)
+        touch(out)
+        held[0] = out
 
     hits = timed(hit, repeat)
+    held[0] = None
     digest = timed(lambda: prompt_digest(prompts, ["uid"]), repeat)
     # where a miss's blocking time goes: the two halves of the snapshot, measured alone
     result, fmt = loop.result, skip.format
@@ -271,12 +276,13 @@ def stepskip_colocated(inputs: dict[str, Any], workdir: str, repeat: int) -> dic
     return out
 
 
-def stepskip_peak(inputs_path: str, workdir: str) -> int:
+def stepskip_peak(inputs_path: str, workdir: str) -> dict[str, Any]:
+    """The peak extra memory and the time of a process's first hit (no recycled pages yet), in a fresh process."""
     done = subprocess.run([sys.executable, __file__, "--peak-child", inputs_path, workdir], capture_output=True,
                           text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
-    return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_extra"])
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def peak_child(inputs_path: str, workdir: str) -> None:
@@ -293,9 +299,11 @@ def peak_child(inputs_path: str, workdir: str) -> None:
         fh.write("5")  # reset VmHWM to the current RSS
     before = _status("VmRSS")
     SkipManager.set_step(100)
+    start = time.perf_counter()
     touch(loop.generate_sequences(prompts))
+    seconds = time.perf_counter() - start
     assert SkipManager.stats()["skip/rollout/hits"] == 1
-    print(json.dumps({"peak_extra": _status("VmHWM") - before}))
+    print(json.dumps({"peak_extra": _status("VmHWM") - before, "first_hit": seconds}))
 
 
 class V1Owner:
@@ -324,9 +332,44 @@ class V1Buffer:
         return self.meta
 
 
+class TimedQueue(InProcessTQClient):
+    """The in-process queue, counting the seconds spent inside it: verl's side gets a stand-in that
+    hands back a prebuilt TensorDict and stores a reference, so the queue's own copies are told apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds = 0.0
+        self.shares: list[float] = []  # the queue's seconds inside each call in_queue times
+
+    def kv_batch_get(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return super().kv_batch_get(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def kv_batch_put(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return super().kv_batch_put(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+def in_queue(tq: TimedQueue, fn: Any) -> Any:
+    """``fn`` as timed() calls it, recording the queue's share of each call in ``tq.shares``."""
+    def call() -> Any:
+        before = tq.seconds
+        try:
+            return fn()
+        finally:
+            tq.shares.append(tq.seconds - before)
+    return call
+
+
 def stepskip_v1(inputs: dict[str, Any], workdir: str, repeat: int) -> dict[str, Any]:
     rows = inputs["v1"]
-    tq = InProcessTQClient()
+    tq = TimedQueue()
     fields = TensorDict({k: torch.nested.as_nested_tensor([torch.from_numpy(r) for r in v], layout=torch.jagged)
                          for k, v in rows["tensors"].items()}, batch_size=[len(rows["keys"])])
     tq.kv_batch_put(keys=rows["keys"], fields=fields, tags=rows["tags"], partition_id="train")
@@ -334,21 +377,26 @@ def stepskip_v1(inputs: dict[str, Any], workdir: str, repeat: int) -> dict[str, 
     owner, buffer = V1Owner(rows["prompt_uids"], prompts), V1Buffer(rows["keys"], rows["tags"])
     SkipManager.init(config(workdir, inputs["shape"], "rollout_tq"), tq_client=tq)
     get = timed(lambda: tq.kv_batch_get(keys=rows["keys"], partition_id="train"), repeat)
-    save, write = [], []
+    save, write, save_queue = [], [], []
     for i in range(repeat):
         SkipManager.set_step(100 + i)
         owner._add_batch_to_generate()  # a miss: the step is recorded at sample time
+        before = tq.seconds
         start = time.perf_counter()
         buffer.sample()
         save.append(time.perf_counter() - start)
+        save_queue.append(tq.seconds - before)
         SkipManager.flush()
         write.append(time.perf_counter() - start)
     SkipManager.set_step(100)
-    inject = timed(owner._add_batch_to_generate, repeat)
+    inject = timed(in_queue(tq, owner._add_batch_to_generate), repeat)
+    inject_queue = tq.shares
     stats = SkipManager.stats()
     assert stats["skip/rollout_tq/hits"] == repeat, stats
     skip = SkipManager.skip_instances["rollout_tq"]
     out = {"save": save, "write": write, "inject": inject, "queue_get": get,
+           "save_net": [a - b for a, b in zip(save, save_queue)],
+           "inject_net": [a - b for a, b in zip(inject, inject_queue)],
            "bytes": dir_bytes(skip.step_dump_dir(100))}
     SkipManager.reset()
     return out
@@ -641,6 +689,8 @@ def render_colocated(size: str, threads: str, ours: dict[str, Any], verl: dict[s
     row("full write (miss + background dump)", ours["write"], v.get("miss"), TARGETS["write"])
     row("hit, every tensor touched", ours["hit"], v.get("hit"), TARGETS["hit"])
     row("hit vs raw read of verl's gen_batch.dp", ours["hit"], v.get("raw"), TARGETS["hit_raw"])
+    if ours.get("first_hit") is not None:  # one sample each, in a fresh process: no recycled pages yet
+        row("  a process's first hit (fresh pages)", ours["first_hit"], v.get("first_hit"), None)
     mb = lambda x: f"{x / 1e6:9.2f} MB" if x is not None else f"{'-':>9s}"  # noqa: E731
     row("bytes on disk", ours["bytes"], v.get("bytes"), TARGETS["bytes"], fmt=mb)
     times = lambda x: f"{x / batch_bytes:9.2f} x" if x is not None else f"{'-':>9s}"  # noqa: E731
@@ -700,11 +750,12 @@ def main() -> None:
                 tag = f"{rows}-{threads}"
                 if "colocated" not in skip:
                     ours = stepskip_colocated(inputs, f"{workdir}/ours-{tag}", repeat)
-                    ours["peak"] = stepskip_peak(inputs_path, f"{workdir}/ours-{tag}")
+                    first = stepskip_peak(inputs_path, f"{workdir}/ours-{tag}")
+                    ours["peak"], ours["first_hit"] = first["peak_extra"], [first["first_hit"]]
                     verl = run_verl("colocated", inputs_path, f"{workdir}/verl-{tag}", threads, repeat)
                     if verl and "error" not in verl:
-                        verl["peak"] = (run_verl("peak", inputs_path, f"{workdir}/verl-{tag}", threads, 1)
-                                        or {}).get("peak_extra")
+                        first = run_verl("peak", inputs_path, f"{workdir}/verl-{tag}", threads, 1) or {}
+                        verl["peak"], verl["first_hit"] = first.get("peak_extra"), [first.get("first_hit")]
                     run["colocated"] = {"stepskip": ours, "verl": verl}
                     lines += render_colocated(size, f"{threads} ({threads_name})", ours, verl, batch_bytes)
                 if "v1" not in skip:
@@ -718,10 +769,15 @@ def main() -> None:
                                  f" ms -> {ratio(ours['save'], v.get('save'), TARGETS['miss'])}"
                                  f"  (of which InProcessTQClient.kv_batch_get: {ms(ours['queue_get'])} ms; "
                                  "verl's side reads a prebuilt TensorDict from a stand-in queue)")
-                    lines.append(f"  full write: {ms(ours['write'])} ms -> {ratio(ours['write'], v.get('save'))}")
+                    lines.append(f"    net of the in-process queue's get: {ms(ours['save_net'])} ms -> "
+                                 f"{ratio(ours['save_net'], v.get('save'), TARGETS['miss'])}")
+                    lines.append(f"  full write: {ms(ours['write'])} ms -> "
+                                 f"{ratio(ours['write'], v.get('save'), TARGETS['write'])}")
                     lines.append(f"  inject a cached step (hit): {ms(ours['inject'])} ms vs verl "
                                  f"{ms(v.get('inject'))} ms -> {ratio(ours['inject'], v.get('inject'))}  "
                                  "(stepskip's puts go into InProcessTQClient; verl's into a dict)")
+                    lines.append(f"    net of the in-process queue's put: {ms(ours['inject_net'])} ms -> "
+                                 f"{ratio(ours['inject_net'], v.get('inject'), TARGETS['hit'])}")
                     lines.append(f"  bytes: {ours['bytes'] / 1e6:.2f} MB vs verl "
                                  f"{(v.get('bytes') or 0) / 1e6:.2f} MB -> {ratio(ours['bytes'], v.get('bytes'))}")
                 results["runs"].append(run)

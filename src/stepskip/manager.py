@@ -459,7 +459,8 @@ class SkipManager:
 
     @classmethod
     def close(cls) -> None:
-        """Flush pending dumps, log one summary line per enabled role, release the roles."""
+        """Flush pending dumps, log one summary line per enabled role, release the roles and the memory
+        kept for reuse (snapshot buffers, the idle pages of earlier hits)."""
         if not cls.skip_instances:
             return
         cls.flush()
@@ -478,6 +479,9 @@ class SkipManager:
         safe = sys.modules.get("stepskip.formats.safe")  # never imported just to be told to free nothing
         if safe is not None:
             safe.release_snapshot_buffers()
+        pages = sys.modules.get("stepskip.formats.pages")
+        if pages is not None:  # the idle recycled pages of hits (tensors still in use keep theirs)
+            pages.POOL.clear()
 
     @classmethod
     def reset(cls) -> None:

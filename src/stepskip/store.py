@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeVar, overload
 
 import xxhash
 
@@ -662,7 +662,7 @@ class _EntryStore:
 
     def read_entry(self, path: str, legacy_files: Iterable[str] = (),
                    names: Iterable[str] | Callable[[dict[str, Any]], Iterable[str]] | None = None,
-                   verify: bool = True) -> tuple[dict[str, Any], dict[str, bytes]]:
+                   verify: bool = True, pooled: bool = False) -> tuple[dict[str, Any], dict[str, bytes | memoryview]]:
         """Check and read one entry as one version: its ``meta.json`` and the named data files.
 
         Unlike :meth:`probe` followed by :meth:`read_files`, the files read are those of the
@@ -677,9 +677,11 @@ class _EntryStore:
                 them — it may also raise (a format or fidelity refusal, say) to stop the read
                 before any data is read; it is called again should a newer version be read.
             verify: check each file's checksum (sizes are always checked).
+            pooled: a store on local disk may return a big file as a memoryview of recycled pages
+                (:mod:`stepskip.formats.pages`), for a decoder that reads buffers (format ``safe``).
 
         Returns:
-            ``(meta, {name: bytes})``.
+            ``(meta, {name: bytes})`` (memoryviews among them with ``pooled``).
 
         Raises:
             CacheMissError: there is no entry (never written, or removed meanwhile).
@@ -689,12 +691,12 @@ class _EntryStore:
             >>> meta, files = store.read_entry(path, names=["data.json"])  # doctest: +SKIP
         """
         wanted: _Names = names if names is None or callable(names) else list(names)
-        probe, files = self._look(path, tuple(legacy_files), wanted, verify, read=True)
+        probe, files = self._look(path, tuple(legacy_files), wanted, verify, read=True, pooled=pooled)
         if probe.state is EntryState.MISSING:
             raise CacheMissError(f"{path}: no entry there (never written, or removed meanwhile)")
         if probe.state is EntryState.DAMAGED:
             raise CorruptEntryError(f"{path}: {probe.reason}")
-        return probe.meta or {}, files
+        return probe.meta or {}, dict(files)
 
     def read_files(self, path: str, meta: Mapping[str, Any], names: Iterable[str], verify: bool) -> dict[str, bytes]:
         """Read the named data files of a present entry, checking sizes and (``verify``) checksums.
@@ -797,7 +799,7 @@ class _EntryStore:
         raise NotImplementedError
 
     def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
-              read: bool) -> tuple[Probe, dict[str, bytes]]:
+              read: bool, pooled: bool = False) -> tuple[Probe, Mapping[str, bytes | memoryview]]:
         raise NotImplementedError
 
     def _read_listed(self, path: str, meta: Mapping[str, Any], names: list[str], verify: bool) -> dict[str, bytes]:
@@ -812,6 +814,9 @@ class _EntryStore:
         """``path`` itself, not followed if it is a link; None when it does not exist."""
         raise NotImplementedError
 
+
+#: A data file's contents: bytes, or a memoryview of recycled pages where a read asked for them.
+_Data = TypeVar("_Data", bytes, memoryview, bytes | memoryview)
 
 #: What a read wants: names, every file (None), or a function choosing names from the version read.
 _Names = list[str] | Callable[[dict[str, Any]], Iterable[str]] | None
@@ -831,7 +836,7 @@ def _check_files(meta: Mapping[str, Any], names: list[str] | None) -> list[str]:
     return wanted
 
 
-def _verified(name: str, data: bytes, info: Mapping[str, Any], verify: bool) -> bytes:
+def _verified(name: str, data: _Data, info: Mapping[str, Any], verify: bool) -> _Data:
     if verify and checksum(data) != info.get("checksum"):
         raise _BadFile(f"{name} does not match its checksum in {META_FILE}")
     return data
@@ -848,10 +853,27 @@ def _local_path(path: str) -> str | None:
     return None if "://" in path else path
 
 
-def _read_fd(fd: int, size: int) -> bytes:
-    """Exactly ``size`` bytes from ``fd``: one allocation, never a byte past ``size``."""
+def _read_fd(fd: int, size: int, pooled: bool = False) -> bytes | memoryview:
+    """Exactly ``size`` bytes from ``fd``: one allocation, never a byte past ``size``.
+
+    With ``pooled``, a big file is read into recycled pages (:mod:`stepskip.formats.pages`) and
+    comes back as a memoryview of them: a fresh buffer of its size would fault in every page.
+    """
     if size == 0:
         return b""
+    if pooled:
+        from stepskip.formats.pages import POOL  # torch's and numpy's: only where a decoder asked for it
+
+        pooled = size >= POOL.min_bytes
+    if pooled:
+        view = POOL.array((size,), "uint8").data  # the memoryview holds the array, and so the pages
+        got = 0
+        while got < size:
+            count = os.readv(fd, [view[got:]])
+            if not count:
+                return view[:got]
+            got += count
+        return view
     data = os.read(fd, size)
     if len(data) == size or not data:
         return data
@@ -866,7 +888,14 @@ def _read_fd(fd: int, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_at(dir_fd: int, name: str, expected: int | None, limit: int | None = None) -> bytes:
+@overload
+def _read_at(dir_fd: int, name: str, expected: int | None, limit: int | None = None,
+             pooled: Literal[False] = False) -> bytes: ...
+@overload
+def _read_at(dir_fd: int, name: str, expected: int | None, limit: int | None = None,
+             pooled: bool = False) -> bytes | memoryview: ...
+def _read_at(dir_fd: int, name: str, expected: int | None, limit: int | None = None,
+             pooled: bool = False) -> bytes | memoryview:
     """Read a regular file of an entry directory without following links or reading past its size.
 
     Raises:
@@ -890,7 +919,7 @@ def _read_at(dir_fd: int, name: str, expected: int | None, limit: int | None = N
         if limit is not None and st.st_size > limit:
             raise _BadFile(f"{name} is {st.st_size} bytes, more than the {limit} it may have")
         try:
-            data = _read_fd(fd, st.st_size)
+            data = _read_fd(fd, st.st_size, pooled)
         except MemoryError:
             raise _BadFile(f"{name} ({st.st_size} bytes) does not fit in memory") from None
         except OSError as err:
@@ -1104,7 +1133,7 @@ class LocalStore(_EntryStore):
             os.close(fd)
 
     def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
-              read: bool) -> tuple[Probe, dict[str, bytes]]:
+              read: bool, pooled: bool = False) -> tuple[Probe, Mapping[str, bytes | memoryview]]:
         for _ in range(_MAX_ATTEMPTS):
             try:
                 dir_fd = self._open_dir(path)
@@ -1119,7 +1148,7 @@ class LocalStore(_EntryStore):
             except OSError as err:
                 return Probe(EntryState.DAMAGED, reason=f"cannot open {path}: {err}"), {}
             try:
-                return self._look_at(dir_fd, path, legacy_files, names, verify, read)
+                return self._look_at(dir_fd, path, legacy_files, names, verify, read, pooled)
             except _Raced:
                 continue
             except OSError as err:  # e.g. a permission denied on one file: never an exception from a probe
@@ -1129,7 +1158,7 @@ class LocalStore(_EntryStore):
         return Probe(EntryState.DAMAGED, reason=f"kept changing while read ({_MAX_ATTEMPTS} attempts)"), {}
 
     def _look_at(self, dir_fd: int, path: str, legacy_files: tuple[str, ...], names: _Names,
-                 verify: bool, read: bool) -> tuple[Probe, dict[str, bytes]]:
+                 verify: bool, read: bool, pooled: bool = False) -> tuple[Probe, Mapping[str, bytes | memoryview]]:
         try:
             raw = _read_at(dir_fd, META_FILE, None, META_MAX_BYTES)
         except FileNotFoundError:
@@ -1150,10 +1179,10 @@ class LocalStore(_EntryStore):
             for name, info in listed.items():
                 if name not in wanted:
                     _regular_size(dir_fd, _object(name, info), info["bytes"])
-            out = {}
+            out: dict[str, bytes | memoryview] = {}
             for name in wanted:
                 info = listed[name]
-                data = _read_at(dir_fd, _object(name, info), info["bytes"])
+                data = _read_at(dir_fd, _object(name, info), info["bytes"], pooled=pooled)
                 out[name] = _verified(name, data, info, verify)
             return Probe(EntryState.PRESENT, meta), out
         except (FileNotFoundError, _BadFile) as err:
@@ -1684,7 +1713,7 @@ class FsspecStore(_EntryStore):
     # ------------------------------------------------------------------ reading
 
     def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
-              read: bool) -> tuple[Probe, dict[str, bytes]]:
+              read: bool, pooled: bool = False) -> tuple[Probe, Mapping[str, bytes | memoryview]]:
         try:
             raw = self._read_meta(path)
         except (FileNotFoundError, NotADirectoryError):

@@ -25,6 +25,7 @@ import torch
 
 from stepskip.errors import CorruptEntryError, TruncatedEntryError
 from stepskip.formats.bounds import DecodeBudget, shape_of
+from stepskip.formats.pages import POOL
 
 __all__ = ["encode_tensor", "decode_tensor", "find_concat", "narrow", "pack", "unpack", "compress_bytes"]
 
@@ -170,7 +171,7 @@ def decode_tensor(node: Mapping[str, Any], get: Source, sibling: Callable[[str],
         if stored.dtype not in _INTS or dtype not in _INTS:
             raise CorruptEntryError(f"{TREE}: {field}: narrowed {stored.dtype} cannot stand for {dtype}")
         budget.charge(stored.numel() * dtype.itemsize, TREE, field)
-        return stored.to(dtype)
+        return POOL.empty(stored.shape, dtype).copy_(stored)
     if enc == "concat":
         if sibling is None or not isinstance(node.get("parts"), list) or len(node["parts"]) != 2:
             raise CorruptEntryError(f"{TREE}: {field}: a concat node needs two sibling tensors")
@@ -179,7 +180,7 @@ def decode_tensor(node: Mapping[str, Any], get: Source, sibling: Callable[[str],
             raise CorruptEntryError(f"{TREE}: {field}: concat parts {node['parts']!r} are not 2-D {dtype} tensors "
                                     "with the same rows")
         budget.charge(sum(p.numel() for p in parts) * dtype.itemsize, TREE, field)
-        return torch.cat(parts, dim=1)
+        return torch.cat(parts, dim=1, out=POOL.empty((parts[0].size(0), parts[0].size(1) + parts[1].size(1)), dtype))
     if enc == "trim":
         return _decode_trim(node, get, dtype, budget, field)
     raise CorruptEntryError(f"{TREE}: {field}: unknown tensor encoding {str(enc)[:40]!r}")
@@ -214,7 +215,7 @@ def _decode_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budge
     target = _NUMPY[bits_dtype]
     lval, rval = parts["lval"].numpy().astype(target), parts["rval"].numpy().astype(target)
     if rows == 1 or width >= ROW_COPY_MIN_WIDTH:  # each row by slices (one row: an entry per sample)
-        out = np.empty((rows, width), dtype=target)
+        out = POOL.array((rows, width), target)
         if rows:
             _fill_rows(out.reshape(-1), width, left.tolist(), right.tolist(), lval.tolist(), rval.tolist(), values)
     else:  # narrow rows: per-row Python work would dominate, so the vectorised rebuild
@@ -341,7 +342,7 @@ def unpack(stored: torch.Tensor, info: Mapping[str, Any], budget: DecodeBudget |
     if declared != expected:  # our writer always records the content size
         raise CorruptEntryError(f"{TREE}: {field}: the zstd frame holds {declared} bytes, not the {expected} of "
                                 f"{list(shape)} {dtype}")
-    out = torch.empty(shape, dtype=dtype)
+    out = POOL.empty(shape, dtype)
     target = (out.view(torch.uint8).numpy() if out.dtype != torch.bool else out.numpy()).data.cast("B")
     # the window is at most the content size: a frame cannot make zstd allocate more than its output
     decompressor = zstandard.ZstdDecompressor(max_window_size=max(1 << 10, min(1 << 27, _pow2_at_least(expected))))

@@ -30,6 +30,7 @@ from stepskip.errors import CorruptEntryError, UnreadableEntryError, UnstorableV
 from stepskip.formats.bounds import DecodeBudget, check_jagged, shape_of
 from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, pack, unpack
 from stepskip.formats.snapshot import IMMUTABLE, snapshot_object_array, snapshot_value
+from stepskip.formats.st_read import load_view
 from stepskip.formats.st_small import save_small
 from stepskip.formats.values import (
     decode_object_array,
@@ -621,13 +622,15 @@ class SafeFormat:
         try:
             budget = DecodeBudget.for_files(files, max_bytes)
             take = files.pop if consume and isinstance(files, dict) else files.__getitem__
-            tree = json.loads(take(TREE_FILE))
+            text = take(TREE_FILE)
+            tree = json.loads(text if isinstance(text, bytes) else bytes(text))  # a big one: recycled pages
             if not isinstance(tree, dict) or not isinstance(tree.get("root"), dict):
                 raise CorruptEntryError(f"{TREE_FILE}: not an object with a 'root' node")
             _check_version(tree.get("version", VERSION))
             raw = take(TENSORS_FILE)
             budget.charge(len(raw), TENSORS_FILE, "tensors")
-            tensors = st_load(raw)
+            # a memoryview: the store read the file into recycled pages, and the tensors go there too
+            tensors = st_load(raw) if isinstance(raw, bytes) else load_view(memoryview(raw), TENSORS_FILE)
             del raw
             return _Decoder(tensors, tree.get("packed", {}), budget).node(tree["root"], "root")
         except (CorruptEntryError, UnreadableEntryError, MemoryError):  # the bound keeps hostile entries from

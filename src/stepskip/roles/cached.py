@@ -1092,7 +1092,7 @@ class CachedRole(BaseSkip):
             return spec.files
 
         try:  # one version of the entry, even while a writer replaces it
-            meta, files = self.store.read_entry(path, self.legacy.files, files_of, self.verify)
+            meta, files = self.store.read_entry(path, self.legacy.files, files_of, self.verify, pooled=True)
         except CorruptEntryError:
             raise
         except CacheMissError as err:
@@ -1101,6 +1101,8 @@ class CachedRole(BaseSkip):
 
         spec = chosen[0]
         nbytes = sum(len(b) for b in files.values())
+        if spec.uses_pickle:  # big files may be memoryviews of recycled pages: the unpicklers read bytes
+            files = {name: data if isinstance(data, bytes) else bytes(data) for name, data in files.items()}
         try:
             value = get_format(spec.name).decode(files, consume=True, max_bytes=self.config.max_decode_bytes)
             return value, meta, nbytes

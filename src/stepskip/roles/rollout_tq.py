@@ -449,8 +449,9 @@ class RolloutTqSkip(RolloutSkip):
                            "cycling through them" if plan.groups < len(new_prompt_uids) else "using the first ones")
         new_keys, new_tags, sessions = plan.keys, plan.tags, plan.sessions
         client = self.tq_client
-        client.kv_batch_put(keys=new_keys, fields=select_rows(data, plan.rows), tags=new_tags,
-                            partition_id=partition_id)
+        # the decoded rows are this call's own: rows replayed in their recorded order go in as they are
+        fields = data if list(plan.rows) == list(range(rows)) else select_rows(data, plan.rows)
+        client.kv_batch_put(keys=new_keys, fields=fields, tags=new_tags, partition_id=partition_id)
         client.kv_batch_put(keys=list(new_prompt_uids), partition_id=partition_id,
                             tags=[{"is_prompt": True, "status": "finished", "global_steps": global_steps}
                                   for _ in new_prompt_uids])

@@ -44,13 +44,20 @@ def _select_jagged(tensor: Any, index: torch.Tensor) -> torch.Tensor:
     offsets = tensor.offsets()
     values = tensor.values()
     starts = offsets[index]
-    lengths = offsets[index + 1] - starts
     new_offsets = torch.zeros(index.numel() + 1, dtype=offsets.dtype)
-    torch.cumsum(lengths, 0, out=new_offsets[1:])
-    total = int(new_offsets[-1])
-    row_of = torch.repeat_interleave(torch.arange(index.numel()), lengths, output_size=total)
-    positions = torch.arange(total, dtype=offsets.dtype) - new_offsets[row_of] + starts[row_of]
-    return torch.nested.nested_tensor_from_jagged(values[positions], new_offsets)
+    torch.cumsum(offsets[index + 1] - starts, 0, out=new_offsets[1:])
+    # consecutive rows are one contiguous run of values: copy runs (one for rows in their recorded
+    # order), not a per-element gather whose index tensors outweigh the values themselves
+    bounds = offsets.tolist()
+    runs: list[list[int]] = []
+    for row in index.tolist():
+        if runs and runs[-1][1] == row:
+            runs[-1][1] = row + 1
+        else:
+            runs.append([row, row + 1])
+    picked = [values[bounds[first]:bounds[end]] for first, end in runs]
+    out = picked[0].clone() if len(picked) == 1 else torch.cat(picked) if picked else values[:0].clone()
+    return torch.nested.nested_tensor_from_jagged(out, new_offsets)
 
 
 def _select_tensor(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

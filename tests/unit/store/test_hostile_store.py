@@ -614,11 +614,11 @@ def test_entry_replaced_between_meta_and_data_reads_the_new_version(local: Local
     real = store_module._read_at
     swaps = []
 
-    def racing(dir_fd: int, name: str, expected: int | None, limit: int | None = None) -> bytes:
+    def racing(dir_fd: int, name: str, expected: int | None, limit: int | None = None, pooled: bool = False) -> bytes:
         if name == "a.bin" and not swaps:
             swaps.append(1)
             LocalStore().write_entry(path, {"a.bin": b"2" * 20}, {"global_steps": 3, "v": 2})
-        return real(dir_fd, name, expected, limit)
+        return real(dir_fd, name, expected, limit, pooled)
 
     monkeypatch.setattr(store_module, "_read_at", racing)
     meta, files = local.store.read_entry(path)
@@ -822,10 +822,10 @@ def test_the_chooser_sees_the_version_that_is_read(local: Local, monkeypatch: py
     real = store_module._read_at
     seen: list[int] = []
 
-    def racing(dir_fd: int, name: str, expected: int | None, limit: int | None = None) -> bytes:
+    def racing(dir_fd: int, name: str, expected: int | None, limit: int | None = None, pooled: bool = False) -> bytes:
         if name == "a.bin" and len(seen) == 1:
             LocalStore().write_entry(path, {"a.bin": b"2" * 20}, {"global_steps": 3, "v": 2})
-        return real(dir_fd, name, expected, limit)
+        return real(dir_fd, name, expected, limit, pooled)
 
     monkeypatch.setattr(store_module, "_read_at", racing)
     meta, files = local.store.read_entry(path, names=lambda m: seen.append(m["v"]) or ["a.bin"])

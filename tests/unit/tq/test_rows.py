@@ -46,6 +46,17 @@ def test_select_jagged_matches_per_row_reference(lengths, data):
     assert [r.tolist() for r in out.unbind()] == [rows[i].tolist() for i in index]
 
 
+def test_selected_jagged_rows_are_a_copy_even_when_consecutive():
+    """Rows picked in their recorded order are one contiguous run: copied once, still not a view."""
+    nt = jagged([[1, 2], [3], [4, 5, 6]])
+    for index in ([0, 1, 2], [1, 2], [2, 0, 1], []):
+        out = select_rows(nt, index)
+        if index:
+            out.values().fill_(0)
+        assert [r.tolist() for r in nt.unbind()] == [[1, 2], [3], [4, 5, 6]]
+        assert out.offsets().tolist() == np.cumsum([0] + [[2, 1, 3][i] for i in index]).tolist()
+
+
 def test_select_rows_of_plain_columns():
     cols = {"t": torch.arange(3), "a": np.array(["x", "y", "z"], dtype=object), "l": [{"a": 1}, None, "s"]}
     out = select_rows(cols, [1, 1, 0])

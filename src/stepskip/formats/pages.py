@@ -1,0 +1,138 @@
+"""Recycled memory for the big tensors a hit hands back.
+
+A fresh page costs its first write a page fault, and on a virtual machine a second one in the
+host: rebuilding a 2048 x (1024 + 4096) batch (436 MB) faults in 106k pages, about half of the
+time the whole load takes, while the bytes themselves are written in a fraction of it. glibc
+cannot help: every block above its mmap threshold (32 MiB at most) is mapped fresh and unmapped
+again when freed. So the decoders take their big outputs from :class:`PagePool`: private
+anonymous mappings that go back to the pool when the last tensor (or numpy view) using them is
+freed, and serve the next hit with pages already in place.
+
+The pool keeps at most :data:`KEEP_BYTES` of idle mappings (environment variable
+``STEPSKIP_KEEP_BYTES``, in bytes; ``0`` turns recycling off), the largest first when it must
+drop some: a trainer replaying step after step reuses the same shapes, and a run that stops
+replaying holds that memory until the process exits, as a caching allocator does.
+
+Example:
+    >>> out = POOL.empty((4, 8), torch.int64)
+    >>> out.shape
+    torch.Size([4, 8])
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import mmap
+import os
+import threading
+import weakref
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+__all__ = ["PagePool", "POOL", "KEEP_BYTES", "MIN_BYTES"]
+
+#: Outputs smaller than this come from the ordinary allocator: glibc reuses freed heap for them.
+MIN_BYTES = 4 << 20
+_GRAIN = 2 << 20  # sizes are rounded up to this, so that one step's shapes map onto the last step's
+
+
+def _keep_bytes() -> int:
+    text = os.environ.get("STEPSKIP_KEEP_BYTES", "")
+    try:
+        return max(0, int(text)) if text else 4 << 30
+    except ValueError:
+        return 4 << 30
+
+
+KEEP_BYTES = _keep_bytes()
+_NUMPY = {torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16,
+          torch.int32: np.int32, torch.int64: np.int64, torch.uint16: np.uint16, torch.uint32: np.uint32,
+          torch.uint64: np.uint64, torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
+
+
+class PagePool:
+    """Hands out big arrays backed by recycled private mappings (thread-safe).
+
+    An array's mapping returns to the pool when the array is freed, that is when nothing uses its
+    memory any more: the tensor made from it, its views, numpy views of those. Mappings are
+    ``MAP_PRIVATE``: a forked child gets its own copy, never a shared one.
+
+    Args:
+        keep: the most idle bytes kept for reuse; mappings beyond it are unmapped.
+        min_bytes: smaller arrays come from numpy's allocator.
+    """
+
+    def __init__(self, keep: int = KEEP_BYTES, min_bytes: int = MIN_BYTES) -> None:
+        self.keep = keep
+        self.min_bytes = min_bytes
+        self._lock = threading.Lock()
+        self._idle: list[tuple[int, int, mmap.mmap]] = []  # (size, when given back, mapping), by size
+        self._given = 0
+        self.reused = 0  # arrays served from an idle mapping (tests and benchmarks read these)
+        self.mapped = 0  # arrays that needed a new mapping
+
+    @property
+    def idle_bytes(self) -> int:
+        with self._lock:
+            return sum(size for size, _, _ in self._idle)
+
+    def array(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
+        """An uninitialised C-contiguous array of ``shape`` and ``dtype``."""
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < self.min_bytes or self.keep <= 0:
+            return np.empty(shape, dtype=dtype)
+        size = -(-nbytes // _GRAIN) * _GRAIN
+        buffer = self._take(size)
+        if buffer is None:
+            try:
+                buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            except OSError:  # out of address space or memory: numpy's allocator raises MemoryError for it
+                return np.empty(shape, dtype=dtype)
+        out = np.frombuffer(buffer, dtype=dtype, count=math.prod(shape)).reshape(shape)
+        # out.base holds the mapping alive; when out goes, nothing views the mapping any more
+        weakref.finalize(out, self._give, buffer).atexit = False
+        return out
+
+    def empty(self, shape: tuple[int, ...] | list[int] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised CPU tensor (its storage is not resizable when it comes from the pool)."""
+        if math.prod(shape) * dtype.itemsize < self.min_bytes or self.keep <= 0:
+            return torch.empty(tuple(shape), dtype=dtype)
+        if dtype == torch.bfloat16:  # numpy has no bfloat16: the same bits as int16
+            return torch.from_numpy(self.array(tuple(shape), np.int16)).view(torch.bfloat16)
+        numpy_dtype = _NUMPY.get(dtype)
+        if numpy_dtype is None:
+            return torch.empty(tuple(shape), dtype=dtype)
+        return torch.from_numpy(self.array(tuple(shape), numpy_dtype))
+
+    def clear(self) -> None:
+        """Unmap every idle mapping."""
+        with self._lock:
+            self._idle = []
+
+    def _take(self, size: int) -> mmap.mmap | None:
+        with self._lock:
+            at = bisect.bisect_left(self._idle, (size,))
+            # the smallest idle mapping that fits, unless more than a quarter of it would go unused
+            if at < len(self._idle) and self._idle[at][0] <= size + size // 4 + _GRAIN:
+                self.reused += 1
+                return self._idle.pop(at)[2]
+            self.mapped += 1
+        return None
+
+    def _give(self, buffer: mmap.mmap) -> None:
+        size = len(buffer)
+        with self._lock:
+            if size > self.keep:
+                return
+            self._given += 1
+            bisect.insort(self._idle, (size, self._given, buffer), key=lambda item: item[:2])
+            while sum(item[0] for item in self._idle) > self.keep:  # the longest idle goes first
+                del self._idle[min(range(len(self._idle)), key=lambda i: self._idle[i][1])]
+
+
+#: The process's pool, shared by every decoder.
+POOL = PagePool()

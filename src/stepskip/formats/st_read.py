@@ -1,0 +1,91 @@
+"""Loading a safetensors file that lies in a buffer of recycled pages.
+
+``safetensors.torch.load`` takes ``bytes`` and copies every tensor into a fresh ``bytes`` object:
+for the big tensor file of a hit, both buffers are new pages, each faulted in on first write.
+:func:`load_view` reads the same layout from a memoryview (the store reads big files into
+recycled pages, :mod:`stepskip.formats.pages`) and copies each tensor into recycled pages too.
+
+The header is data someone else may have written: every field is checked before it is used,
+and the tensors' byte ranges must lie inside the data and must not overlap, so the tensors
+together never take more memory than the file holds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from typing import Any
+
+import numpy as np
+import torch
+
+from stepskip.errors import CorruptEntryError
+from stepskip.formats.pages import POOL
+
+__all__ = ["load_view"]
+
+_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "U16": torch.uint16,
+           "I32": torch.int32, "U32": torch.uint32, "I64": torch.int64, "U64": torch.uint64, "F16": torch.float16,
+           "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+_MAX_HEADER = 100 << 20  # safetensors' own limit
+
+
+def load_view(data: memoryview, file: str = "data.safetensors") -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, each in memory of its own (none views ``data``).
+
+    Raises:
+        CorruptEntryError: the header is not a safetensors header, or a tensor's dtype, shape or
+            byte range does not fit the data (the message names the file and the tensor).
+
+    Example:
+        >>> from safetensors.torch import save
+        >>> load_view(memoryview(save({"x": torch.arange(3)})))["x"].tolist()
+        [0, 1, 2]
+    """
+    if len(data) < 8:
+        raise CorruptEntryError(f"{file}: {len(data)} bytes, too short for a safetensors header")
+    (size,) = struct.unpack("<Q", data[:8])
+    if size > min(_MAX_HEADER, len(data) - 8):
+        raise CorruptEntryError(f"{file}: a header of {size} bytes in a file of {len(data)}")
+    try:
+        header = json.loads(bytes(data[8:8 + size]))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise CorruptEntryError(f"{file}: the header is not JSON: {err}") from None
+    if not isinstance(header, dict):
+        raise CorruptEntryError(f"{file}: the header is not a JSON object")
+    start, length = 8 + size, len(data) - 8 - size
+    layout = sorted((_check(name, info, length, file) + (name,) for name, info in header.items()
+                     if name != "__metadata__"), key=lambda item: (item[2], item[3]))
+    for (_, _, _, end, name), (_, _, begin, _, other) in zip(layout, layout[1:]):
+        if begin < end:
+            raise CorruptEntryError(f"{file}: the bytes of {other[:40]!r} overlap those of {name[:40]!r}")
+    source = np.frombuffer(data, dtype=np.uint8)
+    out: dict[str, torch.Tensor] = {}
+    for dtype, shape, begin, end, name in layout:
+        tensor = POOL.empty(shape, dtype)
+        if end > begin:  # numpy copies the bytes (torch has no numpy view of bfloat16)
+            flat = tensor.reshape(-1)
+            (flat if dtype == torch.bool else flat.view(torch.uint8)).numpy()[:] = source[start + begin:start + end]
+        out[name] = tensor
+    return out
+
+
+def _check(name: str, info: Any, length: int, file: str) -> tuple[torch.dtype, list[int], int, int]:
+    where = f"{file}: tensor {name[:40]!r}"
+    if not isinstance(info, dict):
+        raise CorruptEntryError(f"{where}: its header entry is not an object")
+    code = info.get("dtype")
+    dtype = _DTYPES.get(code) if isinstance(code, str) else None
+    if dtype is None:
+        raise CorruptEntryError(f"{where}: dtype {str(code)[:20]!r} is not a safetensors dtype")
+    shape, offsets = info.get("shape"), info.get("data_offsets")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape) or len(shape) > 64:
+        raise CorruptEntryError(f"{where}: shape {str(shape)[:60]} is not a list of sizes")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1] <= length):
+        raise CorruptEntryError(f"{where}: data_offsets {str(offsets)[:60]} are not a range inside its "
+                                f"{length} bytes of data")
+    if math.prod(shape) * dtype.itemsize != offsets[1] - offsets[0]:
+        raise CorruptEntryError(f"{where}: {offsets[1] - offsets[0]} bytes for shape {shape} of {dtype}")
+    return dtype, shape, offsets[0], offsets[1]
