@@ -41,7 +41,7 @@ from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 __all__ = [
     "EntryState", "Probe", "LocalStore", "FsspecStore", "open_store", "checksum", "check_meta", "check_dump_dir",
     "valid_name", "META_FILE", "MANIFEST_FILE", "TMP_PREFIX", "TRASH_PREFIX", "META_MAX_BYTES", "GRACE_SECONDS",
-    "DirItem", "Tree",
+    "DirItem", "Tree", "may_hold_leftovers", "wall_time",
 ]
 
 logger = logging.getLogger(__name__)
