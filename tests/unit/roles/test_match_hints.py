@@ -367,3 +367,30 @@ def test_a_stage_roles_documents_serve_it_across_run_directories(dump_dir, monke
     assert out.batch["score"][:, 0].tolist() == [i * 0.5 for i in (0, 19, 500) for _ in range(N)]
     assert calls[-1] == [500] and len(set(looked)) <= 8, looked
     assert all("/reward/" in p for p in looked)
+
+
+GOOD_ENTRY = {"step": 1, "run_id": "r", "created_unix": 1.5, "rows": [["a", 2]]}
+
+
+@pytest.mark.parametrize("entries", [
+    {"\u0661": GOOD_ENTRY},  # a digit, but not an ASCII one: no step directory's name
+    {"1/2": GOOD_ENTRY}, {"": GOOD_ENTRY}, {"1" * 20: GOOD_ENTRY},
+    {"1": dict(GOOD_ENTRY, step=True)}, {"1": dict(GOOD_ENTRY, step=1.0)}, {"1": dict(GOOD_ENTRY, step=2**63)},
+    {"1": dict(GOOD_ENTRY, created_unix=None)}, {"1": dict(GOOD_ENTRY, created_unix="1.5")},
+    {"1": dict(GOOD_ENTRY, run_id=7)}, {"1": dict(GOOD_ENTRY, rows={"a": 2})},
+    {"1": dict(GOOD_ENTRY, rows=[["a", 0]])}, {"1": dict(GOOD_ENTRY, rows=[["a", True]])},
+    {"1": dict(GOOD_ENTRY, rows=[["a", 2, 3]])}, {"1": dict(GOOD_ENTRY, rows=[["a" * 300, 2]])},
+    {"1": dict(GOOD_ENTRY, rows=[["a", 2**20], ["b", 1]])},  # more rows than one entry may have
+    {"1": [GOOD_ENTRY]},
+])
+def test_parse_hints_refuses_every_ill_typed_or_unbounded_value(entries: dict[str, Any]) -> None:
+    raw = json.dumps({"stepskip_hints": 1, "entries": entries}).encode()
+    hints, problem = parse_hints(raw, "doc")
+    assert hints == {} and problem.startswith("doc")
+
+
+def test_parse_hints_bounds_nesting_and_the_rows_of_a_reader() -> None:
+    assert parse_hints(b"[" * 100_000 + b"]" * 100_000, "doc")[1]  # never a RecursionError
+    raw = json.dumps({"stepskip_hints": 1, "entries": {"1": GOOD_ENTRY, "2": GOOD_ENTRY}}).encode()
+    assert sorted(parse_hints(raw, "doc")[0]) == ["1", "2"]
+    assert parse_hints(raw, "doc", max_rows=3) == ({}, "doc describes more than 3 rows")
