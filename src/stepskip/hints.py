@@ -51,7 +51,7 @@ from typing import Any
 
 from stepskip.store import _is_number, _load_json
 
-__all__ = ["HINTS_DIR", "HINTS_MAX_BYTES", "HINTS_ROLL_BYTES", "HINTS_VERSION", "Hint", "HintDocument",
+__all__ = ["HINTS_DIR", "HINTS_MAX_BYTES", "HINTS_ROLL_BYTES", "HINTS_VERSION", "Hint", "HintDocument", "StepHint",
            "document_name", "document_of", "new_writer_token", "parse_hints", "rows_of", "same_version"]
 
 #: The directory (in an experiment's directory, beside its run directories) holding the hint documents.
@@ -67,6 +67,9 @@ _MAX_ENTRY_ROWS = 1 << 20
 _MAX_DIGEST = 256
 _TOKEN = re.compile(r"[0-9a-f]{16}(?:-[0-9]{1,6})?")
 _ENTRY = re.compile(r"[0-9]{1,19}")
+_RECORDING = re.compile(r"rec-[0-9a-f]{12}")
+#: Inner entries a V1 step's hint may list (``stepskip.store.MAX_INNER_ENTRIES``).
+_MAX_INNER = 4096
 
 
 def document_name(run_name: str, subdir: str | None, token: str) -> str:
@@ -128,8 +131,34 @@ class Hint:
         """True when ``meta`` is the version of the entry this hint was written for (same identity)."""
         return same_version(meta, self.run_id, self.created)
 
-    def newer_than(self, other: Hint) -> bool:
+    def newer_than(self, other: Hint | StepHint) -> bool:
         return (self.created or 0.0) > (other.created or 0.0)
+
+
+@dataclass(slots=True)
+class StepHint:
+    """What a hint document says about one V1 step (``rollout_tq``): where its inner entries are and
+    what each of them is.
+
+    Args:
+        step: the step's ``global_steps``.
+        recording: the recording directory its manifest named (object stores), None for inner
+            entries directly in the step directory.
+        inner: one hint per inner entry, in order.
+        document: the name of the document it comes from.
+    """
+
+    step: int
+    recording: str | None
+    inner: tuple[Hint, ...]
+    document: str = ""
+
+    @property
+    def created(self) -> float:
+        return max((h.created or 0.0) for h in self.inner)
+
+    def newer_than(self, other: Hint | StepHint) -> bool:
+        return self.created > (other.created or 0.0)
 
 
 def same_version(meta: Mapping[str, Any], run_id: str | None, created: float | None) -> bool:
@@ -137,9 +166,10 @@ def same_version(meta: Mapping[str, Any], run_id: str | None, created: float | N
     return created is not None and meta.get("run_id") == run_id and meta.get("created_unix") == created
 
 
-def rows_of(hints: Mapping[str, Hint]) -> int:
+def rows_of(hints: Mapping[str, Hint | StepHint]) -> int:
     """The rows ``hints`` describe in all."""
-    return sum(count for hint in hints.values() for _, count in hint.runs)
+    return sum(count for hint in hints.values() for part in (hint.inner if isinstance(hint, StepHint) else (hint,))
+               for _, count in part.runs)
 
 
 def _run_length(digests: list[str]) -> list[list[Any]]:
@@ -190,12 +220,71 @@ class HintDocument:
         self._sizes[name] = len(name) + 4 + len(json.dumps(record, separators=(",", ":")))
         return True
 
+    def add_step(self, name: str, recording: str | None, metas: list[Mapping[str, Any]]) -> bool:
+        """Describe the V1 step ``name`` whose inner entries (``metas``, their ``meta.json`` in order) are in
+        ``recording`` (None: in the step directory); False (nothing added) when one records no row
+        digests or identity to hint (a trajectory without a prompt digest is recorded as ``""``)."""
+        inner: list[dict[str, Any]] = []
+        for meta in metas:
+            digests = meta.get("row_prompts")
+            created = meta.get("created_unix")
+            if (not isinstance(digests, list) or not _is_number(created) or len(digests) > _MAX_ENTRY_ROWS
+                    or not all(d is None or (isinstance(d, str) and len(d) <= _MAX_DIGEST) for d in digests)):
+                inner = []
+                break
+            inner.append({"run_id": meta.get("run_id"), "created_unix": created,
+                          "rows": _run_length([d or "" for d in digests])})
+        if not _ENTRY.fullmatch(name) or not inner or (recording is not None and not _RECORDING.fullmatch(recording)):
+            self.remove(name)
+            return False
+        record = {"step": metas[0].get("global_steps"), "recording": recording, "inner": inner}
+        self.entries[name] = record
+        self._sizes[name] = len(name) + 4 + len(json.dumps(record, separators=(",", ":")))
+        return True
+
     def to_bytes(self) -> bytes:
         body = {"stepskip_hints": HINTS_VERSION, "run_id": self.run_id, "role": self.role, "entries": self.entries}
         return json.dumps(body, separators=(",", ":")).encode("utf-8")
 
 
-def parse_hints(raw: bytes, document: str, max_rows: int = _MAX_ROWS) -> tuple[dict[str, Hint], str]:
+def _parse_rows(rows: Any) -> tuple[tuple[tuple[str, int], ...], int] | None:
+    """The run-length coded rows of one entry and their count; None when malformed or unbounded."""
+    if type(rows) is not list:
+        return None
+    runs: list[tuple[str, int]] = []
+    count = 0
+    for run in rows:
+        if type(run) is not list or len(run) != 2:
+            return None
+        digest, repeat = run
+        if type(digest) is not str or len(digest) > _MAX_DIGEST or type(repeat) is not int or repeat < 1:
+            return None
+        count += repeat
+        runs.append((digest, repeat))
+    return (tuple(runs), count) if count <= _MAX_ENTRY_ROWS else None
+
+
+def _parse_step(name: str, info: dict[str, Any], step: int, document: str) -> tuple[StepHint | None, int]:
+    """A V1 step's hint and its rows; ``(None, 0)`` when malformed."""
+    recording, inner = info.get("recording"), info.get("inner")
+    if (recording is not None and (type(recording) is not str or not _RECORDING.fullmatch(recording))) \
+            or type(inner) is not list or not 1 <= len(inner) <= _MAX_INNER:
+        return None, 0
+    hints, total = [], 0
+    for part in inner:
+        if type(part) is not dict:
+            return None, 0
+        run_id, created = part.get("run_id"), part.get("created_unix")
+        parsed = _parse_rows(part.get("rows"))
+        if (run_id is not None and type(run_id) is not str) or not _is_number(created) or parsed is None:
+            return None, 0
+        hints.append(Hint(step, run_id, float(created), parsed[0], document))  # type: ignore[arg-type]
+        total += parsed[1]
+    return StepHint(step, recording, tuple(hints), document), total
+
+
+def parse_hints(raw: bytes, document: str,
+                max_rows: int = _MAX_ROWS) -> tuple[dict[str, Hint | StepHint], str]:
     """``(entry name -> hint, "")`` for a well-formed hint document, else ``({}, reason)``; never raises.
 
     Every value is checked for its type and bound before it is used: a document of another version,
@@ -213,7 +302,7 @@ def parse_hints(raw: bytes, document: str, max_rows: int = _MAX_ROWS) -> tuple[d
     entries = body.get("entries")
     if not isinstance(entries, dict):
         return {}, f"{document}: entries is not an object"
-    hints: dict[str, Hint] = {}
+    hints: dict[str, Hint | StepHint] = {}
     total = 0
     # one pass, exact types only (``type(x) is int`` also refuses bools): 10,000 entries parse in milliseconds
     for name, info in entries.items():
@@ -221,24 +310,24 @@ def parse_hints(raw: bytes, document: str, max_rows: int = _MAX_ROWS) -> tuple[d
             return {}, f"{document} names the entry {name[:60]!r}, which is not a step directory's name"
         if type(info) is not dict:
             return {}, f"{document}: entry {name} is not an object"
-        step, run_id, created, rows = info.get("step"), info.get("run_id"), info.get("created_unix"), info.get("rows")
-        if type(step) is not int or not 0 <= step < 2**63 or (run_id is not None and type(run_id) is not str) \
-                or not _is_number(created) or type(rows) is not list:
-            return {}, f"{document}: entry {name} has an ill-typed step, run_id, created_unix or rows"
-        runs: list[tuple[str, int]] = []
-        entry_rows = 0
-        for run in rows:
-            if type(run) is not list or len(run) != 2:
-                return {}, f"{document}: entry {name} has a malformed row list"
-            digest, count = run
-            if type(digest) is not str or len(digest) > _MAX_DIGEST or type(count) is not int or count < 1:
-                return {}, f"{document}: entry {name} has a malformed row list"
-            entry_rows += count
-            runs.append((digest, count))
-        if entry_rows > _MAX_ENTRY_ROWS:
-            return {}, f"{document}: entry {name} describes more than {_MAX_ENTRY_ROWS} rows"
-        total += entry_rows
+        step = info.get("step")
+        if type(step) is not int or not 0 <= step < 2**63:
+            return {}, f"{document}: entry {name} has an ill-typed step"
+        if "inner" in info:  # a V1 step
+            hint, entry_rows = _parse_step(name, info, step, document)
+            if hint is None:
+                return {}, f"{document}: step {name} has an ill-typed recording or inner entries"
+            total += entry_rows
+            hints[name] = hint
+        else:
+            run_id, created = info.get("run_id"), info.get("created_unix")
+            parsed = _parse_rows(info.get("rows"))
+            if (run_id is not None and type(run_id) is not str) or not _is_number(created):
+                return {}, f"{document}: entry {name} has an ill-typed run_id or created_unix"
+            if parsed is None:
+                return {}, f"{document}: entry {name} has a malformed row list, or more than {_MAX_ENTRY_ROWS} rows"
+            total += parsed[1]
+            hints[name] = Hint(step, run_id, float(created), parsed[0], document)  # type: ignore[arg-type]
         if total > max_rows:
             return {}, f"{document} describes more than {max_rows} rows"
-        hints[name] = Hint(step, run_id, float(created), tuple(runs), document)  # type: ignore[arg-type]
     return hints, ""

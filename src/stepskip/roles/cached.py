@@ -10,6 +10,7 @@ regenerated over or deleted — only ``action: record`` replaces it).
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -625,9 +626,11 @@ class CachedRole(BaseSkip):
                 self._hinted.pop(path, None)
             new = sorted(listed - set(index.entries))
             hints = self._read_hints({p.rsplit("/", 1)[0] for p in new}) if len(new) >= _HINTED_FROM else {}
+            from stepskip.hints import Hint
+
             for path in new:
                 hint = hints.get(path)
-                if hint is not None and path not in queued:  # validated when a call chooses it
+                if isinstance(hint, Hint) and path not in queued:  # validated when a call chooses it
                     index.add(path, hint.step, hint.digests)
                     self._hinted[path] = hint
                     continue
@@ -999,18 +1002,28 @@ class CachedRole(BaseSkip):
         rewrite it once (:mod:`stepskip.hints`); a failure is logged, never raised (the dump boundary)."""
         if self.v1 or not self.row_wise:
             return
+        records: list[tuple[str, Callable[[Any], bool]]] = []
+        for path, meta in written:
+            parent, _, name = path.rpartition("/")
+            if parent == self.project_dump_dir and isinstance(meta.get("row_prompts"), list):
+                records.append((name, functools.partial(_add_entry_hint, name=name, meta=meta)))
+        self._add_hints(records)
+
+    def _add_hints(self, records: list[tuple[str, Callable[[Any], bool]]]) -> None:
+        """Add ``records`` (entry name, a function adding it to a document) to this writer's document and
+        write it once; a document that grows past ``HINTS_ROLL_BYTES`` is written as it was and the
+        next one starts. A failure is logged, never raised (the dump boundary)."""
+        if not records:
+            return
         from stepskip.hints import HINTS_DIR, HINTS_ROLL_BYTES, HintDocument, new_writer_token
 
         with self._hint_lock:
             try:
                 changed = False
-                for path, meta in written:
-                    parent, _, name = path.rpartition("/")
-                    if parent != self.project_dump_dir or not isinstance(meta.get("row_prompts"), list):
-                        continue
+                for name, add in records:
                     if self._hints is None:
                         self._hints, self._hint_name = HintDocument(self.run_id, self.name), new_writer_token()
-                    if not self._hints.add(name, meta):
+                    if not add(self._hints):
                         continue
                     changed = True
                     if len(self._hints.entries) > 1 and self._hints.size > HINTS_ROLL_BYTES:
@@ -1019,13 +1032,13 @@ class CachedRole(BaseSkip):
                         self._put_hints(HINTS_DIR)
                         stem, _, shard = self._hint_name.partition("-")
                         self._hints = HintDocument(self.run_id, self.name)
-                        self._hints.add(name, meta)
+                        add(self._hints)
                         self._hint_name = f"{stem}-{int(shard or 0) + 1}"
                 if changed:
                     self._put_hints(HINTS_DIR)
             except Exception as err:  # a hint is an optimisation: the entries are written, the run goes on
                 logger.warning("%s: could not write the prompt hints of %s: %s: %s", self.name,
-                               ", ".join(p for p, _ in written), type(err).__name__, err)
+                               ", ".join(name for name, _ in records), type(err).__name__, err)
 
     def _put_hints(self, hints_dir: str) -> None:
         from stepskip.hints import document_name
@@ -1327,6 +1340,10 @@ def _rough_bytes(tree: Any, limit: int) -> int | None:
         if total >= limit:
             return None
     return total
+
+
+def _add_entry_hint(doc: Any, name: str, meta: dict[str, Any]) -> bool:
+    return bool(doc.add(name, meta))
 
 
 def _step_of(meta: dict[str, Any]) -> int:
