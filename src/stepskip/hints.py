@@ -8,6 +8,7 @@ document* of its own in the directory holding its entries::
 
     {"stepskip_hints": 1, "run_id": "...", "role": "rollout", "entries": {"12": {...}, ...}}
 
+(a V1 step of ``rollout_tq``: the recording its manifest named and, per inner entry, the same),
 one per writer (a role in one process, a fresh token per run; a writer starts another document once
 its current one reaches :data:`HINTS_ROLL_BYTES`), rewritten whole — atomically, with the store's
 small-object put — after each entry it wrote. The documents of every run directory of an experiment
@@ -29,8 +30,14 @@ name says, and a hint only counts for an entry the directory's listing shows. Th
 makes the index choose is validated before it is used: its ``meta.json`` is read as without hints
 and must carry the hinted identity and digests. A hint to an entry rewritten since is corrected from
 that ``meta.json``; one whose identity matches but whose digests do not makes its whole document
-ignored (it lies). Entries no document covers (written by verl, an older stepskip, or a writer that
+ignored (it lies); a V1 step a call chooses is indexed from its manifest and inner entries, as
+without hints. Entries no document covers (written by verl, an older stepskip, or a writer that
 stopped before its document) are indexed from their ``meta.json`` as before.
+
+What a hint cannot tell: an entry rewritten by a writer that died between publishing it and
+rewriting its document (or by an older stepskip) stays described by the earlier writer's hint, so
+the prompts it holds now are found only when a call chooses it for the prompts it held before (it is
+then re-indexed from its ``meta.json``), or once the documents are deleted, which is always safe.
 
 Example:
     >>> doc = HintDocument(run_id="r1", role="rollout")

@@ -167,3 +167,29 @@ def test_first_match_call_costs_the_same_requests_at_10_and_200_entries(counting
         SkipManager.reset()
     assert counts[10] == counts[200], counts
     assert counts[10] <= 25, counts
+
+
+def test_first_v1_match_submit_costs_the_same_requests_at_10_and_30_steps(counting_s3):
+    """rollout_tq: the recorder's hint document names each step's recording and inner entries; the first
+    submit phase of a match run reads it, then only the manifest and inner entries of the step it chooses."""
+    counts = {}
+    for count in (10, 30):
+        dump_dir = f"s3://{counting_s3.bucket()}/dump"
+        config = v1_config(dump_dir, counting_s3.options)
+        config["data"] = {"train_batch_size": 4}
+        config["skip"]["rollout_tq"].update(steps="all", action="record")
+        V1Trainer(config, InProcessTQClient(), prompts_per_step=4).fit(count)
+        SkipManager.reset()
+        config["skip"]["rollout_tq"]["action"] = "match"
+        live = V1Trainer(config, InProcessTQClient(), prompts_per_step=4)
+        live.next_prompt = 4 * count - 2  # two prompts of the last step, two never recorded
+        SkipManager.init(config, tq_client=live.tq)
+        live.global_steps = 1
+        SkipManager.set_step(1)
+        before = len(counting_s3.requests)
+        live._add_batch_to_generate()
+        counts[count] = len(counting_s3.requests) - before
+        assert live.agent_loop.submitted == [[4 * count, 4 * count + 1]]
+        assert SkipManager.stats()["skip/rollout_tq/rows_replayed"] == 2  # the two recorded prompts
+        SkipManager.reset()
+    assert counts[10] == counts[30] <= 12, counts
