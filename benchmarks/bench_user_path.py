@@ -50,6 +50,7 @@ from tensordict import TensorDict
 
 from stepskip import Batch, SkipManager
 from stepskip.fidelity import prompt_digest, prompt_row_digests, shared_object_digests
+from stepskip.hints import HINTS_DIR, HintDocument
 from stepskip.testing import make_rollout_batch
 from stepskip.tq import InProcessTQClient, KVBatchMeta
 
@@ -443,7 +444,10 @@ def stepskip_async(inputs: dict[str, Any], workdir: str, count: int, repeat: int
 
 
 def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[str, Any]]:
-    """ms per call with ``count`` entries on disk, for the actions that look beyond the exact step."""
+    """ms per call with ``count`` entries on disk, for the actions that look beyond the exact step, and
+    ms of ``match``'s first call of a run (``SkipManager.init`` before each, not timed): it builds its
+    prompt index from the writer's hint document (the copies are added to the document of the run that
+    wrote the first entry, as that writer would have added them)."""
     shape = {"rows": 2, "n": 1, "prompt": 4, "response": 4}
     small = make_rollout_batch(2, 4, 4, n=1)
     out = []
@@ -459,12 +463,17 @@ def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[st
         first = Path(skip.step_dump_dir(0))
         files = {f.name: f.read_bytes() for f in first.iterdir()}
         meta = json.loads(files.pop("meta.json"))
+        (document,) = (first.parent.parent / HINTS_DIR).iterdir()  # the hint document of step 0's writer
+        hints = HintDocument(meta["run_id"], "rollout")
+        hints.add("0", meta)
         for step in range(1, count):  # copies of one entry, each with its own step (no fsync: setup only)
             target = Path(skip.step_dump_dir(2 * step))  # even steps only: odd ones are missing
             target.mkdir()
             for name, data in files.items():
                 (target / name).write_bytes(data)
             (target / "meta.json").write_text(json.dumps(dict(meta, global_steps=2 * step)))
+            hints.add(str(2 * step), dict(meta, global_steps=2 * step))
+        document.write_bytes(hints.to_bytes())
         settled = time.time() - 60  # a cache written before this run (a listing is reused once its directory settled)
         os.utime(first.parent, (settled, settled))
         SkipManager.reset()
@@ -478,6 +487,13 @@ def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[st
 
             row[action] = timed(call, repeat)
             assert SkipManager.stats()["skip/rollout/hits"] == repeat, (action, SkipManager.stats())
+            SkipManager.reset()
+        row["match_first"] = []
+        for i in range(repeat):
+            SkipManager.init(config(root, shape, "rollout", action="match"))
+            SkipManager.set_step(10 * count + 1 + 2 * i)
+            row["match_first"] += timed(lambda: loop.generate_sequences(small), 1)
+            assert SkipManager.stats()["skip/rollout/hits"] == 1, SkipManager.stats()
             SkipManager.reset()
         out.append(row)
         shutil.rmtree(root)
@@ -536,7 +552,8 @@ def per_call_curve_s3(counts: list[int], repeat: int) -> list[dict[str, Any]]:
 
     Each action starts a fresh ``SkipManager.init`` (a fresh s3fs instance: no listing cached from an
     earlier action); the first call of a run is counted apart from the later ones (``match`` builds
-    its prompt index on its first call, from every entry's ``meta.json``).
+    its prompt index on its first call, from the writer's hint document: the copies are added to the
+    document of the run that wrote the first entry, as that writer would have added them).
     """
     try:
         server = CountingS3()
@@ -563,14 +580,20 @@ def per_call_curve_s3(counts: list[int], repeat: int) -> list[dict[str, Any]]:
             meta = json.loads(objects.pop("meta.json"))
             run = first.rsplit("/", 1)[0]
             SkipManager.reset()
+            hints_dir = f"{run.rsplit('/', 1)[0]}/{HINTS_DIR}"
+            (document,) = fs.ls(hints_dir)  # the hint document of the writer of step 0
+            hints = HintDocument(meta["run_id"], "rollout")
+            hints.add("0", meta)
             batch: dict[str, bytes] = {}
             for step in range(1, count):  # copies of one entry, each with its own step (setup only, not counted)
                 target = f"{run}/{2 * step}"  # even steps only: odd ones are missing
                 batch.update({f"{target}/{name}": data for name, data in objects.items()})
                 batch[f"{target}/meta.json"] = json.dumps(dict(meta, global_steps=2 * step)).encode()
+                hints.add(str(2 * step), dict(meta, global_steps=2 * step))
                 if len(batch) >= 3000 or step == count - 1:
                     fs.pipe(batch)
                     batch = {}
+            fs.pipe_file(document, hints.to_bytes())
             last = 2 * ((count - 1) if count > 1 else 0)
             row: dict[str, Any] = {"entries": count}
             for action, step in (("cache", last), ("repeat", last + 1), ("random", 1), ("replay", last),
@@ -780,10 +803,11 @@ def main() -> None:
             lines.append("\nper-call cost with N entries on local disk (ms, best (median)); "
                          "repeat and random look beyond the exact step (they reuse the run directory's listing "
                          "while the directory is unchanged; the entries here were written a minute earlier)")
-            lines.append(f"  {'entries':>8s} {'cache (hit)':>20s} {'repeat (nearest)':>20s} {'random':>20s}")
+            lines.append(f"  {'entries':>8s} {'cache (hit)':>20s} {'repeat (nearest)':>20s} {'random':>20s} "
+                         f"{'match (first call)':>20s}")
             for row in curve:
                 lines.append(f"  {row['entries']:8d} {ms(row['cache']):>20s} {ms(row['repeat']):>20s} "
-                             f"{ms(row['random']):>20s}")
+                             f"{ms(row['random']):>20s} {ms(row['match_first']):>20s}")
         if "s3" not in skip:
             counts = S3_ENTRY_COUNTS[mode]
             curve_s3 = per_call_curve_s3(counts, repeat)
@@ -800,9 +824,11 @@ def main() -> None:
                 for row in curve_s3:
                     cells = [f"{row[a]['first']:>3d} / {row[a]['later']:<3d} {ms(row[a]['ms']):>14s}" for a in actions]
                     lines.append(f"  {row['entries']:8d} {row['init']:5d} " + " ".join(f"{c:>24s}" for c in cells))
-                lines.append("  init: requests of SkipManager.init (it lists the run directory: one request per 1,000 "
-                             "names; s3fs keeps that listing for the run); match's first call indexes every "
-                             "entry's prompts (one meta.json read each), later calls only new entries")
+                lines.append("  init: requests of SkipManager.init (its clean-up lists the run directory recursively: "
+                             "one request per 1,000 objects, s3fs keeps that listing for the run, and looks only at "
+                             "entries that listing shows may hold a leftover); match's first call indexes the "
+                             "entries' prompts from the writers' hint documents (one read per writer) and validates "
+                             "only the entries it chooses; later calls read only new entries")
     lines.append("\nratios: stepskip / verl (best against best); targets from issue 11; noise = median/best - 1 "
                  "of stepskip's runs")
     print("\n".join(lines))

@@ -83,9 +83,14 @@ class Layout:
         return name if self.world_size == 1 else f"{name}_W{self.world_size}"
 
     @property
+    def experiment_dir(self) -> str:
+        """The directory holding the run directories of every run shape of this experiment."""
+        return f"{self.dump_dir}/{safe_component(f'{self.experiment_name}_{self.project_name}')}"
+
+    @property
     def project_dir(self) -> str:
         """The directory holding one directory per step."""
-        parts = [self.dump_dir, safe_component(f"{self.experiment_name}_{self.project_name}"), self.run_name]
+        parts = [self.experiment_dir, self.run_name]
         if self.subdir:
             parts.append(safe_component(self.subdir))
         return "/".join(parts)

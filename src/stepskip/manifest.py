@@ -48,16 +48,18 @@ from stepskip.store import (
     MAX_INNER_ENTRIES,
     STALE_SECONDS,
     EntryState,
+    Tree,
     _bounded_int,
     _is_number,
     _load_json,
     _show,
+    may_hold_leftovers,
 )
 
 __all__ = [
     "MANIFEST_FILE", "MANIFEST_MAX_BYTES", "MANIFEST_VERSION", "RECORDING_PREFIX", "StepManifest", "StepRoot",
     "is_recording", "new_recording", "parse_manifest", "publish_manifest", "read_manifest", "remove_stale_recordings",
-    "resolve_step",
+    "resolve_step", "may_need_clean_up",
 ]
 
 logger = logging.getLogger(__name__)
@@ -322,8 +324,45 @@ def _newest(store: Any, path: str) -> float | None:
     return newest
 
 
+def may_need_clean_up(store: Any, tree: Tree, step_dir: str, older_than: float = STALE_SECONDS,
+                      now: float | None = None) -> bool:
+    """False only when one recursive listing of the run directory (``tree``) shows that the start-up
+    clean-up of ``step_dir`` (:func:`remove_stale_recordings`, then the store's ``remove_leftovers``
+    in its inner entries) would delete nothing: then its manifest need not be read.
+
+    A recording may go only when another one (or none) is what the manifest names, and not while it
+    was written less than ``min(grace, older_than)`` seconds ago (it is kept for the grace period
+    after its replacement, or until stale when nothing names it, both later than its last write); an
+    inner entry may hold a leftover only when its objects come from more than one write
+    (:func:`stepskip.store.may_hold_leftovers`). Only a lone recording under a manifest that names
+    another (a damaged step) is kept on this account, which is what keeping when in doubt means.
+
+    Example:
+        >>> from stepskip.store import DirItem
+        >>> item = DirItem("meta.json", "file", 9, 100.0)
+        >>> tree = Tree("s3://b/run", {"1/step.json": item, "1/rec-0123456789ab/0/meta.json": item})
+        >>> may_need_clean_up(None, tree, "s3://b/run/1", now=200.0)
+        False
+    """
+    grace = float(getattr(store, "grace_seconds", GRACE_SECONDS))
+    now = float(getattr(store, "clock", time.time)()) if now is None else now
+    young = min(grace, older_than)
+    recordings = [name for name in tree.dirs(step_dir) if is_recording(name)]
+    if recordings and not (MANIFEST_FILE in tree.files(step_dir) and len(recordings) == 1):
+        for name in recordings:
+            newest = tree.newest(f"{step_dir}/{name}")
+            if newest is None or not 0 <= now - newest < young:
+                return True
+    for root in [step_dir, *(f"{step_dir}/{name}" for name in recordings)]:
+        for inner in tree.dirs(root):
+            if may_hold_leftovers(tree.files(f"{root}/{inner}"), now, young):
+                return True
+    return False
+
+
 def remove_stale_recordings(store: Any, step_dir: str, older_than: float = STALE_SECONDS,
-                            now: float | None = None, where: StepRoot | None = None) -> list[str]:
+                            now: float | None = None, where: StepRoot | None = None,
+                            tree: Tree | None = None) -> list[str]:
     """Delete the recordings of ``step_dir`` that no reader can reach and no writer is still writing.
 
     Kept: the recording the manifest names; a retired one within the store's grace period; a
@@ -334,6 +373,8 @@ def remove_stale_recordings(store: Any, step_dir: str, older_than: float = STALE
 
     Args:
         where: ``step_dir`` as the caller just resolved it (:func:`resolve_step`); resolved here when None.
+        tree: a recursive listing covering ``step_dir`` (the store's ``scan``), read instead of
+            listing each recording.
 
     Returns:
         The recording directories deleted.
@@ -345,7 +386,8 @@ def remove_stale_recordings(store: Any, step_dir: str, older_than: float = STALE
         return []
     manifest = step.manifest
     removed = []
-    for name in store.list_dir(step_dir, dirs_only=True):
+    listed = tree is not None and tree.covers(step_dir)
+    for name in tree.dirs(step_dir) if tree is not None and listed else store.list_dir(step_dir, dirs_only=True):
         if not is_recording(name) or (manifest is not None and name == manifest.recording):
             continue
         when = manifest.retired.get(name) if manifest is not None else None
@@ -353,7 +395,8 @@ def remove_stale_recordings(store: Any, step_dir: str, older_than: float = STALE
             if now - when < grace:
                 continue
         else:
-            newest = _newest(store, f"{step_dir}/{name}")
+            path = f"{step_dir}/{name}"
+            newest = tree.newest(path) if tree is not None and listed else _newest(store, path)
             if newest is None or now - newest < older_than:
                 continue
         try:

@@ -42,7 +42,7 @@ from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 __all__ = [
     "EntryState", "Probe", "LocalStore", "FsspecStore", "open_store", "checksum", "check_meta", "check_dump_dir",
     "valid_name", "META_FILE", "MANIFEST_FILE", "TMP_PREFIX", "TRASH_PREFIX", "META_MAX_BYTES", "GRACE_SECONDS",
-    "DirItem",
+    "DirItem", "Tree", "may_hold_leftovers", "wall_time",
 ]
 
 logger = logging.getLogger(__name__)
@@ -108,6 +108,115 @@ class DirItem:
     kind: str
     size: int = 0
     mtime: float | None = None
+
+
+class Tree:
+    """What one recursive listing of a directory found: every file below it, with its size and time.
+
+    An object store lists a whole prefix in one request per 1,000 objects, so a start-up clean-up
+    that decides from a tree which entries may hold leftovers costs a bounded number of requests
+    per 1,000 objects instead of a look at every entry (:meth:`FsspecStore.remove_leftovers`). Paths
+    are given as the caller spells them (the ``root`` the tree was listed for, then ``/``-joined
+    names): a path not at or below ``root`` has nothing in the tree.
+
+    Args:
+        root: the listed directory.
+        files: path relative to ``root`` (``/``-joined names) -> the file found there.
+
+    Example:
+        >>> tree = Tree("s3://b/run", {"3/meta.json": DirItem("meta.json", "file", 9, 1.0)})
+        >>> tree.dirs("s3://b/run"), sorted(tree.files("s3://b/run/3"))
+        (['3'], ['meta.json'])
+    """
+
+    def __init__(self, root: str, files: Mapping[str, DirItem]) -> None:
+        self.root = root.rstrip("/")
+        self._dirs: dict[str, dict[str, DirItem | None]] = {"": {}}  # relative dir -> name -> file (None: a dir)
+        for rel, item in files.items():
+            parts = rel.split("/")
+            if any(part in ("", ".", "..") for part in parts):
+                continue  # not a name a cache holds: ignored, never a path to act on
+            for depth in range(len(parts)):
+                parent = "/".join(parts[:depth])
+                children = self._dirs.setdefault(parent, {})
+                if depth == len(parts) - 1:
+                    children.setdefault(parts[depth], item)
+                else:
+                    children[parts[depth]] = None
+                    self._dirs.setdefault("/".join(parts[:depth + 1]), {})
+
+    def _relative(self, path: str) -> str | None:
+        path = path.rstrip("/")
+        if path == self.root:
+            return ""
+        return path[len(self.root) + 1:] if path.startswith(self.root + "/") else None
+
+    def covers(self, path: str) -> bool:
+        """True when ``path`` is the listed directory or lies below it."""
+        return self._relative(path) is not None
+
+    def _children(self, path: str) -> dict[str, DirItem | None]:
+        rel = self._relative(path)
+        return {} if rel is None else self._dirs.get(rel, {})
+
+    def dirs(self, path: str) -> list[str]:
+        """The names of the directories directly in ``path`` (sorted)."""
+        return sorted(name for name, item in self._children(path).items() if item is None)
+
+    def files(self, path: str) -> dict[str, DirItem]:
+        """The files directly in ``path``, by name."""
+        return {name: item for name, item in self._children(path).items() if item is not None}
+
+    def newest(self, path: str) -> float | None:
+        """The newest modification time of the files below ``path``; None when one has no time or there are none."""
+        newest: float | None = None
+        pending = [path.rstrip("/")]
+        while pending:
+            current = pending.pop()
+            for name, item in self._children(current).items():
+                if item is None:
+                    pending.append(f"{current}/{name}")
+                    continue
+                if item.mtime is None:
+                    return None  # a file of unknown age: it may be being written
+                newest = item.mtime if newest is None else max(newest, item.mtime)
+        return newest
+
+
+def may_hold_leftovers(files: Mapping[str, DirItem], now: float, young: float) -> bool:
+    """Whether an entry's listing (``files``: its objects by name) leaves room for an object
+    :meth:`FsspecStore.remove_leftovers` could delete; False only when none can be.
+
+    An object store's writer names every data object it writes with a token of its own write
+    (``{stem}.{token}{.suffix}``), and only such objects are ever deleted, when ``meta.json`` does
+    not name them (a replaced version, or a crashed writer's). So nothing can be deleted from an
+    entry without a ``meta.json``, or whose objects are all of one write (the one its ``meta.json``
+    names, else the entry is damaged and nothing is deleted from it either); nor when every
+    tokened object was modified less than ``young`` seconds before ``now`` (a replaced object is
+    kept for the grace period after its replacement, an unnamed one until stale, both later than
+    the object's own time). An object without a time, or with one ahead of ``now``, may be old.
+
+    Example:
+        >>> item = DirItem("x", "file", 1, 100.0)
+        >>> may_hold_leftovers({"meta.json": item, "data.0123456789ab.json": item}, 200.0, 600.0)
+        False
+        >>> may_hold_leftovers({"meta.json": item, "data.0123456789ab.json": item,
+        ...                     "data.ba9876543210.json": item}, 1000.0, 600.0)
+        True
+    """
+    if META_FILE not in files:
+        return False  # no entry there: nothing in it is deleted (a probe finds it missing)
+    writes: set[str] = set()
+    tokened: list[DirItem] = []
+    for name, item in files.items():
+        if _OBJECT_NAME.match(name):
+            writes.add(name.split(".", 2)[1])
+            tokened.append(item)
+        elif name != META_FILE:
+            writes.add("")  # files without a token (copied from a local cache, or foreign): one more write
+    if len(writes) < 2:
+        return False
+    return any(item.mtime is None or not 0 <= now - item.mtime < young for item in tokened)
 
 
 def checksum(data: bytes | memoryview) -> str:
@@ -720,8 +829,28 @@ class _EntryStore:
                     overwrite: bool = True) -> int:
         raise NotImplementedError
 
-    def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS) -> list[str]:
+    def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS, tree: Tree | None = None) -> list[str]:
+        """Delete what interrupted writes left in the entries under ``path`` once stale (see the stores).
+
+        Args:
+            path: the directory holding the entries.
+            older_than: seconds since a leftover was last written before it counts as stale.
+            tree: a :meth:`scan` covering ``path``, taken by the caller (listed here otherwise).
+
+        Returns:
+            The paths deleted.
+        """
         raise NotImplementedError
+
+    def scan(self, path: str) -> Tree | None:
+        """Every file below ``path`` in one listing, where the store lists a whole tree cheaply (object
+        stores: one request per 1,000 objects); None where it does not (local directories are
+        listed one by one, which costs no requests)."""
+        return None
+
+    def may_hold_leftovers(self, path: str, tree: Tree | None, older_than: float = STALE_SECONDS) -> bool:
+        """False only when ``tree`` shows that :meth:`remove_leftovers` would delete nothing under ``path``."""
+        return True
 
     def read_small(self, path: str, limit: int) -> bytes | None:
         """The bytes of one small regular file (a step manifest), or None when there is none.
@@ -1545,8 +1674,9 @@ class LocalStore(_EntryStore):
             return
         _remove_at(parent_fd, trash)
 
-    def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS) -> list[str]:
-        """Delete temporaries and trash under ``path`` (one level) older than ``older_than`` seconds."""
+    def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS, tree: Tree | None = None) -> list[str]:
+        """Delete temporaries and trash under ``path`` (one level) older than ``older_than`` seconds
+        (one listing and a ``stat`` of each temporary; ``tree`` is not used)."""
         removed: list[str] = []
         try:
             dir_fd = self._open_dir(path)
@@ -1609,6 +1739,16 @@ def _local_item(name: str, st: os.stat_result) -> DirItem:
 # --------------------------------------------------------------------------- fsspec (object stores)
 
 
+#: The wall clock of object stores' grace periods and staleness (a module attribute so tests can move it).
+_clock = time.time
+
+
+def wall_time() -> float:
+    """The time object stores judge grace periods and staleness by (``time.time``, unless a test moved it)."""
+    return _clock()
+
+
+
 class FsspecStore(_EntryStore):
     """Entries on any fsspec filesystem (``s3://``, ``gs://``, ``memory://`` ...), shared by many nodes.
 
@@ -1625,15 +1765,15 @@ class FsspecStore(_EntryStore):
         fs: the fsspec filesystem.
         root: the dump dir (URL or path); :meth:`remove` refuses anything outside it.
         grace_seconds: how long replaced objects stay readable.
-        clock: the time source (``time.time``), injectable for tests.
+        clock: the time source (the wall clock, :func:`wall_time`), injectable for tests.
     """
 
     def __init__(self, fs: Any, root: str | None = None, grace_seconds: float = GRACE_SECONDS,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self.fs = fs
         self.root = self._p(root).rstrip("/") if root is not None else None
         self.grace_seconds = float(grace_seconds)
-        self.clock = clock
+        self.clock: Callable[[], float] = wall_time if clock is None else clock
 
     def _p(self, path: str) -> str:
         return str(self.fs._strip_protocol(path))
@@ -1961,38 +2101,66 @@ class FsspecStore(_EntryStore):
         self.remove(path)
         return True
 
-    def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS) -> list[str]:
+    def scan(self, path: str) -> Tree:
+        """Every object below ``path``, from one recursive listing (one request per 1,000 objects on S3)."""
+        root = self._p(path).rstrip("/")
+        try:
+            found = self.fs.find(root, detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            found = {}
+        files: dict[str, DirItem] = {}
+        for key, info in dict(found).items():
+            key = str(key)
+            if key.endswith("/") or not key.startswith(root + "/") or not isinstance(info, Mapping):
+                continue  # a directory marker, or something outside the listed prefix
+            item = self._item(info)
+            if item.kind == "file":
+                files[key[len(root) + 1:]] = item
+        return Tree(path, files)
+
+    def may_hold_leftovers(self, path: str, tree: Tree | None, older_than: float = STALE_SECONDS) -> bool:
+        if tree is None or not tree.covers(path):
+            return True
+        now, young = self.clock(), min(self.grace_seconds, older_than)
+        return any(may_hold_leftovers(tree.files(f"{path}/{name}"), now, young) for name in tree.dirs(path))
+
+    def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS, tree: Tree | None = None) -> list[str]:
         """Delete, in the entries under ``path``, replaced objects past their grace period and stale
-        objects that no ``meta.json`` names; only objects with the names this class writes."""
+        objects that no ``meta.json`` names; only objects with the names this class writes.
+
+        One recursive listing (``tree``, or :meth:`scan` here) shows every entry's objects with their
+        times; only the entries it leaves room for a leftover in (:func:`may_hold_leftovers`: objects
+        of more than one write, not all written just now) are probed, so the clean-up costs a bounded
+        number of requests, not a few per entry.
+        """
+        if tree is None or not tree.covers(path):
+            tree = self.scan(path)
         removed = []
-        now = self.clock()
-        for step in self.list_dir(path):
-            entry = f"{path}/{step}"
+        now, young = self.clock(), min(self.grace_seconds, older_than)
+        for step in tree.dirs(path):
+            entry = f"{path.rstrip('/')}/{step}"
+            objects = tree.files(entry)
+            if not may_hold_leftovers(objects, now, young):
+                continue
             probe = self.probe(entry)
             if probe.state is not EntryState.PRESENT or not isinstance((probe.meta or {}).get("files"), dict):
                 continue
             assert probe.meta is not None
             named = {_object(n, i) for n, i in probe.meta["files"].items()}
             retired = probe.meta.get("retired") or {}
-            for name in self.list_dir(entry):
+            for name in sorted(objects):
                 if name in named or not _OBJECT_NAME.match(name):
                     continue
                 if name in retired:
                     if now - float(retired[name]) < self.grace_seconds:
                         continue
                 else:
-                    modified = self._modified(f"{entry}/{name}")
+                    modified = objects[name].mtime  # the listing's time: an object written since is not in it
                     if modified is None or now - modified < older_than:
                         continue
                 self._delete_object(entry, name)
                 removed.append(f"{entry}/{name}")
         return removed
-
-    def _modified(self, path: str) -> float | None:
-        try:
-            return _info_time(self.fs.info(self._p(path)))
-        except OSError:
-            return None
 
     def _item(self, info: Mapping[str, Any]) -> DirItem:
         name = str(info.get("name", "")).rstrip("/").rsplit("/", 1)[-1]

@@ -10,6 +10,7 @@ regenerated over or deleted — only ``action: record`` replaces it).
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -40,7 +41,7 @@ from stepskip.policies import CheckPrompts, MatchN, OnMismatch, SkipAction
 from stepskip.resolve import load_candidates
 from stepskip.roles.base import BaseSkip, RunContext
 from stepskip.stats import RoleStats
-from stepskip.store import EntryState, Probe, check_dump_dir, open_store, settled
+from stepskip.store import EntryState, Probe, Tree, check_dump_dir, open_store, settled
 from stepskip.worker import default_worker
 
 __all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS", "VERL_LAYOUT_ROLES"]
@@ -61,6 +62,12 @@ _RETRY_SECONDS = 0.05
 LISTING_MAX_AGE = 30.0
 #: The clock of :data:`LISTING_MAX_AGE` (a module attribute so tests can move it).
 _monotonic = time.monotonic
+#: ``action: match`` reads the hint documents of a run directory once at least this many of its
+#: entries are not indexed yet (fewer are read directly: as cheap as the documents' listing).
+_HINTED_FROM = 8
+#: Hint documents read at most, and the rows they may describe in all (bounds should someone plant many).
+_MAX_HINT_DOCUMENTS = 1024
+_MAX_HINTED_ROWS = 1 << 25
 
 
 def _prompt_digest(prompts: Any, exclude: Iterable[str]) -> str | None:
@@ -108,6 +115,11 @@ class CachedRole(BaseSkip):
         self._pending: dict[str, threading.Event] = {}  # entry path -> its background dump finished
         self._pending_lock = threading.Lock()
         self._index: Any = None  # the prompt index of ``action: match``, built on first use
+        self._hinted: dict[str, Any] = {}  # entry path -> the Hint it was indexed from, until validated
+        self._hints_read: set[str] = set()  # run directories whose hint documents were read
+        self._hints: Any = None  # the HintDocument this role writes (see stepskip.hints), made on first write
+        self._hint_name = ""
+        self._hint_lock = threading.Lock()
         # see listed_steps: ((path, version), steps, monotonic time listed), and the count of this role's writes
         self._listing: tuple[tuple[str, Any], tuple[int, ...], float] | None = None
         self._writes_seen = 0
@@ -138,7 +150,21 @@ class CachedRole(BaseSkip):
         a :class:`SkipConfigError` now, not a dump failure at every step; stale temporaries go."""
         check_dump_dir(self.dump_dir, self.config.storage_options, key=f"{self.config.section}.dump_dir",
                        entry_dir=self.layout.project_dir)
-        self.store.remove_leftovers(self.layout.project_dir)
+        self.clean_up(self.store.scan(self.layout.project_dir))
+
+    def clean_up(self, tree: Tree | None) -> None:
+        """Remove what interrupted writers left in this role's entries once it is stale (at start-up).
+
+        Args:
+            tree: one recursive listing of the run directory on object stores (:meth:`~stepskip.store.
+                FsspecStore.scan`), from which only the entries that may hold a leftover are looked
+                at: a bounded number of requests whatever the number of entries; None locally.
+        """
+        self.store.remove_leftovers(self.layout.project_dir, tree=tree)
+        if tree is None:  # a local hint document is written by rename: a crashed writer's temporary lies there
+            from stepskip.hints import HINTS_DIR
+
+            self.store.remove_leftovers(f"{self.layout.experiment_dir}/{HINTS_DIR}")
 
     @property
     def layout(self) -> Layout:
@@ -501,19 +527,24 @@ class CachedRole(BaseSkip):
         except ValueError as err:
             raise SkipConfigError(f"skip.{self.name}.action = 'match': {err}") from err
         index = self._match_index()
-        found: dict[int, tuple[str, int]] = {}
-        missing: list[int] = []
-        sources: dict[str, int] = {}
         strict = self.config.match_n is MatchN.STRICT
-        for digest, rows in group_rows(digests).items():
-            where = index.groups.get(digest)
-            if where is None or (strict and len(where[1]) != len(rows)):
-                missing.extend(rows)
-                continue
-            path, recorded_rows = where
-            sources[path] = sources.get(path, 0) + 1
-            for session, row in enumerate(rows):  # a different sample count cycles, as the V1 remap does
-                found[row] = (path, recorded_rows[session % len(recorded_rows)])
+        while True:  # each round validates the hinted entries it chose: the hinted set shrinks, so it ends
+            found: dict[int, tuple[str, int]] = {}
+            missing: list[int] = []
+            sources: dict[str, int] = {}
+            for digest, rows in group_rows(digests).items():
+                where = index.groups.get(digest)
+                if where is None or (strict and len(where[1]) != len(rows)):
+                    missing.extend(rows)
+                    continue
+                path, recorded_rows = where
+                sources[path] = sources.get(path, 0) + 1
+                for session, row in enumerate(rows):  # a different sample count cycles, as the V1 remap does
+                    found[row] = (path, recorded_rows[session % len(recorded_rows)])
+            hinted = sorted(path for path in sources if path in self._hinted)
+            if not hinted:
+                break
+            self._validate_hints(index, hinted)
         damaged: list[str] = []
         loaded = self._load_found(step, found, digests, damaged)  # an entry that failed: its groups are generated
         return MatchSplit(digests=digests, found=found, missing_rows=missing, sources=sources).keeping(
@@ -603,14 +634,109 @@ class CachedRole(BaseSkip):
             listed = set(self._match_sources()) | queued
             for path in [p for p in index.entries if p not in listed]:
                 index.forget(path)
-            for path in sorted(listed - set(index.entries)):
+                self._hinted.pop(path, None)
+            new = sorted(listed - set(index.entries))
+            hints = self._read_hints({p.rsplit("/", 1)[0] for p in new}) if len(new) >= _HINTED_FROM else {}
+            from stepskip.hints import Hint
+
+            for path in new:
+                hint = hints.get(path)
+                if isinstance(hint, Hint) and path not in queued:  # validated when a call chooses it
+                    index.add(path, hint.step, hint.digests)
+                    self._hinted[path] = hint
+                    continue
+                self._index_from_meta(index, path)
+            return index
+
+    def _index_from_meta(self, index: Any, path: str, probe: Probe | None = None) -> bool:
+        """Index the entry at ``path`` from its ``meta.json`` (probed here unless given); False when it
+        cannot serve prompt groups (not present, not servable here, no row digests)."""
+        probe = self._probe(path) if probe is None else probe
+        meta = probe.meta or {}
+        digests = meta.get("row_prompts")
+        self._hinted.pop(path, None)
+        if (probe.state is EntryState.PRESENT and self._servable(meta) and isinstance(digests, list)
+                and all(isinstance(d, str) for d in digests)):
+            index.add(path, _step_of(meta), digests)
+            return True
+        index.forget(path)
+        return False
+
+    def _read_hints(self, projects: set[str]) -> dict[str, Any]:
+        """Entry path -> its newest hint, from the hint documents of ``projects`` not read before
+        (:mod:`stepskip.hints`): one listing per run directory and one bounded read per document.
+        A document that cannot be read or parsed is ignored with a warning."""
+        from stepskip.hints import HINTS_DIR, HINTS_MAX_BYTES, document_of, parse_hints, rows_of
+
+        out: dict[str, Any] = {}
+        wanted = projects - self._hints_read
+        if not wanted:
+            return out
+        self._hints_read |= wanted
+        layout = self.layout
+        subdir = safe_component(layout.subdir) if layout.subdir else None
+        where = f"{layout.experiment_dir}/{HINTS_DIR}"
+        names: list[tuple[str, str]] = []  # (document name, the run directory whose entries it describes)
+        for name in self.store.list_dir(where):
+            described = document_of(name)
+            if described is None or described[1] != subdir or RUN_DIR.match(described[0]) is None:
+                continue  # not a writer's document, or one of another role
+            project = f"{layout.experiment_dir}/{described[0]}" + (f"/{subdir}" if subdir else "")
+            if project in wanted:
+                names.append((name, project))
+        if len(names) > _MAX_HINT_DOCUMENTS:
+            logger.warning("%s match: %s holds %d hint documents for these run directories; reading %d of them "
+                           "(the entries of the others are read directly)", self.name, where, len(names),
+                           _MAX_HINT_DOCUMENTS)
+            names = names[:_MAX_HINT_DOCUMENTS]
+        budget = _MAX_HINTED_ROWS  # rows all documents may describe: what they cost in memory stays bounded
+        for name, project in names:
+            document = f"{where}/{name}"
+            try:
+                raw = self.store.read_small(document, HINTS_MAX_BYTES)
+            except CorruptEntryError as err:
+                logger.warning("%s match: ignoring the hint document %s: %s", self.name, document, err)
+                continue
+            if raw is None:
+                continue  # replaced or removed since listed
+            hints, problem = parse_hints(raw, document, budget)
+            budget -= rows_of(hints)
+            if problem:
+                logger.warning("%s match: ignoring the hint document %s: %s; the entries it describes are "
+                               "read directly", self.name, document, problem)
+                continue
+            for entry, hint in hints.items():
+                path = f"{project}/{entry}"
+                current = out.get(path)
+                if current is None or hint.newer_than(current):
+                    out[path] = hint
+        return out
+
+    def _validate_hints(self, index: Any, paths: list[str]) -> None:
+        """Check the hinted entries a call chose against their ``meta.json``: kept when it carries the
+        hinted version and digests; re-indexed from it when the entry was rewritten since; and when the
+        version matches but the digests do not, every entry of that document is indexed from its own
+        ``meta.json`` instead (the document lies)."""
+        with self._index_lock:
+            for path in paths:
+                hint = self._hinted.pop(path, None)
+                if hint is None:
+                    continue
                 probe = self._probe(path)
                 meta = probe.meta or {}
-                digests = meta.get("row_prompts")
-                if (probe.state is EntryState.PRESENT and self._servable(meta) and isinstance(digests, list)
-                        and all(isinstance(d, str) for d in digests)):
-                    index.add(path, _step_of(meta), digests)
-            return index
+                if probe.state is EntryState.PRESENT and hint.describes(meta) and self._servable(meta) \
+                        and meta.get("row_prompts") == hint.digests:
+                    continue  # what the hint said: it stays indexed, now validated
+                lying = probe.state is EntryState.PRESENT and hint.describes(meta)
+                self._index_from_meta(index, path, probe)
+                if not lying:
+                    logger.debug("%s match: %s changed since its hint was written; indexed from its meta.json",
+                                 self.name, path)
+                    continue
+                logger.warning("%s match: the hint document %s describes %s otherwise than its meta.json; "
+                               "ignoring that document", self.name, hint.document, path)
+                for other in [p for p, h in self._hinted.items() if h.document == hint.document]:
+                    self._index_from_meta(index, other)
 
     def _match_sources(self) -> list[str]:
         """Every entry directory of this role in the run directories :meth:`_match_index` spans."""
@@ -843,6 +969,7 @@ class CachedRole(BaseSkip):
                 for dump in dumps[reached:]:  # never taken from the generator: never written
                     self._dump_failed(dump.step, dump.path, err)
             seconds = (time.perf_counter() - start) / max(1, len(encoded))  # each entry's share of the batch
+            self._hint_written([(d.path, d.meta) for d, r in zip(encoded, results) if not isinstance(r, Exception)])
             for dump, result in zip(encoded, results):
                 if isinstance(result, Exception):
                     self._dump_failed(dump.step, dump.path, result)
@@ -878,7 +1005,59 @@ class CachedRole(BaseSkip):
         seconds = time.perf_counter() - start
         self.stats.add(dumps=1, dump_seconds=seconds, bytes_written=written)
         logger.info("%s dump: step %d written to %s (%d bytes, %.3fs)", self.name, step, path, written, seconds)
+        self._hint_written([(path, meta)])
         return True
+
+    def _hint_written(self, written: list[tuple[str, dict[str, Any]]]) -> None:
+        """Describe the entries just ``written`` (``(path, meta)``) in this writer's hint document and
+        rewrite it once (:mod:`stepskip.hints`); a failure is logged, never raised (the dump boundary)."""
+        if self.v1 or not self.row_wise:
+            return
+        records: list[tuple[str, Callable[[Any], bool]]] = []
+        for path, meta in written:
+            parent, _, name = path.rpartition("/")
+            if parent == self.project_dump_dir and isinstance(meta.get("row_prompts"), list):
+                records.append((name, functools.partial(_add_entry_hint, name=name, meta=meta)))
+        self._add_hints(records)
+
+    def _add_hints(self, records: list[tuple[str, Callable[[Any], bool]]]) -> None:
+        """Add ``records`` (entry name, a function adding it to a document) to this writer's document and
+        write it once; a document that grows past ``HINTS_ROLL_BYTES`` is written as it was and the
+        next one starts. A failure is logged, never raised (the dump boundary)."""
+        if not records:
+            return
+        from stepskip.hints import HINTS_DIR, HINTS_ROLL_BYTES, HintDocument, new_writer_token
+
+        with self._hint_lock:
+            try:
+                changed = False
+                for name, add in records:
+                    if self._hints is None:
+                        self._hints, self._hint_name = HintDocument(self.run_id, self.name), new_writer_token()
+                    if not add(self._hints):
+                        continue
+                    changed = True
+                    if len(self._hints.entries) > 1 and self._hints.size > HINTS_ROLL_BYTES:
+                        # the current document is full: written as it was, the next one starts with this entry
+                        self._hints.remove(name)
+                        self._put_hints(HINTS_DIR)
+                        stem, _, shard = self._hint_name.partition("-")
+                        self._hints = HintDocument(self.run_id, self.name)
+                        add(self._hints)
+                        self._hint_name = f"{stem}-{int(shard or 0) + 1}"
+                if changed:
+                    self._put_hints(HINTS_DIR)
+            except Exception as err:  # a hint is an optimisation: the entries are written, the run goes on
+                logger.warning("%s: could not write the prompt hints of %s: %s: %s", self.name,
+                               ", ".join(name for name, _ in records), type(err).__name__, err)
+
+    def _put_hints(self, hints_dir: str) -> None:
+        from stepskip.hints import document_name
+
+        layout = self.layout
+        name = document_name(layout.run_name, safe_component(layout.subdir) if layout.subdir else None,
+                             self._hint_name)
+        self.store.put_small(f"{layout.experiment_dir}/{hints_dir}/{name}", self._hints.to_bytes())
 
     # ------------------------------------------------------------------ loading
 
@@ -1177,6 +1356,10 @@ def _rough_bytes(tree: Any, limit: int) -> int | None:
         if total >= limit:
             return None
     return total
+
+
+def _add_entry_hint(doc: Any, name: str, meta: dict[str, Any]) -> bool:
+    return bool(doc.add(name, meta))
 
 
 def _step_of(meta: dict[str, Any]) -> int:

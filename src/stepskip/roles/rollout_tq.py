@@ -24,6 +24,7 @@ of the batch's prompts and submits only the others.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -32,10 +33,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
+from stepskip.layout import Layout
 from stepskip.manifest import (
     MANIFEST_FILE,
     StepRoot,
     is_recording,
+    may_need_clean_up,
     new_recording,
     publish_manifest,
     remove_stale_recordings,
@@ -44,9 +47,9 @@ from stepskip.manifest import (
 from stepskip.policies import MatchN, SkipAction
 from stepskip.resolve import load_candidates, remap_v1
 from stepskip.roles.base import register_skip
-from stepskip.roles.cached import ROW_WISE_ACTIONS, _prompt_digest, _seconds, _step_of
+from stepskip.roles.cached import _HINTED_FROM, ROW_WISE_ACTIONS, _prompt_digest, _seconds, _step_of
 from stepskip.roles.rollout import RolloutSkip
-from stepskip.store import TMP_PREFIX, EntryState, Probe
+from stepskip.store import TMP_PREFIX, EntryState, Probe, Tree
 
 if TYPE_CHECKING:
     from stepskip.tq import TQClient  # stepskip.tq imports torch: only for type checkers
@@ -97,15 +100,24 @@ class RolloutTqSkip(RolloutSkip):
         self._written: dict[int, int] = {}  # step -> inner entries written into its staging directory
         self._failed: set[int] = set()  # steps with an inner entry that could not be written
         self._indexed: dict[str, list[str]] = {}  # step directory -> its inner entries in the prompt index
+        self._inner_metas: dict[int, dict[int, dict[str, Any]]] = {}  # step -> inner -> meta written (for hints)
+        self._hinted_steps: dict[str, Any] = {}  # step directory -> the StepHint it was indexed from, until validated
 
-    def start(self) -> None:
-        super().start()
-        for step in self.listed_steps():  # inner entries are built inside their step directory: clean there too
+    def clean_up(self, tree: Tree | None) -> None:
+        super().clean_up(tree)
+        if tree is None:
+            steps = self.listed_steps()
+        else:  # the run directory's listing: only the steps it leaves room for a leftover in are looked at
+            steps = sorted(s for s in map(Layout.parse_step, tree.dirs(self.project_dump_dir)) if s is not None)
+        for step in steps:  # inner entries are built inside their step directory: clean there too
             step_dir = self.step_dump_dir(step)
+            if tree is not None and not may_need_clean_up(self.store, tree, step_dir):
+                continue
             where = self._step_root(step)  # the manifest read once for both clean-ups
-            remove_stale_recordings(self.store, step_dir, where=where)  # recordings no manifest names, once stale
+            # recordings no manifest names, once stale
+            remove_stale_recordings(self.store, step_dir, where=where, tree=tree)
             # an inner write's temporaries lie beside its entry: in the recording a manifest names, else in place
-            self.store.remove_leftovers(where.root if where.manifest is not None else step_dir)
+            self.store.remove_leftovers(where.root if where.manifest is not None else step_dir, tree=tree)
 
     # ------------------------------------------------------------------ queue and paths
 
@@ -347,6 +359,9 @@ class RolloutTqSkip(RolloutSkip):
             if not ok:
                 self._failed.add(step)
                 return False
+            inner = meta.get("inner_idx")
+            if isinstance(inner, int) and self.row_wise:
+                self._inner_metas.setdefault(step, {})[inner] = meta
             written = self._written[step] = self._written.get(step, 0) + 1
             complete = written == self.parameter_sync_step and step not in self._failed
             staging = self._staging.pop(step) if complete else ""  # every inner entry was written into it
@@ -374,6 +389,13 @@ class RolloutTqSkip(RolloutSkip):
             return
         logger.info("%s dump: step %d published at %s (%d inner entries)", self.name, step, target,
                     self.parameter_sync_step)
+        with self._lock:
+            metas = self._inner_metas.pop(step, {})
+        if sorted(metas) == list(range(self.parameter_sync_step)):  # the hint of the step as published
+            recording = None if self.store.publishes_dirs else staging.rsplit("/", 1)[-1]
+            ordered = [metas[i] for i in range(self.parameter_sync_step)]
+            self._add_hints([(str(step), functools.partial(_add_step_hint, name=str(step), recording=recording,
+                                                           metas=ordered))])
 
     def load_dump_data(self, step: int, new_prompt_uids: list[str], n: int, global_steps: int,
                        partition_id: str = "train", prompts: Any = None) -> None:
@@ -484,14 +506,19 @@ class RolloutTqSkip(RolloutSkip):
         index = self._match_index()
         strict = self.config.match_n is MatchN.STRICT
         n = self.layout.n
-        wanted: dict[str, list[int]] = {}  # inner entry -> live rows it serves
-        missing: list[int] = []
-        for row, digest in enumerate(digests):
-            where = index.groups.get(digest)
-            if where is None or (strict and len(where[1]) != n):
-                missing.append(row)
-            else:
-                wanted.setdefault(where[0], []).append(row)
+        while True:  # each round validates the hinted steps it chose: the hinted set shrinks, so it ends
+            wanted: dict[str, list[int]] = {}  # inner entry -> live rows it serves
+            missing: list[int] = []
+            for row, digest in enumerate(digests):
+                where = index.groups.get(digest)
+                if where is None or (strict and len(where[1]) != n):
+                    missing.append(row)
+                else:
+                    wanted.setdefault(where[0], []).append(row)
+            hinted = sorted({_step_dir_of(path) for path in wanted} & set(self._hinted_steps))
+            if not hinted:
+                break
+            self._validate_step_hints(index, hinted)
         found, nbytes, saved, sources = self._inject_found(step, wanted, digests, uids, index, partition_id)
         missing = [row for row in range(len(digests)) if row not in found]
         replayed = len(found)
@@ -606,11 +633,43 @@ class RolloutTqSkip(RolloutSkip):
             for step_dir in [d for d in self._indexed if d not in listed]:
                 for path in self._indexed.pop(step_dir):
                     index.forget(path)
-            for step_dir in sorted(listed - set(self._indexed)):
+                self._hinted_steps.pop(step_dir, None)
+            new = sorted(listed - set(self._indexed))
+            hints = self._read_hints({d.rsplit("/", 1)[0] for d in new}) if len(new) >= _HINTED_FROM else {}
+            from stepskip.hints import StepHint
+
+            for step_dir in new:
+                hint = hints.get(step_dir)
+                if isinstance(hint, StepHint) and len(hint.inner) == self.parameter_sync_step:
+                    root = f"{step_dir}/{hint.recording}" if hint.recording else step_dir
+                    paths = [f"{root}/{inner}" for inner in range(len(hint.inner))]
+                    for path, part in zip(paths, hint.inner):  # validated when a call chooses the step
+                        index.add(path, hint.step, part.digests)
+                    self._indexed[step_dir] = paths
+                    self._hinted_steps[step_dir] = hint
+                    continue
                 added = self._index_step(index, step_dir)
                 if added is not None:
                     self._indexed[step_dir] = added
             return index
+
+    def _validate_step_hints(self, index: Any, step_dirs: list[str]) -> None:
+        """Index the hinted steps a call chose from their manifest and inner entries, as without hints
+        (:meth:`_index_step`): what the hint said is replaced by what the step holds."""
+        with self._index_lock:
+            for step_dir in step_dirs:
+                hint = self._hinted_steps.pop(step_dir, None)
+                if hint is None:
+                    continue
+                hinted = self._indexed.pop(step_dir, [])
+                for path in hinted:
+                    index.forget(path)
+                added = self._index_step(index, step_dir)
+                if added is not None:
+                    self._indexed[step_dir] = added
+                if added != hinted:
+                    logger.debug("%s match: %s changed since its hint was written; indexed from its entries",
+                                 self.name, step_dir)
 
     def _index_step(self, index: Any, step_dir: str) -> list[str] | None:
         """Index the inner entries of a complete step; None (looked at again next time) for any other."""
@@ -657,6 +716,10 @@ class RolloutTqSkip(RolloutSkip):
 
     def _resolve_load_step_v1(self, step: int) -> int:
         return self.resolve_load_step(step)
+
+
+def _add_step_hint(doc: Any, name: str, recording: str | None, metas: list[dict[str, Any]]) -> bool:
+    return bool(doc.add_step(name, recording, metas))
 
 
 def _complete(probed: list[tuple[str, Probe]]) -> bool:

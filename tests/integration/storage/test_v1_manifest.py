@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from stepskip.manifest import (
 )
 from stepskip.roles.base import RunContext
 from stepskip.roles.rollout_tq import RolloutTqSkip
-from stepskip.store import open_store
+from stepskip.store import STALE_SECONDS, open_store
 from stepskip.tq import InProcessTQClient, KVBatchMeta
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "cli"))  # the in-process CLI runner
@@ -455,7 +456,11 @@ def test_in_place_inner_directories_beside_a_manifest_are_removed_only_when_it_s
     assert replayed_markers(object_store) == {10}  # the manifest's recording, either way
 
 
-def test_start_up_clean_up_reads_each_manifest_once_and_cleans_the_recording_it_names(object_store, monkeypatch):
+def test_start_up_clean_up_reads_a_manifest_only_where_the_listing_shows_a_possible_leftover(object_store,
+                                                                                           monkeypatch):
+    """The run directory is listed once, recursively: a step whose objects all come from one write per
+    entry (or were all written just now) is not looked at; one holding another write's object has its
+    manifest read once, and the recording the manifest names is cleaned, once the object is stale."""
     Recorder(object_store).record(1, marker=10)
     store, where = fs_store(object_store), step_dir(object_store)
     recording = read_manifest(store, where).recording
@@ -466,9 +471,20 @@ def test_start_up_clean_up_reads_each_manifest_once_and_cleans_the_recording_it_
         self, path, limit))
     monkeypatch.setattr(type(store), "remove_leftovers", lambda self, path, *a, **k: cleaned.append(path) or
                         remove_leftovers(self, path, *a, **k))
-    Recorder(object_store)  # binding starts the role: its clean-up of every listed step
+    Recorder(object_store)  # binding starts the role: its clean-up
+    assert reads == [] and cleaned == [where.rsplit("/", 1)[0]]  # the run directory's own clean-up alone
+    orphan = f"{where}/{recording}/0/data.deadbeef0000.json"  # a crashed writer's object, nothing names it
+    store.fs.pipe_file(store._p(orphan), b"orphan")
+    reads.clear()
+    cleaned.clear()
+    late = Recorder(object_store)
+    assert reads == [] and store.fs.exists(store._p(orphan))  # written just now: not stale, not looked at
+    late.role.store.clock = lambda: time.time() + 2 * STALE_SECONDS
+    late.role.start()
     assert reads == [f"{where}/{MANIFEST_FILE}"]
     assert cleaned[-1:] == [f"{where}/{recording}"] and where not in cleaned  # the run directory's own is before
+    assert not store.fs.exists(store._p(orphan))
+    assert replayed_markers(object_store) == {10}
 
 
 def test_a_cache_hit_reads_the_manifest_once_per_phase_and_loads_the_recording_it_probed(object_store, monkeypatch):

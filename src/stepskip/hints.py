@@ -1,0 +1,340 @@
+"""Prompt hints: per-writer documents that let ``action: match`` index a run without reading every entry.
+
+Every entry a row-wise role writes records one prompt digest per row in its ``meta.json``
+(``row_prompts``); the prompt index of ``action: match`` is built from those. Read entry by entry,
+the first ``match`` call of a run costs one ``meta.json`` read per entry: seconds at 10,000 entries
+on a local disk, one request each on an object store. So each writing role also keeps a *hint
+document* of its own in the directory holding its entries::
+
+    {"stepskip_hints": 1, "run_id": "...", "role": "rollout", "entries": {"12": {...}, ...}}
+
+(a V1 step of ``rollout_tq``: the recording its manifest named and, per inner entry, the same),
+one per writer (a role in one process, a fresh token per run; a writer starts another document once
+its current one reaches :data:`HINTS_ROLL_BYTES`), rewritten whole — atomically, with the store's
+small-object put — after each entry it wrote. The documents of every run directory of an experiment
+lie in one directory beside those run directories, named for the run directory (and role
+subdirectory) whose entries they describe, so that run directories hold only steps and one listing
+finds the documents of every run directory ``match`` spans::
+
+    {experiment}/.stepskip-index/GBS4_N2_in8_out6+{token}.json          entries of {experiment}/GBS4_N2_in8_out6/
+    {experiment}/.stepskip-index/GBS4_N2_in8_out6+reward+{token}.json   entries of .../GBS4_N2_in8_out6/reward/
+ Per entry it holds the entry's identity (``run_id``
+and ``created_unix`` of its ``meta.json``) and its row digests, run-length coded. The first
+``match`` call lists the documents (a number bounded by the writers, not the entries) and reads
+them instead of the entries' ``meta.json``.
+
+The documents are hints, never the truth: someone else may have written them. They are read up to
+:data:`HINTS_MAX_BYTES`, must be JSON of the documented types and sizes (anything else: the whole
+document is ignored, with a warning), may only name entries as step names inside the run directory their
+name says, and a hint only counts for an entry the directory's listing shows. The entry a hint
+makes the index choose is validated before it is used: its ``meta.json`` is read as without hints
+and must carry the hinted identity and digests. A hint to an entry rewritten since is corrected from
+that ``meta.json``; one whose identity matches but whose digests do not makes its whole document
+ignored (it lies); a V1 step a call chooses is indexed from its manifest and inner entries, as
+without hints. Entries no document covers (written by verl, an older stepskip, or a writer that
+stopped before its document) are indexed from their ``meta.json`` as before.
+
+What a hint cannot tell: an entry rewritten by a writer that died between publishing it and
+rewriting its document (or by an older stepskip) stays described by the earlier writer's hint, so
+the prompts it holds now are found only when a call chooses it for the prompts it held before (it is
+then re-indexed from its ``meta.json``), or once the documents are deleted, which is always safe.
+
+Example:
+    >>> doc = HintDocument(run_id="r1", role="rollout")
+    >>> doc.add("12", {"global_steps": 12, "run_id": "r1", "created_unix": 1.5, "row_prompts": ["a", "a", "b"]})
+    True
+    >>> parse_hints(doc.to_bytes(), "w.json")[0]["12"].digests
+    ['a', 'a', 'b']
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stepskip.store import _is_number, _load_json
+
+__all__ = ["HINTS_DIR", "HINTS_MAX_BYTES", "HINTS_ROLL_BYTES", "HINTS_VERSION", "Hint", "HintDocument", "StepHint",
+           "document_name", "document_of", "new_writer_token", "parse_hints", "rows_of", "same_version"]
+
+#: The directory (in an experiment's directory, beside its run directories) holding the hint documents.
+HINTS_DIR = ".stepskip-index"
+HINTS_VERSION = 1
+#: A hint document larger than this is ignored (the entries it covers are read directly).
+HINTS_MAX_BYTES = 16 << 20
+#: A writer starts another document once its current one is larger than this.
+HINTS_ROLL_BYTES = 4 << 20
+#: Bounds on what one document may describe: rows in all, rows of one entry, one digest's length.
+_MAX_ROWS = 1 << 24
+_MAX_ENTRY_ROWS = 1 << 20
+_MAX_DIGEST = 256
+_TOKEN = re.compile(r"[0-9a-f]{16}(?:-[0-9]{1,6})?")
+_ENTRY = re.compile(r"[0-9]{1,19}")
+_RECORDING = re.compile(r"rec-[0-9a-f]{12}")
+#: Inner entries a V1 step's hint may list (``stepskip.store.MAX_INNER_ENTRIES``).
+_MAX_INNER = 4096
+
+
+def document_name(run_name: str, subdir: str | None, token: str) -> str:
+    """The name of a writer's document describing the entries of ``run_name`` (and role ``subdir``).
+
+    Example:
+        >>> document_name("GBS4_N2_in8_out6", None, "0123456789abcdef")
+        'GBS4_N2_in8_out6+0123456789abcdef.json'
+    """
+    return "+".join([run_name, *([subdir] if subdir else []), token]) + ".json"
+
+
+def document_of(name: object) -> tuple[str, str | None] | None:
+    """``(run directory name, role subdirectory or None)`` a document name describes; None for a name
+    a writer does not give (a temporary, a planted file).
+
+    Example:
+        >>> document_of("GBS4_N2_in8_out6+reward+0123456789abcdef-2.json")
+        ('GBS4_N2_in8_out6', 'reward')
+    """
+    if not isinstance(name, str) or not name.endswith(".json") or name.startswith("."):
+        return None
+    head, _, token = name[:-5].rpartition("+")
+    if not head or not _TOKEN.fullmatch(token):
+        return None
+    run_name, _, subdir = head.partition("+")
+    return (run_name, subdir or None) if run_name else None
+
+
+def new_writer_token() -> str:
+    """A fresh writer token: the stem of a writer's document names."""
+    return uuid.uuid4().hex[:16]
+
+
+@dataclass(slots=True)
+class Hint:
+    """What a hint document says about one entry.
+
+    Args:
+        step: the entry's ``global_steps``.
+        run_id: the ``run_id`` of the ``meta.json`` it describes.
+        created: that ``meta.json``'s ``created_unix``.
+        runs: its ``row_prompts`` run-length coded: ``(digest, rows)`` in row order.
+        document: the name of the document it comes from.
+    """
+
+    step: int
+    run_id: str | None
+    created: float | None
+    runs: tuple[tuple[str, int], ...]
+    document: str = ""
+
+    @property
+    def digests(self) -> list[str]:
+        """The entry's ``row_prompts`` (one digest per row), expanded."""
+        return [digest for digest, count in self.runs for _ in range(count)]
+
+    def describes(self, meta: Mapping[str, Any]) -> bool:
+        """True when ``meta`` is the version of the entry this hint was written for (same identity)."""
+        return same_version(meta, self.run_id, self.created)
+
+    def newer_than(self, other: Hint | StepHint) -> bool:
+        return (self.created or 0.0) > (other.created or 0.0)
+
+
+@dataclass(slots=True)
+class StepHint:
+    """What a hint document says about one V1 step (``rollout_tq``): where its inner entries are and
+    what each of them is.
+
+    Args:
+        step: the step's ``global_steps``.
+        recording: the recording directory its manifest named (object stores), None for inner
+            entries directly in the step directory.
+        inner: one hint per inner entry, in order.
+        document: the name of the document it comes from.
+    """
+
+    step: int
+    recording: str | None
+    inner: tuple[Hint, ...]
+    document: str = ""
+
+    @property
+    def created(self) -> float:
+        return max((h.created or 0.0) for h in self.inner)
+
+    def newer_than(self, other: Hint | StepHint) -> bool:
+        return self.created > (other.created or 0.0)
+
+
+def same_version(meta: Mapping[str, Any], run_id: str | None, created: float | None) -> bool:
+    """True when ``meta`` carries this identity (``run_id`` and ``created_unix``), and it is one."""
+    return created is not None and meta.get("run_id") == run_id and meta.get("created_unix") == created
+
+
+def rows_of(hints: Mapping[str, Hint | StepHint]) -> int:
+    """The rows ``hints`` describe in all."""
+    return sum(count for hint in hints.values() for part in (hint.inner if isinstance(hint, StepHint) else (hint,))
+               for _, count in part.runs)
+
+
+def _run_length(digests: list[str]) -> list[list[Any]]:
+    runs: list[list[Any]] = []
+    for digest in digests:
+        if runs and runs[-1][0] == digest:
+            runs[-1][1] += 1
+        else:
+            runs.append([digest, 1])
+    return runs
+
+
+class HintDocument:
+    """The hint document one writer keeps (its entries, each as :meth:`add` was last given it).
+
+    Args:
+        run_id: the writer's run.
+        role: the writer's role.
+    """
+
+    def __init__(self, run_id: str, role: str) -> None:
+        self.run_id, self.role = run_id, role
+        self.entries: dict[str, dict[str, Any]] = {}
+        self._sizes: dict[str, int] = {}  # entry -> the bytes it adds to the document
+
+    @property
+    def size(self) -> int:
+        """The bytes :meth:`to_bytes` returns, near enough (without encoding the document)."""
+        return 96 + len(self.run_id) + len(self.role) + sum(self._sizes.values())
+
+    def remove(self, name: str) -> None:
+        self.entries.pop(name, None)
+        self._sizes.pop(name, None)
+
+    def add(self, name: str, meta: Mapping[str, Any]) -> bool:
+        """Describe the entry ``name`` (its step directory's name) as ``meta`` (its ``meta.json``) says;
+        False (nothing added) when it records no row digests or identity to hint."""
+        digests = meta.get("row_prompts")
+        created = meta.get("created_unix")
+        if (not _ENTRY.fullmatch(name) or not isinstance(digests, list) or not _is_number(created)
+                or not all(isinstance(d, str) and len(d) <= _MAX_DIGEST for d in digests)
+                or len(digests) > _MAX_ENTRY_ROWS):
+            self.remove(name)
+            return False
+        record = {"step": meta.get("global_steps"), "run_id": meta.get("run_id"), "created_unix": created,
+                  "rows": _run_length(digests)}
+        self.entries[name] = record
+        self._sizes[name] = len(name) + 4 + len(json.dumps(record, separators=(",", ":")))
+        return True
+
+    def add_step(self, name: str, recording: str | None, metas: list[Mapping[str, Any]]) -> bool:
+        """Describe the V1 step ``name`` whose inner entries (``metas``, their ``meta.json`` in order) are in
+        ``recording`` (None: in the step directory); False (nothing added) when one records no row
+        digests or identity to hint (a trajectory without a prompt digest is recorded as ``""``)."""
+        inner: list[dict[str, Any]] = []
+        for meta in metas:
+            digests = meta.get("row_prompts")
+            created = meta.get("created_unix")
+            if (not isinstance(digests, list) or not _is_number(created) or len(digests) > _MAX_ENTRY_ROWS
+                    or not all(d is None or (isinstance(d, str) and len(d) <= _MAX_DIGEST) for d in digests)):
+                inner = []
+                break
+            inner.append({"run_id": meta.get("run_id"), "created_unix": created,
+                          "rows": _run_length([d or "" for d in digests])})
+        if not _ENTRY.fullmatch(name) or not inner or (recording is not None and not _RECORDING.fullmatch(recording)):
+            self.remove(name)
+            return False
+        record = {"step": metas[0].get("global_steps"), "recording": recording, "inner": inner}
+        self.entries[name] = record
+        self._sizes[name] = len(name) + 4 + len(json.dumps(record, separators=(",", ":")))
+        return True
+
+    def to_bytes(self) -> bytes:
+        body = {"stepskip_hints": HINTS_VERSION, "run_id": self.run_id, "role": self.role, "entries": self.entries}
+        return json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
+def _parse_rows(rows: Any) -> tuple[tuple[tuple[str, int], ...], int] | None:
+    """The run-length coded rows of one entry and their count; None when malformed or unbounded."""
+    if type(rows) is not list:
+        return None
+    runs: list[tuple[str, int]] = []
+    count = 0
+    for run in rows:
+        if type(run) is not list or len(run) != 2:
+            return None
+        digest, repeat = run
+        if type(digest) is not str or len(digest) > _MAX_DIGEST or type(repeat) is not int or repeat < 1:
+            return None
+        count += repeat
+        runs.append((digest, repeat))
+    return (tuple(runs), count) if count <= _MAX_ENTRY_ROWS else None
+
+
+def _parse_step(name: str, info: dict[str, Any], step: int, document: str) -> tuple[StepHint | None, int]:
+    """A V1 step's hint and its rows; ``(None, 0)`` when malformed."""
+    recording, inner = info.get("recording"), info.get("inner")
+    if (recording is not None and (type(recording) is not str or not _RECORDING.fullmatch(recording))) \
+            or type(inner) is not list or not 1 <= len(inner) <= _MAX_INNER:
+        return None, 0
+    hints, total = [], 0
+    for part in inner:
+        if type(part) is not dict:
+            return None, 0
+        run_id, created = part.get("run_id"), part.get("created_unix")
+        parsed = _parse_rows(part.get("rows"))
+        if (run_id is not None and type(run_id) is not str) or not _is_number(created) or parsed is None:
+            return None, 0
+        hints.append(Hint(step, run_id, float(created), parsed[0], document))  # type: ignore[arg-type]
+        total += parsed[1]
+    return StepHint(step, recording, tuple(hints), document), total
+
+
+def parse_hints(raw: bytes, document: str,
+                max_rows: int = _MAX_ROWS) -> tuple[dict[str, Hint | StepHint], str]:
+    """``(entry name -> hint, "")`` for a well-formed hint document, else ``({}, reason)``; never raises.
+
+    Every value is checked for its type and bound before it is used: a document of another version,
+    shape or size is ignored whole (its entries are then read directly), and so is one describing
+    more than ``max_rows`` rows (at most :data:`_MAX_ROWS`; a reader of many documents passes what
+    is left of its budget).
+    """
+    max_rows = min(max_rows, _MAX_ROWS)
+    body, problem = _load_json(raw, HINTS_MAX_BYTES, document)
+    if problem:
+        return {}, problem
+    if not isinstance(body, dict) or body.get("stepskip_hints") != HINTS_VERSION:
+        version = body.get("stepskip_hints") if isinstance(body, dict) else None
+        return {}, f"{document} is not a hint document of version {HINTS_VERSION} (found {str(version)[:40]!r})"
+    entries = body.get("entries")
+    if not isinstance(entries, dict):
+        return {}, f"{document}: entries is not an object"
+    hints: dict[str, Hint | StepHint] = {}
+    total = 0
+    # one pass, exact types only (``type(x) is int`` also refuses bools): 10,000 entries parse in milliseconds
+    for name, info in entries.items():
+        if not (name.isdigit() and name.isascii() and len(name) <= 19):
+            return {}, f"{document} names the entry {name[:60]!r}, which is not a step directory's name"
+        if type(info) is not dict:
+            return {}, f"{document}: entry {name} is not an object"
+        step = info.get("step")
+        if type(step) is not int or not 0 <= step < 2**63:
+            return {}, f"{document}: entry {name} has an ill-typed step"
+        if "inner" in info:  # a V1 step
+            hint, entry_rows = _parse_step(name, info, step, document)
+            if hint is None:
+                return {}, f"{document}: step {name} has an ill-typed recording or inner entries"
+            total += entry_rows
+            hints[name] = hint
+        else:
+            run_id, created = info.get("run_id"), info.get("created_unix")
+            parsed = _parse_rows(info.get("rows"))
+            if (run_id is not None and type(run_id) is not str) or not _is_number(created):
+                return {}, f"{document}: entry {name} has an ill-typed run_id or created_unix"
+            if parsed is None:
+                return {}, f"{document}: entry {name} has a malformed row list, or more than {_MAX_ENTRY_ROWS} rows"
+            total += parsed[1]
+            hints[name] = Hint(step, run_id, float(created), parsed[0], document)  # type: ignore[arg-type]
+        if total > max_rows:
+            return {}, f"{document} describes more than {max_rows} rows"
+    return hints, ""
