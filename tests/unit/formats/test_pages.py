@@ -107,6 +107,7 @@ def test_decoded_tensors_recycle_and_every_byte_is_rewritten():
     fmt = get_format("safe")
     first, second = rollout(seed=1), rollout(seed=2)
     files = [fmt.encode(fmt.freeze(value, copy=False)) for value in (first, second)]
+    POOL.resume()  # a closed SkipManager (an earlier test) released it
     POOL.clear()  # no idle pages left by another test
     mapped, reused = POOL.mapped, POOL.reused
     decoded = fmt.decode(dict(files[0]))
