@@ -123,3 +123,18 @@ class V1Trainer:
         out = [self.step() for _ in range(steps)]
         SkipManager.flush()
         return out
+
+
+def rewrite_inner_entry(path: str, change: Any) -> None:
+    """Rewrite the V1 inner entry at ``path`` with ``change(payload)`` applied to its decoded payload,
+    its meta.json fields (row_prompts, ...) kept and its checksums valid: a crafted entry."""
+    from stepskip.formats import get_format
+    from stepskip.store import open_store
+
+    store = open_store(path.rsplit("/", 1)[0])
+    meta, files = store.read_entry(path)
+    codec = get_format(meta["format"])
+    payload = codec.decode(files)
+    change(payload)
+    kept = {k: v for k, v in meta.items() if k not in ("files", "retired")}
+    store.write_entry(path, codec.encode(codec.freeze(payload, copy=False)), kept)

@@ -9,25 +9,16 @@ from __future__ import annotations
 
 import pytest
 from test_rollout_tq import make_config, project_dir
-from v1_harness import V1Trainer
+from v1_harness import V1Trainer, rewrite_inner_entry
 
 from stepskip import CorruptEntryError, SkipManager
-from stepskip.formats import get_format
 from stepskip.index import CacheIndex
-from stepskip.store import open_store
 from stepskip.tq import InProcessTQClient
 
 
 def tamper(dump_dir, step, change):
     """Rewrite step ``step``'s inner entry 0 with ``change(payload)`` applied, its checksums valid."""
-    store = open_store(str(dump_dir))
-    path = str(project_dir(dump_dir) / str(step) / "0")
-    meta, files = store.read_entry(path)
-    codec = get_format(meta["format"])
-    payload = codec.decode(files)
-    change(payload)
-    kept = {k: v for k, v in meta.items() if k not in ("files", "retired")}
-    store.write_entry(path, codec.encode(codec.freeze(payload, copy=False)), kept)
+    rewrite_inner_entry(str(project_dir(dump_dir) / str(step) / "0"), change)
 
 
 def tags_not_mappings(payload):

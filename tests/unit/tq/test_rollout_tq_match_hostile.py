@@ -11,11 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 from test_rollout_tq_match import by_prompt, make_config, record
-from v1_harness import V1Trainer
+from v1_harness import V1Trainer, rewrite_inner_entry
 
 from stepskip import SkipManager
-from stepskip.formats import get_format
-from stepskip.store import open_store
 from stepskip.tq import InProcessTQClient
 
 
@@ -25,14 +23,8 @@ def inner(dump_dir, step, gbs=4):
 
 def tamper(dump_dir, step, change):
     """Rewrite an inner entry with ``change(payload)`` applied, its meta (row_prompts ...) kept, checksums valid."""
-    store = open_store(str(dump_dir))
     path = str(inner(dump_dir, step))
-    meta, files = store.read_entry(path)
-    codec = get_format(meta["format"])
-    payload = codec.decode(files)
-    change(payload)
-    kept = {k: v for k, v in meta.items() if k not in ("files", "retired")}
-    store.write_entry(path, codec.encode(codec.freeze(payload, copy=False)), kept)
+    rewrite_inner_entry(path, change)
     return sorted(p.name for p in Path(path).iterdir())
 
 
