@@ -304,7 +304,7 @@ def _decode_inline_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype
     if stored.numel() != kept:
         raise CorruptEntryError(f"{TREE}: {field}.values: {stored.numel()} values for {kept} kept positions")
     values = stored.numpy()
-    if dtype == torch.bool and kept and int(values.max()) > 1:
+    if dtype == torch.bool and kept and (int(values.min()) < 0 or int(values.max()) > 1):
         raise CorruptEntryError(f"{TREE}: {field}.values: a bool tensor's values are 0 or 1")
     out = np.empty((rows, width), dtype=_NUMPY[bits_dtype])
     if rows == 1:  # one sample: the row's three slices, without the per-row loop
@@ -339,6 +339,9 @@ def _decode_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budge
     if values.size != kept:
         raise CorruptEntryError(f"{TREE}: {field}.values: {values.size} values for {kept} kept positions")
     target = _NUMPY[bits_dtype]
+    if dtype == torch.bool and any(p.size and (int(p.min()) < 0 or int(p.max()) > 1)
+                                   for p in (values, parts["lval"].numpy(), parts["rval"].numpy())):
+        raise CorruptEntryError(f"{TREE}: {field}: a bool tensor's values are 0 or 1")  # any other byte is no bool
     lval, rval = parts["lval"].numpy().astype(target), parts["rval"].numpy().astype(target)
     if rows == 1 or width >= ROW_COPY_MIN_WIDTH:  # each row by slices (one row: an entry per sample)
         out = POOL.array((rows, width), target)

@@ -172,3 +172,15 @@ def test_any_json_in_an_inline_field_decodes_exactly_or_is_a_corrupt_entry(field
         return
     # accepted: then it is a valid description of some tensor of the declared dtype and shape
     assert out.batch["x"].dtype == torch.int32 and out.batch["x"].dim() == 2
+
+
+@pytest.mark.parametrize("rows", [1, 3, 17])  # 17 rows: the runs are stored parts, not inline
+def test_a_bool_tensor_whose_stored_values_are_not_0_or_1_is_damage(rows):
+    from safetensors.torch import save as st_save
+
+    files = _entry({"x": _padded(rows, 40, torch.bool, seed=1)})
+    node = json.loads(files[TREE])["root"]["batch"]["entries"]["x"]
+    tensors = st_load(files[TENSORS])
+    tensors[node["values"]] = torch.full_like(tensors[node["values"]], -1, dtype=torch.int8)  # byte 255
+    with pytest.raises(CorruptEntryError, match="a bool tensor's values are 0 or 1"):
+        SafeFormat().decode(dict(files, **{TENSORS: st_save(tensors)}))
