@@ -499,6 +499,31 @@ def _dirty_bytes() -> int | None:
     return total if found == 2 else None
 
 
+#: Filesystems whose ``syncfs`` writes back every file and reports writeback errors. Elsewhere (FUSE
+#: mounts such as JuiceFS or gcsfuse: their kernel side returns 0 without asking the daemon; overlay
+#: on older kernels) a batch keeps each file's own ``fsync``.
+SYNCFS_FILESYSTEMS = frozenset({"ext4", "xfs", "btrfs", "f2fs", "tmpfs"})
+_FS_TYPES: dict[int, str | None] = {}
+
+
+def _fs_type(device: int) -> str | None:
+    """The type of the filesystem mounted from ``device`` (``/proc/self/mountinfo``); None if unknown."""
+    if device not in _FS_TYPES:
+        wanted, found = f"{os.major(device)}:{os.minor(device)}", None
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    fields, _, rest = line.partition(" - ")
+                    parts = fields.split()
+                    if len(parts) > 2 and parts[2] == wanted and rest.split():
+                        found = rest.split()[0]
+                        break
+        except OSError:
+            pass
+        _FS_TYPES[device] = found
+    return _FS_TYPES[device]
+
+
 def _syncfs_pays() -> bool:
     """Whether one ``syncfs`` is the cheap way to make a batch durable just now."""
     if _SYNCFS is None:
@@ -1456,7 +1481,8 @@ class LocalStore(_EntryStore):
         before it is durable when it returns 0, as after each file's own ``fsync``. Should it fail,
         those entries' files are synced one by one, so a failure still costs only the entries it
         hit. (``syncfs`` also writes back what other programs left dirty on that filesystem: it is
-        used only while the system holds at most :data:`SYNCFS_MAX_DIRTY_BYTES` dirty.)
+        used only while the system holds at most :data:`SYNCFS_MAX_DIRTY_BYTES` dirty, and only on the
+        filesystems of :data:`SYNCFS_FILESYSTEMS`.)
 
         Returns:
             Per entry, in order: the bytes written, or the exception that kept it from being written
@@ -1521,10 +1547,11 @@ class LocalStore(_EntryStore):
             if parent_fd not in devices:
                 devices[parent_fd] = os.fstat(parent_fd).st_dev  # the entry's directory is made in its parent
             by_device.setdefault(devices[parent_fd], []).append(i)
-        for keys in by_device.values():
+        for device, keys in by_device.items():
             # the parent was opened before any file of the batch was written there: its syncfs reports any
             # writeback error since (the kernel samples the filesystem's error state when a file is opened)
-            if whole and len(keys) >= SYNCFS_MIN_ENTRIES and _SYNCFS(staged[keys[0]][0]) == 0:
+            if (whole and len(keys) >= SYNCFS_MIN_ENTRIES and _fs_type(device) in SYNCFS_FILESYSTEMS
+                    and _SYNCFS(staged[keys[0]][0]) == 0):
                 for i in keys:
                     syncs.close(i, held.pop(i))
                 continue

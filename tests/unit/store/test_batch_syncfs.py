@@ -78,6 +78,19 @@ def test_a_system_holding_much_dirty_data_keeps_per_file_fsyncs(tmp_path, monkey
     assert not [c for c in calls if c[0] == "syncfs"]
 
 
+def test_a_fuse_mount_keeps_per_file_fsyncs(tmp_path, monkeypatch):
+    """FUSE's kernel side answers syncfs without asking the daemon: only a file's fsync reaches it."""
+    store = LocalStore()
+    calls = _spy(monkeypatch)
+    monkeypatch.setattr(store_module, "_fs_type", lambda device: "fuse.juicefs")
+    assert all(isinstance(r, int) for r in store.write_entries(_entries(tmp_path, 8)))
+    assert not [c for c in calls if c[0] == "syncfs"] and [c for c in calls if c[0] == "fsync"]
+
+
+def test_the_filesystem_type_comes_from_mountinfo(tmp_path):
+    assert store_module._fs_type(os.stat(tmp_path).st_dev) is not None
+
+
 def test_the_system_dirty_bytes_are_read_from_meminfo():
     dirty = store_module._dirty_bytes()
     assert dirty is not None and dirty >= 0  # Linux (the module is skipped elsewhere)
