@@ -59,18 +59,35 @@ class PromptIndex:
 
     groups: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
     entries: dict[str, int] = field(default_factory=dict)  # entry path -> its step
+    _rows: dict[str, dict[str, list[int]]] = field(default_factory=dict, repr=False)  # path -> digest -> rows
+    _holders: dict[str, dict[str, int]] = field(default_factory=dict, repr=False)  # digest -> path -> order added
+    _added: int = field(default=0, repr=False)
 
     def add(self, path: str, step: int, digests: Sequence[str]) -> None:
         self.forget(path)
         self.entries[path] = step
-        for digest, rows in group_rows(digests).items():
+        self._added += 1
+        self._rows[path] = grouped = group_rows(digests)
+        for digest, rows in grouped.items():
+            self._holders.setdefault(digest, {})[path] = self._added
             current = self.groups.get(digest)
             if current is None or self.entries.get(current[0], -1) <= step:
                 self.groups[digest] = (path, rows)
 
     def forget(self, path: str) -> None:
-        if self.entries.pop(path, None) is not None:
-            self.groups = {d: where for d, where in self.groups.items() if where[0] != path}
+        """Drop ``path``; each prompt it served falls back to the other entry recording it (latest step,
+        then the last added), so forgetting one entry never hides another's prompts."""
+        if self.entries.pop(path, None) is None:
+            return
+        for digest in self._rows.pop(path, {}):
+            holders = self._holders.get(digest, {})
+            holders.pop(path, None)
+            if not holders:
+                self._holders.pop(digest, None)
+                self.groups.pop(digest, None)
+            elif self.groups.get(digest, ("",))[0] == path:
+                best = max(holders, key=lambda other: (self.entries[other], holders[other]))
+                self.groups[digest] = (best, self._rows[best][digest])
 
 
 @dataclass

@@ -42,3 +42,19 @@ def test_a_join_failing_for_another_reason_is_reported_not_raised():
     wide = Batch.from_dict(tensors={"responses": torch.zeros(1, 5, dtype=torch.int64)}, non_tensors={"uid": ["w"]})
     problem = join_problem([rollout(2), wide])  # another trailing shape: the tensor join itself fails
     assert problem is not None and problem.startswith("its columns cannot be joined with the others'")
+
+
+def test_forgetting_an_entry_hands_its_prompts_back_to_the_others_recording_them():
+    from stepskip.matching import PromptIndex
+
+    index = PromptIndex()
+    index.add("run/3", 3, ["d", "d"])
+    index.add("run/5", 5, ["d", "d"])  # the latest step serves d
+    assert index.groups["d"] == ("run/5", [0, 1])
+    index.add("run/5", 5, ["e", "e"])  # re-indexed (a stale hint corrected): d is run/3's again
+    assert index.groups == {"d": ("run/3", [0, 1]), "e": ("run/5", [0, 1])}
+    index.add("run/7", 7, ["d", "x", "d"])
+    index.forget("run/7")
+    assert index.groups["d"] == ("run/3", [0, 1]) and "x" not in index.groups
+    index.forget("run/3")
+    assert "d" not in index.groups and index.groups["e"] == ("run/5", [0, 1])
