@@ -26,7 +26,9 @@ them instead of the entries' ``meta.json``.
 The documents are hints, never the truth: someone else may have written them. They are read up to
 :data:`HINTS_MAX_BYTES`, must be JSON of the documented types and sizes (anything else: the whole
 document is ignored, with a warning), may only name entries as step names inside the run directory their
-name says, and a hint only counts for an entry the directory's listing shows. The entry a hint
+name says, and a hint only counts for an entry the directory's listing shows. A reader uses a
+document only once its hints for its two lowest listed entries match their ``meta.json``, and
+drops an entry two documents describe differently (no writer's clock decides). The entry a hint
 makes the index choose is validated before it is used: its ``meta.json`` is read as without hints
 and must carry the hinted identity and digests. A hint to an entry rewritten since is corrected from
 that ``meta.json``; one whose identity matches but whose digests do not makes its whole document
@@ -65,9 +67,9 @@ __all__ = ["HINTS_DIR", "HINTS_MAX_BYTES", "HINTS_ROLL_BYTES", "HINTS_VERSION", 
 HINTS_DIR = ".stepskip-index"
 HINTS_VERSION = 1
 #: A hint document larger than this is ignored (the entries it covers are read directly).
-HINTS_MAX_BYTES = 16 << 20
+HINTS_MAX_BYTES = 4 << 20
 #: A writer starts another document once its current one is larger than this.
-HINTS_ROLL_BYTES = 4 << 20
+HINTS_ROLL_BYTES = 256 << 10  # small: a writer rewrites its current document whole after each dump
 #: Bounds on what one document may describe: rows in all, rows of one entry, one digest's length.
 _MAX_ROWS = 1 << 24
 _MAX_ENTRY_ROWS = 1 << 20
@@ -138,9 +140,6 @@ class Hint:
         """True when ``meta`` is the version of the entry this hint was written for (same identity)."""
         return same_version(meta, self.run_id, self.created)
 
-    def newer_than(self, other: Hint | StepHint) -> bool:
-        return (self.created or 0.0) > (other.created or 0.0)
-
 
 @dataclass(slots=True)
 class StepHint:
@@ -159,13 +158,6 @@ class StepHint:
     recording: str | None
     inner: tuple[Hint, ...]
     document: str = ""
-
-    @property
-    def created(self) -> float:
-        return max((h.created or 0.0) for h in self.inner)
-
-    def newer_than(self, other: Hint | StepHint) -> bool:
-        return self.created > (other.created or 0.0)
 
 
 def same_version(meta: Mapping[str, Any], run_id: str | None, created: float | None) -> bool:

@@ -10,6 +10,7 @@ regenerated over or deleted — only ``action: record`` replaces it).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import sys
@@ -68,6 +69,7 @@ _HINTED_FROM = 8
 #: Hint documents read at most, and the rows they may describe in all (bounds should someone plant many).
 _MAX_HINT_DOCUMENTS = 1024
 _MAX_HINTED_ROWS = 1 << 25
+_MAX_HINT_BYTES = 64 << 20  # hint documents read in all by one role
 
 
 def _prompt_digest(prompts: Any, exclude: Iterable[str]) -> str | None:
@@ -636,7 +638,7 @@ class CachedRole(BaseSkip):
                 index.forget(path)
                 self._hinted.pop(path, None)
             new = sorted(listed - set(index.entries))
-            hints = self._read_hints({p.rsplit("/", 1)[0] for p in new}) if len(new) >= _HINTED_FROM else {}
+            hints = self._read_hints({p.rsplit("/", 1)[0] for p in new}, set(new)) if len(new) >= _HINTED_FROM else {}
             from stepskip.hints import Hint
 
             for path in new:
@@ -662,13 +664,20 @@ class CachedRole(BaseSkip):
         index.forget(path)
         return False
 
-    def _read_hints(self, projects: set[str]) -> dict[str, Any]:
-        """Entry path -> its newest hint, from the hint documents of ``projects`` not read before
-        (:mod:`stepskip.hints`): one listing per run directory and one bounded read per document.
-        A document that cannot be read or parsed is ignored with a warning."""
+    def _read_hints(self, projects: set[str], listed: set[str]) -> dict[str, Any]:
+        """Entry path -> its hint, for the ``listed`` paths, from the hint documents of ``projects`` not
+        read before (:mod:`stepskip.hints`): one listing per run directory and one bounded read per
+        document, at most :data:`_MAX_HINT_BYTES` read in all.
+
+        A document is used only when the hints it holds for the first two listed entries match those
+        entries' ``meta.json`` (a planted or stale document, or one from a writer whose clock is off,
+        is ignored with a warning: its entries are read directly). Two documents that say different
+        things of one entry both lose that entry: its ``meta.json`` is read instead.
+        """
         from stepskip.hints import HINTS_DIR, HINTS_MAX_BYTES, document_of, parse_hints, rows_of
 
         out: dict[str, Any] = {}
+        disputed: set[str] = set()
         wanted = projects - self._hints_read
         if not wanted:
             return out
@@ -690,27 +699,48 @@ class CachedRole(BaseSkip):
                            _MAX_HINT_DOCUMENTS)
             names = names[:_MAX_HINT_DOCUMENTS]
         budget = _MAX_HINTED_ROWS  # rows all documents may describe: what they cost in memory stays bounded
+        read_left = _MAX_HINT_BYTES
         for name, project in names:
             document = f"{where}/{name}"
+            if read_left <= 0:
+                logger.warning("%s match: %d bytes of hint documents read; the entries of the others are read "
+                               "directly", self.name, _MAX_HINT_BYTES)
+                break
             try:
-                raw = self.store.read_small(document, HINTS_MAX_BYTES)
+                raw = self.store.read_small(document, min(HINTS_MAX_BYTES, read_left))
             except CorruptEntryError as err:
                 logger.warning("%s match: ignoring the hint document %s: %s", self.name, document, err)
                 continue
             if raw is None:
                 continue  # replaced or removed since listed
+            read_left -= len(raw)
             hints, problem = parse_hints(raw, document, budget)
-            budget -= rows_of(hints)
+            mine = {f"{project}/{entry}": hint for entry, hint in hints.items() if f"{project}/{entry}" in listed}
+            del hints  # only the hints of listed entries are kept: what a document costs stays bounded by them
+            if not problem:
+                sample = sorted(mine, key=lambda path: (len(path), path))[:2]  # its two lowest steps
+                if not all(self._hint_holds(path, mine[path]) for path in sample):
+                    problem = f"it describes {' or '.join(sample)} otherwise than its meta.json (checked before use)"
             if problem:
                 logger.warning("%s match: ignoring the hint document %s: %s; the entries it describes are "
                                "read directly", self.name, document, problem)
                 continue
-            for entry, hint in hints.items():
-                path = f"{project}/{entry}"
+            budget -= rows_of(mine)
+            for path, hint in mine.items():
                 current = out.get(path)
-                if current is None or hint.newer_than(current):
-                    out[path] = hint
+                if current is not None and current != dataclasses.replace(hint, document=current.document):
+                    disputed.add(path)  # never decided by a writer's own clock: the entry itself is read
+                out.setdefault(path, hint)
+        for path in disputed:
+            out.pop(path, None)
         return out
+
+    def _hint_holds(self, path: str, hint: Any) -> bool:
+        """Whether ``hint`` says what the entry at ``path`` holds now (its identity, step and digests)."""
+        probe = self._probe(path)
+        meta = probe.meta or {}
+        return (probe.state is EntryState.PRESENT and hint.describes(meta) and _step_of(meta) == hint.step
+                and meta.get("row_prompts") == hint.digests)
 
     def _validate_hints(self, index: Any, paths: list[str]) -> None:
         """Check the hinted entries a call chose against their ``meta.json``: kept when it carries the
@@ -725,7 +755,7 @@ class CachedRole(BaseSkip):
                 probe = self._probe(path)
                 meta = probe.meta or {}
                 if probe.state is EntryState.PRESENT and hint.describes(meta) and self._servable(meta) \
-                        and meta.get("row_prompts") == hint.digests:
+                        and meta.get("row_prompts") == hint.digests and _step_of(meta) == hint.step:
                     continue  # what the hint said: it stays indexed, now validated
                 lying = probe.state is EntryState.PRESENT and hint.describes(meta)
                 self._index_from_meta(index, path, probe)

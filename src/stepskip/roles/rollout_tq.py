@@ -635,7 +635,7 @@ class RolloutTqSkip(RolloutSkip):
                     index.forget(path)
                 self._hinted_steps.pop(step_dir, None)
             new = sorted(listed - set(self._indexed))
-            hints = self._read_hints({d.rsplit("/", 1)[0] for d in new}) if len(new) >= _HINTED_FROM else {}
+            hints = self._read_hints({d.rsplit("/", 1)[0] for d in new}, set(new)) if len(new) >= _HINTED_FROM else {}
             from stepskip.hints import StepHint
 
             for step_dir in new:
@@ -652,6 +652,15 @@ class RolloutTqSkip(RolloutSkip):
                 if added is not None:
                     self._indexed[step_dir] = added
             return index
+
+    def _hint_holds(self, path: str, hint: Any) -> bool:
+        """Whether a step's hint says what its first inner entry holds now (identity, step, digests)."""
+        from stepskip.hints import StepHint
+
+        if not isinstance(hint, StepHint) or not hint.inner:
+            return False
+        root = f"{path}/{hint.recording}" if hint.recording else path
+        return super()._hint_holds(f"{root}/0", hint.inner[0])
 
     def _validate_step_hints(self, index: Any, step_dirs: list[str]) -> None:
         """Index the hinted steps a call chose from their manifest and inner entries, as without hints

@@ -92,9 +92,11 @@ def test_first_match_submit_looks_at_as_much_at_10_and_30_steps(dump_dir, monkey
         assert stats["skip/rollout_tq/rows_replayed"] == 2
         SkipManager.reset()
     # (which inner entry holds a prompt depends on the uids the replay buffer sorts: distinct paths are compared)
-    assert len(set(looked[10])) == len(set(looked[30])) == 2 + sync, looked  # document, manifest, inner entries
+    # document, manifest, inner entries; and the first inner entry of the two lowest steps, which the
+    # document is checked on before it is used
+    assert len(set(looked[10])) == len(set(looked[30])) == 2 + sync + 2, looked
     steps = {p.split("GBS4_N2_in0_out0/", 1)[1].split("/")[0] for p in looked[30] if "GBS4_N2_in0_out0/" in p}
-    assert steps == {"30"}, looked[30]  # the step chosen alone: its manifest, then its inner entries
+    assert steps == {"1", "2", "30"}, looked[30]  # the step chosen alone is read whole
 
 
 def test_a_step_recorded_again_since_its_hint_is_read_from_its_entries(dump_dir, monkeypatch) -> None:
