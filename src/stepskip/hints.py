@@ -58,7 +58,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stepskip.store import _is_number, _load_json
+from stepskip.store import META_MAX_BYTES, _is_number, _load_json
 
 __all__ = ["HINTS_DIR", "HINTS_MAX_BYTES", "HINTS_ROLL_BYTES", "HINTS_VERSION", "Hint", "HintDocument", "StepHint",
            "document_name", "document_of", "new_writer_token", "parse_hints", "rows_of", "same_version"]
@@ -72,7 +72,9 @@ HINTS_MAX_BYTES = 4 << 20
 HINTS_ROLL_BYTES = 256 << 10  # small: a writer rewrites its current document whole after each dump
 #: Bounds on what one document may describe: rows in all, rows of one entry, one digest's length.
 _MAX_ROWS = 1 << 24
-_MAX_ENTRY_ROWS = 1 << 20
+# no more than a meta.json can list: its row_prompts (each digest a JSON string of at least 16 bytes)
+# fit in META_MAX_BYTES, so a hint claiming more can never match the entry
+_MAX_ENTRY_ROWS = META_MAX_BYTES // 16
 _MAX_DIGEST = 256
 _TOKEN = re.compile(r"[0-9a-f]{16}(?:-[0-9]{1,6})?")
 _ENTRY = re.compile(r"[0-9]{1,19}")

@@ -402,16 +402,24 @@ def test_parse_hints_bounds_nesting_and_the_rows_of_a_reader() -> None:
 @pytest.mark.parametrize("kept", [True, False])
 def test_a_planted_document_claiming_to_be_newest_hides_nothing(dump_dir, monkeypatch, kept) -> None:
     """A document (planted, or a writer whose clock runs ahead) describing every entry with a far-future
-    identity, huge steps and digests no prompt has: it fails the check on its first entries and is
+    identity, huge steps and digests no prompt has: it fails the check on its two lowest entries and is
     ignored, with or without the real writer's document beside it; every recorded prompt is replayed."""
     cache_of(dump_dir, 12)
     if not kept:
         remove_documents(dump_dir)
-    entries = {str(s): {"step": 2 ** 62, "run_id": "x", "created_unix": 1e18, "rows": [[f"{s:064x}", 1 << 20]]}
+    entries = {str(s): {"step": 2 ** 62, "run_id": "x", "created_unix": 1e18, "rows": [[f"{s:064x}", 4]]}
                for s in range(12)}
     put_document(dump_dir, f"GBS4_N2_in8_out6+{'f' * 16}.json",
                  json.dumps({"stepskip_hints": 1, "run_id": "x", "role": "rollout", "entries": entries}).encode())
     out, rollout, _ = match_call(dump_dir, [0, 1, 2, 3], monkeypatch)
     assert replayed(out, [0, 1, 2, 3]) == {0: 1, 1: 1, 2: 1, 3: 1} and rollout.seen == []
     index = SkipManager.skip_instances["rollout"]._index
-    assert sum(len(rows) for _, rows in index.groups.values()) < 1000  # none of the 2**20-row claims
+    assert not any(digest.startswith("0" * 48) for digest in index.groups)  # none of its claims
+
+
+def test_a_hint_claiming_more_rows_than_a_meta_json_can_list_is_refused():
+    raw = json.dumps({"stepskip_hints": 1, "run_id": "x", "role": "rollout",
+                      "entries": {"1": {"step": 1, "run_id": "x", "created_unix": 1.0,
+                                        "rows": [["a" * 16, hints_module._MAX_ENTRY_ROWS + 1]]}}}).encode()
+    hints, problem = parse_hints(raw, "doc")
+    assert not hints and "more than" in problem
