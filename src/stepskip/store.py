@@ -791,6 +791,10 @@ class _EntryStore:
         wanted: _Names = names if names is None or callable(names) else list(names)
         known = probe if verify and probe is not None and probe.state is EntryState.PRESENT and probe.stamp else None
         found, files = self._look(path, tuple(legacy_files), wanted, verify, read=True, pooled=pooled, known=known)
+        if found.state is EntryState.DAMAGED and known is not None:
+            # the reused meta.json may be stale (rewritten in place within the timestamps' granularity):
+            # damage is only what a read of meta.json itself still finds
+            found, files = self._look(path, tuple(legacy_files), wanted, verify, read=True, pooled=pooled)
         if found.state is EntryState.MISSING:
             raise CacheMissError(f"{path}: no entry there (never written, or removed meanwhile)")
         if found.state is EntryState.DAMAGED:

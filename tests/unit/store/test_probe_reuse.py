@@ -133,3 +133,15 @@ def test_a_hit_through_the_decorator_parses_meta_json_once(tmp_path, meta_reads)
         assert len(meta_reads) == 1  # the probe's; the read reused it
     finally:
         SkipManager.reset()
+
+
+def test_a_stale_reused_meta_is_read_again_before_anything_is_called_damaged(tmp_path, monkeypatch):
+    """An in-place rewrite within the timestamps' granularity can leave the stamp unchanged: the
+    reused meta.json then disagrees with the data, and only a read of meta.json itself may say damage."""
+    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    _write(store, path, 1)
+    probe = store.probe(path)
+    _write(store, path, 2, fill=b"2")
+    monkeypatch.setattr(store_module, "_known_meta", lambda dir_fd, known: known.meta)  # the stamp "matched"
+    meta, files = store.read_entry(path, probe=probe)
+    assert meta["v"] == 2 and files == {"data.bin": b"2" * 16}
