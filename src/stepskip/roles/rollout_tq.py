@@ -358,9 +358,10 @@ class RolloutTqSkip(RolloutSkip):
         with self._lock:
             if not ok:
                 self._failed.add(step)
+                self._inner_metas.pop(step, None)  # a step that is not published gets no hint
                 return False
             inner = meta.get("inner_idx")
-            if isinstance(inner, int) and self.row_wise:
+            if isinstance(inner, int) and self.row_wise and step not in self._failed:
                 self._inner_metas.setdefault(step, {})[inner] = meta
             written = self._written[step] = self._written.get(step, 0) + 1
             complete = written == self.parameter_sync_step and step not in self._failed
@@ -386,6 +387,8 @@ class RolloutTqSkip(RolloutSkip):
             self.stats.add(dump_failures=1)
             logger.error("%s dump failed: step %d not published from %s to %s: %s: %s",
                          self.name, step, staging, target, type(err).__name__, err)
+            with self._lock:
+                self._inner_metas.pop(step, None)
             return
         logger.info("%s dump: step %d published at %s (%d inner entries)", self.name, step, target,
                     self.parameter_sync_step)

@@ -383,3 +383,31 @@ def test_a_step_published_after_a_listing_is_seen_where_directory_times_never_ch
     assert (project_dir(tmp_path) / "1" / "0" / "meta.json").is_file()  # published
     assert role.listed_steps() == [1]
     assert role.resolve_load_step(2) == 1  # repeat finds it
+
+
+def test_a_step_that_fails_to_publish_keeps_nothing_for_its_hint(tmp_path, monkeypatch):
+    """The inner entries' metas kept for the step's prompt hint go with a step that is not published."""
+    from v1_harness import trajectory_fields
+
+    from stepskip.identity import RunIdentity
+    from stepskip.roles.base import RunContext
+    from stepskip.roles.rollout_tq import RolloutTqSkip
+    from stepskip.tq import KVBatchMeta
+
+    config = make_config(tmp_path, steps=[1], action="match", async_dump=False)
+    tq = InProcessTQClient()
+    role = RolloutTqSkip(config["skip"]["rollout_tq"], config)
+    role.bind(RunContext(name="rollout_tq", run_id="r1", identity=RunIdentity.from_config(config),
+                         runtime={"tq_client": tq}))
+
+    def refused(staging, target):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(role.store, "publish_dir", refused)
+    role.begin_recording(1)
+    _, fields = trajectory_fields([0, 1, 2], 2, 1)
+    keys = [f"u{p}_{s}_0" for p in range(3) for s in range(2)]
+    tags = [{"global_steps": 1, "status": "finished"} for _ in keys]
+    tq.kv_batch_put(keys=keys, fields=fields, tags=tags, partition_id="train")
+    role.save_sample(1, KVBatchMeta(keys=keys, tags=tags, partition_id="train"))
+    assert role.stats["dump_failures"] == 1 and role._inner_metas == {}
