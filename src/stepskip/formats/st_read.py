@@ -22,12 +22,11 @@ import torch
 
 from stepskip.errors import CorruptEntryError
 from stepskip.formats.pages import POOL
+from stepskip.formats.st_small import SAFETENSORS_CODES
 
 __all__ = ["load_view"]
 
-_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "U16": torch.uint16,
-           "I32": torch.int32, "U32": torch.uint32, "I64": torch.int64, "U64": torch.uint64, "F16": torch.float16,
-           "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+_DTYPES = {code: dtype for dtype, code in SAFETENSORS_CODES.items()}  # safetensors' dtype codes, read back
 _MAX_HEADER = 100 << 20  # safetensors' own limit
 
 

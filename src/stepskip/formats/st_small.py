@@ -19,16 +19,18 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["save_small", "SMALL_BYTES"]
+__all__ = ["save_small", "SMALL_BYTES", "SAFETENSORS_CODES"]
 
 #: Dicts of tensors holding more than this are left to safetensors (its overhead no longer matters).
 SMALL_BYTES = 1 << 20
 
 # safetensors' dtype codes, in the order its serializer lays tensors out (descending dtype)
-_CODES = {torch.uint64: "U64", torch.int64: "I64", torch.float64: "F64", torch.float32: "F32", torch.uint32: "U32",
-          torch.int32: "I32", torch.bfloat16: "BF16", torch.float16: "F16", torch.uint16: "U16", torch.int16: "I16",
-          torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
-_RANK = {dtype: rank for rank, dtype in enumerate(_CODES)}
+SAFETENSORS_CODES = {
+    torch.uint64: "U64", torch.int64: "I64", torch.float64: "F64", torch.float32: "F32", torch.uint32: "U32",
+    torch.int32: "I32", torch.bfloat16: "BF16", torch.float16: "F16", torch.uint16: "U16", torch.int16: "I16",
+    torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+}
+_RANK = {dtype: rank for rank, dtype in enumerate(SAFETENSORS_CODES)}
 _NUMPY_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
                  torch.float32, torch.float64}
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,200}")  # JSON-encoded the same by every encoder
@@ -49,7 +51,7 @@ def save_small(tensors: Mapping[str, torch.Tensor]) -> bytes | None:
         return None
     total = 0
     for name, tensor in tensors.items():
-        if (not isinstance(tensor, torch.Tensor) or tensor.dtype not in _CODES or tensor.device.type != "cpu"
+        if (not isinstance(tensor, torch.Tensor) or tensor.dtype not in SAFETENSORS_CODES or tensor.device.type != "cpu"
                 or tensor.layout is not torch.strided or tensor.is_nested or not _PLAIN_NAME.fullmatch(name)):
             return None
         total += tensor.numel() * tensor.element_size()
@@ -67,7 +69,7 @@ def save_small(tensors: Mapping[str, torch.Tensor]) -> bytes | None:
             if flat.stride(0) != 1:  # e.g. a one-element view with stride 0: a dense copy
                 flat = flat.new_empty(flat.shape).copy_(flat)
             data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-        header[name] = {"dtype": _CODES[tensor.dtype], "shape": list(tensor.shape),
+        header[name] = {"dtype": SAFETENSORS_CODES[tensor.dtype], "shape": list(tensor.shape),
                         "data_offsets": [offset, offset + len(data)]}
         offset += len(data)
         chunks.append(data)

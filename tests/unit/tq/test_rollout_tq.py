@@ -350,22 +350,39 @@ def test_misaligned_prompts_are_reported(tmp_path, caplog):
     assert "recorded for other prompts" in caplog.text
 
 
-def test_a_step_published_after_a_listing_is_seen_where_directory_times_never_change(tmp_path, monkeypatch):
-    """A listing taken between the last inner entry's write and the step's publish (another thread
-    of the trainer, here: inside the publish) must not hide the published step from ``repeat``, on a
-    mount with fixed directory times (mountpoint-s3, goofys: one settled version, faked here)."""
-    from v1_harness import trajectory_fields
-
+def bound_role(tmp_path, **fields):
+    """A RolloutTqSkip bound to an in-process queue, as SkipManager.init binds it: ``(role, queue)``."""
     from stepskip.identity import RunIdentity
     from stepskip.roles.base import RunContext
     from stepskip.roles.rollout_tq import RolloutTqSkip
-    from stepskip.tq import KVBatchMeta
 
-    config = make_config(tmp_path, steps=[1, 2], action="repeat", async_dump=False)
+    config = make_config(tmp_path, async_dump=False, **fields)
     tq = InProcessTQClient()
     role = RolloutTqSkip(config["skip"]["rollout_tq"], config)
     role.bind(RunContext(name="rollout_tq", run_id="r1", identity=RunIdentity.from_config(config),
                          runtime={"tq_client": tq}))
+    return role, tq
+
+
+def record_step_1(role, tq):
+    """The agent loop puts step 1's trajectories (3 prompts x 2) in the queue; the sample phase records them."""
+    from v1_harness import trajectory_fields
+
+    from stepskip.tq import KVBatchMeta
+
+    role.begin_recording(1)
+    _, fields = trajectory_fields([0, 1, 2], 2, 1)
+    keys = [f"u{p}_{s}_0" for p in range(3) for s in range(2)]
+    tags = [{"global_steps": 1, "status": "finished"} for _ in keys]
+    tq.kv_batch_put(keys=keys, fields=fields, tags=tags, partition_id="train")
+    role.save_sample(1, KVBatchMeta(keys=keys, tags=tags, partition_id="train"))
+
+
+def test_a_step_published_after_a_listing_is_seen_where_directory_times_never_change(tmp_path, monkeypatch):
+    """A listing taken between the last inner entry's write and the step's publish (another thread
+    of the trainer, here: inside the publish) must not hide the published step from ``repeat``, on a
+    mount with fixed directory times (mountpoint-s3, goofys: one settled version, faked here)."""
+    role, tq = bound_role(tmp_path, steps=[1, 2], action="repeat")
     monkeypatch.setattr(role.store, "dir_version", lambda path: (1, 2, 0, 0))
     publish = role.store.publish_dir
 
@@ -374,12 +391,7 @@ def test_a_step_published_after_a_listing_is_seen_where_directory_times_never_ch
         return publish(staging, target)
 
     monkeypatch.setattr(role.store, "publish_dir", listed_meanwhile)
-    role.begin_recording(1)
-    _, fields = trajectory_fields([0, 1, 2], 2, 1)
-    keys = [f"u{p}_{s}_0" for p in range(3) for s in range(2)]
-    tags = [{"global_steps": 1, "status": "finished"} for _ in keys]
-    tq.kv_batch_put(keys=keys, fields=fields, tags=tags, partition_id="train")
-    role.save_sample(1, KVBatchMeta(keys=keys, tags=tags, partition_id="train"))
+    record_step_1(role, tq)
     assert (project_dir(tmp_path) / "1" / "0" / "meta.json").is_file()  # published
     assert role.listed_steps() == [1]
     assert role.resolve_load_step(2) == 1  # repeat finds it
@@ -387,27 +399,11 @@ def test_a_step_published_after_a_listing_is_seen_where_directory_times_never_ch
 
 def test_a_step_that_fails_to_publish_keeps_nothing_for_its_hint(tmp_path, monkeypatch):
     """The inner entries' metas kept for the step's prompt hint go with a step that is not published."""
-    from v1_harness import trajectory_fields
-
-    from stepskip.identity import RunIdentity
-    from stepskip.roles.base import RunContext
-    from stepskip.roles.rollout_tq import RolloutTqSkip
-    from stepskip.tq import KVBatchMeta
-
-    config = make_config(tmp_path, steps=[1], action="match", async_dump=False)
-    tq = InProcessTQClient()
-    role = RolloutTqSkip(config["skip"]["rollout_tq"], config)
-    role.bind(RunContext(name="rollout_tq", run_id="r1", identity=RunIdentity.from_config(config),
-                         runtime={"tq_client": tq}))
+    role, tq = bound_role(tmp_path, steps=[1], action="match")
 
     def refused(staging, target):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(role.store, "publish_dir", refused)
-    role.begin_recording(1)
-    _, fields = trajectory_fields([0, 1, 2], 2, 1)
-    keys = [f"u{p}_{s}_0" for p in range(3) for s in range(2)]
-    tags = [{"global_steps": 1, "status": "finished"} for _ in keys]
-    tq.kv_batch_put(keys=keys, fields=fields, tags=tags, partition_id="train")
-    role.save_sample(1, KVBatchMeta(keys=keys, tags=tags, partition_id="train"))
+    record_step_1(role, tq)
     assert role.stats["dump_failures"] == 1 and role._inner_metas == {}
