@@ -50,7 +50,7 @@ from tensordict import TensorDict
 
 from stepskip import Batch, SkipManager
 from stepskip.fidelity import prompt_digest, prompt_row_digests, shared_object_digests
-from stepskip.hints import HINTS_DIR, HintDocument
+from stepskip.hints import HINTS_DIR, DigestTable
 from stepskip.testing import make_rollout_batch
 from stepskip.tq import InProcessTQClient, KVBatchMeta
 
@@ -446,8 +446,9 @@ def stepskip_async(inputs: dict[str, Any], workdir: str, count: int, repeat: int
 def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[str, Any]]:
     """ms per call with ``count`` entries on disk, for the actions that look beyond the exact step, and
     ms of ``match``'s first call of a run (``SkipManager.init`` before each, not timed): it builds its
-    prompt index from the writer's hint document (the copies are added to the document of the run that
-    wrote the first entry, as that writer would have added them)."""
+    prompt index lazily, looking the live prompts up in the writer's digest table (the copies are added
+    to the table of the run that wrote the first entry, with the writer's own code, as that writer would
+    have added them)."""
     shape = {"rows": 2, "n": 1, "prompt": 4, "response": 4}
     small = make_rollout_batch(2, 4, 4, n=1)
     out = []
@@ -463,8 +464,8 @@ def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[st
         first = Path(skip.step_dump_dir(0))
         files = {f.name: f.read_bytes() for f in first.iterdir()}
         meta = json.loads(files.pop("meta.json"))
-        (document,) = (first.parent.parent / HINTS_DIR).iterdir()  # the hint document of step 0's writer
-        hints = HintDocument(meta["run_id"], "rollout")
+        (document,) = (first.parent.parent / HINTS_DIR).iterdir()  # the digest table of step 0's writer
+        hints = DigestTable()
         hints.add("0", meta)
         for step in range(1, count):  # copies of one entry, each with its own step (no fsync: setup only)
             target = Path(skip.step_dump_dir(2 * step))  # even steps only: odd ones are missing
@@ -475,7 +476,8 @@ def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[st
             hints.add(str(2 * step), dict(meta, global_steps=2 * step))
         document.write_bytes(hints.to_bytes())
         settled = time.time() - 60  # a cache written before this run (a listing is reused once its directory settled)
-        os.utime(first.parent, (settled, settled))
+        for directory in (first.parent, first.parent.parent, first.parent.parent / HINTS_DIR):
+            os.utime(directory, (settled, settled))
         SkipManager.reset()
         row: dict[str, Any] = {"entries": count}
         for action, step in (("cache", 2 * (count // 2)), ("repeat", 2 * (count // 2) + 1), ("random", 1)):
@@ -488,13 +490,20 @@ def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[st
             row[action] = timed(call, repeat)
             assert SkipManager.stats()["skip/rollout/hits"] == repeat, (action, SkipManager.stats())
             SkipManager.reset()
-        row["match_first"] = []
+        row["match_first"], row["match_later"] = [], []
         for i in range(repeat):
             SkipManager.init(config(root, shape, "rollout", action="match"))
             SkipManager.set_step(10 * count + 1 + 2 * i)
             row["match_first"] += timed(lambda: loop.generate_sequences(small), 1)
             assert SkipManager.stats()["skip/rollout/hits"] == 1, SkipManager.stats()
             SkipManager.reset()
+        SkipManager.init(config(root, shape, "rollout", action="match"))
+        for i in range(1 + repeat):  # the later calls of one run (its first one not timed)
+            SkipManager.set_step(10 * count + 1 + 2 * i)
+            times = timed(lambda: loop.generate_sequences(small), 1)
+            row["match_later"] += times if i else []
+        assert SkipManager.stats()["skip/rollout/hits"] == 1 + repeat, SkipManager.stats()
+        SkipManager.reset()
         out.append(row)
         shutil.rmtree(root)
     return out
@@ -552,8 +561,9 @@ def per_call_curve_s3(counts: list[int], repeat: int) -> list[dict[str, Any]]:
 
     Each action starts a fresh ``SkipManager.init`` (a fresh s3fs instance: no listing cached from an
     earlier action); the first call of a run is counted apart from the later ones (``match`` builds
-    its prompt index on its first call, from the writer's hint document: the copies are added to the
-    document of the run that wrote the first entry, as that writer would have added them).
+    its prompt index on its first call, from the writer's digest table: the copies are added to the
+    table of the run that wrote the first entry, with the writer's own code, as that writer would have
+    added them).
     """
     try:
         server = CountingS3()
@@ -581,8 +591,8 @@ def per_call_curve_s3(counts: list[int], repeat: int) -> list[dict[str, Any]]:
             run = first.rsplit("/", 1)[0]
             SkipManager.reset()
             hints_dir = f"{run.rsplit('/', 1)[0]}/{HINTS_DIR}"
-            (document,) = fs.ls(hints_dir)  # the hint document of the writer of step 0
-            hints = HintDocument(meta["run_id"], "rollout")
+            (document,) = fs.ls(hints_dir)  # the digest table of the writer of step 0
+            hints = DigestTable()
             hints.add("0", meta)
             batch: dict[str, bytes] = {}
             for step in range(1, count):  # copies of one entry, each with its own step (setup only, not counted)
@@ -804,10 +814,10 @@ def main() -> None:
                          "repeat and random look beyond the exact step (they reuse the run directory's listing "
                          "while the directory is unchanged; the entries here were written a minute earlier)")
             lines.append(f"  {'entries':>8s} {'cache (hit)':>20s} {'repeat (nearest)':>20s} {'random':>20s} "
-                         f"{'match (first call)':>20s}")
+                         f"{'match (first call)':>20s} {'match (later calls)':>20s}")
             for row in curve:
                 lines.append(f"  {row['entries']:8d} {ms(row['cache']):>20s} {ms(row['repeat']):>20s} "
-                             f"{ms(row['random']):>20s} {ms(row['match_first']):>20s}")
+                             f"{ms(row['random']):>20s} {ms(row['match_first']):>20s} {ms(row['match_later']):>20s}")
         if "s3" not in skip:
             counts = S3_ENTRY_COUNTS[mode]
             curve_s3 = per_call_curve_s3(counts, repeat)
@@ -826,9 +836,9 @@ def main() -> None:
                     lines.append(f"  {row['entries']:8d} {row['init']:5d} " + " ".join(f"{c:>24s}" for c in cells))
                 lines.append("  init: requests of SkipManager.init (its clean-up lists the run directory recursively: "
                              "one request per 1,000 objects, s3fs keeps that listing for the run, and looks only at "
-                             "entries that listing shows may hold a leftover); match's first call indexes the "
-                             "entries' prompts from the writers' hint documents (one read per writer) and validates "
-                             "only the entries it chooses; later calls read only new entries")
+                             "entries that listing shows may hold a leftover); match's first call reads the writers' "
+                             "digest tables (one read per writer) and indexes only the entries they name for the live "
+                             "prompts, from their meta.json; later calls read only those and new entries")
     lines.append("\nratios: stepskip / verl (best against best); targets from issue 11; noise = median/best - 1 "
                  "of stepskip's runs")
     print("\n".join(lines))

@@ -53,15 +53,22 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 import uuid
-from collections.abc import Mapping
+import zlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+import xxhash
 
 from stepskip.store import META_MAX_BYTES, _is_number, _load_json
 
 __all__ = ["HINTS_DIR", "HINTS_MAX_BYTES", "HINTS_ROLL_BYTES", "HINTS_VERSION", "Hint", "HintDocument", "StepHint",
-           "document_name", "document_of", "new_writer_token", "parse_hints", "rows_of", "same_version"]
+           "TABLE_MAX_BYTES", "TABLE_ROLL_BYTES", "DigestTable", "KeyTable", "digest_key", "document_name",
+           "document_of", "identity_key", "new_writer_token", "parse_hints", "parse_table", "rows_of",
+           "same_version", "table_name", "table_of"]
 
 #: The directory (in an experiment's directory, beside its run directories) holding the hint documents.
 HINTS_DIR = ".stepskip-index"
@@ -82,6 +89,19 @@ _RECORDING = re.compile(r"rec-[0-9a-f]{12}")
 #: Inner entries a V1 step's hint may list (``stepskip.store.MAX_INNER_ENTRIES``).
 _MAX_INNER = 4096
 
+#: Digest tables (see the module docstring): their name's suffix, magic and version.
+TABLE_SUFFIX = ".keys"
+TABLE_MAGIC = b"stpskeys"
+TABLE_VERSION = 1
+#: magic, version, entries, key rows, CRC-32 of the body, zero (little-endian, 32 bytes: the arrays stay aligned)
+_TABLE_HEADER = struct.Struct("<8sIIQII")
+#: A digest table larger than this is ignored (the entries it covers are read directly).
+TABLE_MAX_BYTES = 16 << 20
+#: A writer starts another table once its current one is larger than this (it rewrites it whole after each dump).
+TABLE_ROLL_BYTES = 1 << 20
+_MAX_TABLE_ENTRIES = 1 << 24
+_MAX_STEP_NAME = 10**19  # a step directory's name has at most 19 digits (_ENTRY)
+
 
 def document_name(run_name: str, subdir: str | None, token: str) -> str:
     """The name of a writer's document describing the entries of ``run_name`` (and role ``subdir``).
@@ -101,9 +121,34 @@ def document_of(name: object) -> tuple[str, str | None] | None:
         >>> document_of("GBS4_N2_in8_out6+reward+0123456789abcdef-2.json")
         ('GBS4_N2_in8_out6', 'reward')
     """
-    if not isinstance(name, str) or not name.endswith(".json") or name.startswith("."):
+    return _described(name, ".json")
+
+
+def table_name(run_name: str, subdir: str | None, token: str) -> str:
+    """The name of a writer's digest table describing the entries of ``run_name`` (and role ``subdir``).
+
+    Example:
+        >>> table_name("GBS4_N2_in8_out6", "reward", "0123456789abcdef")
+        'GBS4_N2_in8_out6+reward+0123456789abcdef.keys'
+    """
+    return "+".join([run_name, *([subdir] if subdir else []), token]) + TABLE_SUFFIX
+
+
+def table_of(name: object) -> tuple[str, str | None] | None:
+    """``(run directory name, role subdirectory or None)`` a digest table's name describes; None for a
+    name a writer does not give.
+
+    Example:
+        >>> table_of("GBS4_N2_in8_out6+0123456789abcdef.keys")
+        ('GBS4_N2_in8_out6', None)
+    """
+    return _described(name, TABLE_SUFFIX)
+
+
+def _described(name: object, suffix: str) -> tuple[str, str | None] | None:
+    if not isinstance(name, str) or not name.endswith(suffix) or name.startswith("."):
         return None
-    head, _, token = name[:-5].rpartition("+")
+    head, _, token = name[:-len(suffix)].rpartition("+")
     if not head or not _TOKEN.fullmatch(token):
         return None
     run_name, _, subdir = head.partition("+")
@@ -332,3 +377,153 @@ def parse_hints(raw: bytes, document: str,
         if total > max_rows:
             return {}, f"{document} describes more than {max_rows} rows"
     return hints, ""
+
+
+# --------------------------------------------------------------------------- digest tables
+
+
+def digest_key(digest: str) -> int:
+    """The 64-bit key a digest table files a row digest under (two digests may share one: a reader
+    always checks the entry's own ``meta.json``).
+
+    Example:
+        >>> digest_key("a") == digest_key("a") != digest_key("b")
+        True
+    """
+    return xxhash.xxh3_64_intdigest(digest.encode("utf-8", "surrogatepass"))
+
+
+def digest_keys(digests: Iterable[str]) -> np.ndarray:
+    """The distinct keys of ``digests``, sorted (``uint64``)."""
+    return np.unique(np.fromiter((digest_key(d) for d in set(digests)), dtype=np.uint64))
+
+
+def identity_key(meta: Mapping[str, Any]) -> int | None:
+    """The 64-bit key of the identity of the entry version ``meta`` describes (its ``run_id`` and
+    ``created_unix``, as :func:`same_version` compares them); None when it carries none."""
+    run_id, created = meta.get("run_id"), meta.get("created_unix")
+    if not isinstance(created, (int, float)) or not _is_number(created) or (run_id is not None
+                                                                           and not isinstance(run_id, str)):
+        return None
+    return xxhash.xxh3_64_intdigest(f"{run_id}\0{float(created)!r}".encode("utf-8", "surrogatepass"))
+
+
+class DigestTable:
+    """The digest table one writer keeps: for each entry it wrote (as :meth:`add` was last given it),
+    the entry's identity key and the keys of its row digests.
+
+    Example:
+        >>> table = DigestTable()
+        >>> table.add("12", {"run_id": "r1", "created_unix": 1.5, "row_prompts": ["a", "a", "b"]})
+        True
+        >>> parsed, _ = parse_table(table.to_bytes(), "t.keys")
+        >>> parsed.names.tolist(), len(parsed.keys)
+        ([12], 2)
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[int, np.ndarray]] = {}  # step name -> (identity key, its digest keys)
+        self._size = _TABLE_HEADER.size
+
+    @property
+    def size(self) -> int:
+        """The bytes :meth:`to_bytes` returns."""
+        return self._size
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def remove(self, name: str) -> None:
+        old = self._entries.pop(int(name), None) if _ENTRY.fullmatch(name) else None
+        if old is not None:
+            self._size -= 16 + 12 * len(old[1])
+
+    def add(self, name: str, meta: Mapping[str, Any]) -> bool:
+        """Describe the entry ``name`` (its step directory's name) as ``meta`` (its ``meta.json``) says;
+        False (nothing added) when it records no row digests or identity to check them by."""
+        self.remove(name)
+        digests = meta.get("row_prompts")
+        identity = identity_key(meta)
+        if (not _ENTRY.fullmatch(name) or identity is None or not isinstance(digests, list)
+                or len(digests) > _MAX_ENTRY_ROWS or not all(isinstance(d, str) for d in digests)):
+            return False
+        keys = digest_keys(digests)
+        self._entries[int(name)] = (identity, keys)
+        self._size += 16 + 12 * len(keys)
+        return True
+
+    def to_bytes(self) -> bytes:
+        """The table as written: header, entry names (ascending), their identity keys, then the digest
+        keys (ascending; among equal keys the latest entry first) and the index of the entry of each."""
+        ordered = sorted(self._entries)
+        names = np.array(ordered, dtype=np.uint64)
+        identities = np.array([self._entries[n][0] for n in ordered], dtype=np.uint64)
+        parts = [self._entries[n][1] for n in ordered]
+        keys = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+        owners = np.repeat(np.arange(len(ordered), dtype=np.uint32), [len(p) for p in parts])
+        order = np.lexsort((~names[owners], keys))  # ~: a later step sorts first among equal keys
+        body = b"".join([names.astype("<u8").tobytes(), identities.astype("<u8").tobytes(),
+                         keys[order].astype("<u8").tobytes(), owners[order].astype("<u4").tobytes()])
+        return _TABLE_HEADER.pack(TABLE_MAGIC, TABLE_VERSION, len(ordered), len(keys), zlib.crc32(body), 0) + body
+
+
+@dataclass(slots=True, eq=False)
+class KeyTable:
+    """A digest table as read (:func:`parse_table`): read-only arrays over its bytes.
+
+    Args:
+        names: the step names of the entries it covers, ascending (``uint64``).
+        identities: the identity key of each (:func:`identity_key`).
+        keys: the digest keys, ascending; among equal keys the latest entry first.
+        owners: for each key, the index in ``names`` of the entry holding it.
+        document: where it was read from.
+    """
+
+    names: np.ndarray
+    identities: np.ndarray
+    keys: np.ndarray
+    owners: np.ndarray
+    document: str = ""
+
+    def keys_of(self, entry: int) -> np.ndarray:
+        """The digest keys the table files under its entry ``entry`` (an index in ``names``), sorted."""
+        return np.unique(self.keys[self.owners == entry])
+
+
+def parse_table(raw: bytes, document: str, max_rows: int = _MAX_ROWS) -> tuple[KeyTable | None, str]:
+    """``(table, "")`` for a well-formed digest table, else ``(None, reason)``; never raises.
+
+    Its sizes must add up to its length exactly (a truncated or padded table is refused), its body must
+    match its CRC-32, its entries be step names in ascending order, its keys ascending, each naming
+    one of its entries, the latest first among equal keys; and it may hold at most ``max_rows`` keys
+    (a reader of many tables passes what is left of its budget). Checking costs a few vectorised
+    passes over the arrays, no Python loop over its entries.
+    """
+    header = _TABLE_HEADER.size
+    if len(raw) > TABLE_MAX_BYTES:
+        return None, f"{document} is {len(raw)} bytes, more than the {TABLE_MAX_BYTES} a digest table may have"
+    if len(raw) < header or raw[:8] != TABLE_MAGIC:
+        return None, f"{document} is not a digest table (no {TABLE_MAGIC!r} header)"
+    _, version, entries, rows, crc, _ = _TABLE_HEADER.unpack_from(raw)
+    if version != TABLE_VERSION:
+        return None, f"{document} is a digest table of version {version}, not {TABLE_VERSION}"
+    if entries > _MAX_TABLE_ENTRIES or rows > min(max_rows, _MAX_ROWS):
+        return None, f"{document} describes {entries} entries and {rows} digest keys, more than a reader takes"
+    expected = header + 16 * entries + 12 * rows
+    if len(raw) != expected:
+        return None, f"{document} is {len(raw)} bytes but its header says {expected} (truncated or padded)"
+    if zlib.crc32(memoryview(raw)[header:]) != crc:
+        return None, f"{document} does not match its checksum (damaged)"
+    names = np.frombuffer(raw, dtype="<u8", count=entries, offset=header)
+    identities = np.frombuffer(raw, dtype="<u8", count=entries, offset=header + 8 * entries)
+    keys = np.frombuffer(raw, dtype="<u8", count=rows, offset=header + 16 * entries)
+    owners = np.frombuffer(raw, dtype="<u4", count=rows, offset=header + 16 * entries + 8 * rows)
+    if entries and (bool(np.any(names[1:] <= names[:-1])) or int(names[-1]) >= _MAX_STEP_NAME):
+        return None, f"{document}: its entries are not step names in ascending order"
+    if rows and int(owners.max()) >= entries:
+        return None, f"{document}: a digest key names an entry it does not list"
+    if rows > 1:
+        steps = names[owners]
+        if bool(np.any(keys[1:] < keys[:-1])) or bool(np.any((keys[1:] == keys[:-1]) & (steps[1:] > steps[:-1]))):
+            return None, f"{document}: its digest keys are not in order"
+    return KeyTable(names, identities, keys, owners, document), ""

@@ -59,6 +59,7 @@ class PromptIndex:
 
     groups: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
     entries: dict[str, int] = field(default_factory=dict)  # entry path -> its step
+    by_dir: dict[str, set[str]] = field(default_factory=dict)  # directory -> names of its entries indexed
     _rows: dict[str, dict[str, list[int]]] = field(default_factory=dict, repr=False)  # path -> digest -> rows
     _holders: dict[str, dict[str, int]] = field(default_factory=dict, repr=False)  # digest -> path -> order added
     _added: int = field(default=0, repr=False)
@@ -66,6 +67,8 @@ class PromptIndex:
     def add(self, path: str, step: int, digests: Sequence[str]) -> None:
         self.forget(path)
         self.entries[path] = step
+        parent, _, name = path.rpartition("/")
+        self.by_dir.setdefault(parent, set()).add(name)
         self._added += 1
         self._rows[path] = grouped = group_rows(digests)
         for digest, rows in grouped.items():
@@ -79,6 +82,12 @@ class PromptIndex:
         then the last added), so forgetting one entry never hides another's prompts."""
         if self.entries.pop(path, None) is None:
             return
+        parent, _, name = path.rpartition("/")
+        names = self.by_dir.get(parent)
+        if names is not None:
+            names.discard(name)
+            if not names:
+                del self.by_dir[parent]
         for digest in self._rows.pop(path, {}):
             holders = self._holders.get(digest, {})
             holders.pop(path, None)

@@ -11,12 +11,13 @@ regenerated over or deleted — only ``action: record`` replaces it).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -69,7 +70,12 @@ _HINTED_FROM = 8
 #: Hint documents read at most, and the rows they may describe in all (bounds should someone plant many).
 _MAX_HINT_DOCUMENTS = 1024
 _MAX_HINTED_ROWS = 1 << 25
-_MAX_HINT_BYTES = 64 << 20  # hint documents read in all by one role
+_MAX_HINT_BYTES = 64 << 20  # hint documents (or digest tables) read in all by one role
+#: Entries one ``match`` call may read for what the digest tables say of its prompts, beyond two per
+#: distinct prompt (then they are given up: every entry they cover is read directly).
+_CANDIDATE_READS = 64
+_NO_NAMES: frozenset[str] = frozenset()
+_STEP_NAME = re.compile(r"^(?:0|[1-9][0-9]{0,18})$", re.MULTILINE | re.ASCII)
 
 
 def _prompt_digest(prompts: Any, exclude: Iterable[str]) -> str | None:
@@ -117,14 +123,22 @@ class CachedRole(BaseSkip):
         self._pending: dict[str, threading.Event] = {}  # entry path -> its background dump finished
         self._pending_lock = threading.Lock()
         self._index: Any = None  # the prompt index of ``action: match``, built on first use
-        self._hinted: dict[str, Any] = {}  # entry path -> the Hint it was indexed from, until validated
-        self._hints_read: set[str] = set()  # run directories whose hint documents were read
-        self._hints: Any = None  # the HintDocument this role writes (see stepskip.hints), made on first write
+        self._hints_read: set[str] = set()  # run directories whose hint documents (or digest tables) were read
+        # the listed entries a digest table covers, not indexed yet: read when a live prompt's key points
+        # at them (see _index_candidates)
+        self._covered: dict[str, set[str]] = {}  # run directory -> names of the entries covered
+        self._tables: list[_Claims] = []  # the digest tables in use
+        self._indexed_listing: Any = None  # the listing _match_index last forgot entries by
+        self._hints: Any = None  # the HintDocument this role writes (V1 steps; see stepskip.hints), made on first write
+        self._table: Any = None  # the DigestTable this role writes (entries), made on first write
         self._hint_name = ""
         self._hint_lock = threading.Lock()
         # see listed_steps: ((path, version), steps, monotonic time listed), and the count of this role's writes
         self._listing: tuple[tuple[str, Any], tuple[int, ...], float] | None = None
         self._writes_seen = 0
+        # see _match_listing: (writes seen, ((directory, version), ...), the listing, monotonic time listed)
+        self._sources: tuple[int, tuple[tuple[str, Any], ...], dict[str, frozenset[str]], float] | None = None
+        self._source_paths: tuple[Any, frozenset[str]] | None = None  # (listing, its entry paths)
         self._index_lock = threading.Lock()
         # the probe meet_precondition took of a present entry, for the read that follows (one slot: a
         # read only uses it for the same path, and the store uses it only while meta.json is that same file)
@@ -528,25 +542,22 @@ class CachedRole(BaseSkip):
             digests = prompt_row_digests(prompts, self.rebind_keys)
         except ValueError as err:
             raise SkipConfigError(f"skip.{self.name}.action = 'match': {err}") from err
+        groups = group_rows(digests)
         index = self._match_index()
+        self._index_candidates(index, list(groups))
         strict = self.config.match_n is MatchN.STRICT
-        while True:  # each round validates the hinted entries it chose: the hinted set shrinks, so it ends
-            found: dict[int, tuple[str, int]] = {}
-            missing: list[int] = []
-            sources: dict[str, int] = {}
-            for digest, rows in group_rows(digests).items():
-                where = index.groups.get(digest)
-                if where is None or (strict and len(where[1]) != len(rows)):
-                    missing.extend(rows)
-                    continue
-                path, recorded_rows = where
-                sources[path] = sources.get(path, 0) + 1
-                for session, row in enumerate(rows):  # a different sample count cycles, as the V1 remap does
-                    found[row] = (path, recorded_rows[session % len(recorded_rows)])
-            hinted = sorted(path for path in sources if path in self._hinted)
-            if not hinted:
-                break
-            self._validate_hints(index, hinted)
+        found: dict[int, tuple[str, int]] = {}
+        missing: list[int] = []
+        sources: dict[str, int] = {}
+        for digest, rows in groups.items():
+            where = index.groups.get(digest)
+            if where is None or (strict and len(where[1]) != len(rows)):
+                missing.extend(rows)
+                continue
+            path, recorded_rows = where
+            sources[path] = sources.get(path, 0) + 1
+            for session, row in enumerate(rows):  # a different sample count cycles, as the V1 remap does
+                found[row] = (path, recorded_rows[session % len(recorded_rows)])
         damaged: list[str] = []
         loaded = self._load_found(step, found, digests, damaged)  # an entry that failed: its groups are generated
         return MatchSplit(digests=digests, found=found, missing_rows=missing, sources=sources).keeping(
@@ -623,7 +634,11 @@ class CachedRole(BaseSkip):
 
         It spans every run directory of this experiment whose prompt and response lengths are this
         run's: a run with another batch size or sample count (``GBS``/``N``) still finds the prompts
-        recorded by the others. Only entries this role could replay are indexed.
+        recorded by the others. Only entries this role could replay are indexed. The first time a
+        run directory has many entries to index, the writers' digest tables are read instead
+        (:meth:`_read_tables`): the entries they cover are indexed only once a live prompt points at
+        them (:meth:`_index_candidates`); every other entry is indexed from its ``meta.json``. What a
+        call costs beyond the listing is set operations over entry names, not a step per entry.
         """
         from stepskip.matching import PromptIndex
 
@@ -631,22 +646,27 @@ class CachedRole(BaseSkip):
             if self._index is None:
                 self._index = PromptIndex()
             index = self._index
+            own = self.project_dump_dir
             with self._pending_lock:  # this run's queued dumps count: indexing one waits for it
-                queued = {p for p in self._pending if p.rsplit("/", 1)[0] == self.project_dump_dir}
-            listed = set(self._match_sources()) | queued
-            for path in [p for p in index.entries if p not in listed]:
-                index.forget(path)
-                self._hinted.pop(path, None)
-            new = sorted(listed - set(index.entries))
-            hints = self._read_hints({p.rsplit("/", 1)[0] for p in new}, set(new)) if len(new) >= _HINTED_FROM else {}
-            from stepskip.hints import Hint
-
-            for path in new:
-                hint = hints.get(path)
-                if isinstance(hint, Hint) and path not in queued:  # validated when a call chooses it
-                    index.add(path, hint.step, hint.digests)
-                    self._hinted[path] = hint
-                    continue
+                queued = {p.rsplit("/", 1)[1] for p in self._pending if p.rsplit("/", 1)[0] == own}
+            listing = self._match_listing()
+            if queued:
+                listing = {**listing, own: listing.get(own, frozenset()) | queued}
+            if listing is not self._indexed_listing:  # listed afresh: what is no longer there is forgotten
+                for project, names in list(index.by_dir.items()):
+                    for name in names - listing.get(project, frozenset()):
+                        index.forget(f"{project}/{name}")
+                for project, names in self._covered.items():
+                    names &= listing.get(project, frozenset())
+                self._indexed_listing = listing
+            fresh: dict[str, set[str]] = {}  # run directory -> names of entries neither indexed nor covered
+            for project, names in listing.items():
+                new = names.difference(index.by_dir.get(project, ()), self._covered.get(project, ()))
+                if new:
+                    fresh[project] = set(new)
+            if sum(len(names) for names in fresh.values()) >= _HINTED_FROM:
+                self._read_tables(index, fresh, queued)
+            for path in sorted(f"{project}/{name}" for project, names in fresh.items() for name in names):
                 self._index_from_meta(index, path)
             return index
 
@@ -656,13 +676,191 @@ class CachedRole(BaseSkip):
         probe = self._probe(path) if probe is None else probe
         meta = probe.meta or {}
         digests = meta.get("row_prompts")
-        self._hinted.pop(path, None)
         if (probe.state is EntryState.PRESENT and self._servable(meta) and isinstance(digests, list)
                 and all(isinstance(d, str) for d in digests)):
             index.add(path, _step_of(meta), digests)
             return True
         index.forget(path)
         return False
+
+    def _read_tables(self, index: Any, fresh: dict[str, set[str]], queued: set[str]) -> None:
+        """Read the digest tables of the run directories of ``fresh`` not read before (:mod:`stepskip.hints`):
+        one listing and one bounded read per table, at most :data:`_MAX_HINT_BYTES` in all. The entries
+        a table covers (listed, not indexed, not this run's ``queued`` dumps) are taken out of ``fresh``
+        and covered: indexed once a live prompt points at them.
+
+        A table is used only once what it files under its two lowest such entries of the version it
+        names (identity) is exactly the keys of their ``meta.json``: a planted or damaged table is
+        ignored with a warning, and its entries read directly. The entries checked are indexed.
+        """
+        from stepskip.hints import HINTS_DIR, TABLE_MAX_BYTES, parse_table, table_of
+
+        wanted = set(fresh) - self._hints_read
+        if not wanted:
+            return
+        self._hints_read |= wanted
+        layout = self.layout
+        subdir = safe_component(layout.subdir) if layout.subdir else None
+        where = f"{layout.experiment_dir}/{HINTS_DIR}"
+        names: list[tuple[str, str]] = []  # (table name, the run directory whose entries it describes)
+        for name in sorted(self.store.list_dir(where)):
+            described = table_of(name)
+            if described is None or described[1] != subdir or RUN_DIR.match(described[0]) is None:
+                continue  # not a writer's table, or one of another role
+            project = f"{layout.experiment_dir}/{described[0]}" + (f"/{subdir}" if subdir else "")
+            if project in wanted:
+                names.append((name, project))
+        if len(names) > _MAX_HINT_DOCUMENTS:
+            logger.warning("%s match: %s holds %d digest tables for these run directories; reading %d of them "
+                           "(the entries of the others are read directly)", self.name, where, len(names),
+                           _MAX_HINT_DOCUMENTS)
+            names = names[:_MAX_HINT_DOCUMENTS]
+        budget = _MAX_HINTED_ROWS  # keys all tables may hold: what they cost in memory stays bounded
+        read_left = _MAX_HINT_BYTES
+        for name, project in names:
+            document = f"{where}/{name}"
+            if read_left <= 0:
+                logger.warning("%s match: %d bytes of digest tables read; the entries of the others are read "
+                               "directly", self.name, _MAX_HINT_BYTES)
+                break
+            try:
+                raw = self.store.read_small(document, min(TABLE_MAX_BYTES, read_left))
+            except CorruptEntryError as err:  # a link, a directory, or larger than it may be
+                logger.warning("%s match: ignoring the digest table %s: %s", self.name, document, err)
+                continue
+            if raw is None:
+                continue  # replaced or removed since listed
+            read_left -= len(raw)
+            table, problem = parse_table(raw, document, budget)
+            if table is not None:
+                claims = _Claims(table, project)
+                open_names = fresh.get(project, set())
+                if project == self.project_dump_dir:
+                    open_names = open_names - queued
+                # the entries it names that are listed and not indexed (an entry two tables name is covered
+                # by both: the later writer's describes what it holds now)
+                claims.covered = open_names.intersection(map(str, table.names.tolist()))
+                problem = self._table_problem(index, claims)
+                claims.covered -= index.by_dir.get(project, set())  # (the entries its check read)
+                if not problem:
+                    budget -= len(table.keys)
+                    self._tables.append(claims)
+                    self._covered.setdefault(project, set()).update(claims.covered)
+            if problem:
+                logger.warning("%s match: ignoring the digest table %s: %s; the entries it describes are read "
+                               "directly", self.name, document, problem)
+        for project, names in fresh.items():  # what is left is read directly
+            names.difference_update(self._covered.get(project, ()), index.by_dir.get(project, ()))
+
+    def _table_problem(self, index: Any, claims: _Claims) -> str:
+        """Why the table of ``claims`` is not to be used ("" when it is): what it files under its two
+        lowest covered entries of the version it names must be the keys of their ``meta.json`` exactly.
+        Entries rewritten since (another identity) are passed over, four looked at in all; each entry
+        looked at is indexed from what was read."""
+        from stepskip.hints import digest_keys, identity_key
+
+        table, project = claims.table, claims.project
+        confirmed, looked = 0, 0
+        for entry, step in enumerate(table.names.tolist()):
+            if confirmed == 2 or looked == 4 or looked == len(claims.covered):
+                break
+            if str(step) not in claims.covered or str(step) in index.by_dir.get(project, ()):
+                continue
+            looked += 1
+            path = f"{project}/{step}"
+            probe = self._probe(path)
+            self._index_from_meta(index, path, probe)
+            meta = probe.meta or {}
+            digests = meta.get("row_prompts")
+            if probe.state is not EntryState.PRESENT or identity_key(meta) != int(table.identities[entry]) \
+                    or not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
+                continue  # gone, damaged or rewritten since: no evidence either way
+            if not np.array_equal(digest_keys(digests), table.keys_of(entry)):
+                return f"it describes {path} otherwise than its meta.json (checked before use)"
+            confirmed += 1
+        if confirmed < min(2, len(claims.covered)):
+            return f"none of the {looked} entries it was checked on holds the version it describes"
+        return ""
+
+    def _index_candidates(self, index: Any, digests: list[str]) -> None:
+        """Index, from their ``meta.json``, the entries the digest tables say hold the live ``digests``
+        (distinct) and that could win them: for each digest the latest step first, and only while a
+        table names a later step than the one the index already serves it from ("the latest step
+        wins", as if every entry were indexed). A key two digests share costs one more read.
+
+        A table whose claimed entry, of the version it names, holds no such key is ignored from then
+        on (the entries only it covers are read directly). More than :data:`_CANDIDATE_READS`
+        ``+ 2 x digests`` reads in one call (tables that keep naming entries that hold nothing, or were
+        rewritten since) end the use of tables: every entry they cover is read directly, as without them.
+        """
+        if not self._tables or not digests:
+            return
+        from stepskip.hints import digest_key
+
+        with self._index_lock:
+            keys = np.fromiter((digest_key(d) for d in digests), dtype=np.uint64, count=len(digests))
+            spans = [(claims, np.searchsorted(claims.table.keys, keys, "left"),
+                      np.searchsorted(claims.table.keys, keys, "right")) for claims in self._tables]
+            hits = sorted({int(j) for _, lo, hi in spans for j in np.flatnonzero(hi > lo)})
+            allowed = reads_left = _CANDIDATE_READS + 2 * len(digests)
+            for j in hits:
+                digest, key = digests[j], int(keys[j])
+                heads = {id(claims): int(lo[j]) for claims, lo, _ in spans}
+                while True:
+                    where = index.groups.get(digest)
+                    best = index.entries[where[0]] if where is not None else -1
+                    pick: tuple[int, str, _Claims, int] | None = None
+                    for claims, _, hi in spans:
+                        covered = self._covered.get(claims.project, _NO_NAMES)
+                        found = claims.first_covered(heads, int(hi[j]), best, covered) if claims.alive else None
+                        if found is not None and (pick is None or found[:2] > pick[:2]):
+                            pick = found
+                    if pick is None:
+                        break
+                    if reads_left == 0:
+                        logger.warning("%s match: the digest tables named %d entries for %d prompts without "
+                                       "serving them; reading the entries they cover directly", self.name,
+                                       allowed, len(digests))
+                        self._drop_tables(index, list(self._tables))
+                        return
+                    reads_left -= 1
+                    self._read_candidate(index, pick[2], pick[3], pick[0], key)
+
+    def _read_candidate(self, index: Any, claims: _Claims, entry: int, step: int, key: int) -> None:
+        """Index the entry of ``step`` from its ``meta.json``; ``claims`` says it holds ``key`` (as its
+        ``entry``). The table is ignored from then on when that version of the entry holds no such key."""
+        from stepskip.hints import digest_key, identity_key
+
+        path = f"{claims.project}/{step}"
+        probe = self._probe(path)
+        self._covered.get(claims.project, set()).discard(str(step))
+        self._index_from_meta(index, path, probe)
+        meta = probe.meta or {}
+        if probe.state is not EntryState.PRESENT or identity_key(meta) != int(claims.table.identities[entry]):
+            logger.debug("%s match: %s changed since its digest table was written; indexed from its meta.json",
+                         self.name, path)
+            return
+        digests = meta.get("row_prompts")
+        if isinstance(digests, list) and any(isinstance(d, str) and digest_key(d) == key for d in digests):
+            return  # the prompt looked for, or one sharing its key
+        logger.warning("%s match: the digest table %s describes %s otherwise than its meta.json; ignoring that "
+                       "table (the entries it covers are read directly)", self.name, claims.table.document, path)
+        self._drop_tables(index, [claims])
+
+    def _drop_tables(self, index: Any, dropped: list[_Claims]) -> None:
+        """Stop using the tables of ``dropped``: the entries no other table covers are indexed from their
+        ``meta.json`` now (the direct path, one read per entry)."""
+        for claims in dropped:
+            claims.alive = False
+        self._tables = [claims for claims in self._tables if claims.alive]
+        orphans: list[str] = []
+        for project in {claims.project for claims in dropped}:
+            covered = self._covered.get(project, set())
+            kept = covered & set().union(*[c.covered for c in self._tables if c.project == project])
+            orphans.extend(f"{project}/{name}" for name in covered - kept)
+            self._covered[project] = kept
+        for path in sorted(orphans):
+            self._index_from_meta(index, path)
 
     def _read_hints(self, projects: set[str], listed: set[str]) -> dict[str, Any]:
         """Entry path -> its hint, for the ``listed`` paths, from the hint documents of ``projects`` not
@@ -742,45 +940,48 @@ class CachedRole(BaseSkip):
         return (probe.state is EntryState.PRESENT and hint.describes(meta) and _step_of(meta) == hint.step
                 and meta.get("row_prompts") == hint.digests)
 
-    def _validate_hints(self, index: Any, paths: list[str]) -> None:
-        """Check the hinted entries a call chose against their ``meta.json``: kept when it carries the
-        hinted version and digests; re-indexed from it when the entry was rewritten since; and when the
-        version matches but the digests do not, every entry of that document is indexed from its own
-        ``meta.json`` instead (the document lies)."""
-        with self._index_lock:
-            for path in paths:
-                hint = self._hinted.pop(path, None)
-                if hint is None:
-                    continue
-                probe = self._probe(path)
-                meta = probe.meta or {}
-                if probe.state is EntryState.PRESENT and hint.describes(meta) and self._servable(meta) \
-                        and meta.get("row_prompts") == hint.digests and _step_of(meta) == hint.step:
-                    continue  # what the hint said: it stays indexed, now validated
-                lying = probe.state is EntryState.PRESENT and hint.describes(meta)
-                self._index_from_meta(index, path, probe)
-                if not lying:
-                    logger.debug("%s match: %s changed since its hint was written; indexed from its meta.json",
-                                 self.name, path)
-                    continue
-                logger.warning("%s match: the hint document %s describes %s otherwise than its meta.json; "
-                               "ignoring that document", self.name, hint.document, path)
-                for other in [p for p, h in self._hinted.items() if h.document == hint.document]:
-                    self._index_from_meta(index, other)
-
-    def _match_sources(self) -> list[str]:
+    def _match_sources(self) -> frozenset[str]:
         """Every entry directory of this role in the run directories :meth:`_match_index` spans."""
+        listing = self._match_listing()
+        cached = self._source_paths
+        if cached is None or cached[0] is not listing:
+            paths = frozenset(f"{project}/{name}" for project, names in listing.items() for name in names)
+            self._source_paths = cached = (listing, paths)
+        return cached[1]
+
+    def _match_listing(self) -> dict[str, frozenset[str]]:
+        """Run directory (with this role's subdirectory) -> the names of its step entries, for every run
+        directory :meth:`_match_index` spans.
+
+        Reused, as :meth:`listed_steps` reuses its listing, while every directory listed keeps its
+        version (it was settled when listed), this role wrote nothing since and the listing is less
+        than :data:`LISTING_MAX_AGE` seconds old: a later ``match`` call then costs a ``stat`` per run
+        directory, not a listing of every entry. Object stores have no versions: listed every call.
+        """
+        store = self.store
+        cached = self._sources
+        if (cached is not None and cached[0] == self._writes_seen and 0 <= _monotonic() - cached[3] < LISTING_MAX_AGE
+                and all(store.dir_version(path) == version for path, version in cached[1])):
+            return cached[2]
+        writes, listed_at, listed_mono = self._writes_seen, time.time_ns(), _monotonic()
         layout = self.layout
         root = layout.project_dir.rsplit("/", 2 if layout.subdir else 1)[0]
-        paths: list[str] = []
-        for run_name in self.store.list_dir(root):
+        versions = [(root, store.dir_version(root))]
+        listing: dict[str, frozenset[str]] = {}
+        for run_name in store.list_dir(root):
             shape = RUN_DIR.match(run_name)
             if shape is None or (int(shape[3]), int(shape[4])) != (layout.prompt_len, layout.response_len):
                 continue
             project = f"{root}/{run_name}" + (f"/{safe_component(layout.subdir)}" if layout.subdir else "")
-            steps = (Layout.parse_step(name) for name in self.store.list_dir(project))
-            paths.extend(f"{project}/{step}" for step in sorted(s for s in steps if s is not None))
-        return paths
+            version = store.dir_version(project)
+            # a role directory not made yet: its run directory's version changes once it is
+            versions.append((project, version) if version is not None or not layout.subdir
+                            else (f"{root}/{run_name}", store.dir_version(f"{root}/{run_name}")))
+            listing[project] = _step_names(store.list_dir(project))
+        if (all(settled(version, listed_at) and store.dir_version(path) == version for path, version in versions)
+                and writes == self._writes_seen):  # nothing changed while we listed, no write of ours finished
+            self._sources = (writes, tuple(versions), listing, listed_mono)
+        return listing
 
     def match_merge(self, step: int, split: Any, prompts: Any, generated: Any) -> Any:
         """The live batch in live row order: recorded rows for the found groups, ``generated`` for the rest.
@@ -1039,16 +1240,38 @@ class CachedRole(BaseSkip):
         return True
 
     def _hint_written(self, written: list[tuple[str, dict[str, Any]]]) -> None:
-        """Describe the entries just ``written`` (``(path, meta)``) in this writer's hint document and
-        rewrite it once (:mod:`stepskip.hints`); a failure is logged, never raised (the dump boundary)."""
+        """Describe the entries just ``written`` (``(path, meta)``) in this writer's digest table and
+        rewrite it once (:mod:`stepskip.hints`); a table that grows past ``TABLE_ROLL_BYTES`` is written
+        as it was and the next one starts. A failure is logged, never raised (the dump boundary)."""
         if self.v1 or not self.row_wise:
             return
-        records: list[tuple[str, Callable[[Any], bool]]] = []
+        records = []
         for path, meta in written:
             parent, _, name = path.rpartition("/")
             if parent == self.project_dump_dir and isinstance(meta.get("row_prompts"), list):
-                records.append((name, functools.partial(_add_entry_hint, name=name, meta=meta)))
-        self._add_hints(records)
+                records.append((name, meta))
+        if not records:
+            return
+        from stepskip.hints import TABLE_ROLL_BYTES, DigestTable, new_writer_token, table_name
+
+        with self._hint_lock:
+            try:
+                for name, meta in records:
+                    if self._table is None:
+                        self._table, self._hint_name = DigestTable(), new_writer_token()
+                    self._table.add(name, meta)  # (one it cannot describe is dropped from it: read directly)
+                    if len(self._table) > 1 and self._table.size > TABLE_ROLL_BYTES:
+                        # the current table is full: written as it was, the next one starts with this entry
+                        self._table.remove(name)
+                        self._put_hint_file(table_name, self._table.to_bytes())
+                        stem, _, shard = self._hint_name.partition("-")
+                        self._table = DigestTable()
+                        self._table.add(name, meta)
+                        self._hint_name = f"{stem}-{int(shard or 0) + 1}"
+                self._put_hint_file(table_name, self._table.to_bytes())
+            except Exception as err:  # a hint is an optimisation: the entries are written, the run goes on
+                logger.warning("%s: could not write the digest table of %s: %s: %s", self.name,
+                               ", ".join(name for name, _ in records), type(err).__name__, err)
 
     def _add_hints(self, records: list[tuple[str, Callable[[Any], bool]]]) -> None:
         """Add ``records`` (entry name, a function adding it to a document) to this writer's document and
@@ -1084,10 +1307,15 @@ class CachedRole(BaseSkip):
     def _put_hints(self, hints_dir: str) -> None:
         from stepskip.hints import document_name
 
+        self._put_hint_file(document_name, self._hints.to_bytes(), hints_dir)
+
+    def _put_hint_file(self, naming: Callable[[str, str | None, str], str], data: bytes, hints_dir: str = "") -> None:
+        """Write this writer's current hint document or digest table (named by ``naming``) atomically."""
+        from stepskip.hints import HINTS_DIR
+
         layout = self.layout
-        name = document_name(layout.run_name, safe_component(layout.subdir) if layout.subdir else None,
-                             self._hint_name)
-        self.store.put_small(f"{layout.experiment_dir}/{hints_dir}/{name}", self._hints.to_bytes())
+        name = naming(layout.run_name, safe_component(layout.subdir) if layout.subdir else None, self._hint_name)
+        self.store.put_small(f"{layout.experiment_dir}/{hints_dir or HINTS_DIR}/{name}", data)
 
     # ------------------------------------------------------------------ loading
 
@@ -1388,8 +1616,48 @@ def _rough_bytes(tree: Any, limit: int) -> int | None:
     return total
 
 
-def _add_entry_hint(doc: Any, name: str, meta: dict[str, Any]) -> bool:
-    return bool(doc.add(name, meta))
+@dataclasses.dataclass(eq=False)
+class _Claims:
+    """A digest table a reader uses (:meth:`CachedRole._read_tables`): the table, the run directory
+    whose entries it describes, the names of the entries it was taken to cover, and whether it is
+    still believed."""
+
+    table: Any  # a stepskip.hints.KeyTable
+    project: str
+    covered: set[str] = dataclasses.field(default_factory=set)
+    alive: bool = True
+
+    def first_covered(self, heads: dict[int, int], end: int, best: int,
+                      covered: AbstractSet[str]) -> tuple[int, str, _Claims, int] | None:
+        """``(step, its name, self, its index here)`` of the latest entry of one key's rows, from
+        ``heads[id(self)]`` to ``end`` (latest first), that is still ``covered`` and names a step later
+        than ``best``; None when there is none. The head moves past the entries indexed already."""
+        table, head = self.table, heads[id(self)]
+        found = None
+        while head < end:
+            entry = int(table.owners[head])
+            step = int(table.names[entry])
+            if step <= best:
+                break  # the rest are earlier steps: none of them could win this prompt
+            name = str(step)
+            if name in covered:
+                found = (step, name, self, entry)
+                break
+            head += 1
+        heads[id(self)] = head
+        return found
+
+
+def _step_names(names: list[str]) -> frozenset[str]:
+    """The names among ``names`` that are step directories' (``0``, ``12``: ASCII digits, no leading zero).
+
+    One regular expression over the joined names (they hold no newline; any that does is not a step
+    name, and the names are then checked one by one): 10,000 names cost well under a millisecond.
+    """
+    joined = "\n".join(names)
+    if joined.count("\n") == len(names) - 1 or not names:
+        return frozenset(_STEP_NAME.findall(joined))
+    return frozenset(name for name in names if _STEP_NAME.fullmatch(name))
 
 
 def _step_of(meta: dict[str, Any]) -> int:

@@ -1,10 +1,13 @@
-"""``action: match``'s first call of a run builds its prompt index from the writers' hint documents
-(``stepskip.hints``), not from every entry's ``meta.json``: it reads as many entries with 200 entries
-as with 10. The documents are hints: a damaged, oversized, lying or misplaced one is ignored (with a
-warning) and the entries read directly; a hint to a removed entry is skipped; one to an entry
-rewritten since is corrected from that entry. Whatever the documents say, the rows replayed are the
-recorded rows of the live prompts. On a local directory and on fsspec's ``memory://``; the rollout
-is made up (no inference server): each response row is its prompt id times 100.
+"""``action: match`` finds the recorded prompts of a run through the writers' digest tables
+(``stepskip.hints``), not by reading every entry's ``meta.json``: the first call looks at as many
+entries with 200 entries as with 10 (the two a table is checked on, and those holding the live
+prompts). The tables are hints: a damaged, oversized, lying, misplaced or planted one is ignored (with
+a warning) and the entries read directly; a claim to a removed entry is skipped; one to an entry
+rewritten since is corrected from that entry; a key two prompts share costs a read; and among entries
+recording the same prompt the latest step still wins. Whatever the tables say, the rows replayed are
+the recorded rows of the live prompts. On a local directory and on fsspec's ``memory://``; the rollout
+is made up (no inference server): each response row is its prompt id times 100, its second column the
+marker of the run that generated it.
 """
 
 from __future__ import annotations
@@ -12,21 +15,27 @@ from __future__ import annotations
 import json
 import logging
 import os
+import struct
 import uuid
+import zlib
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from skip_configs import training_config
 
 import stepskip.hints as hints_module
+import stepskip.roles.cached as cached_module
 from stepskip import Batch, SkipManager
 from stepskip.cli.verify import verify_runs
-from stepskip.hints import HINTS_DIR, HintDocument, document_of, parse_hints
+from stepskip.fidelity import prompt_row_digests
+from stepskip.hints import HINTS_DIR, DigestTable, identity_key, parse_table, table_of
 from stepskip.index import CacheIndex
 from stepskip.store import FsspecStore, LocalStore
 
 N = 2
+RUN = "exp_proj/GBS4_N2_in8_out6"
 
 
 def prompts_for(ids: list[int], epoch: str) -> Batch:
@@ -68,9 +77,9 @@ def record(dump_dir: str, steps: dict[int, list[int]], marker: int = 1) -> None:
     SkipManager.reset()
 
 
-def cache_of(dump_dir: str, count: int) -> None:
-    """``count`` entries, step ``s`` holding prompts ``2s`` and ``2s + 1``, recorded by one writer."""
-    record(dump_dir, {s: [2 * s, 2 * s + 1] for s in range(count)})
+def cache_of(dump_dir: str, count: int, first: int = 0) -> None:
+    """``count`` entries from step ``first``, step ``s`` holding prompts ``2s`` and ``2s + 1``, by one writer."""
+    record(dump_dir, {s: [2 * s, 2 * s + 1] for s in range(first, first + count)})
 
 
 class Reads:
@@ -99,7 +108,7 @@ def match_call(dump_dir: str, ids: list[int], monkeypatch: pytest.MonkeyPatch, s
     SkipManager.set_step(step)
     out = rollout.generate_sequences(prompts_for(ids, "live"))
     looked = list(reads.paths)
-    monkeypatch.undo()
+    reads.paths.clear()
     SkipManager.flush()
     return out, rollout, looked
 
@@ -111,29 +120,44 @@ def replayed(out: Batch, ids: list[int]) -> dict[int, int]:
     return {i: rows[N * k][1] for k, i in enumerate(ids)}
 
 
-def hints_dir(dump_dir: str) -> tuple[Any, str]:
+def store_of(dump_dir: str) -> Any:
     store = SkipManager.skip_instances["rollout"].store if SkipManager.skip_instances else None
     if store is None:
         from stepskip.store import open_store
         store = open_store(dump_dir)
-    return store, f"{dump_dir}/exp_proj/{HINTS_DIR}"
+    return store
 
 
-def documents(dump_dir: str) -> dict[str, bytes]:
-    store, where = hints_dir(dump_dir)
-    return {name: store.read_small(f"{where}/{name}", 1 << 30) for name in store.list_dir(where)
-            if document_of(name) is not None}
+def tables(dump_dir: str) -> dict[str, bytes]:
+    store, where = store_of(dump_dir), f"{dump_dir}/exp_proj/{HINTS_DIR}"
+    return {name: store.read_small(f"{where}/{name}", 1 << 30) for name in sorted(store.list_dir(where))
+            if table_of(name) is not None}
 
 
-def put_document(dump_dir: str, name: str, data: bytes) -> None:
-    store, where = hints_dir(dump_dir)
-    store.put_small(f"{where}/{name}", data)
+def put_table(dump_dir: str, name: str, data: bytes) -> None:
+    store_of(dump_dir).put_small(f"{dump_dir}/exp_proj/{HINTS_DIR}/{name}", data)
 
 
-def remove_documents(dump_dir: str, names: Any = None) -> None:
-    store, where = hints_dir(dump_dir)
-    for name in (names if names is not None else documents(dump_dir)):
-        store.remove(f"{where}/{name}")
+def remove_tables(dump_dir: str, names: Any = None) -> None:
+    store = store_of(dump_dir)
+    for name in (names if names is not None else tables(dump_dir)):
+        store.remove(f"{dump_dir}/exp_proj/{HINTS_DIR}/{name}")
+
+
+def meta_of(dump_dir: str, step: int) -> dict[str, Any]:
+    return json.loads(store_of(dump_dir).read_small(f"{dump_dir}/{RUN}/{step}/meta.json", 1 << 20))
+
+
+def table_from(dump_dir: str, metas: dict[int, dict[str, Any]]) -> bytes:
+    """A table written by the writer's own code, describing each step as the ``meta`` given."""
+    table = DigestTable()
+    for step, meta in metas.items():
+        assert table.add(str(step), meta)
+    return table.to_bytes()
+
+
+def entry(dump_dir: str, step: int) -> str:
+    return f"{dump_dir}/{RUN}/{step}"
 
 
 # --------------------------------------------------------------------------- the cost of the first call
@@ -144,175 +168,341 @@ def test_first_match_call_looks_at_as_many_entries_at_10_and_200(dump_dir, monke
     for count in (10, 200):
         root = f"{dump_dir}/{count}"
         cache_of(root, count)
-        assert len(documents(root)) == 1  # one writer, one document
+        assert len(tables(root)) == 1  # one writer, one table
         ids = [0, 2 * (count - 1), 99_999]
         out, rollout, looked[count] = match_call(root, ids, monkeypatch)
         assert replayed(out, ids) == {0: 1, 2 * (count - 1): 1, 99_999: 2}
         assert rollout.seen == [[99_999]]
+        monkeypatch.undo()
         SkipManager.reset()
-    assert len(looked[10]) == len(looked[200]) <= 8, looked  # the two entries chosen, and the step written
+    # the two entries the table is checked on, the one chosen beyond them (each probed, then read), the step written
+    assert len(looked[10]) == len(looked[200]) <= 8, looked
+    assert f"{dump_dir}/200/{RUN}/199" in looked[200] and f"{dump_dir}/200/{RUN}/100" not in looked[200]
 
 
-def test_entries_no_document_covers_are_read_directly(dump_dir, monkeypatch) -> None:
-    """Entries of verl, of an older stepskip or of a writer that stopped before its document."""
+def test_later_calls_read_only_the_entries_the_live_prompts_point_at(dump_dir, monkeypatch) -> None:
+    cache_of(dump_dir, 30)
+    out, _, _ = match_call(dump_dir, [0, 10], monkeypatch)
+    assert replayed(out, [0, 10]) == {0: 1, 10: 1}
+    reads = Reads(monkeypatch)
+    for step, ids in ((10_001, [20, 21]), (10_002, [40, 58])):
+        SkipManager.set_step(step)
+        out = Rollout(marker=2).generate_sequences(prompts_for(ids, "live"))
+        assert replayed(out, ids) == dict.fromkeys(ids, 1)
+    assert set(reads.paths) == {entry(dump_dir, s) for s in (10, 20, 29)}, reads.paths
+
+
+def test_entries_no_table_covers_are_read_directly(dump_dir, monkeypatch) -> None:
+    """Entries of verl, of an older stepskip or of a writer that stopped before its table."""
     cache_of(dump_dir, 12)
-    remove_documents(dump_dir)
+    remove_tables(dump_dir)
     out, rollout, looked = match_call(dump_dir, [0, 22, 99_999], monkeypatch)
     assert replayed(out, [0, 22, 99_999]) == {0: 1, 22: 1, 99_999: 2}
-    assert len(set(looked)) >= 12  # every entry's meta.json, as without hints
+    assert len(set(looked)) >= 12  # every entry's meta.json, as without tables
 
 
-def test_a_later_writers_document_covers_only_its_own_entries(dump_dir, monkeypatch) -> None:
+def test_a_later_writers_table_covers_only_its_own_entries(dump_dir, monkeypatch) -> None:
     cache_of(dump_dir, 10)
-    remove_documents(dump_dir)
-    record(dump_dir, {s: [2 * s, 2 * s + 1] for s in range(10, 20)})  # documented; steps 0-9 are not
+    remove_tables(dump_dir)
+    cache_of(dump_dir, 10, first=10)  # tabled; steps 0-9 are not
     out, _, looked = match_call(dump_dir, [0, 38], monkeypatch)
     assert replayed(out, [0, 38]) == {0: 1, 38: 1}
-    run = f"{dump_dir}/exp_proj/GBS4_N2_in8_out6"
-    assert {f"{run}/{s}" for s in range(10)} <= set(looked)  # read directly
-    # hinted and not chosen: never read, but for the two a document is checked against before it is used
-    assert len({f"{run}/{s}" for s in range(10, 19)} & set(looked)) <= 2
+    assert {entry(dump_dir, s) for s in range(10)} <= set(looked)  # read directly
+    # tabled and not chosen: never read, but for the two a table is checked on before it is used
+    assert {entry(dump_dir, s) for s in range(10, 20)} & set(looked) == {entry(dump_dir, s) for s in (10, 11, 19)}
 
 
-# --------------------------------------------------------------------------- documents that are wrong
+# --------------------------------------------------------------------------- tables that are wrong
 
 
-@pytest.mark.parametrize("damage", ["garbage", "not-an-object", "other-version", "outside", "absolute",
-                                    "rows-ill-typed", "rows-oversized", "step-negative"])
-def test_a_damaged_document_is_ignored_and_the_entries_read(dump_dir, monkeypatch, caplog, damage) -> None:
-    cache_of(dump_dir, 10)
-    name, raw = next(iter(documents(dump_dir).items()))
-    body = json.loads(raw)
-    entry = next(iter(body["entries"].values()))
+def _reheader(raw: bytes, **fields: int) -> bytes:
+    """``raw`` with header fields replaced (its checksum left as it was unless ``crc`` is given)."""
+    magic, version, entries, rows, crc, zero = struct.unpack_from("<8sIIQII", raw)
+    values = dict(version=version, entries=entries, rows=rows, crc=crc, zero=zero) | fields
+    return struct.pack("<8sIIQII", magic, values["version"], values["entries"], values["rows"], values["crc"],
+                       values["zero"]) + raw[32:]
+
+
+def _rebody(raw: bytes, body: bytes) -> bytes:
+    return _reheader(raw[:32] + body, crc=zlib.crc32(body))
+
+
+def _damaged(raw: bytes, damage: str) -> bytes:
+    """A table of 10 entries, 2 keys each, damaged as ``damage`` says (sums and sizes kept right where
+    only the structure is wrong, so that each check is what refuses it)."""
+    body = raw[32:]
+    names, identities = np.frombuffer(body, "<u8", 10).copy(), body[80:160]
+    keys, owners = np.frombuffer(body, "<u8", 20, 160).copy(), np.frombuffer(body, "<u4", 20, 320).copy()
     if damage == "garbage":
-        data = b"\x00{not json"
-    elif damage == "not-an-object":
-        data = b"[1, 2]"
-    elif damage == "other-version":
-        data = json.dumps(dict(body, stepskip_hints=99)).encode()
-    elif damage in ("outside", "absolute"):
-        key = "../../other/3" if damage == "outside" else "/etc/passwd"
-        data = json.dumps(dict(body, entries={**body["entries"], key: entry})).encode()
-    elif damage == "rows-ill-typed":
-        data = json.dumps(dict(body, entries={"0": dict(entry, rows=[[1, "x"]])})).encode()
-    elif damage == "rows-oversized":
-        data = json.dumps(dict(body, entries={"0": dict(entry, rows=[["d", 10**12]])})).encode()
-    else:
-        data = json.dumps(dict(body, entries={"0": dict(entry, step=-1)})).encode()
-    put_document(dump_dir, name, data)
+        return b"\x00{not a table" * 10
+    if damage == "json":
+        return b'{"stepskip_hints": 1, "entries": {}}'
+    if damage == "other-version":
+        return _reheader(raw, version=2)
+    if damage == "truncated":
+        return raw[:-5]
+    if damage == "padded":
+        return raw + b"\x00" * 8
+    if damage == "header-only":
+        return raw[:32]
+    if damage == "checksum":
+        return raw[:-1] + bytes([raw[-1] ^ 1])
+    if damage == "huge-counts":
+        return _reheader(raw, entries=1 << 30, rows=1 << 40)
+    if damage == "names-unsorted":
+        names[[0, 1]] = names[[1, 0]]
+    elif damage == "names-duplicate":
+        names[1] = names[0]
+    elif damage == "name-not-a-step":
+        names[-1] = np.uint64(10**19)
+    elif damage == "keys-unsorted":
+        keys[[0, -1]] = keys[[-1, 0]]
+    elif damage == "owner-outside":
+        owners[3] = 10
+    elif damage == "latest-not-first":
+        keys[:] = keys[0]  # every entry files one key: the order among them must then be by step, latest first
+        owners[:] = np.sort(owners)
+    return _rebody(raw, names.tobytes() + identities + keys.tobytes() + owners.tobytes())
+
+
+DAMAGES = ["garbage", "json", "other-version", "truncated", "padded", "header-only", "checksum", "huge-counts",
+           "names-unsorted", "names-duplicate", "name-not-a-step", "keys-unsorted", "owner-outside", "latest-not-first"]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_parse_table_refuses_every_malformed_table(damage: str) -> None:
+    metas = {s: {"run_id": "r", "created_unix": 1.0 + s, "row_prompts": [f"p{s}", f"q{s}"]} for s in range(10)}
+    raw = table_from("", metas)
+    assert parse_table(raw, "t.keys")[1] == ""
+    table, problem = parse_table(_damaged(raw, damage), "t.keys")
+    assert table is None and problem.startswith("t.keys"), problem
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_table_is_ignored_and_the_entries_read(dump_dir, monkeypatch, caplog, damage) -> None:
+    cache_of(dump_dir, 10)
+    (name, raw), = tables(dump_dir).items()
+    put_table(dump_dir, name, _damaged(raw, damage))
     with caplog.at_level(logging.WARNING, logger="stepskip"):
         out, _, looked = match_call(dump_dir, [0, 18, 99_999], monkeypatch)
     assert replayed(out, [0, 18, 99_999]) == {0: 1, 18: 1, 99_999: 2}
-    assert "ignoring the hint document" in caplog.text
+    assert "ignoring the digest table" in caplog.text
     assert len(set(looked)) >= 10
 
 
-def test_an_oversized_document_is_not_read_past_its_bound(dump_dir, monkeypatch, caplog) -> None:
+def test_an_oversized_table_is_not_read_past_its_bound(dump_dir, monkeypatch, caplog) -> None:
     cache_of(dump_dir, 10)
-    monkeypatch.setattr(hints_module, "HINTS_MAX_BYTES", 64)
+    monkeypatch.setattr(hints_module, "TABLE_MAX_BYTES", 64)
     with caplog.at_level(logging.WARNING, logger="stepskip"):
         SkipManager.init(config(dump_dir, "match"))
         SkipManager.set_step(10_000)
         out = Rollout(2).generate_sequences(prompts_for([0, 18], "live"))
     assert replayed(out, [0, 18]) == {0: 1, 18: 1}
-    assert "ignoring the hint document" in caplog.text and "64" in caplog.text
+    assert "ignoring the digest table" in caplog.text and "64" in caplog.text
 
 
-def test_a_lying_document_is_ignored_once_a_chosen_entry_contradicts_it(dump_dir, monkeypatch, caplog) -> None:
-    """The document says step 1 holds step 0's prompts (the identity of step 1's meta.json, other digests)."""
+def test_a_table_that_lies_about_an_entry_is_dropped_and_its_entries_read(dump_dir, monkeypatch, caplog) -> None:
+    """The table says step 6 (its own identity) holds step 5's prompts, and step 5 holds nothing live:
+    its first two entries are right, so it passes the check; the call that follows its claim finds
+    the lie, stops believing the table and reads the entries it covered."""
     cache_of(dump_dir, 10)
-    name, raw = next(iter(documents(dump_dir).items()))
-    body = json.loads(raw)
-    body["entries"]["1"]["rows"], body["entries"]["0"]["rows"] = body["entries"]["0"]["rows"], [["xxh3v2:0", 4]]
-    put_document(dump_dir, name, json.dumps(body).encode())
+    metas = {s: meta_of(dump_dir, s) for s in range(10)}
+    metas[6] = dict(metas[6], row_prompts=metas[5]["row_prompts"] + metas[6]["row_prompts"])
+    metas[5] = dict(metas[5], row_prompts=["xxh3v2:0"])
+    (name, _), = tables(dump_dir).items()
+    put_table(dump_dir, name, table_from(dump_dir, metas))
     with caplog.at_level(logging.WARNING, logger="stepskip"):
-        out, rollout, _ = match_call(dump_dir, [0, 1, 2, 99_999], monkeypatch)
-    assert replayed(out, [0, 1, 2, 99_999]) == {0: 1, 1: 1, 2: 1, 99_999: 2}
+        out, rollout, looked = match_call(dump_dir, [10, 12, 99_999], monkeypatch)
+    assert replayed(out, [10, 12, 99_999]) == {10: 1, 12: 1, 99_999: 2}
     assert rollout.seen == [[99_999]]
-    assert "otherwise than its meta.json" in caplog.text
+    assert "describes" in caplog.text and "otherwise than its meta.json" in caplog.text
+    assert len(set(looked)) >= 10  # dropped: what it covered is read directly
 
 
-def test_a_misnamed_or_planted_document_is_not_read(dump_dir, monkeypatch) -> None:
+def test_a_table_lying_about_the_entries_it_is_checked_on_is_ignored(dump_dir, monkeypatch, caplog) -> None:
     cache_of(dump_dir, 10)
-    name, raw = next(iter(documents(dump_dir).items()))
-    remove_documents(dump_dir)
-    for planted in (".tmp-" + name, "notes.json", name.replace("GBS4", "GBS8"), name.replace("+", "+reward+", 1)):
-        put_document(dump_dir, planted, raw)  # a temporary, no writer's name, another run's, another role's
+    metas = {s: meta_of(dump_dir, s) for s in range(10)}
+    metas[1] = dict(metas[1], row_prompts=metas[0]["row_prompts"])
+    (name, _), = tables(dump_dir).items()
+    put_table(dump_dir, name, table_from(dump_dir, metas))
+    with caplog.at_level(logging.WARNING, logger="stepskip"):
+        out, _, looked = match_call(dump_dir, [2, 18], monkeypatch)
+    assert replayed(out, [2, 18]) == {2: 1, 18: 1}
+    assert "otherwise than its meta.json (checked before use)" in caplog.text and len(set(looked)) >= 10
+
+
+def test_a_misnamed_or_planted_table_is_not_read(dump_dir, monkeypatch) -> None:
+    cache_of(dump_dir, 10)
+    (name, raw), = tables(dump_dir).items()
+    remove_tables(dump_dir)
+    for planted in (".tmp-" + name, "notes.keys", name.replace("GBS4", "GBS8"), name.replace("+", "+reward+", 1),
+                    name.replace(".keys", ".json")):
+        put_table(dump_dir, planted, raw)  # a temporary, no writer's name, another run's, another role's, a document
     _, _, looked = match_call(dump_dir, [0], monkeypatch)
     assert len(set(looked)) >= 10
 
 
-def test_a_symlinked_document_is_not_followed(tmp_path, monkeypatch, caplog) -> None:
+def test_a_symlinked_table_is_not_followed(tmp_path, monkeypatch, caplog) -> None:
     dump_dir = str(tmp_path / "dump")
     cache_of(dump_dir, 10)
-    name, raw = next(iter(documents(dump_dir).items()))
+    (name, raw), = tables(dump_dir).items()
     where = tmp_path / "dump" / "exp_proj" / HINTS_DIR
-    (tmp_path / "elsewhere.json").write_bytes(raw)
+    (tmp_path / "elsewhere.keys").write_bytes(raw)
     os.remove(where / name)
-    os.symlink(tmp_path / "elsewhere.json", where / name)
+    os.symlink(tmp_path / "elsewhere.keys", where / name)
     with caplog.at_level(logging.WARNING, logger="stepskip"):
         out, _, looked = match_call(dump_dir, [0, 18], monkeypatch)
     assert replayed(out, [0, 18]) == {0: 1, 18: 1}
-    assert "ignoring the hint document" in caplog.text and len(set(looked)) >= 10
+    assert "ignoring the digest table" in caplog.text and len(set(looked)) >= 10
 
 
-# --------------------------------------------------------------------------- entries that changed
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_planted_table_claiming_every_entry_hides_nothing(dump_dir, monkeypatch, kept) -> None:
+    """A table (planted, or a writer whose clock runs ahead) naming every entry with identities of no
+    version the entries have and keys no prompt has: no entry it is checked on confirms it, it is
+    ignored, with or without the real writer's table beside it; every recorded prompt is replayed."""
+    cache_of(dump_dir, 12)
+    if not kept:
+        remove_tables(dump_dir)
+    planted = {s: {"run_id": "x", "created_unix": 1e18, "row_prompts": [f"{s:064x}"]} for s in range(12)}
+    put_table(dump_dir, f"GBS4_N2_in8_out6+{'f' * 16}.keys", table_from(dump_dir, planted))
+    out, rollout, looked = match_call(dump_dir, [0, 1, 2, 3, 22], monkeypatch)
+    assert replayed(out, [0, 1, 2, 3, 22]) == dict.fromkeys([0, 1, 2, 3, 22], 1) and rollout.seen == []
+    role = SkipManager.skip_instances["rollout"]
+    assert len(role._tables) == (1 if kept else 0)
 
 
-def test_a_hint_to_a_removed_entry_is_skipped(dump_dir, monkeypatch) -> None:
+def test_tables_naming_entries_without_serving_them_end_the_use_of_tables(dump_dir, monkeypatch, caplog) -> None:
+    """A table right about the entries it is checked on, then filing a live prompt under every other
+    entry with identities of other versions (each such claim looks like an entry rewritten since, not
+    a lie): a call reads at most ``_CANDIDATE_READS + 2 x prompts`` of them, then reads every entry directly."""
+    monkeypatch.setattr(cached_module, "_CANDIDATE_READS", 2)
+    cache_of(dump_dir, 20)
+    metas = {s: meta_of(dump_dir, s) for s in range(20)}
+    bait = metas[0]["row_prompts"][0]  # prompt 0
+    for s in range(2, 20):
+        metas[s] = dict(metas[s], created_unix=1e18, row_prompts=[bait])
+    (name, _), = tables(dump_dir).items()
+    put_table(dump_dir, name, table_from(dump_dir, metas))
+    with caplog.at_level(logging.WARNING, logger="stepskip"):
+        out, rollout, looked = match_call(dump_dir, [0, 30], monkeypatch)
+    assert replayed(out, [0, 30]) == {0: 1, 30: 1} and rollout.seen == []
+    assert "without serving them" in caplog.text
+    assert len(set(looked)) == 20  # every entry, once
+    assert not SkipManager.skip_instances["rollout"]._tables
+
+
+# --------------------------------------------------------------------------- entries that changed, keys shared
+
+
+def test_a_claim_to_a_removed_entry_is_skipped(dump_dir, monkeypatch) -> None:
     cache_of(dump_dir, 10)
     SkipManager.init(config(dump_dir, "match"))
     role = SkipManager.skip_instances["rollout"]
-    assert role.store.retire_entry(role.step_dump_dir(0))  # as `stepskip prune` removes it
+    assert role.store.retire_entry(role.step_dump_dir(5))  # as `stepskip prune` removes it
     SkipManager.reset()
-    out, rollout, _ = match_call(dump_dir, [0, 18], monkeypatch)
-    assert replayed(out, [0, 18]) == {0: 2, 18: 1}
-    assert rollout.seen == [[0]]
+    out, rollout, _ = match_call(dump_dir, [10, 18], monkeypatch)
+    assert replayed(out, [10, 18]) == {10: 2, 18: 1}
+    assert rollout.seen == [[10]]
 
 
-def test_a_hint_to_an_entry_rewritten_since_is_corrected_from_the_entry(dump_dir, monkeypatch) -> None:
-    """Step 0 recorded again by a run whose document never got written: its hint is stale."""
+def test_a_claim_to_an_entry_rewritten_since_is_corrected_from_the_entry(dump_dir, monkeypatch) -> None:
+    """Step 5 recorded again by a run whose table never got written: the first table's claim is stale."""
     cache_of(dump_dir, 10)
-    first = set(documents(dump_dir))
-    record(dump_dir, {0: [50, 51]}, marker=3)
-    remove_documents(dump_dir, set(documents(dump_dir)) - first)
-    out, rollout, _ = match_call(dump_dir, [0, 50, 18], monkeypatch)
-    assert replayed(out, [0, 50, 18]) == {0: 2, 50: 3, 18: 1}  # 0 is no longer recorded anywhere
-    assert rollout.seen == [[0]]
+    first = set(tables(dump_dir))
+    record(dump_dir, {5: [50, 51]}, marker=3)
+    remove_tables(dump_dir, set(tables(dump_dir)) - first)
+    out, rollout, _ = match_call(dump_dir, [10, 50, 18], monkeypatch)
+    assert replayed(out, [10, 50, 18]) == {10: 2, 50: 3, 18: 1}  # 10 is no longer recorded anywhere
+    assert rollout.seen == [[10]]
+    assert len(SkipManager.skip_instances["rollout"]._tables) == 1  # a stale claim is no lie
 
 
-def test_an_entry_two_documents_disagree_on_is_read_directly(dump_dir, monkeypatch) -> None:
-    """Two writers' documents describe step 0 differently: neither writer's clock decides, the entry's
-    own meta.json does (a skewed clock or a planted document never hides what an entry holds)."""
+def test_an_entry_two_tables_describe_is_served_as_it_is_now(dump_dir, monkeypatch) -> None:
+    """Two writers' tables describe step 0 differently (the later one rewrote it): the entry's own
+    meta.json decides, and the earlier table still serves its other entries."""
     cache_of(dump_dir, 10)
     record(dump_dir, {0: [50, 51]}, marker=3)
-    assert len(documents(dump_dir)) == 2
-    out, rollout, looked = match_call(dump_dir, [50, 18], monkeypatch)
-    assert replayed(out, [50, 18]) == {50: 3, 18: 1}
-    assert rollout.seen == [] and len(set(looked)) <= 8 + 2 * 2  # and the two entries each document is checked on
+    assert len(tables(dump_dir)) == 2
+    out, rollout, looked = match_call(dump_dir, [50, 18, 0], monkeypatch)
+    assert replayed(out, [50, 18, 0]) == {50: 3, 18: 1, 0: 2}
+    assert rollout.seen == [[0]] and len(set(looked)) <= 5  # the entries the tables are checked on, step 9, the step
+
+
+def test_a_key_two_prompts_share_costs_a_read_and_serves_the_right_rows(dump_dir, monkeypatch, caplog) -> None:
+    """Keys of 2 bits: most prompts share their key with others. The entries filed under a live
+    prompt's key are read latest first until one holds the prompt itself; nothing counts as a lie."""
+    real = hints_module.digest_key
+    monkeypatch.setattr(hints_module, "digest_key", lambda digest: real(digest) % 4)
+    cache_of(dump_dir, 12)
+    with caplog.at_level(logging.WARNING, logger="stepskip"):
+        out, rollout, looked = match_call(dump_dir, [0, 7, 22, 99_999], monkeypatch)
+    assert replayed(out, [0, 7, 22, 99_999]) == {0: 1, 7: 1, 22: 1, 99_999: 2}
+    assert rollout.seen == [[99_999]] and "digest table" not in caplog.text
+    assert len(SkipManager.skip_instances["rollout"]._tables) == 1
+
+
+# --------------------------------------------------------------------------- the latest step wins
+
+
+def test_the_latest_step_wins_among_an_indexed_entry_and_a_tabled_one(dump_dir, monkeypatch) -> None:
+    """Prompt 7 is recorded at step 3 by an untabled run (indexed directly) and at step 15 by a tabled
+    one; prompt 30 at step 15 (tabled) and at step 40 (untabled); prompt 21 at steps 10 and 12 of the
+    tabled run: each is served from its latest step, and step 10 is never read."""
+    record(dump_dir, {3: [7], 40: [30]}, marker=3)
+    remove_tables(dump_dir)
+    record(dump_dir, {s: [100 + s] for s in (0, 1, 2, 4, 5, 6)} | {10: [21], 12: [21], 15: [7, 30]}, marker=1)
+    out, rollout, looked = match_call(dump_dir, [7, 30, 21], monkeypatch)
+    assert replayed(out, [7, 30, 21]) == {7: 1, 30: 3, 21: 1} and rollout.seen == []
+    role = SkipManager.skip_instances["rollout"]
+    digests = prompt_row_digests(prompts_for([7, 30, 21], "x"), role.rebind_keys)[::N]
+    assert [role._index.groups[d][0].rsplit("/", 1)[1] for d in digests] == ["15", "40", "12"]
+    assert entry(dump_dir, 10) not in looked
+
+
+def test_the_latest_of_two_tables_wins(dump_dir, monkeypatch) -> None:
+    """Prompt 9 recorded at step 20 by one tabled run and at step 25 by another: step 25 serves it,
+    whichever table is read first."""
+    record(dump_dir, {s: [200 + s] for s in range(10, 21)} | {20: [9]}, marker=1)
+    record(dump_dir, {s: [300 + s] for s in range(21, 26)} | {25: [9]}, marker=3)
+    assert len(tables(dump_dir)) == 2
+    out, rollout, looked = match_call(dump_dir, [9], monkeypatch)
+    assert replayed(out, [9]) == {9: 3} and rollout.seen == []
+    assert entry(dump_dir, 20) not in looked
 
 
 # --------------------------------------------------------------------------- writers and the tools
 
 
-def test_a_writer_starts_another_document_when_its_own_is_full(dump_dir, monkeypatch) -> None:
-    monkeypatch.setattr(hints_module, "HINTS_ROLL_BYTES", 600)
+def test_a_writer_starts_another_table_when_its_own_is_full(dump_dir, monkeypatch) -> None:
+    monkeypatch.setattr(hints_module, "TABLE_ROLL_BYTES", 200)  # 32 bytes of header, 40 per entry of 2 prompts
     cache_of(dump_dir, 12)
-    names = sorted(documents(dump_dir))
-    assert len(names) > 2 and len({n.rsplit("-", 1)[0] for n in names if "-" in n.rsplit("+", 1)[1]}) == 1
-    covered: dict[str, Any] = {}
-    for raw in documents(dump_dir).values():
-        parsed, problem = parse_hints(raw, "doc")
-        assert not problem and len(raw) <= 600 + 400
-        covered.update(parsed)
-    assert sorted(covered, key=int) == [str(s) for s in range(12)]
+    names = sorted(tables(dump_dir))
+    assert len(names) == 3 and len({n.rsplit("-", 1)[0] for n in names if "-" in n.rsplit("+", 1)[1]}) == 1
+    covered: list[int] = []
+    for raw in tables(dump_dir).values():
+        table, problem = parse_table(raw, "t")
+        assert not problem and len(raw) <= 200
+        covered += table.names.tolist()
+    assert sorted(covered) == list(range(12))
     monkeypatch.undo()
-    out, _, looked = match_call(dump_dir, [0, 22], monkeypatch)
-    # and the two entries each document is checked on before it is used
-    assert replayed(out, [0, 22]) == {0: 1, 22: 1} and len(set(looked)) <= 8 + 2 * len(names)
+    out, _, looked = match_call(dump_dir, [0, 22, 12], monkeypatch)
+    # the two entries each table is checked on, and the two chosen beyond them (steps 11 and 6)
+    assert replayed(out, [0, 22, 12]) == {0: 1, 22: 1, 12: 1} and len(set(looked)) == 2 * len(names) + 2
 
 
-def test_verify_and_ls_see_no_damage_in_the_hint_documents(dump_dir) -> None:
+def test_a_writer_rewriting_an_entry_describes_it_as_last_given() -> None:
+    table = DigestTable()
+    first = {"run_id": "r", "created_unix": 1.0, "row_prompts": ["a", "b"]}
+    again = {"run_id": "r", "created_unix": 2.0, "row_prompts": ["c", "c"]}
+    assert table.add("4", first) and table.add("4", again)
+    parsed, _ = parse_table(table.to_bytes(), "t")
+    assert parsed.names.tolist() == [4] and parsed.keys.tolist() == [hints_module.digest_key("c")]
+    assert int(parsed.identities[0]) == identity_key(again) != identity_key(first)
+    assert table.size == len(table.to_bytes())
+
+
+def test_verify_and_ls_see_no_damage_in_the_tables(dump_dir) -> None:
     cache_of(dump_dir, 3)
     index = CacheIndex(dump_dir)
     runs = index.runs()
@@ -324,21 +514,26 @@ def test_verify_and_ls_see_no_damage_in_the_hint_documents(dump_dir) -> None:
 
 
 @pytest.mark.parametrize("meta, added", [
-    ({"global_steps": 1, "run_id": "r", "created_unix": 1.0, "row_prompts": ["a"]}, True),
-    ({"global_steps": 1, "run_id": "r", "created_unix": 1.0}, False),  # no row digests: nothing to hint
-    ({"global_steps": 1, "run_id": "r", "row_prompts": ["a"]}, False),  # no identity to check it by
-    ({"global_steps": 1, "run_id": "r", "created_unix": 1.0, "row_prompts": [None]}, False),
+    ({"run_id": "r", "created_unix": 1.0, "row_prompts": ["a"]}, True),
+    ({"run_id": None, "created_unix": 1, "row_prompts": []}, True),
+    ({"run_id": "r", "created_unix": 1.0}, False),  # no row digests: nothing to look up
+    ({"run_id": "r", "row_prompts": ["a"]}, False),  # no identity to check it by
+    ({"run_id": "r", "created_unix": True, "row_prompts": ["a"]}, False),
+    ({"run_id": 7, "created_unix": 1.0, "row_prompts": ["a"]}, False),
+    ({"run_id": "r", "created_unix": 1.0, "row_prompts": [None]}, False),
 ])
-def test_a_document_describes_only_what_can_be_checked(meta: dict[str, Any], added: bool) -> None:
-    doc = HintDocument("r", "rollout")
-    assert doc.add("1", meta) is added
-    assert doc.add("../1", dict(meta, row_prompts=["a"], created_unix=1.0)) is False
-    hints, problem = parse_hints(doc.to_bytes(), "doc")
-    assert not problem and (("1" in hints) is added)
+def test_a_table_describes_only_what_can_be_checked(meta: dict[str, Any], added: bool) -> None:
+    table = DigestTable()
+    assert table.add("1", meta) is added
+    assert table.add("../1", dict(meta, row_prompts=["a"], created_unix=1.0)) is False
+    assert table.add("1" * 20, dict(meta, row_prompts=["a"], created_unix=1.0)) is False
+    parsed, problem = parse_table(table.to_bytes(), "t")
+    assert not problem and parsed.names.tolist() == ([1] if added else [])
+    assert table.size == len(table.to_bytes())
 
 
-def test_a_stage_roles_documents_serve_it_across_run_directories(dump_dir, monkeypatch) -> None:
-    """A row-wise stage role keeps its entries in ``{run}/{role}/``: its documents are named for that
+def test_a_stage_roles_tables_serve_it_across_run_directories(dump_dir, monkeypatch) -> None:
+    """A row-wise stage role keeps its entries in ``{run}/{role}/``: its tables are named for that
     directory, read by the same role in a run of another batch size, and never by the rollout role."""
     calls: list[list[int]] = []
 
@@ -357,8 +552,8 @@ def test_a_stage_roles_documents_serve_it_across_run_directories(dump_dir, monke
         score(None, prompts_for([2 * step, 2 * step + 1], "rec"))
     SkipManager.flush()
     SkipManager.reset()
-    cache_of(dump_dir, 10)  # the rollout role's entries and document, in the same run directory
-    names = sorted(documents(dump_dir))
+    cache_of(dump_dir, 10)  # the rollout role's entries and table, in the same run directory
+    names = sorted(tables(dump_dir))
     assert len(names) == 2 and sum("+reward+" in n for n in names) == 1
     SkipManager.init(reward_config(2))  # another run directory: GBS2_...
     reads = Reads(monkeypatch)
@@ -370,56 +565,3 @@ def test_a_stage_roles_documents_serve_it_across_run_directories(dump_dir, monke
     assert out.batch["score"][:, 0].tolist() == [i * 0.5 for i in (0, 19, 500) for _ in range(N)]
     assert calls[-1] == [500] and len(set(looked)) <= 8, looked
     assert all("/reward/" in p for p in looked)
-
-
-GOOD_ENTRY = {"step": 1, "run_id": "r", "created_unix": 1.5, "rows": [["a", 2]]}
-
-
-@pytest.mark.parametrize("entries", [
-    {"\u0661": GOOD_ENTRY},  # a digit, but not an ASCII one: no step directory's name
-    {"1/2": GOOD_ENTRY}, {"": GOOD_ENTRY}, {"1" * 20: GOOD_ENTRY},
-    {"1": dict(GOOD_ENTRY, step=True)}, {"1": dict(GOOD_ENTRY, step=1.0)}, {"1": dict(GOOD_ENTRY, step=2**63)},
-    {"1": dict(GOOD_ENTRY, created_unix=None)}, {"1": dict(GOOD_ENTRY, created_unix="1.5")},
-    {"1": dict(GOOD_ENTRY, run_id=7)}, {"1": dict(GOOD_ENTRY, rows={"a": 2})},
-    {"1": dict(GOOD_ENTRY, rows=[["a", 0]])}, {"1": dict(GOOD_ENTRY, rows=[["a", True]])},
-    {"1": dict(GOOD_ENTRY, rows=[["a", 2, 3]])}, {"1": dict(GOOD_ENTRY, rows=[["a" * 300, 2]])},
-    {"1": dict(GOOD_ENTRY, rows=[["a", 2**20], ["b", 1]])},  # more rows than one entry may have
-    {"1": [GOOD_ENTRY]},
-])
-def test_parse_hints_refuses_every_ill_typed_or_unbounded_value(entries: dict[str, Any]) -> None:
-    raw = json.dumps({"stepskip_hints": 1, "entries": entries}).encode()
-    hints, problem = parse_hints(raw, "doc")
-    assert hints == {} and problem.startswith("doc")
-
-
-def test_parse_hints_bounds_nesting_and_the_rows_of_a_reader() -> None:
-    assert parse_hints(b"[" * 100_000 + b"]" * 100_000, "doc")[1]  # never a RecursionError
-    raw = json.dumps({"stepskip_hints": 1, "entries": {"1": GOOD_ENTRY, "2": GOOD_ENTRY}}).encode()
-    assert sorted(parse_hints(raw, "doc")[0]) == ["1", "2"]
-    assert parse_hints(raw, "doc", max_rows=3) == ({}, "doc describes more than 3 rows")
-
-
-@pytest.mark.parametrize("kept", [True, False])
-def test_a_planted_document_claiming_to_be_newest_hides_nothing(dump_dir, monkeypatch, kept) -> None:
-    """A document (planted, or a writer whose clock runs ahead) describing every entry with a far-future
-    identity, huge steps and digests no prompt has: it fails the check on its two lowest entries and is
-    ignored, with or without the real writer's document beside it; every recorded prompt is replayed."""
-    cache_of(dump_dir, 12)
-    if not kept:
-        remove_documents(dump_dir)
-    entries = {str(s): {"step": 2 ** 62, "run_id": "x", "created_unix": 1e18, "rows": [[f"{s:064x}", 4]]}
-               for s in range(12)}
-    put_document(dump_dir, f"GBS4_N2_in8_out6+{'f' * 16}.json",
-                 json.dumps({"stepskip_hints": 1, "run_id": "x", "role": "rollout", "entries": entries}).encode())
-    out, rollout, _ = match_call(dump_dir, [0, 1, 2, 3], monkeypatch)
-    assert replayed(out, [0, 1, 2, 3]) == {0: 1, 1: 1, 2: 1, 3: 1} and rollout.seen == []
-    index = SkipManager.skip_instances["rollout"]._index
-    assert not any(digest.startswith("0" * 48) for digest in index.groups)  # none of its claims
-
-
-def test_a_hint_claiming_more_rows_than_a_meta_json_can_list_is_refused():
-    raw = json.dumps({"stepskip_hints": 1, "run_id": "x", "role": "rollout",
-                      "entries": {"1": {"step": 1, "run_id": "x", "created_unix": 1.0,
-                                        "rows": [["a" * 16, hints_module._MAX_ENTRY_ROWS + 1]]}}}).encode()
-    hints, problem = parse_hints(raw, "doc")
-    assert not hints and "more than" in problem
