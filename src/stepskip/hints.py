@@ -1,52 +1,73 @@
-"""Prompt hints: per-writer documents that let ``action: match`` index a run without reading every entry.
+"""Prompt hints: per-writer files that let ``action: match`` find recorded prompts without reading every entry.
 
 Every entry a row-wise role writes records one prompt digest per row in its ``meta.json``
 (``row_prompts``); the prompt index of ``action: match`` is built from those. Read entry by entry,
 the first ``match`` call of a run costs one ``meta.json`` read per entry: seconds at 10,000 entries
-on a local disk, one request each on an object store. So each writing role also keeps a *hint
-document* of its own in the directory holding its entries::
-
-    {"stepskip_hints": 1, "run_id": "...", "role": "rollout", "entries": {"12": {...}, ...}}
-
-(a V1 step of ``rollout_tq``: the recording its manifest named and, per inner entry, the same),
-one per writer (a role in one process, a fresh token per run; a writer starts another document once
-its current one reaches :data:`HINTS_ROLL_BYTES`), rewritten whole — atomically, with the store's
-small-object put — after each entry it wrote. The documents of every run directory of an experiment
-lie in one directory beside those run directories, named for the run directory (and role
+on a local disk, one request each on an object store. So each writing role also keeps hints of its
+own, one file per writer (a role in one process, a fresh token per run; a writer starts another
+once its current one reaches its roll size), rewritten whole — atomically, with the store's
+small-object put — after each entry it wrote. The hints of every run directory of an experiment lie
+in one directory beside those run directories, named for the run directory (and role
 subdirectory) whose entries they describe, so that run directories hold only steps and one listing
-finds the documents of every run directory ``match`` spans::
+finds the hints of every run directory ``match`` spans::
 
-    {experiment}/.stepskip-index/GBS4_N2_in8_out6+{token}.json          entries of {experiment}/GBS4_N2_in8_out6/
-    {experiment}/.stepskip-index/GBS4_N2_in8_out6+reward+{token}.json   entries of .../GBS4_N2_in8_out6/reward/
- Per entry it holds the entry's identity (``run_id``
-and ``created_unix`` of its ``meta.json``) and its row digests, run-length coded. The first
-``match`` call lists the documents (a number bounded by the writers, not the entries) and reads
-them instead of the entries' ``meta.json``.
+    {experiment}/.stepskip-index/GBS4_N2_in8_out6+{token}.keys          digest table: {experiment}/GBS4_N2_in8_out6/
+    {experiment}/.stepskip-index/GBS4_N2_in8_out6+reward+{token}.keys   digest table: .../GBS4_N2_in8_out6/reward/
+    {experiment}/.stepskip-index/GBS4_N2_in8_out6+{token}.json          hint document: rollout_tq's V1 steps
 
-The documents are hints, never the truth: someone else may have written them. They are read up to
-:data:`HINTS_MAX_BYTES`, must be JSON of the documented types and sizes (anything else: the whole
-document is ignored, with a warning), may only name entries as step names inside the run directory their
-name says, and a hint only counts for an entry the directory's listing shows. A reader uses a
-document only once its hints for its two lowest listed entries match their ``meta.json``, and
-drops an entry two documents describe differently (no writer's clock decides). The entry a hint
-makes the index choose is validated before it is used: its ``meta.json`` is read as without hints
-and must carry the hinted identity and digests. A hint to an entry rewritten since is corrected from
-that ``meta.json``; one whose identity matches but whose digests do not makes its whole document
-ignored (it lies); a V1 step a call chooses is indexed from its manifest and inner entries, as
-without hints. Entries no document covers (written by verl, an older stepskip, or a writer that
-stopped before its document) are indexed from their ``meta.json`` as before.
+**Digest tables** (row-wise roles' entries: :class:`DigestTable`, :func:`parse_table`) are binary,
+little-endian: a 32-byte header (magic :data:`TABLE_MAGIC`, :data:`TABLE_VERSION`, the entry and
+key counts, a CRC-32 of the body), then the step names of the entries the writer wrote (ascending)
+and a 64-bit key of each one's identity (:func:`identity_key`: ``run_id`` and ``created_unix`` of
+its ``meta.json``), then the 64-bit keys of their row digests (:func:`digest_key`, one per distinct
+digest of an entry), ascending, the latest entry first among equal keys, with the index of the entry
+holding each. A reader (``CachedRole._match_index``) reads each table once, with ``np.frombuffer``:
+no parsing per entry. A ``match`` call looks its live prompts' keys up (``np.searchsorted``) and
+indexes, from their own ``meta.json``, only the entries they point at, the latest step first and
+only while a table names a later step than the index already serves the prompt from — so the
+index is what reading every entry would have built ("the latest step wins") for the prompts asked.
+
+**Hint documents** (``rollout_tq``'s V1 steps: :class:`HintDocument`, :func:`parse_hints`) are JSON::
+
+    {"stepskip_hints": 1, "run_id": "...", "role": "rollout_tq", "entries": {"12": {...}, ...}}
+
+per step: the recording its manifest named, and per inner entry its identity and row digests,
+run-length coded. The first submit phase lists and reads them instead of every step's manifest and
+inner entries, and reads a step it chooses as without hints before injecting anything.
+
+Both are hints, never the truth: someone else may have written them. Reads are bounded
+(:data:`TABLE_MAX_BYTES`, :data:`HINTS_MAX_BYTES`, a budget over all of them); anything malformed
+— another magic or version, sizes that do not add up (truncated, padded), a checksum mismatch,
+keys out of order, entries that are not step names, JSON of other types or sizes — makes the whole
+file ignored, with a warning, and the entries it covers read directly. A hint only counts for an
+entry the directory's listing shows. A file is used only once what it says of its two lowest listed
+entries (of the version it names) matches their ``meta.json``. What the index holds always comes
+from an entry's own ``meta.json``: a key two digests share costs one more read; an entry rewritten
+since its table was written (another identity) is indexed from what it holds now; a table whose
+entry, of the version it names, holds no key the table files under it is ignored from then on (the
+entries it covered are read directly); and a call that reads more than a bounded number of entries
+for what the tables claim stops using them (every entry they cover is then read directly). Entries
+no hint covers (written by verl, an older stepskip, or a writer that stopped before its hints) are
+indexed from their ``meta.json`` as before.
 
 What a hint cannot tell: an entry rewritten by a writer that died between publishing it and
-rewriting its document (or by an older stepskip) stays described by the earlier writer's hint, so
-the prompts it holds now are found only when a call chooses it for the prompts it held before (it is
-then re-indexed from its ``meta.json``), or once the documents are deleted, which is always safe.
+rewriting its hints (or by an older stepskip) stays described by the earlier writer's, so the
+prompts it holds now are found only when a call looks it up for the prompts it held before (it is
+then indexed from its ``meta.json``), or once the hints are deleted, which is always safe. A table
+that omits prompts an entry holds can only make them generated, or served from an earlier step.
 
 Example:
-    >>> doc = HintDocument(run_id="r1", role="rollout")
-    >>> doc.add("12", {"global_steps": 12, "run_id": "r1", "created_unix": 1.5, "row_prompts": ["a", "a", "b"]})
+    >>> table = DigestTable()
+    >>> table.add("12", {"global_steps": 12, "run_id": "r1", "created_unix": 1.5, "row_prompts": ["a", "a", "b"]})
     True
-    >>> parse_hints(doc.to_bytes(), "w.json")[0]["12"].digests
-    ['a', 'a', 'b']
+    >>> parsed, problem = parse_table(table.to_bytes(), "w.keys")
+    >>> parsed.names.tolist(), sorted(parsed.keys.tolist()) == sorted({digest_key("a"), digest_key("b")})
+    ([12], True)
+    >>> doc = HintDocument(run_id="r1", role="rollout_tq")
+    >>> doc.add_step("12", None, [{"global_steps": 12, "run_id": "r1", "created_unix": 1.5, "row_prompts": ["a"]}])
+    True
+    >>> parse_hints(doc.to_bytes(), "w.json")[0]["12"].inner[0].digests
+    ['a']
 """
 
 from __future__ import annotations

@@ -75,7 +75,8 @@ _MAX_HINT_BYTES = 64 << 20  # hint documents (or digest tables) read in all by o
 #: distinct prompt (then they are given up: every entry they cover is read directly).
 _CANDIDATE_READS = 64
 _NO_NAMES: frozenset[str] = frozenset()
-_STEP_NAME = re.compile(r"^(?:0|[1-9][0-9]{0,18})$", re.MULTILINE | re.ASCII)
+_STEP_NAME = re.compile(r"0|[1-9][0-9]{0,18}", re.ASCII)
+_ODD_DIGITS = re.compile(r"\n0[0-9]|[0-9]{20}")  # a leading zero, or more digits than a step has
 
 
 def _prompt_digest(prompts: Any, exclude: Iterable[str]) -> str | None:
@@ -749,8 +750,8 @@ class CachedRole(BaseSkip):
             if problem:
                 logger.warning("%s match: ignoring the digest table %s: %s; the entries it describes are read "
                                "directly", self.name, document, problem)
-        for project, names in fresh.items():  # what is left is read directly
-            names.difference_update(self._covered.get(project, ()), index.by_dir.get(project, ()))
+        for project, left in fresh.items():  # what is left is read directly
+            left.difference_update(self._covered.get(project, ()), index.by_dir.get(project, ()))
 
     def _table_problem(self, index: Any, claims: _Claims) -> str:
         """Why the table of ``claims`` is not to be used ("" when it is): what it files under its two
@@ -1651,13 +1652,15 @@ class _Claims:
 def _step_names(names: list[str]) -> frozenset[str]:
     """The names among ``names`` that are step directories' (``0``, ``12``: ASCII digits, no leading zero).
 
-    One regular expression over the joined names (they hold no newline; any that does is not a step
-    name, and the names are then checked one by one): 10,000 names cost well under a millisecond.
+    Checked by C-level passes (``str.isdigit``, then one scan of the digit names joined for a
+    non-ASCII digit, a leading zero or a 20th digit), one by one only when some name has one: 10,000
+    names cost well under a millisecond.
     """
-    joined = "\n".join(names)
-    if joined.count("\n") == len(names) - 1 or not names:
-        return frozenset(_STEP_NAME.findall(joined))
-    return frozenset(name for name in names if _STEP_NAME.fullmatch(name))
+    digits = frozenset(filter(str.isdigit, names))
+    joined = "\n" + "\n".join(digits)
+    if not joined.isascii() or _ODD_DIGITS.search(joined):
+        return frozenset(name for name in digits if _STEP_NAME.fullmatch(name))
+    return digits
 
 
 def _step_of(meta: dict[str, Any]) -> int:

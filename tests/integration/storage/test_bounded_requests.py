@@ -143,14 +143,15 @@ def match_prompts(ids: list[int]) -> Batch:
 
 
 def test_first_match_call_costs_the_same_requests_at_10_and_200_entries(counting_s3):
-    """The run's writer keeps a hint document: the first ``match`` call lists and reads it, validates and
-    reads only the two entries it chooses, and generates (and records) the one prompt never recorded."""
+    """The run's writer keeps a digest table: the first ``match`` call lists and reads it, checks it on
+    its two lowest entries (one of them chosen), reads the one other entry a live prompt points at,
+    and generates (and records) the one prompt never recorded."""
     counts = {}
     for count in (10, 200):
         dump_dir = f"s3://{counting_s3.bucket()}/dump"
         SkipManager.init(rollout_config(dump_dir, counting_s3.options, action="record"))
         recorder = Rollout()
-        for step in range(count):  # the real writer: entries and its hint document
+        for step in range(count):  # the real writer: entries and its digest table
             SkipManager.set_step(step)
             recorder.generate_sequences(match_prompts([2 * step, 2 * step + 1]))
         SkipManager.reset()
