@@ -651,8 +651,9 @@ class CachedRole(BaseSkip):
             with self._pending_lock:  # this run's queued dumps count: indexing one waits for it
                 queued = {p.rsplit("/", 1)[1] for p in self._pending if p.rsplit("/", 1)[0] == own}
             listing = self._match_listing()
-            if queued:
+            if queued:  # indexed from what they hold once written, never from a table's earlier claim
                 listing = {**listing, own: listing.get(own, frozenset()) | queued}
+                self._covered.get(own, set()).difference_update(queued)
             if listing is not self._indexed_listing:  # listed afresh: what is no longer there is forgotten
                 for project, names in list(index.by_dir.items()):
                     for name in names - listing.get(project, frozenset()):
@@ -1116,6 +1117,7 @@ class CachedRole(BaseSkip):
         with self._index_lock:
             if self._index is not None:
                 self._index.forget(path)  # re-read from the entry once it is written
+            self._covered.get(self.project_dump_dir, set()).discard(path.rpartition("/")[2])
 
     def _short(self, path: str) -> str:
         """``step N`` for an entry of this run directory, ``{run}/step N`` for one of another."""

@@ -565,3 +565,49 @@ def test_a_stage_roles_tables_serve_it_across_run_directories(dump_dir, monkeypa
     assert out.batch["score"][:, 0].tolist() == [i * 0.5 for i in (0, 19, 500) for _ in range(N)]
     assert calls[-1] == [500] and len(set(looked)) <= 8, looked
     assert all("/reward/" in p for p in looked)
+
+
+# --------------------------------------------------------------------------- later calls: listings and changes
+
+
+def test_an_entry_removed_after_the_first_call_is_not_served(dump_dir, monkeypatch) -> None:
+    cache_of(dump_dir, 10)
+    out, _, _ = match_call(dump_dir, [0], monkeypatch)
+    role = SkipManager.skip_instances["rollout"]
+    assert role.store.retire_entry(role.step_dump_dir(7))  # covered, never read: its prompts are 14 and 15
+    SkipManager.set_step(10_001)
+    rollout = Rollout(marker=2)
+    out = rollout.generate_sequences(prompts_for([14, 16], "live"))
+    assert replayed(out, [14, 16]) == {14: 2, 16: 1} and rollout.seen == [[14]]
+
+
+def test_later_calls_reuse_the_listing_of_settled_directories_until_one_changes(tmp_path, monkeypatch) -> None:
+    """On local disk: run directories last changed long ago are listed once; a step another writer adds
+    changes the directory's version, and the next call lists it again and finds the new step."""
+    dump_dir = str(tmp_path / "dump")
+    cache_of(dump_dir, 10)
+    monkeypatch.setattr(cached_module, "_monotonic", lambda: 1000.0)  # the listing never gets too old here
+    then = os.path.getmtime(tmp_path) - 60
+    for path in (f"{dump_dir}/exp_proj", f"{dump_dir}/{RUN}"):
+        os.utime(path, (then, then))
+    out, _, _ = match_call(dump_dir, [0], monkeypatch)
+    role = SkipManager.skip_instances["rollout"]
+    listed: list[str] = []
+    original = role.store.list_dir
+    monkeypatch.setattr(role.store, "list_dir", lambda path, *a, **k: listed.append(path) or original(path, *a, **k))
+    for step in (10_001, 10_002):
+        SkipManager.set_step(step)
+        out = Rollout(marker=2).generate_sequences(prompts_for([2, 3], "live"))
+        assert replayed(out, [2, 3]) == {2: 1, 3: 1}
+    assert listed == []
+    # another writer adds step 40 holding prompts 2 and 3 (a copy of step 1's entry, as that step)
+    import shutil
+    shutil.copytree(f"{dump_dir}/{RUN}/1", f"{tmp_path}/40")
+    meta = json.loads((tmp_path / "40" / "meta.json").read_text())
+    (tmp_path / "40" / "meta.json").write_text(json.dumps(dict(meta, global_steps=40)))
+    os.rename(tmp_path / "40", f"{dump_dir}/{RUN}/40")
+    SkipManager.set_step(10_003)
+    out = Rollout(marker=2).generate_sequences(prompts_for([2, 3], "live"))
+    assert replayed(out, [2, 3]) == {2: 1, 3: 1} and f"{dump_dir}/{RUN}" in listed
+    digests = prompt_row_digests(prompts_for([2, 3], "x"), role.rebind_keys)
+    assert {role._index.groups[d][0] for d in digests} == {entry(dump_dir, 40)}  # the latest step wins
