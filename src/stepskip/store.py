@@ -476,6 +476,11 @@ _SYNCFS = _load_syncfs()
 #: Batches with at least this many entries on one filesystem are made durable by one ``syncfs`` there
 #: instead of an ``fsync`` per file and directory (see :meth:`LocalStore.write_entries`).
 SYNCFS_MIN_ENTRIES = 4
+#: ... and a batch is synced every this many staged entries, not once at its end: on ext4 each inode
+#: created costs more the more inodes the running journal transaction already created (measured on
+#: this project's VM: 0.03 ms a file right after a commit, 0.36 ms forty entries later, 1.5 ms
+#: hundreds later), so many small entries are cheapest committed a few at a time.
+SYNCFS_CHUNK_ENTRIES = 8
 #: ``syncfs`` also writes back what other programs left dirty on the filesystem (a checkpoint being
 #: saved, say): with more than this much dirty or under writeback in the whole system, a batch is
 #: synced file by file instead, so that its commit never waits for someone else's gigabytes.
@@ -1482,7 +1487,9 @@ class LocalStore(_EntryStore):
         Where Linux's ``syncfs`` reports writeback errors (5.8 and later), a filesystem holding at
         least :data:`SYNCFS_MIN_ENTRIES` entries of the batch is synced by one ``syncfs`` instead of
         one ``fsync`` per file and directory (four per entry of format ``safe``): every file written
-        before it is durable when it returns 0, as after each file's own ``fsync``. Should it fail,
+        before it is durable when it returns 0, as after each file's own ``fsync``. A long batch is
+        synced every :data:`SYNCFS_CHUNK_ENTRIES` entries as it is staged (file creation slows down as
+        a journal transaction grows); the renames still wait for the whole batch. Should it fail,
         those entries' files are synced one by one, so a failure still costs only the entries it
         hit. (``syncfs`` also writes back what other programs left dirty on that filesystem: it is
         used only while the system holds at most :data:`SYNCFS_MAX_DIRTY_BYTES` dirty, and only on the
@@ -1507,6 +1514,8 @@ class LocalStore(_EntryStore):
                 staged.append((parent_fd, tmp, name, path, total))
                 if _SYNCFS is not None:
                     held[i] = fds
+                    if len(held) >= SYNCFS_CHUNK_ENTRIES:
+                        self._sync_held(held, staged, syncs)
                 else:  # synced (and closed) side by side while the next entries are written
                     syncs.start(i, fds)
             self._sync_held(held, staged, syncs)

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from stepskip import store as store_module
-from stepskip.store import SYNCFS_MIN_ENTRIES, EntryState, LocalStore
+from stepskip.store import SYNCFS_CHUNK_ENTRIES, SYNCFS_MIN_ENTRIES, EntryState, LocalStore
 
 pytestmark = pytest.mark.skipif(store_module._SYNCFS is None, reason="needs Linux 5.8+ syncfs")
 
@@ -63,6 +63,30 @@ def test_a_batch_is_synced_once_before_any_entry_is_published(tmp_path, monkeypa
         meta, files = store.read_entry(f"{tmp_path}/run/{i}")
         assert meta["global_steps"] == i and json.loads(files["data.json"]) == {"i": i}
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted(str(i) for i in range(8))
+
+
+def test_a_long_batch_is_synced_every_chunk_as_it_is_staged(tmp_path, monkeypatch):
+    """On ext4 each inode created costs more the longer the filesystem goes unsynced: a long batch is
+    synced every SYNCFS_CHUNK_ENTRIES entries while it is staged; still nothing is published before
+    every entry of the batch is durable."""
+    store = LocalStore(str(tmp_path))
+    (tmp_path / "run").mkdir()
+    calls = _spy(monkeypatch)
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        calls.append(("stage", str(path)))
+        real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(store_module.os, "mkdir", mkdir)
+    count = 2 * SYNCFS_CHUNK_ENTRIES + SYNCFS_MIN_ENTRIES
+    assert all(isinstance(r, int) and r > 0 for r in store.write_entries(_entries(tmp_path, count)))
+    kinds = [kind for kind, _ in calls]
+    first_rename = kinds.index("rename")
+    assert kinds[:first_rename] == (["stage"] * SYNCFS_CHUNK_ENTRIES + ["syncfs"]) * 2 + \
+        ["stage"] * SYNCFS_MIN_ENTRIES + ["syncfs"]
+    assert kinds[first_rename:].count("rename") == count  # then the parent's fsync, for the renames
+    assert sorted(int(p.name) for p in (tmp_path / "run").iterdir()) == list(range(count))
 
 
 def test_a_system_holding_much_dirty_data_keeps_per_file_fsyncs(tmp_path, monkeypatch):
