@@ -815,6 +815,8 @@ class CachedRole(BaseSkip):
                     for claims, _, hi in spans:
                         covered = self._covered.get(claims.project, _NO_NAMES)
                         found = claims.first_covered(heads, int(hi[j]), best, covered) if claims.alive else None
+                        # (two tables naming one step: the later run directory's first, as path order
+                        # would have it; a step no later than the one indexed already is never read)
                         if found is not None and (pick is None or found[:2] > pick[:2]):
                             pick = found
                     if pick is None:
@@ -1632,7 +1634,7 @@ class _Claims:
 
     def first_covered(self, heads: dict[int, int], end: int, best: int,
                       covered: AbstractSet[str]) -> tuple[int, str, _Claims, int] | None:
-        """``(step, its name, self, its index here)`` of the latest entry of one key's rows, from
+        """``(step, run directory, self, its index here)`` of the latest entry of one key's rows, from
         ``heads[id(self)]`` to ``end`` (latest first), that is still ``covered`` and names a step later
         than ``best``; None when there is none. The head moves past the entries indexed already."""
         table, head = self.table, heads[id(self)]
@@ -1642,9 +1644,8 @@ class _Claims:
             step = int(table.names[entry])
             if step <= best:
                 break  # the rest are earlier steps: none of them could win this prompt
-            name = str(step)
-            if name in covered:
-                found = (step, name, self, entry)
+            if str(step) in covered:
+                found = (step, self.project, self, entry)
                 break
             head += 1
         heads[id(self)] = head
