@@ -319,6 +319,33 @@ def test_a_table_that_lies_about_an_entry_is_dropped_and_its_entries_read(dump_d
     assert len(set(looked)) >= 10  # dropped: what it covered is read directly
 
 
+def test_a_lying_table_is_dropped_alone(dump_dir, monkeypatch, caplog) -> None:
+    """Two writers' tables: the first lies about step 6 (as above) and is dropped once a call follows that
+    claim; the entries only it covered are read directly, the second's stay covered and unread."""
+    cache_of(dump_dir, 10)
+    liar = next(iter(tables(dump_dir)))
+    cache_of(dump_dir, 10, first=10)
+    metas = {s: meta_of(dump_dir, s) for s in range(10)}
+    metas[6] = dict(metas[6], row_prompts=metas[5]["row_prompts"] + metas[6]["row_prompts"])
+    metas[5] = dict(metas[5], row_prompts=["xxh3v2:0"])
+    put_table(dump_dir, liar, table_from(dump_dir, metas))
+    with caplog.at_level(logging.WARNING, logger="stepskip"):
+        out, rollout, looked = match_call(dump_dir, [10, 30], monkeypatch)
+    assert replayed(out, [10, 30]) == {10: 1, 30: 1} and rollout.seen == []
+    assert "otherwise than its meta.json; ignoring that table" in caplog.text
+    assert {entry(dump_dir, s) for s in range(10)} <= set(looked)
+    assert not {entry(dump_dir, s) for s in (13, 14, 16, 17, 18)} & set(looked)
+    role = SkipManager.skip_instances["rollout"]
+    assert [claims.table.document.rsplit("/", 1)[1] for claims in role._tables] != [liar] and len(role._tables) == 1
+
+
+def test_parse_table_bounds_the_keys_of_a_reader() -> None:
+    raw = table_from("", {1: {"run_id": "r", "created_unix": 1.0, "row_prompts": ["a", "b", "c"]}})
+    assert parse_table(raw, "t")[0] is not None
+    table, problem = parse_table(raw, "t", max_rows=2)
+    assert table is None and "more than a reader takes" in problem
+
+
 def test_a_table_lying_about_the_entries_it_is_checked_on_is_ignored(dump_dir, monkeypatch, caplog) -> None:
     cache_of(dump_dir, 10)
     metas = {s: meta_of(dump_dir, s) for s in range(10)}
