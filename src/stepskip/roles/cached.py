@@ -74,6 +74,9 @@ _MAX_HINT_BYTES = 64 << 20  # hint documents (or digest tables) read in all by o
 #: Entries one ``match`` call may read for what the digest tables say of its prompts, beyond two per
 #: distinct prompt (then they are given up: every entry they cover is read directly).
 _CANDIDATE_READS = 64
+#: Key rows one ``match`` call may look at in the digest tables (honest tables file a prompt's key once
+#: per entry holding it, the latest first: a call looks at one or two rows per prompt).
+_CANDIDATE_SCAN = 1 << 16
 _NO_NAMES: frozenset[str] = frozenset()
 _STEP_NAME = re.compile(r"0|[1-9][0-9]{0,18}", re.ASCII)
 _ODD_DIGITS = re.compile(r"\n0[0-9]|[0-9]{20}")  # a leading zero, or more digits than a step has
@@ -805,6 +808,7 @@ class CachedRole(BaseSkip):
                       np.searchsorted(claims.table.keys, keys, "right")) for claims in self._tables]
             hits = sorted({int(j) for _, lo, hi in spans for j in np.flatnonzero(hi > lo)})
             allowed = reads_left = _CANDIDATE_READS + 2 * len(digests)
+            scan = [_CANDIDATE_SCAN]  # key rows looked at in all (a planted table may file a key under many)
             for j in hits:
                 digest, key = digests[j], int(keys[j])
                 heads = {id(claims): int(lo[j]) for claims, lo, _ in spans}
@@ -814,19 +818,19 @@ class CachedRole(BaseSkip):
                     pick: tuple[int, str, _Claims, int] | None = None
                     for claims, _, hi in spans:
                         covered = self._covered.get(claims.project, _NO_NAMES)
-                        found = claims.first_covered(heads, int(hi[j]), best, covered) if claims.alive else None
+                        found = claims.first_covered(heads, int(hi[j]), best, covered, scan) if claims.alive else None
                         # (two tables naming one step: the later run directory's first, as path order
                         # would have it; a step no later than the one indexed already is never read)
                         if found is not None and (pick is None or found[:2] > pick[:2]):
                             pick = found
-                    if pick is None:
-                        break
-                    if reads_left == 0:
-                        logger.warning("%s match: the digest tables named %d entries for %d prompts without "
-                                       "serving them; reading the entries they cover directly", self.name,
-                                       allowed, len(digests))
+                    if scan[0] <= 0 or (pick is not None and reads_left == 0):
+                        logger.warning("%s match: the digest tables named more than %d entries (or filed more "
+                                       "than %d keys) for %d prompts without serving them; reading the entries "
+                                       "they cover directly", self.name, allowed, _CANDIDATE_SCAN, len(digests))
                         self._drop_tables(index, list(self._tables))
                         return
+                    if pick is None:
+                        break
                     reads_left -= 1
                     self._read_candidate(index, pick[2], pick[3], pick[0], key)
 
@@ -1632,14 +1636,18 @@ class _Claims:
     covered: set[str] = dataclasses.field(default_factory=set)
     alive: bool = True
 
-    def first_covered(self, heads: dict[int, int], end: int, best: int,
-                      covered: AbstractSet[str]) -> tuple[int, str, _Claims, int] | None:
+    def first_covered(self, heads: dict[int, int], end: int, best: int, covered: AbstractSet[str],
+                      scan: list[int]) -> tuple[int, str, _Claims, int] | None:
         """``(step, run directory, self, its index here)`` of the latest entry of one key's rows, from
         ``heads[id(self)]`` to ``end`` (latest first), that is still ``covered`` and names a step later
-        than ``best``; None when there is none. The head moves past the entries indexed already."""
+        than ``best``; None when there is none. The head moves past the entries indexed already; each row
+        looked at counts against ``scan[0]`` (None once it is spent)."""
         table, head = self.table, heads[id(self)]
         found = None
         while head < end:
+            scan[0] -= 1
+            if scan[0] < 0:
+                break
             entry = int(table.owners[head])
             step = int(table.names[entry])
             if step <= best:

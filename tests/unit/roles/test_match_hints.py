@@ -638,3 +638,20 @@ def test_later_calls_reuse_the_listing_of_settled_directories_until_one_changes(
     assert replayed(out, [2, 3]) == {2: 1, 3: 1} and f"{dump_dir}/{RUN}" in listed
     digests = prompt_row_digests(prompts_for([2, 3], "x"), role.rebind_keys)
     assert {role._index.groups[d][0] for d in digests} == {entry(dump_dir, 40)}  # the latest step wins
+
+
+def test_a_table_filing_a_key_under_many_unlisted_entries_costs_a_bounded_scan(dump_dir, monkeypatch, caplog) -> None:
+    """Right about its two lowest entries, then filing a live prompt's key under 500 steps that do not
+    exist: a call looks at no more than ``_CANDIDATE_SCAN`` of those rows, then reads every entry directly."""
+    monkeypatch.setattr(cached_module, "_CANDIDATE_SCAN", 50)
+    cache_of(dump_dir, 10)
+    metas = {s: meta_of(dump_dir, s) for s in range(2)}
+    bait = meta_of(dump_dir, 4)["row_prompts"][0]  # prompt 8
+    metas |= {s: {"run_id": "x", "created_unix": 1.0, "row_prompts": [bait]} for s in range(1000, 1500)}
+    (name, _), = tables(dump_dir).items()
+    put_table(dump_dir, name, table_from(dump_dir, metas))
+    with caplog.at_level(logging.WARNING, logger="stepskip"):
+        out, rollout, looked = match_call(dump_dir, [8, 18], monkeypatch)
+    assert replayed(out, [8, 18]) == {8: 1, 18: 1} and rollout.seen == []
+    assert "filed more than 50 keys" in caplog.text and len(set(looked)) == 10
+    assert not SkipManager.skip_instances["rollout"]._tables
