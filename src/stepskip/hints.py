@@ -87,7 +87,8 @@ import xxhash
 from stepskip.store import META_MAX_BYTES, _is_number, _load_json
 
 __all__ = ["HINTS_DIR", "HINTS_MAX_BYTES", "HINTS_ROLL_BYTES", "HINTS_VERSION", "Hint", "HintDocument", "StepHint",
-           "TABLE_MAX_BYTES", "TABLE_ROLL_BYTES", "DigestTable", "KeyTable", "digest_key", "document_name",
+           "TABLE_MAGIC", "TABLE_MAX_BYTES", "TABLE_ROLL_BYTES", "TABLE_SUFFIX", "TABLE_VERSION", "DigestTable",
+           "KeyTable", "digest_key", "digest_keys", "document_name",
            "document_of", "identity_key", "new_writer_token", "parse_hints", "parse_table", "rows_of",
            "same_version", "table_name", "table_of"]
 

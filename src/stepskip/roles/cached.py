@@ -181,7 +181,7 @@ class CachedRole(BaseSkip):
                 at: a bounded number of requests whatever the number of entries; None locally.
         """
         self.store.remove_leftovers(self.layout.project_dir, tree=tree)
-        if tree is None:  # a local hint document is written by rename: a crashed writer's temporary lies there
+        if tree is None:  # a local hint file (table, document) is written by rename: a crashed writer's temporary
             from stepskip.hints import HINTS_DIR
 
             self.store.remove_leftovers(f"{self.layout.experiment_dir}/{HINTS_DIR}")
