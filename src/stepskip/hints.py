@@ -119,8 +119,9 @@ TABLE_VERSION = 1
 _TABLE_HEADER = struct.Struct("<8sIIQII")
 #: A digest table larger than this is ignored (the entries it covers are read directly).
 TABLE_MAX_BYTES = 16 << 20
-#: A writer starts another table once its current one is larger than this (it rewrites it whole after each dump).
-TABLE_ROLL_BYTES = 1 << 20
+#: A writer starts another table once its current one is larger than this: it rewrites (and sorts) it whole
+#: after each dump, about a millisecond at this size.
+TABLE_ROLL_BYTES = 256 << 10
 _MAX_TABLE_ENTRIES = 1 << 24
 _MAX_STEP_NAME = 10**19  # a step directory's name has at most 19 digits (_ENTRY)
 
