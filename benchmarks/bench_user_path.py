@@ -50,7 +50,7 @@ from tensordict import TensorDict
 
 from stepskip import Batch, SkipManager
 from stepskip.fidelity import prompt_digest, prompt_row_digests, shared_object_digests
-from stepskip.hints import HINTS_DIR, DigestTable
+from stepskip.hints import HINTS_DIR, TableWriter
 from stepskip.testing import make_rollout_batch
 from stepskip.tq import InProcessTQClient, KVBatchMeta
 
@@ -443,6 +443,14 @@ def stepskip_async(inputs: dict[str, Any], workdir: str, count: int, repeat: int
     return {"write_per_s": max(writes), "replay_per_s": max(replays), "write_runs": writes, "replay_runs": replays}
 
 
+def writer_tables(first: str, records: list[tuple[str, dict[str, Any]]]) -> dict[str, bytes]:
+    """Name -> bytes of the digest tables the writer whose first table is named ``first`` would have
+    written had it recorded ``records`` (entry name, its meta.json) itself: its own code, rolling included."""
+    head, _, token = first.removesuffix(".keys").rpartition("+")
+    writer = TableWriter(token)
+    return {f"{head}+{name_token}.keys": data for name_token, data in writer.add(records)}
+
+
 def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[str, Any]]:
     """ms per call with ``count`` entries on disk, for the actions that look beyond the exact step, and
     ms of ``match``'s first call of a run (``SkipManager.init`` before each, not timed): it builds its
@@ -465,16 +473,16 @@ def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[st
         files = {f.name: f.read_bytes() for f in first.iterdir()}
         meta = json.loads(files.pop("meta.json"))
         (document,) = (first.parent.parent / HINTS_DIR).iterdir()  # the digest table of step 0's writer
-        hints = DigestTable()
-        hints.add("0", meta)
+        records = [("0", meta)]
         for step in range(1, count):  # copies of one entry, each with its own step (no fsync: setup only)
             target = Path(skip.step_dump_dir(2 * step))  # even steps only: odd ones are missing
             target.mkdir()
             for name, data in files.items():
                 (target / name).write_bytes(data)
             (target / "meta.json").write_text(json.dumps(dict(meta, global_steps=2 * step)))
-            hints.add(str(2 * step), dict(meta, global_steps=2 * step))
-        document.write_bytes(hints.to_bytes())
+            records.append((str(2 * step), dict(meta, global_steps=2 * step)))
+        for name, data in writer_tables(document.name, records).items():
+            (document.parent / name).write_bytes(data)
         settled = time.time() - 60  # a cache written before this run (a listing is reused once its directory settled)
         for directory in (first.parent, first.parent.parent, first.parent.parent / HINTS_DIR):
             os.utime(directory, (settled, settled))
@@ -592,18 +600,18 @@ def per_call_curve_s3(counts: list[int], repeat: int) -> list[dict[str, Any]]:
             SkipManager.reset()
             hints_dir = f"{run.rsplit('/', 1)[0]}/{HINTS_DIR}"
             (document,) = fs.ls(hints_dir)  # the digest table of the writer of step 0
-            hints = DigestTable()
-            hints.add("0", meta)
+            records = [("0", meta)]
             batch: dict[str, bytes] = {}
             for step in range(1, count):  # copies of one entry, each with its own step (setup only, not counted)
                 target = f"{run}/{2 * step}"  # even steps only: odd ones are missing
                 batch.update({f"{target}/{name}": data for name, data in objects.items()})
                 batch[f"{target}/meta.json"] = json.dumps(dict(meta, global_steps=2 * step)).encode()
-                hints.add(str(2 * step), dict(meta, global_steps=2 * step))
+                records.append((str(2 * step), dict(meta, global_steps=2 * step)))
                 if len(batch) >= 3000 or step == count - 1:
                     fs.pipe(batch)
                     batch = {}
-            fs.pipe_file(document, hints.to_bytes())
+            fs.pipe({f"{hints_dir}/{name}": data
+                     for name, data in writer_tables(document.rsplit("/", 1)[1], records).items()})
             last = 2 * ((count - 1) if count > 1 else 0)
             row: dict[str, Any] = {"entries": count}
             for action, step in (("cache", last), ("repeat", last + 1), ("random", 1), ("replay", last),

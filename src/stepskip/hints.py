@@ -88,7 +88,7 @@ from stepskip.store import META_MAX_BYTES, _is_number, _load_json
 
 __all__ = ["HINTS_DIR", "HINTS_MAX_BYTES", "HINTS_ROLL_BYTES", "HINTS_VERSION", "Hint", "HintDocument", "StepHint",
            "TABLE_MAGIC", "TABLE_MAX_BYTES", "TABLE_ROLL_BYTES", "TABLE_SUFFIX", "TABLE_VERSION", "DigestTable",
-           "KeyTable", "digest_key", "digest_keys", "document_name",
+           "KeyTable", "TableWriter", "digest_key", "digest_keys", "document_name",
            "document_of", "identity_key", "new_writer_token", "parse_hints", "parse_table", "rows_of",
            "same_version", "table_name", "table_of"]
 
@@ -488,6 +488,42 @@ class DigestTable:
         body = b"".join([names.astype("<u8").tobytes(), identities.astype("<u8").tobytes(),
                          keys[order].astype("<u8").tobytes(), owners[order].astype("<u4").tobytes()])
         return _TABLE_HEADER.pack(TABLE_MAGIC, TABLE_VERSION, len(ordered), len(keys), zlib.crc32(body), 0) + body
+
+
+class TableWriter:
+    """The digest tables of one writer: the current :class:`DigestTable` and the token naming it. Once
+    the current table grows past :data:`TABLE_ROLL_BYTES` it is written as it was and the next one starts
+    (``{token}-1``, ``{token}-2`` ...), so that rewriting the current table after each dump stays cheap.
+
+    Args:
+        token: the writer's token (a fresh one by default).
+
+    Example:
+        >>> writer = TableWriter("0123456789abcdef")
+        >>> [token for token, _ in writer.add([("3", {"run_id": "r", "created_unix": 1.0, "row_prompts": ["a"]})])]
+        ['0123456789abcdef']
+    """
+
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token or new_writer_token()
+        self.table = DigestTable()
+
+    def add(self, records: Iterable[tuple[str, Mapping[str, Any]]]) -> list[tuple[str, bytes]]:
+        """Describe each ``(entry name, its meta.json)`` of ``records`` (one it cannot describe is dropped
+        from the table: it is read directly); returns ``(token, bytes)`` of each table to write now, in
+        order: the ones that filled up, then the current one."""
+        out: list[tuple[str, bytes]] = []
+        for name, meta in records:
+            self.table.add(name, meta)
+            if len(self.table) > 1 and self.table.size > TABLE_ROLL_BYTES:
+                self.table.remove(name)  # full: written as it was, the next one starts with this entry
+                out.append((self.token, self.table.to_bytes()))
+                stem, _, shard = self.token.partition("-")
+                self.token = f"{stem}-{int(shard or 0) + 1}"
+                self.table = DigestTable()
+                self.table.add(name, meta)
+        out.append((self.token, self.table.to_bytes()))
+        return out
 
 
 @dataclass(slots=True, eq=False)

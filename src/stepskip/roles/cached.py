@@ -134,7 +134,7 @@ class CachedRole(BaseSkip):
         self._tables: list[_Claims] = []  # the digest tables in use
         self._indexed_listing: Any = None  # the listing _match_index last forgot entries by
         self._hints: Any = None  # the HintDocument this role writes (V1 steps; see stepskip.hints), made on first write
-        self._table: Any = None  # the DigestTable this role writes (entries), made on first write
+        self._table: Any = None  # the TableWriter of this role's digest tables (entries), made on first write
         self._hint_name = ""
         self._hint_lock = threading.Lock()
         # see listed_steps: ((path, version), steps, monotonic time listed), and the count of this role's writes
@@ -1261,23 +1261,14 @@ class CachedRole(BaseSkip):
                 records.append((name, meta))
         if not records:
             return
-        from stepskip.hints import TABLE_ROLL_BYTES, DigestTable, new_writer_token, table_name
+        from stepskip.hints import TableWriter, table_name
 
         with self._hint_lock:
             try:
-                for name, meta in records:
-                    if self._table is None:
-                        self._table, self._hint_name = DigestTable(), new_writer_token()
-                    self._table.add(name, meta)  # (one it cannot describe is dropped from it: read directly)
-                    if len(self._table) > 1 and self._table.size > TABLE_ROLL_BYTES:
-                        # the current table is full: written as it was, the next one starts with this entry
-                        self._table.remove(name)
-                        self._put_hint_file(table_name, self._table.to_bytes())
-                        stem, _, shard = self._hint_name.partition("-")
-                        self._table = DigestTable()
-                        self._table.add(name, meta)
-                        self._hint_name = f"{stem}-{int(shard or 0) + 1}"
-                self._put_hint_file(table_name, self._table.to_bytes())
+                if self._table is None:
+                    self._table = TableWriter()
+                for token, data in self._table.add(records):
+                    self._put_hint_file(table_name, token, data)
             except Exception as err:  # a hint is an optimisation: the entries are written, the run goes on
                 logger.warning("%s: could not write the digest table of %s: %s: %s", self.name,
                                ", ".join(name for name, _ in records), type(err).__name__, err)
@@ -1316,14 +1307,15 @@ class CachedRole(BaseSkip):
     def _put_hints(self, hints_dir: str) -> None:
         from stepskip.hints import document_name
 
-        self._put_hint_file(document_name, self._hints.to_bytes(), hints_dir)
+        self._put_hint_file(document_name, self._hint_name, self._hints.to_bytes(), hints_dir)
 
-    def _put_hint_file(self, naming: Callable[[str, str | None, str], str], data: bytes, hints_dir: str = "") -> None:
-        """Write this writer's current hint document or digest table (named by ``naming``) atomically."""
+    def _put_hint_file(self, naming: Callable[[str, str | None, str], str], token: str, data: bytes,
+                       hints_dir: str = "") -> None:
+        """Write one of this writer's hint documents or digest tables (named by ``naming`` for ``token``) atomically."""
         from stepskip.hints import HINTS_DIR
 
         layout = self.layout
-        name = naming(layout.run_name, safe_component(layout.subdir) if layout.subdir else None, self._hint_name)
+        name = naming(layout.run_name, safe_component(layout.subdir) if layout.subdir else None, token)
         self.store.put_small(f"{layout.experiment_dir}/{hints_dir or HINTS_DIR}/{name}", data)
 
     # ------------------------------------------------------------------ loading
