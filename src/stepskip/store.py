@@ -863,13 +863,16 @@ class _EntryStore:
                     overwrite: bool = True) -> int:
         raise NotImplementedError
 
-    def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS, tree: Tree | None = None) -> list[str]:
+    def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS, tree: Tree | None = None,
+                         listed: list[str] | None = None) -> list[str]:
         """Delete what interrupted writes left in the entries under ``path`` once stale (see the stores).
 
         Args:
             path: the directory holding the entries.
             older_than: seconds since a leftover was last written before it counts as stale.
             tree: a :meth:`scan` covering ``path``, taken by the caller (listed here otherwise).
+            listed: where a store lists ``path`` itself (local directories), every name it saw there is
+                appended to this list, for a caller that needs the listing too; left alone elsewhere.
 
         Returns:
             The paths deleted.
@@ -1714,9 +1717,11 @@ class LocalStore(_EntryStore):
             return
         _remove_at(parent_fd, trash)
 
-    def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS, tree: Tree | None = None) -> list[str]:
+    def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS, tree: Tree | None = None,
+                         listed: list[str] | None = None) -> list[str]:
         """Delete temporaries and trash under ``path`` (one level) older than ``older_than`` seconds
-        (one listing and a ``stat`` of each temporary; ``tree`` is not used)."""
+        (one listing, whose names go to ``listed`` when given, and a ``stat`` of each temporary;
+        ``tree`` is not used)."""
         removed: list[str] = []
         try:
             dir_fd = self._open_dir(path)
@@ -1725,8 +1730,10 @@ class LocalStore(_EntryStore):
         try:
             now = time.time()
             with os.scandir(dir_fd) as it:
-                names = [e.name for e in it if e.name.startswith((TMP_PREFIX, TRASH_PREFIX))]
-            for name in names:
+                seen = [e.name for e in it]
+            if listed is not None:
+                listed.extend(seen)
+            for name in [n for n in seen if n.startswith((TMP_PREFIX, TRASH_PREFIX))]:
                 st = _lstat_at(dir_fd, name)
                 if st is None or now - st.st_mtime < older_than:
                     continue
@@ -2164,7 +2171,8 @@ class FsspecStore(_EntryStore):
         now, young = self.clock(), min(self.grace_seconds, older_than)
         return any(may_hold_leftovers(tree.files(f"{path}/{name}"), now, young) for name in tree.dirs(path))
 
-    def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS, tree: Tree | None = None) -> list[str]:
+    def remove_leftovers(self, path: str, older_than: float = STALE_SECONDS, tree: Tree | None = None,
+                         listed: list[str] | None = None) -> list[str]:
         """Delete, in the entries under ``path``, replaced objects past their grace period and stale
         objects that no ``meta.json`` names; only objects with the names this class writes.
 

@@ -43,7 +43,7 @@ from stepskip.policies import CheckPrompts, MatchN, OnMismatch, SkipAction
 from stepskip.resolve import load_candidates
 from stepskip.roles.base import BaseSkip, RunContext
 from stepskip.stats import RoleStats
-from stepskip.store import EntryState, Probe, Tree, check_dump_dir, open_store, settled
+from stepskip.store import EntryState, LocalStore, Probe, Tree, check_dump_dir, open_store, settled
 from stepskip.worker import default_worker
 
 __all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS", "VERL_LAYOUT_ROLES"]
@@ -143,6 +143,9 @@ class CachedRole(BaseSkip):
         # see _match_listing: (writes seen, ((directory, version), ...), the listing, monotonic time listed)
         self._sources: tuple[int, tuple[tuple[str, Any], ...], dict[str, frozenset[str]], float] | None = None
         self._source_paths: tuple[Any, frozenset[str]] | None = None  # (listing, its entry paths)
+        # this run directory's listing taken by the start-up clean-up: (path, version, step names,
+        # monotonic time listed, writes seen), for _match_listing's first listing
+        self._seed: tuple[str, Any, frozenset[str], float, int] | None = None
         self._index_lock = threading.Lock()
         # the probe meet_precondition took of a present entry, for the read that follows (one slot: a
         # read only uses it for the same path, and the store uses it only while meta.json is that same file)
@@ -180,7 +183,17 @@ class CachedRole(BaseSkip):
                 FsspecStore.scan`), from which only the entries that may hold a leftover are looked
                 at: a bounded number of requests whatever the number of entries; None locally.
         """
-        self.store.remove_leftovers(self.layout.project_dir, tree=tree)
+        path = self.layout.project_dir
+        if tree is None and self.action is SkipAction.MATCH and isinstance(self.store, LocalStore):
+            # the run directory's listing is kept for match's first call, which lists it otherwise
+            # (10,000 names: a few milliseconds), under the rules of a reused listing (see _match_listing)
+            version, listed_at, listed_mono = self.store.dir_version(path), time.time_ns(), _monotonic()
+            names: list[str] = []
+            self.store.remove_leftovers(path, listed=names)
+            if settled(version, listed_at) and self.store.dir_version(path) == version:
+                self._seed = (path, version, _step_names(names), listed_mono, self._writes_seen)
+        else:
+            self.store.remove_leftovers(path, tree=tree)
         if tree is None:  # a local hint file (table, document) is written by rename: a crashed writer's temporary
             from stepskip.hints import HINTS_DIR
 
@@ -972,6 +985,7 @@ class CachedRole(BaseSkip):
                 and all(store.dir_version(path) == version for path, version in cached[1])):
             return cached[2]
         writes, listed_at, listed_mono = self._writes_seen, time.time_ns(), _monotonic()
+        seed, self._seed = self._seed, None  # used once at most: later listings are reused as above
         layout = self.layout
         root = layout.project_dir.rsplit("/", 2 if layout.subdir else 1)[0]
         versions = [(root, store.dir_version(root))]
@@ -985,7 +999,11 @@ class CachedRole(BaseSkip):
             # a role directory not made yet: its run directory's version changes once it is
             versions.append((project, version) if version is not None or not layout.subdir
                             else (f"{root}/{run_name}", store.dir_version(f"{root}/{run_name}")))
-            listing[project] = _step_names(store.list_dir(project))
+            if (seed is not None and seed[0] == project and seed[1] == version and seed[4] == writes
+                    and 0 <= listed_mono - seed[3] < LISTING_MAX_AGE):
+                listing[project] = seed[2]  # unchanged since the start-up clean-up listed it
+            else:
+                listing[project] = _step_names(store.list_dir(project))
         if (all(settled(version, listed_at) and store.dir_version(path) == version for path, version in versions)
                 and writes == self._writes_seen):  # nothing changed while we listed, no write of ours finished
             self._sources = (writes, tuple(versions), listing, listed_mono)

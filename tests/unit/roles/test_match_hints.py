@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import struct
 import uuid
 import zlib
@@ -628,7 +629,6 @@ def test_later_calls_reuse_the_listing_of_settled_directories_until_one_changes(
         assert replayed(out, [2, 3]) == {2: 1, 3: 1}
     assert listed == []
     # another writer adds step 40 holding prompts 2 and 3 (a copy of step 1's entry, as that step)
-    import shutil
     shutil.copytree(f"{dump_dir}/{RUN}/1", f"{tmp_path}/40")
     meta = json.loads((tmp_path / "40" / "meta.json").read_text())
     (tmp_path / "40" / "meta.json").write_text(json.dumps(dict(meta, global_steps=40)))
@@ -655,3 +655,32 @@ def test_a_table_filing_a_key_under_many_unlisted_entries_costs_a_bounded_scan(d
     assert replayed(out, [8, 18]) == {8: 1, 18: 1} and rollout.seen == []
     assert "filed more than 50 keys" in caplog.text and len(set(looked)) == 10
     assert not SkipManager.skip_instances["rollout"]._tables
+
+
+def test_the_first_call_reuses_the_start_up_listing_of_a_settled_run_directory(tmp_path, monkeypatch) -> None:
+    """The start-up clean-up lists this run's directory anyway: match's first call takes that listing
+    while the directory is unchanged, and lists it again once another writer added a step since."""
+    dump_dir = str(tmp_path / "dump")
+    cache_of(dump_dir, 10)
+    then = os.path.getmtime(tmp_path) - 60
+    monkeypatch.setattr(cached_module, "_monotonic", lambda: 1000.0)
+    for changed in (False, True):
+        os.utime(f"{dump_dir}/{RUN}", (then, then))
+        SkipManager.init(config(dump_dir, "match"))
+        role = SkipManager.skip_instances["rollout"]
+        listed: list[str] = []
+        original = role.store.list_dir
+        monkeypatch.setattr(role.store, "list_dir",
+                            lambda path, *a, o=original, **k: listed.append(path) or o(path, *a, **k))
+        if changed:  # another writer's step 40, holding prompt 2 (a copy of step 1's entry)
+            shutil.copytree(f"{dump_dir}/{RUN}/1", tmp_path / "40")
+            meta = json.loads((tmp_path / "40" / "meta.json").read_text())
+            (tmp_path / "40" / "meta.json").write_text(json.dumps(dict(meta, global_steps=40)))
+            os.rename(tmp_path / "40", f"{dump_dir}/{RUN}/40")
+        SkipManager.set_step(10_000)
+        out = Rollout(marker=2).generate_sequences(prompts_for([2, 18], "live"))
+        assert replayed(out, [2, 18]) == {2: 1, 18: 1}
+        assert (f"{dump_dir}/{RUN}" in listed) is changed, listed
+        served = role._index.groups[prompt_row_digests(prompts_for([2], "x"), role.rebind_keys)[0]][0]
+        assert served == entry(dump_dir, 40 if changed else 1)
+        SkipManager.reset()
