@@ -74,6 +74,8 @@ _MAX_HINT_BYTES = 64 << 20  # hint documents (or digest tables) read in all by o
 #: Entries one ``match`` call may read for what the digest tables say of its prompts, beyond two per
 #: distinct prompt (then they are given up: every entry they cover is read directly).
 _CANDIDATE_READS = 64
+#: The actions whose calls list the run directory: the start-up clean-up's listing is kept for their first call.
+_LISTING_ACTIONS = frozenset({SkipAction.REPEAT, SkipAction.RANDOM, SkipAction.MATCH})
 #: Key rows one ``match`` call may look at in the digest tables (honest tables file a prompt's key once
 #: per entry holding it, the latest first: a call looks at one or two rows per prompt).
 _CANDIDATE_SCAN = 1 << 16
@@ -184,9 +186,9 @@ class CachedRole(BaseSkip):
                 at: a bounded number of requests whatever the number of entries; None locally.
         """
         path = self.layout.project_dir
-        if tree is None and self.action is SkipAction.MATCH and isinstance(self.store, LocalStore):
-            # the run directory's listing is kept for match's first call, which lists it otherwise
-            # (10,000 names: a few milliseconds), under the rules of a reused listing (see _match_listing)
+        if tree is None and self.action in _LISTING_ACTIONS and isinstance(self.store, LocalStore):
+            # the run directory's listing is kept for the first call, which lists it otherwise (10,000
+            # names: a few milliseconds), under the rules of a reused listing (see listed_steps)
             version, listed_at, listed_mono = self.store.dir_version(path), time.time_ns(), _monotonic()
             names: list[str] = []
             self.store.remove_leftovers(path, listed=names)
@@ -243,12 +245,19 @@ class CachedRole(BaseSkip):
         a ``stat``, not a listing, whatever the number of entries. The last two rules bound what
         directory times cannot tell: a FUSE mount with fixed directory times, an NFS client whose
         clock runs ahead of the server's, entries added by other writers whose times were set back.
-        Only names are reused: every candidate is still validated when it is chosen.
+        Only names are reused: every candidate is still validated when it is chosen. The first listing
+        of a run is the one the start-up clean-up took (:meth:`clean_up`), under the same rules.
         """
         path = self.project_dump_dir
         version = self.store.dir_version(path)
         cached = self._listing
         writes = self._writes_seen
+        seed = self._seed
+        if cached is None and seed is not None and version is not None and seed[:2] == (path, version) \
+                and seed[4] == writes and 0 <= _monotonic() - seed[3] < LISTING_MAX_AGE:
+            # unchanged since the start-up clean-up listed it (settled then): as if listed at that time
+            self._seed = None
+            cached = self._listing = ((path, version), tuple(sorted(map(int, seed[2]))), seed[3])
         if (version is not None and cached is not None and cached[0] == (path, version)
                 and 0 <= _monotonic() - cached[2] < LISTING_MAX_AGE):
             return list(cached[1])

@@ -136,3 +136,20 @@ def test_a_reused_listing_is_taken_afresh_after_a_while(tmp_path, monkeypatch):
     assert skip.listed_steps() == [1] and len(calls) == 1
     now[0] += 2
     assert skip.listed_steps() == [1, 6] and len(calls) == 2
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_the_first_call_of_a_run_takes_the_start_up_listing(tmp_path, monkeypatch, changed):
+    """The start-up clean-up lists the run directory anyway: a settled directory unchanged since is not
+    listed again by the first call; one changed since (a step added by another writer) is."""
+    _recorded(tmp_path, [1, 3])
+    SkipManager.reset()
+    run = run_path(tmp_path)
+    _age(run, 60)
+    SkipManager.init(training_config(tmp_path, steps="all", action="repeat"))
+    skip = SkipManager.skip_instances["rollout"]
+    calls = _count_listings(monkeypatch, skip)
+    if changed:
+        (run / "5").mkdir()
+    assert skip.listed_steps() == ([1, 3, 5] if changed else [1, 3])
+    assert len(calls) == (1 if changed else 0)
