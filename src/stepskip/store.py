@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast, overload
 
@@ -682,7 +682,11 @@ class _Syncs:
                     self._sync(key, one, True)
             return False
 
-        future = _sync_pool().submit(run)
+        try:
+            future = _sync_pool().submit(run)
+        except RuntimeError:  # the interpreter is shutting down (dumps pending at exit): sync here
+            future = Future()
+            future.set_result(run())
         self._futures.append(future)
         return future
 

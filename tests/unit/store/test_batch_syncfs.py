@@ -270,3 +270,21 @@ def test_an_entry_source_that_raises_leaves_no_fd_open_and_nothing_published(tmp
         store.write_entries(items())
     assert len(os.listdir("/proc/self/fd")) == before
     assert list((tmp_path / "run").iterdir()) == []
+
+
+def test_a_long_batch_is_written_when_the_sync_pool_refuses_work_at_exit(tmp_path, monkeypatch):
+    """Dumps pending at exit are written after concurrent.futures stopped taking work: the chunk syncs
+    then run on the writing thread."""
+    store = LocalStore(str(tmp_path))
+    (tmp_path / "run").mkdir()
+    calls = _spy(monkeypatch)
+
+    class Closed:
+        def submit(self, *args, **kwargs):
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(store_module, "_sync_pool", lambda: Closed())
+    count = 2 * SYNCFS_CHUNK_ENTRIES + SYNCFS_MIN_ENTRIES
+    assert all(isinstance(r, int) and r > 0 for r in store.write_entries(_entries(tmp_path, count)))
+    assert [kind for kind, _ in calls].count("syncfs") >= 2
+    assert sorted(int(p.name) for p in (tmp_path / "run").iterdir()) == list(range(count))
