@@ -57,6 +57,8 @@ from stepskip.tq import InProcessTQClient, KVBatchMeta
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
 N = 8
+#: The async part also writes with this much of another file dirty (see :func:`stepskip_async`).
+DIRTY_BYTES = 256 << 20
 SIZES = {
     "full": [(1024, 1024, 2048), (2048, 1024, 4096)],
     "quick": [(256, 256, 512), (512, 512, 1024)],
@@ -210,6 +212,15 @@ class Loop:
     @SkipManager.annotate(role="rollout")
     def generate_sequences(self, prompts: Any) -> Any:
         return self.result
+
+
+def quiet_disk() -> None:
+    """Write back what earlier parts (and the inputs file) left dirty, before a part is timed, for both
+    sides: with more than ``stepskip.store.SYNCFS_MAX_DIRTY_BYTES`` dirty in the system, stepskip's
+    batched small-entry commits keep one ``fsync`` per file instead of one ``syncfs`` (so as never to
+    wait for another program's writeback), and which part ran before would decide which path is
+    timed. (The async part also times that path, with another program's data dirty on purpose.)"""
+    os.sync()
 
 
 def stepskip_colocated(inputs: dict[str, Any], workdir: str, repeat: int) -> dict[str, Any]:
@@ -410,9 +421,18 @@ class Rollouter:
         return self.result
 
 
-def stepskip_async(inputs: dict[str, Any], workdir: str, count: int, repeat: int) -> dict[str, Any]:
+def stepskip_async(inputs: dict[str, Any], workdir: str, count: int, repeat: int, dirty: int = 0) -> dict[str, Any]:
     """Samples per second written (until flushed) and replayed, best of ``repeat`` runs, each in a fresh
-    dump dir after one untimed sample (lazy imports, the worker's first start), as on verl's side."""
+    dump dir after one untimed sample (lazy imports, the worker's first start), as on verl's side.
+
+    ``dirty``: bytes of another file written (not synced) first, as another program's checkpoint
+    would be: above ``SYNCFS_MAX_DIRTY_BYTES``, each small entry keeps an ``fsync`` per file."""
+    if dirty:
+        os.makedirs(workdir, exist_ok=True)
+        with open(f"{workdir}/someone-elses-checkpoint", "wb") as fh:
+            chunk = os.urandom(1 << 20)
+            for _ in range(dirty >> 20):
+                fh.write(chunk)
     small = inputs["async"]
     rollouter = Rollouter()
     rollouter.result = to_batch(small["result"])
@@ -422,7 +442,7 @@ def stepskip_async(inputs: dict[str, Any], workdir: str, count: int, repeat: int
 
     prompts = [prompt(i) for i in range(count)]
     warm = prompt(count)
-    writes, replays = [], []
+    writes, replays, calls = [], [], []
     for run in range(repeat):
         SkipManager.init(config(f"{workdir}/{run}", inputs["shape"], "async_rollout"))
         rollouter.generate_sequences_single(warm)
@@ -431,6 +451,7 @@ def stepskip_async(inputs: dict[str, Any], workdir: str, count: int, repeat: int
         start = time.perf_counter()
         for p in prompts:
             rollouter.generate_sequences_single(p)
+        calls.append(count / (time.perf_counter() - start))
         SkipManager.flush()
         writes.append(count / (time.perf_counter() - start))
         start = time.perf_counter()
@@ -440,7 +461,8 @@ def stepskip_async(inputs: dict[str, Any], workdir: str, count: int, repeat: int
         stats = SkipManager.stats()
         assert stats["skip/async_rollout/dumps"] == count + 1 and stats["skip/async_rollout/hits"] == count + 1, stats
         SkipManager.reset()
-    return {"write_per_s": max(writes), "replay_per_s": max(replays), "write_runs": writes, "replay_runs": replays}
+    return {"write_per_s": max(writes), "replay_per_s": max(replays), "write_runs": writes, "replay_runs": replays,
+            "calls_per_s": max(calls), "call_runs": calls}
 
 
 def writer_tables(first: str, records: list[tuple[str, dict[str, Any]]]) -> dict[str, bytes]:
@@ -652,6 +674,7 @@ def run_verl(mode: str, inputs_path: str, workdir: str, threads: int, repeat: in
     python = verl_python()
     if python is None:
         return None
+    quiet_disk()
     done = subprocess.run([python, str(HERE / "_verl_side.py"), mode, inputs_path, workdir, str(threads),
                            str(repeat)], capture_output=True, text=True, timeout=1800,
                           env=dict(os.environ, PYTHONPATH=""))
@@ -767,6 +790,7 @@ def main() -> None:
                 run: dict[str, Any] = {"size": size, "threads": threads}
                 tag = f"{rows}-{threads}"
                 if "colocated" not in skip:
+                    quiet_disk()
                     ours = stepskip_colocated(inputs, f"{workdir}/ours-{tag}", repeat)
                     first = stepskip_peak(inputs_path, f"{workdir}/ours-{tag}")
                     ours["peak"], ours["first_hit"] = first["peak_extra"], [first["first_hit"]]
@@ -777,6 +801,7 @@ def main() -> None:
                     run["colocated"] = {"stepskip": ours, "verl": verl}
                     lines += render_colocated(size, f"{threads} ({threads_name})", ours, verl, batch_bytes)
                 if "v1" not in skip:
+                    quiet_disk()
                     ours = stepskip_v1(inputs, f"{workdir}/v1-ours-{tag}", repeat)
                     verl = run_verl("v1", inputs_path, f"{workdir}/v1-verl-{tag}", threads, repeat)
                     v = verl if verl and "error" not in verl else {}
@@ -801,15 +826,26 @@ def main() -> None:
                 results["runs"].append(run)
             if "async" not in skip:
                 count = ASYNC_COUNTS[mode]
+                quiet_disk()
                 ours = stepskip_async(inputs, f"{workdir}/async-ours-{rows}", count, repeat)
+                ours_dirty = stepskip_async(inputs, f"{workdir}/async-dirty-{rows}", count, repeat, dirty=DIRTY_BYTES) \
+                    if mode != "smoke" else None  # (256 MB more to write: not in the smoke test)
                 verl = run_verl("async", inputs_path, f"{workdir}/async-verl-{rows}", default_threads, repeat)
                 v = verl if verl and "error" not in verl else {}
-                results["runs"].append({"size": size, "async": {"stepskip": ours, "verl": verl}})
+                results["runs"].append({"size": size, "async": {"stepskip": ours, "verl": verl,
+                                                                 "stepskip_dirty": ours_dirty}})
                 vw, vr = v.get("write_per_s"), v.get("replay_per_s")
                 lines.append(f"\nasync role (async_rollout), {count} one-sample entries of 1 x ({prompt} + "
                              f"{response}), best of {repeat} runs each (after one untimed sample)")
                 lines.append(f"  written: {ours['write_per_s']:8.1f} samples/s (until flushed) vs verl "
                              + (f"{vw:8.1f} -> {ours['write_per_s'] / vw:5.2f} x" if vw else "-"))
+                lines.append(f"  calls returned (the caller's side; verl's caller waits for each write): "
+                             f"{ours['calls_per_s']:8.1f} samples/s"
+                             + (f" -> {ours['calls_per_s'] / vw:5.2f} x" if vw else ""))
+                if ours_dirty is not None:
+                    lines.append(f"  written with {DIRTY_BYTES >> 20} MB of another file dirty (an fsync per file, no "
+                                 f"syncfs): {ours_dirty['write_per_s']:8.1f} samples/s"
+                                 + (f" -> {ours_dirty['write_per_s'] / vw:5.2f} x" if vw else ""))
                 lines.append(f"  replayed: {ours['replay_per_s']:8.1f} samples/s vs verl "
                              + (f"{vr:8.1f} -> {ours['replay_per_s'] / vr:5.2f} x" if vr else "-"))
             os.remove(inputs_path)

@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast, overload
 
@@ -667,6 +667,28 @@ class _Syncs:
                 pass
         for fd in fds[taken:]:
             self._sync(key, fd, close)
+
+    def start_whole(self, fd: int, held: dict[int, list[int]]) -> Any:
+        """``syncfs`` the filesystem of ``fd`` on the pool, then close the ``held`` fds (entry -> fds); should it
+        fail, each of those fds gets its own ``fsync`` there instead. The future's result: whether the
+        ``syncfs`` succeeded."""
+        def run() -> bool:
+            if _SYNCFS is not None and _SYNCFS(fd) == 0:
+                for key, fds in held.items():
+                    self.close(key, fds)
+                return True
+            for key, fds in held.items():
+                for one in fds:
+                    self._sync(key, one, True)
+            return False
+
+        try:
+            future = _sync_pool().submit(run)
+        except RuntimeError:  # the interpreter is shutting down (dumps pending at exit): sync here
+            future = Future()
+            future.set_result(run())
+        self._futures.append(future)
+        return future
 
     def close(self, key: Any, fds: Iterable[int]) -> None:
         """Close fds already made durable; a close error is reported under ``key`` as a failed sync would be."""
@@ -1491,8 +1513,10 @@ class LocalStore(_EntryStore):
         least :data:`SYNCFS_MIN_ENTRIES` entries of the batch is synced by one ``syncfs`` instead of
         one ``fsync`` per file and directory (four per entry of format ``safe``): every file written
         before it is durable when it returns 0, as after each file's own ``fsync``. A long batch is
-        synced every :data:`SYNCFS_CHUNK_ENTRIES` entries as it is staged (file creation slows down as
-        a journal transaction grows); the renames still wait for the whole batch. Should it fail,
+        synced every :data:`SYNCFS_CHUNK_ENTRIES` entries or more as it is staged (creating files slows
+        down the longer a filesystem goes unsynced), each ``syncfs`` on the sync pool while the next
+        entries are staged, one at a time; after one fails, the rest of the batch is synced file by
+        file. The renames still wait for the whole batch. Should it fail,
         those entries' files are synced one by one, so a failure still costs only the entries it
         hit. (``syncfs`` also writes back what other programs left dirty on that filesystem: it is
         used only while the system holds at most :data:`SYNCFS_MAX_DIRTY_BYTES` dirty, and only on the
@@ -1507,6 +1531,8 @@ class LocalStore(_EntryStore):
         syncs = _Syncs()
         published: set[int] = set()
         held: dict[int, list[int]] = {}  # fds left for one syncfs of their filesystem
+        running: Any = None  # the syncfs of earlier entries, running while the next ones are staged
+        whole = _SYNCFS is not None
         try:
             for i, (path, files, meta) in enumerate(entries):
                 try:
@@ -1515,13 +1541,17 @@ class LocalStore(_EntryStore):
                     staged.append(err)
                     continue
                 staged.append((parent_fd, tmp, name, path, total))
-                if _SYNCFS is not None:
-                    held[i] = fds
-                    if len(held) >= SYNCFS_CHUNK_ENTRIES:
-                        self._sync_held(held, staged, syncs)
-                else:  # synced (and closed) side by side while the next entries are written
+                if not whole:  # synced (and closed) side by side while the next entries are written
                     syncs.start(i, fds)
-            self._sync_held(held, staged, syncs)
+                    continue
+                held[i] = fds
+                if len(held) >= SYNCFS_CHUNK_ENTRIES and (running is None or running.done()):
+                    # a failed syncfs may have taken the error of a file written while it ran: trust none after it
+                    whole = running is None or running.result()
+                    running = self._sync_held(held, staged, syncs, whole, background=True)
+            if running is not None and not running.result():
+                whole = False
+            self._sync_held(held, staged, syncs, whole)
             failed = syncs.wait()  # every file and directory of every entry: then the renames
             results: list[int | Exception] = []
             for i, item in enumerate(staged):
@@ -1551,13 +1581,21 @@ class LocalStore(_EntryStore):
                 os.close(fd)
 
     @staticmethod
-    def _sync_held(held: dict[int, list[int]], staged: list[Any], syncs: _Syncs) -> None:
+    def _sync_held(held: dict[int, list[int]], staged: list[Any], syncs: _Syncs, whole: bool = True,
+                   background: bool = False) -> Any:
         """Make the ``held`` fds of staged entries durable: one ``syncfs`` per filesystem holding at
         least :data:`SYNCFS_MIN_ENTRIES` of them (each entry's fds then closed), else, and should the
-        ``syncfs`` fail, an ``fsync`` per fd; each fd leaves ``held`` once handed over."""
+        ``syncfs`` fail, an ``fsync`` per fd; each fd leaves ``held`` once handed over. ``whole``
+        false: an ``fsync`` per fd.
+
+        With ``background``, when every held entry is on one filesystem, its ``syncfs`` runs on the
+        sync pool (registered with ``syncs``) and its future is returned: the caller stages the next
+        entries meanwhile and starts no other ``syncfs`` before this one is done. Otherwise None,
+        everything handed over as without it.
+        """
         by_device: dict[int, list[int]] = {}
         devices: dict[int, int] = {}
-        whole = _syncfs_pays()
+        whole = whole and _syncfs_pays()
         for i in held:
             parent_fd = staged[i][0]
             if parent_fd not in devices:
@@ -1566,13 +1604,16 @@ class LocalStore(_EntryStore):
         for device, keys in by_device.items():
             # the parent was opened before any file of the batch was written there: its syncfs reports any
             # writeback error since (the kernel samples the filesystem's error state when a file is opened)
-            if (whole and len(keys) >= SYNCFS_MIN_ENTRIES and _fs_type(device) in SYNCFS_FILESYSTEMS
-                    and _SYNCFS(staged[keys[0]][0]) == 0):
+            usable = whole and len(keys) >= SYNCFS_MIN_ENTRIES and _fs_type(device) in SYNCFS_FILESYSTEMS
+            if usable and background and len(by_device) == 1:
+                return syncs.start_whole(staged[keys[0]][0], {i: held.pop(i) for i in keys})
+            if usable and _SYNCFS is not None and _SYNCFS(staged[keys[0]][0]) == 0:
                 for i in keys:
                     syncs.close(i, held.pop(i))
                 continue
             for i in keys:
                 syncs.start(i, held.pop(i), pooled=True)
+        return None
 
     def _stage(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any],
                parents: dict[str, int]) -> tuple[int, str, str, str, int, list[int]]:

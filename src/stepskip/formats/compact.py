@@ -390,36 +390,66 @@ def _fill_rows(flat: Any, width: int, left: list[int], right: list[int], lval: l
         taken += kept
 
 
+#: (key, rows, width, dtype) of every candidate tensor -> the checks :func:`find_concat` makes for it.
+_CONCAT_PLANS: dict[tuple[tuple[str, int, int, torch.dtype], ...], tuple[tuple[str, str, tuple[str, ...]], ...]] = {}
+_CONCAT_PLANS_MAX = 256
+_Kind = tuple[int, int, torch.dtype]
+
+
+def _concat_plan(kinds: dict[str, _Kind]) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """Every ``(whole, left, rights)`` a concatenation could be by shape and dtype alone, in search order:
+    ``left`` as wide as ``whole``'s first columns, each of ``rights`` as wide as the rest."""
+    plan = []
+    for key, (rows, width, dtype) in kinds.items():
+        for a_key, (a_rows, a_width, a_dtype) in kinds.items():
+            rest = width - a_width
+            if rest <= 0 or a_rows != rows or a_dtype != dtype or a_key == key:
+                continue
+            others = tuple(k for k, kind in kinds.items() if kind == (rows, rest, dtype) and k not in (key, a_key))
+            if others:
+                plan.append((key, a_key, others))
+    return tuple(plan)
+
+
 def find_concat(tensors: Mapping[str, torch.Tensor]) -> dict[str, list[str]]:
     """Map each 2-D integer tensor equal to two siblings side by side to those siblings' keys.
 
     A sibling used as a part is never itself stored as a concatenation, so parts always decode
-    on their own.
+    on their own. Which pairs could match depends on shapes and dtypes alone: that plan is kept per
+    set of shapes (the one-sample entries of the async role all have one), and only values are
+    compared per call.
     """
     two_d = {k: t for k, t in tensors.items() if t.dim() == 2 and t.dtype in _INTS and not t.is_nested}
-    # (rows, width, dtype) read once: the pairs below compare these far more often than any values
-    kinds = {k: (t.shape[0], t.shape[1], t.dtype) for k, t in two_d.items()}
-    arrays = {k: _small_array(t) for k, t in two_d.items()}
+    signature = tuple((k, t.shape[0], t.shape[1], t.dtype) for k, t in two_d.items())
+    plan = _CONCAT_PLANS.get(signature)
+    if plan is None:
+        plan = _concat_plan({k: (rows, width, dtype) for k, rows, width, dtype in signature})
+        if len(_CONCAT_PLANS) < _CONCAT_PLANS_MAX:
+            _CONCAT_PLANS[signature] = plan
     found: dict[str, list[str]] = {}
+    if not plan:
+        return found
+    arrays: dict[str, np.ndarray | None] = {}
+
+    def array(key: str) -> np.ndarray | None:
+        if key not in arrays:
+            arrays[key] = _small_array(two_d[key])
+        return arrays[key]
+
     parts: set[str] = set()
-    for key, (rows, width, dtype) in kinds.items():
-        if key in parts:
+    for key, a_key, candidates in plan:
+        if key in parts or key in found or a_key in found:
             continue
-        whole = two_d[key]
-        for a_key, (a_rows, a_width, a_dtype) in kinds.items():
-            rest = width - a_width
-            if rest <= 0 or a_rows != rows or a_dtype != dtype or a_key == key or a_key in found:
-                continue
-            # the shapes first: comparing values costs more than looking for a sibling that could match
-            others = [k for k, kind in kinds.items() if kind == (rows, rest, dtype) and k not in (key, a_key)
-                      and k not in found]
-            if not others or not _equal(whole, arrays[key], two_d[a_key], arrays[a_key], 0, a_width):
-                continue
-            b_key = next((k for k in others if _equal(whole, arrays[key], two_d[k], arrays[k], a_width, width)), None)
-            if b_key is not None:
-                found[key] = [a_key, b_key]
-                parts.update((a_key, b_key))
-                break
+        # the shapes first: comparing values costs more than looking for a sibling that could match
+        others = [k for k in candidates if k not in found]
+        whole, a_width = two_d[key], two_d[a_key].shape[1]
+        if not others or not _equal(whole, array(key), two_d[a_key], array(a_key), 0, a_width):
+            continue
+        width = whole.shape[1]
+        b_key = next((k for k in others if _equal(whole, array(key), two_d[k], array(k), a_width, width)), None)
+        if b_key is not None:
+            found[key] = [a_key, b_key]
+            parts.update((a_key, b_key))
     return found
 
 
@@ -428,6 +458,8 @@ def _equal(whole: torch.Tensor, whole_array: np.ndarray | None, part: torch.Tens
     """Whether columns ``start:stop`` of ``whole`` equal ``part`` (same shape): in numpy when both are small,
     where one torch call costs more than the comparison."""
     if whole_array is not None and part_array is not None:
+        if whole_array.size and whole_array[0, start] != part_array[0, 0]:
+            return False  # most candidates differ at once: a scalar look before a pass over every value
         return bool((whole_array[:, start:stop] == part_array).all())
     return torch.equal(whole[:, start:stop], part)
 

@@ -38,3 +38,34 @@ def test_pending_dumps_are_written_at_exit_and_summarised(tmp_path):
     assert summary == ["stepskip.manager stepskip rollout summary: 0 hits, 3 misses, 3 dumps, 0 dump failures, "
                        "0 corrupt, 0.0s of generation saved"]
     assert "dump failed" not in done.stdout
+
+
+ASYNC_SCRIPT = textwrap.dedent("""
+    import logging, sys, numpy as np, torch
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
+    from stepskip import SkipManager, Batch
+
+    class Rollouter:
+        @SkipManager.annotate(role="async_rollout")
+        def generate_sequences_single(self, prompts):
+            return Batch.from_dict(tensors={"responses": torch.arange(64).reshape(1, 64)},
+                                   non_tensors={"uid": prompts.non_tensor_batch["uid"]})
+
+    SkipManager.init({"skip": {"async_rollout": {"enable": True, "steps": "all", "dump_dir": sys.argv[1]}}})
+    for i in range(40):
+        Rollouter().generate_sequences_single(Batch.from_dict(non_tensors={"uid": [f"uid_sample_0_{i}"]}))
+    # no flush, no close: many one-sample entries are still queued when the interpreter exits
+""")
+
+
+def test_many_small_pending_dumps_are_written_at_exit(tmp_path):
+    """Queued one-sample entries are written in batches whose syncs go to a thread pool; at exit that pool
+    takes no more work, and every entry is still written."""
+    done = subprocess.run([sys.executable, "-c", ASYNC_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run_dir = tmp_path / "default_experiment_name_default_project_name" / "GBS0_N0_in0_out0"
+    assert sorted(int(p.name) for p in run_dir.iterdir()) == list(range(40))
+    assert "dump failed" not in done.stdout
+    summary = [line for line in done.stdout.splitlines() if "summary" in line]
+    assert summary and "40 dumps, 0 dump failures" in summary[0], summary

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -115,6 +116,30 @@ def test_find_concat_names_the_two_sides_and_never_chains():
     found = find_concat({"a": a, "b": b, "ab": torch.cat([a, b], 1), "other": torch.cat([b, a], 1)})
     assert found["ab"] == ["a", "b"] and found["other"] == ["b", "a"]
     assert find_concat({"a": a, "b": b, "ab": torch.cat([a, b + 1], 1)}) == {}
+
+
+def test_find_concat_compares_values_on_every_call_of_one_shape():
+    """The pairs worth comparing are kept per set of shapes; whether they match is decided per call."""
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        a = torch.from_numpy(rng.integers(0, 5, (1, 3)))
+        b = torch.from_numpy(rng.integers(0, 5, (1, 4)))
+        c = torch.from_numpy(rng.integers(0, 5, (1, 4)))
+        joined = torch.cat([a, c if trial % 3 else b], 1)
+        tensors = {"a": a, "b": b, "joined": joined if trial % 2 else joined + 7, "c": c}
+        expected = {} if trial % 2 == 0 else {"joined": ["a", "c" if trial % 3 else "b"]}
+        if trial % 2 and trial % 3 and torch.equal(b, c):
+            expected = {"joined": ["a", "b"]}  # the first sibling that fits wins
+        assert find_concat(tensors) == expected, trial
+
+
+def test_find_concat_takes_each_tensor_as_a_part_or_a_whole_never_both():
+    a, b = torch.arange(3).reshape(1, 3), torch.arange(2).reshape(1, 2) + 10
+    ab = torch.cat([a, b], 1)
+    abb = torch.cat([ab, b], 1)  # ab + b: but ab is a part of nothing once it is a concatenation
+    for _ in range(2):  # the second call runs on the kept plan
+        assert find_concat({"a": a, "b": b, "ab": ab, "abb": abb}) == {"ab": ["a", "b"]}
+        assert find_concat({"abb": abb, "ab": ab, "a": a, "b": b}) == {"abb": ["ab", "b"]}
 
 
 @pytest.mark.parametrize("mode", ["auto", "zstd"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 
 import pytest
 
@@ -65,13 +66,8 @@ def test_a_batch_is_synced_once_before_any_entry_is_published(tmp_path, monkeypa
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted(str(i) for i in range(8))
 
 
-def test_a_long_batch_is_synced_every_chunk_as_it_is_staged(tmp_path, monkeypatch):
-    """On ext4 each inode created costs more the longer the filesystem goes unsynced: a long batch is
-    synced every SYNCFS_CHUNK_ENTRIES entries while it is staged; still nothing is published before
-    every entry of the batch is durable."""
-    store = LocalStore(str(tmp_path))
-    (tmp_path / "run").mkdir()
-    calls = _spy(monkeypatch)
+def _stage_spy(monkeypatch, calls):
+    """Record ('stage', name) for each entry's temporary directory as it is made."""
     real_mkdir = os.mkdir
 
     def mkdir(path, *args, **kwargs):
@@ -79,14 +75,63 @@ def test_a_long_batch_is_synced_every_chunk_as_it_is_staged(tmp_path, monkeypatc
         real_mkdir(path, *args, **kwargs)
 
     monkeypatch.setattr(store_module.os, "mkdir", mkdir)
+
+
+def test_a_long_batch_is_synced_in_chunks_while_the_next_entries_are_staged(tmp_path, monkeypatch):
+    """Creating files slows down the longer a filesystem goes unsynced: a long batch is synced every
+    SYNCFS_CHUNK_ENTRIES entries, in the background while the next entries are staged. Nothing is
+    published before every entry is durable: the last syncfs starts after the last entry is staged."""
+    store = LocalStore(str(tmp_path))
+    (tmp_path / "run").mkdir()
+    calls = _spy(monkeypatch)
+    spied_syncfs = store_module._SYNCFS
+    staged_meanwhile = threading.Event()
+    first = threading.Event()
+
+    def syncfs(fd):
+        if not first.is_set():  # the first chunk's sync lasts until the last entry is being staged
+            first.set()
+            assert staged_meanwhile.wait(60), "the next entries were not staged while the first chunk synced"
+        return spied_syncfs(fd)
+
+    monkeypatch.setattr(store_module, "_SYNCFS", syncfs)
+    _stage_spy(monkeypatch, calls)
+    real_stage, stages = store._stage, []
     count = 2 * SYNCFS_CHUNK_ENTRIES + SYNCFS_MIN_ENTRIES
+
+    def stage(*args, **kwargs):
+        stages.append(args[0])
+        if len(stages) == count:
+            staged_meanwhile.set()
+        return real_stage(*args, **kwargs)
+
+    monkeypatch.setattr(store, "_stage", stage)
     assert all(isinstance(r, int) and r > 0 for r in store.write_entries(_entries(tmp_path, count)))
     kinds = [kind for kind, _ in calls]
     first_rename = kinds.index("rename")
-    assert kinds[:first_rename] == (["stage"] * SYNCFS_CHUNK_ENTRIES + ["syncfs"]) * 2 + \
-        ["stage"] * SYNCFS_MIN_ENTRIES + ["syncfs"]
+    before = kinds[:first_rename]
+    # the first chunk's syncfs, then (none other while it ran) one for the rest once all are staged
+    assert before.count("syncfs") == 2 and "fsync" not in before  # every file covered by a syncfs
+    assert max(i for i, k in enumerate(before) if k == "stage") < max(i for i, k in enumerate(before) if k == "syncfs")
     assert kinds[first_rename:].count("rename") == count  # then the parent's fsync, for the renames
     assert sorted(int(p.name) for p in (tmp_path / "run").iterdir()) == list(range(count))
+
+
+def test_after_a_failed_chunk_sync_the_rest_of_the_batch_is_synced_file_by_file(tmp_path, monkeypatch):
+    """A failed syncfs may have taken the writeback error of a file staged while it ran: no later
+    syncfs of the batch is trusted, every later entry gets its own fsyncs."""
+    store = LocalStore(str(tmp_path))
+    (tmp_path / "run").mkdir()
+    calls = _spy(monkeypatch, syncfs_result=-1)
+    count = 3 * SYNCFS_CHUNK_ENTRIES
+    assert all(isinstance(r, int) and r > 0 for r in store.write_entries(_entries(tmp_path, count)))
+    kinds = [kind for kind, _ in calls]
+    first_rename = kinds.index("rename")
+    assert kinds.count("syncfs") == 1  # the first chunk's, failed: never another
+    assert kinds[:first_rename].count("fsync") == count * 4  # two data files, meta.json, the directory
+    for i in range(count):
+        meta, files = store.read_entry(f"{tmp_path}/run/{i}")
+        assert meta["global_steps"] == i and json.loads(files["data.json"]) == {"i": i}
 
 
 def test_a_system_holding_much_dirty_data_keeps_per_file_fsyncs(tmp_path, monkeypatch):
@@ -225,3 +270,21 @@ def test_an_entry_source_that_raises_leaves_no_fd_open_and_nothing_published(tmp
         store.write_entries(items())
     assert len(os.listdir("/proc/self/fd")) == before
     assert list((tmp_path / "run").iterdir()) == []
+
+
+def test_a_long_batch_is_written_when_the_sync_pool_refuses_work_at_exit(tmp_path, monkeypatch):
+    """Dumps pending at exit are written after concurrent.futures stopped taking work: the chunk syncs
+    then run on the writing thread."""
+    store = LocalStore(str(tmp_path))
+    (tmp_path / "run").mkdir()
+    calls = _spy(monkeypatch)
+
+    class Closed:
+        def submit(self, *args, **kwargs):
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(store_module, "_sync_pool", lambda: Closed())
+    count = 2 * SYNCFS_CHUNK_ENTRIES + SYNCFS_MIN_ENTRIES
+    assert all(isinstance(r, int) and r > 0 for r in store.write_entries(_entries(tmp_path, count)))
+    assert [kind for kind, _ in calls].count("syncfs") >= 2
+    assert sorted(int(p.name) for p in (tmp_path / "run").iterdir()) == list(range(count))
