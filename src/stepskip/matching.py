@@ -54,7 +54,8 @@ class PromptIndex:
     Built from the ``row_prompts`` of the entries' ``meta.json`` — written atomically with each
     entry — so it never points at an entry that does not exist or holds other rows, and can
     always be rebuilt from the entries alone. Among entries recording the same prompt, the one of
-    the latest step wins.
+    the latest step wins; among those of one step, the one of the greatest ``rank`` given to
+    :meth:`add`, then the last added.
     """
 
     groups: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
@@ -62,26 +63,37 @@ class PromptIndex:
     by_dir: dict[str, set[str]] = field(default_factory=dict)  # directory -> names of its entries indexed
     _rows: dict[str, dict[str, list[int]]] = field(default_factory=dict, repr=False)  # path -> digest -> rows
     _holders: dict[str, dict[str, int]] = field(default_factory=dict, repr=False)  # digest -> path -> order added
+    _ranks: dict[str, tuple[tuple[Any, ...], int]] = field(default_factory=dict, repr=False)  # path -> (rank, order)
     _added: int = field(default=0, repr=False)
 
-    def add(self, path: str, step: int, digests: Sequence[str]) -> None:
+    def add(self, path: str, step: int, digests: Sequence[str], rank: tuple[Any, ...] = ()) -> None:
+        """Index the entry at ``path`` of ``step`` holding rows of ``digests``; ``rank`` (comparable
+        tuples, the same shape for every entry) breaks a tie with an entry of the same step before the
+        order of addition does."""
         self.forget(path)
         self.entries[path] = step
         parent, _, name = path.rpartition("/")
         self.by_dir.setdefault(parent, set()).add(name)
         self._added += 1
+        self._ranks[path] = order = (rank, self._added)
         self._rows[path] = grouped = group_rows(digests)
         for digest, rows in grouped.items():
             self._holders.setdefault(digest, {})[path] = self._added
             current = self.groups.get(digest)
-            if current is None or self.entries.get(current[0], -1) <= step:
+            if current is None or self.key_of(current[0]) <= (step, *order):
                 self.groups[digest] = (path, rows)
+
+    def key_of(self, path: str) -> tuple[int, tuple[Any, ...], int]:
+        """What decides between ``path`` and another indexed entry recording the same prompt (the greater
+        wins): its step, its rank, the order it was added in."""
+        return (self.entries[path], *self._ranks[path])
 
     def forget(self, path: str) -> None:
         """Drop ``path``; each prompt it served falls back to the other entry recording it (latest step,
-        then the last added), so forgetting one entry never hides another's prompts."""
+        then rank, then the last added), so forgetting one entry never hides another's prompts."""
         if self.entries.pop(path, None) is None:
             return
+        self._ranks.pop(path, None)
         parent, _, name = path.rpartition("/")
         names = self.by_dir.get(parent)
         if names is not None:
@@ -95,7 +107,7 @@ class PromptIndex:
                 self._holders.pop(digest, None)
                 self.groups.pop(digest, None)
             elif self.groups.get(digest, ("",))[0] == path:
-                best = max(holders, key=lambda other: (self.entries[other], holders[other]))
+                best = max(holders, key=self.key_of)
                 self.groups[digest] = (best, self._rows[best][digest])
 
 

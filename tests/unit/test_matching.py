@@ -58,3 +58,19 @@ def test_forgetting_an_entry_hands_its_prompts_back_to_the_others_recording_them
     assert index.groups["d"] == ("run/3", [0, 1]) and "x" not in index.groups
     index.forget("run/3")
     assert "d" not in index.groups and index.groups["e"] == ("run/5", [0, 1])
+
+
+def test_prompt_index_breaks_a_tie_of_one_step_by_rank_before_the_order_added() -> None:
+    from stepskip.matching import PromptIndex
+
+    index = PromptIndex()
+    index.add("b/5", 5, ["p"], rank=(1, "b/5"))
+    index.add("a/5", 5, ["p"], rank=(1, "a/5"))  # added later, ranked lower: b/5 keeps the prompt
+    index.add("a/4", 4, ["p"], rank=(9, "a/4"))  # an earlier step never wins, whatever its rank
+    assert index.groups["p"][0] == "b/5"
+    index.forget("b/5")
+    assert index.groups["p"][0] == "a/5"
+    unranked = PromptIndex()
+    unranked.add("b/5", 5, ["p"])
+    unranked.add("a/5", 5, ["p"])
+    assert unranked.groups["p"][0] == "a/5"  # no rank: the last added wins, as ever

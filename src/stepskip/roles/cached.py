@@ -135,6 +135,11 @@ class CachedRole(BaseSkip):
         self._covered: dict[str, set[str]] = {}  # run directory -> names of the entries covered
         self._tables: list[_Claims] = []  # the digest tables in use
         self._indexed_listing: Any = None  # the listing _match_index last forgot entries by
+        # calls of _match_index so far, and run directory -> the one whose call covered its entries: an
+        # entry is ranked in the index (ties of one step) by the call that first saw it, then its path, as
+        # if every entry were indexed when first listed, in path order
+        self._generation = 0
+        self._covered_in: dict[str, int] = {}
         self._hints: Any = None  # the HintDocument this role writes (V1 steps; see stepskip.hints), made on first write
         self._table: Any = None  # the TableWriter of this role's digest tables (entries), made on first write
         self._hint_name = ""
@@ -672,6 +677,7 @@ class CachedRole(BaseSkip):
             if self._index is None:
                 self._index = PromptIndex()
             index = self._index
+            self._generation += 1
             own = self.project_dump_dir
             with self._pending_lock:  # this run's queued dumps count: indexing one waits for it
                 queued = {p.rsplit("/", 1)[1] for p in self._pending if p.rsplit("/", 1)[0] == own}
@@ -697,15 +703,16 @@ class CachedRole(BaseSkip):
                 self._index_from_meta(index, path)
             return index
 
-    def _index_from_meta(self, index: Any, path: str, probe: Probe | None = None) -> bool:
+    def _index_from_meta(self, index: Any, path: str, probe: Probe | None = None, generation: int = 0) -> bool:
         """Index the entry at ``path`` from its ``meta.json`` (probed here unless given); False when it
-        cannot serve prompt groups (not present, not servable here, no row digests)."""
+        cannot serve prompt groups (not present, not servable here, no row digests). ``generation``: the
+        call of :meth:`_match_index` that first saw it (this one by default), which ranks it in a tie."""
         probe = self._probe(path) if probe is None else probe
         meta = probe.meta or {}
         digests = meta.get("row_prompts")
         if (probe.state is EntryState.PRESENT and self._servable(meta) and isinstance(digests, list)
                 and all(isinstance(d, str) for d in digests)):
-            index.add(path, _step_of(meta), digests)
+            index.add(path, _step_of(meta), digests, (generation or self._generation, path))
             return True
         index.forget(path)
         return False
@@ -760,7 +767,7 @@ class CachedRole(BaseSkip):
             read_left -= len(raw)
             table, problem = parse_table(raw, document, budget)
             if table is not None:
-                claims = _Claims(table, project)
+                claims = _Claims(table, project, self._generation)
                 open_names = fresh.get(project, set())
                 if project == self.project_dump_dir:
                     open_names = open_names - queued
@@ -773,6 +780,7 @@ class CachedRole(BaseSkip):
                     budget -= len(table.keys)
                     self._tables.append(claims)
                     self._covered.setdefault(project, set()).update(claims.covered)
+                    self._covered_in[project] = self._generation
             if problem:
                 logger.warning("%s match: ignoring the digest table %s: %s; the entries it describes are read "
                                "directly", self.name, document, problem)
@@ -836,14 +844,14 @@ class CachedRole(BaseSkip):
                 heads = {id(claims): int(lo[j]) for claims, lo, _ in spans}
                 while True:
                     where = index.groups.get(digest)
-                    best = index.entries[where[0]] if where is not None else -1
-                    pick: tuple[int, str, _Claims, int] | None = None
+                    best = index.key_of(where[0])[:2] if where is not None else (-1,)
+                    pick: tuple[tuple[int, tuple[int, str]], _Claims, int, int] | None = None
                     for claims, _, hi in spans:
                         covered = self._covered.get(claims.project, _NO_NAMES)
                         found = claims.first_covered(heads, int(hi[j]), best, covered, scan) if claims.alive else None
-                        # (two tables naming one step: the later run directory's first, as path order
-                        # would have it; a step no later than the one indexed already is never read)
-                        if found is not None and (pick is None or found[:2] > pick[:2]):
+                        # the one that would win once indexed (the latest step, then the rank the index
+                        # breaks ties by); one that would not beat the entry indexed already is never read
+                        if found is not None and (pick is None or found[0] > pick[0]):
                             pick = found
                     if scan[0] <= 0 or (pick is not None and reads_left == 0):
                         logger.warning("%s match: the digest tables named more than %d entries (or filed more "
@@ -854,7 +862,7 @@ class CachedRole(BaseSkip):
                     if pick is None:
                         break
                     reads_left -= 1
-                    self._read_candidate(index, pick[2], pick[3], pick[0], key)
+                    self._read_candidate(index, pick[1], pick[2], pick[3], key)
 
     def _read_candidate(self, index: Any, claims: _Claims, entry: int, step: int, key: int) -> None:
         """Index the entry of ``step`` from its ``meta.json``; ``claims`` says it holds ``key`` (as its
@@ -864,7 +872,7 @@ class CachedRole(BaseSkip):
         path = f"{claims.project}/{step}"
         probe = self._probe(path)
         self._covered.get(claims.project, set()).discard(str(step))
-        self._index_from_meta(index, path, probe)
+        self._index_from_meta(index, path, probe, claims.generation)
         meta = probe.meta or {}
         if probe.state is not EntryState.PRESENT or identity_key(meta) != int(claims.table.identities[entry]):
             logger.debug("%s match: %s changed since its digest table was written; indexed from its meta.json",
@@ -883,14 +891,14 @@ class CachedRole(BaseSkip):
         for claims in dropped:
             claims.alive = False
         self._tables = [claims for claims in self._tables if claims.alive]
-        orphans: list[str] = []
+        orphans: list[tuple[str, int]] = []
         for project in {claims.project for claims in dropped}:
             covered = self._covered.get(project, set())
             kept = covered & set().union(*[c.covered for c in self._tables if c.project == project])
-            orphans.extend(f"{project}/{name}" for name in covered - kept)
+            orphans.extend((f"{project}/{name}", self._covered_in.get(project, 0)) for name in covered - kept)
             self._covered[project] = kept
-        for path in sorted(orphans):
-            self._index_from_meta(index, path)
+        for path, generation in sorted(orphans):
+            self._index_from_meta(index, path, generation=generation)
 
     def _read_hints(self, projects: set[str], listed: set[str]) -> dict[str, Any]:
         """Entry path -> its hint, for the ``listed`` paths, from the hint documents of ``projects`` not
@@ -1652,15 +1660,17 @@ class _Claims:
 
     table: Any  # a stepskip.hints.KeyTable
     project: str
+    generation: int  # the call of CachedRole._match_index that read it (how its entries rank in a tie)
     covered: set[str] = dataclasses.field(default_factory=set)
     alive: bool = True
 
-    def first_covered(self, heads: dict[int, int], end: int, best: int, covered: AbstractSet[str],
-                      scan: list[int]) -> tuple[int, str, _Claims, int] | None:
-        """``(step, run directory, self, its index here)`` of the latest entry of one key's rows, from
-        ``heads[id(self)]`` to ``end`` (latest first), that is still ``covered`` and names a step later
-        than ``best``; None when there is none. The head moves past the entries indexed already; each row
-        looked at counts against ``scan[0]`` (None once it is spent)."""
+    def first_covered(self, heads: dict[int, int], end: int, best: tuple[Any, ...], covered: AbstractSet[str],
+                      scan: list[int]) -> tuple[tuple[int, tuple[int, str]], _Claims, int, int] | None:
+        """``((step, rank), self, its index here, step)`` of the latest entry of one key's rows, from
+        ``heads[id(self)]`` to ``end`` (latest first), that is still ``covered`` and would beat ``best``
+        (``(step, rank)`` of the entry the index serves the prompt from) once indexed; None when there is
+        none. The head moves past the entries indexed already; each row looked at counts against
+        ``scan[0]`` (None once it is spent)."""
         table, head = self.table, heads[id(self)]
         found = None
         while head < end:
@@ -1669,10 +1679,11 @@ class _Claims:
                 break
             entry = int(table.owners[head])
             step = int(table.names[entry])
-            if step <= best:
+            key = (step, (self.generation, f"{self.project}/{step}"))
+            if key <= best:
                 break  # the rest are earlier steps: none of them could win this prompt
             if str(step) in covered:
-                found = (step, self.project, self, entry)
+                found = (key, self, entry, step)
                 break
             head += 1
         heads[id(self)] = head

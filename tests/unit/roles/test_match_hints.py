@@ -684,3 +684,32 @@ def test_the_first_call_reuses_the_start_up_listing_of_a_settled_run_directory(t
         served = role._index.groups[prompt_row_digests(prompts_for([2], "x"), role.rebind_keys)[0]][0]
         assert served == entry(dump_dir, 40 if changed else 1)
         SkipManager.reset()
+
+
+# --------------------------------------------------------------------------- ties between run directories
+
+
+def record_in(dump_dir: str, gbs: int, steps: dict[int, list[int]], marker: int) -> None:
+    """One recording run in ``exp_proj/GBS{gbs}_N2_in8_out6``: at each step, the prompts listed."""
+    SkipManager.init(training_config(dump_dir, gbs=gbs, steps="all", action="record"))
+    rollout = Rollout(marker)
+    for step, ids in steps.items():
+        SkipManager.set_step(step)
+        rollout.generate_sequences(prompts_for(ids, "rec"))
+    SkipManager.flush()
+    SkipManager.reset()
+
+
+@pytest.mark.parametrize("tie_step", [1, 5])  # an entry a table is checked on; one only a live prompt reads
+@pytest.mark.parametrize("tabled", ["GBS4", "GBS8", "both"])
+def test_a_tie_between_run_directories_is_broken_as_without_tables(dump_dir, monkeypatch, tie_step, tabled) -> None:
+    """Prompt 7 recorded at the same step in two run directories (``GBS4_...`` and ``GBS8_...``): without
+    tables every entry is indexed in path order and the later path wins the tie (``GBS8``); so it must
+    with tables, whichever run directory's table is there (the other's entries read directly)."""
+    for gbs, marker in ((4, 1), (8, 3)):
+        record_in(dump_dir, gbs, {s: [7] if s == tie_step else [100 * gbs + s] for s in range(10)}, marker)
+        if tabled not in (f"GBS{gbs}", "both"):
+            remove_tables(dump_dir, [n for n in tables(dump_dir) if n.startswith(f"GBS{gbs}_")])
+    assert len(tables(dump_dir)) == (2 if tabled == "both" else 1)
+    out, rollout, _ = match_call(dump_dir, [7], monkeypatch)
+    assert replayed(out, [7]) == {7: 3} and rollout.seen == []
