@@ -853,7 +853,7 @@ class CachedRole(BaseSkip):
                         # breaks ties by); one that would not beat the entry indexed already is never read
                         if found is not None and (pick is None or found[0] > pick[0]):
                             pick = found
-                    if scan[0] <= 0 or (pick is not None and reads_left == 0):
+                    if scan[0] < 0 or (pick is not None and reads_left == 0):  # past a cap
                         logger.warning("%s match: the digest tables named more than %d entries (or filed more "
                                        "than %d keys) for %d prompts without serving them; reading the entries "
                                        "they cover directly", self.name, allowed, _CANDIDATE_SCAN, len(digests))

@@ -713,3 +713,15 @@ def test_a_tie_between_run_directories_is_broken_as_without_tables(dump_dir, mon
     assert len(tables(dump_dir)) == (2 if tabled == "both" else 1)
     out, rollout, _ = match_call(dump_dir, [7], monkeypatch)
     assert replayed(out, [7]) == {7: 3} and rollout.seen == []
+
+
+def test_a_call_looking_at_exactly_its_scan_of_key_rows_keeps_the_tables(dump_dir, monkeypatch, caplog) -> None:
+    """Prompt 8 is filed once (step 4): a call looks at its row, reads step 4, then looks at that row
+    again (no longer covered) and ends: two rows, which a scan of two allows; the tables stay in use."""
+    monkeypatch.setattr(cached_module, "_CANDIDATE_SCAN", 2)
+    cache_of(dump_dir, 10)
+    with caplog.at_level(logging.WARNING, logger="stepskip"):
+        out, rollout, looked = match_call(dump_dir, [8], monkeypatch)
+    assert replayed(out, [8]) == {8: 1} and rollout.seen == []
+    assert "without serving them" not in caplog.text and len(SkipManager.skip_instances["rollout"]._tables) == 1
+    assert entry(dump_dir, 5) not in looked
