@@ -820,8 +820,9 @@ class CachedRole(BaseSkip):
     def _index_candidates(self, index: Any, digests: list[str]) -> None:
         """Index, from their ``meta.json``, the entries the digest tables say hold the live ``digests``
         (distinct) and that could win them: for each digest the latest step first, and only while a
-        table names a later step than the one the index already serves it from ("the latest step
-        wins", as if every entry were indexed). A key two digests share costs one more read.
+        table names an entry that would beat the one the index already serves it from (a later step,
+        or the same step ranked higher: :meth:`_index_from_meta`), as if every entry were indexed. A
+        key two digests share costs one more read.
 
         A table whose claimed entry, of the version it names, holds no such key is ignored from then
         on (the entries only it covers are read directly). More than :data:`_CANDIDATE_READS`
