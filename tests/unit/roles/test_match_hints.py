@@ -725,3 +725,37 @@ def test_a_call_looking_at_exactly_its_scan_of_key_rows_keeps_the_tables(dump_di
     assert replayed(out, [8]) == {8: 1} and rollout.seen == []
     assert "without serving them" not in caplog.text and len(SkipManager.skip_instances["rollout"]._tables) == 1
     assert entry(dump_dir, 5) not in looked
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_tables_or_not_the_index_serves_each_prompt_from_the_same_entry(tmp_path, monkeypatch, seed) -> None:
+    """Three run directories (GBS4, GBS8, GBS2) recording a few of 12 prompts at random steps, some of them
+    again (ties of one step across directories, prompts recorded many times), some directories' tables
+    removed: the first match call serves every live prompt from the entry it serves it from with no table
+    at all (every entry read, in path order)."""
+    import random
+
+    rnd = random.Random(seed)
+    dump_dir = str(tmp_path / "dump")
+    for gbs, marker in ((4, 1), (8, 3), (2, 4)):
+        steps = sorted(rnd.sample(range(30), rnd.randint(3, 14)))
+        record_in(dump_dir, gbs, {s: rnd.sample(range(12), 2) for s in steps}, marker)
+        if rnd.random() < 0.4:
+            remove_tables(dump_dir, [n for n in tables(dump_dir) if n.startswith(f"GBS{gbs}_")])
+    ids = sorted(rnd.sample(range(12), 5))
+    kept = tables(dump_dir)
+    served = {}
+    for tabled in (False, True):
+        if tabled:
+            shutil.rmtree(f"{dump_dir}/{RUN}/10000", ignore_errors=True)  # what the call without tables recorded
+            for name, raw in kept.items():
+                put_table(dump_dir, name, raw)
+        else:
+            remove_tables(dump_dir)
+        out, _, _ = match_call(dump_dir, ids, monkeypatch)
+        role = SkipManager.skip_instances["rollout"]
+        digests = prompt_row_digests(prompts_for(ids, "x"), role.rebind_keys)[::N]
+        served[tabled] = ([role._index.groups.get(d, ("",))[0] for d in digests], replayed(out, ids))
+        monkeypatch.undo()
+        SkipManager.reset()
+    assert served[True] == served[False]
