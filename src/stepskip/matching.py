@@ -80,7 +80,7 @@ class PromptIndex:
         for digest, rows in grouped.items():
             self._holders.setdefault(digest, {})[path] = self._added
             current = self.groups.get(digest)
-            if current is None or self.key_of(current[0]) <= (step, *order):
+            if current is None or current[0] not in self.entries or self.key_of(current[0]) <= (step, *order):
                 self.groups[digest] = (path, rows)
 
     def key_of(self, path: str) -> tuple[int, tuple[Any, ...], int]:
