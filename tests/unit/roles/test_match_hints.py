@@ -759,3 +759,26 @@ def test_tables_or_not_the_index_serves_each_prompt_from_the_same_entry(tmp_path
         monkeypatch.undo()
         SkipManager.reset()
     assert served[True] == served[False]
+
+
+@pytest.mark.parametrize("async_dump", [False, True])
+def test_a_table_that_cannot_be_written_fails_no_dump(tmp_path, monkeypatch, caplog, async_dump) -> None:
+    """``.stepskip-index`` is a file here (planted, or a tool's mistake): every table write fails. The
+    entries are written and counted all the same, each failed write (one per batch of dumps) is a warning,
+    and a match run finds them by reading them directly."""
+    dump_dir = str(tmp_path / "dump")
+    os.makedirs(f"{dump_dir}/exp_proj")
+    (tmp_path / "dump" / "exp_proj" / HINTS_DIR).write_bytes(b"not a directory")
+    with caplog.at_level(logging.WARNING, logger="stepskip"):
+        SkipManager.init(training_config(dump_dir, steps="all", action="record", async_dump=async_dump))
+        rollout = Rollout(1)
+        for step in range(10):
+            SkipManager.set_step(step)
+            rollout.generate_sequences(prompts_for([2 * step, 2 * step + 1], "rec"))
+        SkipManager.flush()
+        stats = SkipManager.stats()
+        SkipManager.reset()
+    assert stats["skip/rollout/dumps"] == 10 and stats["skip/rollout/dump_failures"] == 0, stats
+    assert 1 <= caplog.text.count("could not write the digest table") <= 10  # once per batch of dumps
+    out, rollout, looked = match_call(dump_dir, [0, 19], monkeypatch)
+    assert replayed(out, [0, 19]) == {0: 1, 19: 1} and rollout.seen == [] and len(set(looked)) >= 10
