@@ -43,7 +43,8 @@ Both are hints, never the truth: someone else may have written them. Reads are b
 keys out of order, entries that are not step names, JSON of other types or sizes — makes the whole
 file ignored, with a warning, and the entries it covers read directly. A hint only counts for an
 entry the directory's listing shows. A file is used only once what it says of its two lowest listed
-entries (of the version it names) matches their ``meta.json``. What the index holds always comes
+entries (of the version it names; those no other file names first, since an entry another run
+recorded again is named by that run's file too) matches their ``meta.json``. What the index holds always comes
 from an entry's own ``meta.json``: a key two digests share costs one more read; an entry rewritten
 since its table was written (another identity) is indexed from what it holds now; a table whose
 entry, of the version it names, holds no key the table files under it is ignored from then on (the

@@ -11,6 +11,7 @@ regenerated over or deleted — only ``action: record`` replaces it).
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import logging
 import re
 import sys
@@ -724,8 +725,9 @@ class CachedRole(BaseSkip):
         and covered: indexed once a live prompt points at them.
 
         A table is used only once what it files under its two lowest such entries of the version it
-        names (identity) is exactly the keys of their ``meta.json``: a planted or damaged table is
-        ignored with a warning, and its entries read directly. The entries checked are indexed.
+        names (identity; entries no other table names first) is exactly the keys of their
+        ``meta.json``: a planted or damaged table is ignored with a warning, and its entries read
+        directly. The entries checked are indexed.
         """
         from stepskip.hints import HINTS_DIR, TABLE_MAX_BYTES, parse_table, table_of
 
@@ -751,6 +753,7 @@ class CachedRole(BaseSkip):
             names = names[:_MAX_HINT_DOCUMENTS]
         budget = _MAX_HINTED_ROWS  # keys all tables may hold: what they cost in memory stays bounded
         read_left = _MAX_HINT_BYTES
+        parsed: list[_Claims] = []  # every table read, before any is checked
         for name, project in names:
             document = f"{where}/{name}"
             if read_left <= 0:
@@ -765,42 +768,64 @@ class CachedRole(BaseSkip):
             if raw is None:
                 continue  # replaced or removed since listed
             read_left -= len(raw)
-            table, problem = parse_table(raw, document, budget)
-            if table is not None:
-                claims = _Claims(table, project, self._generation)
-                open_names = fresh.get(project, set())
-                if project == self.project_dump_dir:
-                    open_names = open_names - queued
-                # the entries it names that are listed and not indexed (an entry two tables name is covered
-                # by both: the later writer's describes what it holds now)
-                claims.covered = open_names.intersection(map(str, table.names.tolist()))
-                problem = self._table_problem(index, claims)
-                claims.covered -= index.by_dir.get(project, set())  # (the entries its check read)
-                if not problem:
-                    budget -= len(table.keys)
-                    self._tables.append(claims)
-                    self._covered.setdefault(project, set()).update(claims.covered)
-                    self._covered_in[project] = self._generation
-            if problem:
+            table, problem = parse_table(raw, document, _MAX_HINTED_ROWS)
+            if table is None:
                 logger.warning("%s match: ignoring the digest table %s: %s; the entries it describes are read "
                                "directly", self.name, document, problem)
+                continue
+            claims = _Claims(table, project, self._generation)
+            open_names = fresh.get(project, set())
+            if project == self.project_dump_dir:
+                open_names = open_names - queued
+            # the entries it names that are listed and not indexed (an entry two tables name is covered
+            # by both: the later writer's describes what it holds now)
+            claims.covered = open_names.intersection(map(str, table.names.tolist()))
+            parsed.append(claims)
+        named: dict[tuple[str, str], int] = {}  # (run directory, entry) -> the tables naming it
+        for claims in parsed:
+            for entry_name in claims.covered:
+                named[(claims.project, entry_name)] = named.get((claims.project, entry_name), 0) + 1
+        for claims in parsed:
+            project = claims.project
+            if len(claims.table.keys) > budget:
+                problem = f"it files {len(claims.table.keys)} digest keys, more than the {budget} left to read"
+            else:
+                # checked first on entries no other table names: one another run recorded again is named by
+                # its table too, and holds another version than this one describes
+                shared = {n for n in claims.covered if named[(project, n)] > 1}
+                problem = self._table_problem(index, claims, shared)
+            claims.covered -= index.by_dir.get(project, set())  # (the entries its check read)
+            if not problem:
+                budget -= len(claims.table.keys)
+                self._tables.append(claims)
+                self._covered.setdefault(project, set()).update(claims.covered)
+                self._covered_in[project] = self._generation
+            else:
+                logger.warning("%s match: ignoring the digest table %s: %s; the entries it describes are read "
+                               "directly", self.name, claims.table.document, problem)
         for project, left in fresh.items():  # what is left is read directly
             left.difference_update(self._covered.get(project, ()), index.by_dir.get(project, ()))
 
-    def _table_problem(self, index: Any, claims: _Claims) -> str:
+    def _table_problem(self, index: Any, claims: _Claims, shared: AbstractSet[str] = _NO_NAMES) -> str:
         """Why the table of ``claims`` is not to be used ("" when it is): what it files under its two
-        lowest covered entries of the version it names must be the keys of their ``meta.json`` exactly.
-        Entries rewritten since (another identity) are passed over, four looked at in all; each entry
-        looked at is indexed from what was read."""
+        lowest covered entries of the version it names — those not in ``shared`` (named by other tables
+        too) first — must be the keys of their ``meta.json`` exactly. Entries rewritten since (another
+        identity) are passed over, four looked at in all; each entry looked at is indexed from what was
+        read."""
         from stepskip.hints import digest_keys, identity_key
 
         table, project = claims.table, claims.project
         confirmed, looked = 0, 0
-        for entry, step in enumerate(table.names.tolist()):
-            if confirmed == 2 or looked == 4 or looked == len(claims.covered):
+        by_dir = index.by_dir.get(project, set())
+        # the four lowest of each kind are enough: at most four are looked at
+        order = [step for names in (claims.covered - shared - by_dir, (claims.covered & shared) - by_dir)
+                 for step in heapq.nsmallest(4, map(int, names))]
+        for step in order:
+            if confirmed == 2 or looked == 4:
                 break
-            if str(step) not in claims.covered or str(step) in index.by_dir.get(project, ()):
-                continue
+            if str(step) in index.by_dir.get(project, ()):
+                continue  # (checked with another table)
+            entry = int(np.searchsorted(table.names, step))
             looked += 1
             path = f"{project}/{step}"
             probe = self._probe(path)

@@ -782,3 +782,17 @@ def test_a_table_that_cannot_be_written_fails_no_dump(tmp_path, monkeypatch, cap
     assert 1 <= caplog.text.count("could not write the digest table") <= 10  # once per batch of dumps
     out, rollout, looked = match_call(dump_dir, [0, 19], monkeypatch)
     assert replayed(out, [0, 19]) == {0: 1, 19: 1} and rollout.seen == [] and len(set(looked)) >= 10
+
+
+def test_a_table_whose_lowest_entries_were_recorded_again_is_checked_on_others(dump_dir, monkeypatch, caplog) -> None:
+    """Steps 0-3 of a 20-step run recorded again by another run (its own table): the first table's lowest
+    entries hold another version now, so it is checked on entries no other table names; both stay in use
+    and the first call reads a few entries, not all 20."""
+    cache_of(dump_dir, 20)
+    record(dump_dir, {s: [50 + s] for s in range(4)}, marker=3)
+    assert len(tables(dump_dir)) == 2
+    with caplog.at_level(logging.WARNING, logger="stepskip"):
+        out, rollout, looked = match_call(dump_dir, [30, 51, 0], monkeypatch)
+    assert replayed(out, [30, 51, 0]) == {30: 1, 51: 3, 0: 2} and rollout.seen == [[0]]
+    assert "ignoring the digest table" not in caplog.text
+    assert len(SkipManager.skip_instances["rollout"]._tables) == 2 and len(set(looked)) <= 10, looked
