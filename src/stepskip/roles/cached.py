@@ -11,7 +11,6 @@ regenerated over or deleted — only ``action: record`` replaces it).
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import logging
 import re
 import sys
@@ -781,18 +780,20 @@ class CachedRole(BaseSkip):
             # by both: the later writer's describes what it holds now)
             claims.covered = open_names.intersection(map(str, table.names.tolist()))
             parsed.append(claims)
-        named: dict[tuple[str, str], int] = {}  # (run directory, entry) -> the tables naming it
+        tables_of: dict[str, list[_Claims]] = {}
         for claims in parsed:
-            for entry_name in claims.covered:
-                named[(claims.project, entry_name)] = named.get((claims.project, entry_name), 0) + 1
+            tables_of.setdefault(claims.project, []).append(claims)
         for claims in parsed:
             project = claims.project
             if len(claims.table.keys) > budget:
                 problem = f"it files {len(claims.table.keys)} digest keys, more than the {budget} left to read"
             else:
                 # checked first on entries no other table names: one another run recorded again is named by
-                # its table too, and holds another version than this one describes
-                shared = {n for n in claims.covered if named[(project, n)] > 1}
+                # its table too, and holds another version than this one describes (a run directory
+                # with one table, the usual case, has none: no pass over its names)
+                others = [other.covered for other in tables_of[project] if other is not claims]
+                shared = claims.covered.intersection(*others) if len(others) == 1 else \
+                    {n for n in claims.covered if any(n in other for other in others)} if others else _NO_NAMES
                 problem = self._table_problem(index, claims, shared)
             claims.covered -= index.by_dir.get(project, set())  # (the entries its check read)
             if not problem:
@@ -817,10 +818,20 @@ class CachedRole(BaseSkip):
         table, project = claims.table, claims.project
         confirmed, looked = 0, 0
         by_dir = index.by_dir.get(project, set())
-        # the four lowest of each kind are enough: at most four are looked at
-        order = [step for names in (claims.covered - shared - by_dir, (claims.covered & shared) - by_dir)
-                 for step in heapq.nsmallest(4, map(int, names))]
-        for step in order:
+        # the four lowest of each kind are enough: at most four are looked at (the table lists its entries
+        # in ascending order: walked from the lowest, it usually stops after four)
+        lone: list[int] = []
+        again: list[int] = []
+        for step in table.names.tolist():
+            name = str(step)
+            if name not in claims.covered or name in by_dir:
+                continue
+            kind = again if name in shared else lone
+            if len(kind) < 4:
+                kind.append(step)
+            if len(lone) == 4 and (len(again) == 4 or len(again) == len(shared)):
+                break
+        for step in lone + again:
             if confirmed == 2 or looked == 4:
                 break
             if str(step) in index.by_dir.get(project, ()):
