@@ -717,6 +717,54 @@ class CachedRole(BaseSkip):
         index.forget(path)
         return False
 
+    def _index_files(self, wanted: AbstractSet[str], described_by: Callable[[str], tuple[str, str | None] | None],
+                     kind: str) -> tuple[str, list[tuple[str, str]]]:
+        """The files of this experiment's :data:`stepskip.hints.HINTS_DIR` that ``described_by`` names as
+        this role's and that describe one of the run directories ``wanted``: the directory, and
+        ``(file name, run directory)`` in name order, at most :data:`_MAX_HINT_DOCUMENTS` of them (the
+        others are left with a warning: their entries are read directly). ``kind`` names them in it."""
+        from stepskip.hints import HINTS_DIR
+
+        layout = self.layout
+        subdir = safe_component(layout.subdir) if layout.subdir else None
+        where = f"{layout.experiment_dir}/{HINTS_DIR}"
+        names: list[tuple[str, str]] = []
+        for name in sorted(self.store.list_dir(where)):
+            described = described_by(name)
+            if described is None or described[1] != subdir or RUN_DIR.match(described[0]) is None:
+                continue  # not a writer's file, or one of another role
+            project = f"{layout.experiment_dir}/{described[0]}" + (f"/{subdir}" if subdir else "")
+            if project in wanted:
+                names.append((name, project))
+        if len(names) > _MAX_HINT_DOCUMENTS:
+            logger.warning("%s match: %s holds %d %s for these run directories; reading %d of them (the entries "
+                           "of the others are read directly)", self.name, where, len(names), kind, _MAX_HINT_DOCUMENTS)
+            names = names[:_MAX_HINT_DOCUMENTS]
+        return where, names
+
+    def _read_index_files(self, where: str, names: list[tuple[str, str]], max_each: int,
+                          kind: str) -> Iterator[tuple[str, str, bytes]]:
+        """``(run directory, path, bytes)`` of each of ``names`` (from :meth:`_index_files`) in turn, each
+        read up to ``max_each`` bytes and :data:`_MAX_HINT_BYTES` in all; one that cannot be read (a
+        link, a directory, too large) is passed over with a warning naming it a ``kind``, one gone
+        since listed silently."""
+        read_left = _MAX_HINT_BYTES
+        for name, project in names:
+            document = f"{where}/{name}"
+            if read_left <= 0:
+                logger.warning("%s match: %d bytes of %ss read; the entries of the others are read directly",
+                               self.name, _MAX_HINT_BYTES, kind)
+                return
+            try:
+                raw = self.store.read_small(document, min(max_each, read_left))
+            except CorruptEntryError as err:
+                logger.warning("%s match: ignoring the %s %s: %s", self.name, kind, document, err)
+                continue
+            if raw is None:
+                continue  # replaced or removed since listed
+            read_left -= len(raw)
+            yield project, document, raw
+
     def _read_tables(self, index: Any, fresh: dict[str, set[str]], queued: set[str]) -> None:
         """Read the digest tables of the run directories of ``fresh`` not read before (:mod:`stepskip.hints`):
         one listing and one bounded read per table, at most :data:`_MAX_HINT_BYTES` in all. The entries
@@ -728,45 +776,16 @@ class CachedRole(BaseSkip):
         ``meta.json``: a planted or damaged table is ignored with a warning, and its entries read
         directly. The entries checked are indexed.
         """
-        from stepskip.hints import HINTS_DIR, TABLE_MAX_BYTES, parse_table, table_of
+        from stepskip.hints import TABLE_MAX_BYTES, parse_table, table_of
 
         wanted = set(fresh) - self._hints_read
         if not wanted:
             return
         self._hints_read |= wanted
-        layout = self.layout
-        subdir = safe_component(layout.subdir) if layout.subdir else None
-        where = f"{layout.experiment_dir}/{HINTS_DIR}"
-        names: list[tuple[str, str]] = []  # (table name, the run directory whose entries it describes)
-        for name in sorted(self.store.list_dir(where)):
-            described = table_of(name)
-            if described is None or described[1] != subdir or RUN_DIR.match(described[0]) is None:
-                continue  # not a writer's table, or one of another role
-            project = f"{layout.experiment_dir}/{described[0]}" + (f"/{subdir}" if subdir else "")
-            if project in wanted:
-                names.append((name, project))
-        if len(names) > _MAX_HINT_DOCUMENTS:
-            logger.warning("%s match: %s holds %d digest tables for these run directories; reading %d of them "
-                           "(the entries of the others are read directly)", self.name, where, len(names),
-                           _MAX_HINT_DOCUMENTS)
-            names = names[:_MAX_HINT_DOCUMENTS]
+        where, names = self._index_files(wanted, table_of, "digest tables")
         budget = _MAX_HINTED_ROWS  # keys all tables may hold: what they cost in memory stays bounded
-        read_left = _MAX_HINT_BYTES
         parsed: list[_Claims] = []  # every table read, before any is checked
-        for name, project in names:
-            document = f"{where}/{name}"
-            if read_left <= 0:
-                logger.warning("%s match: %d bytes of digest tables read; the entries of the others are read "
-                               "directly", self.name, _MAX_HINT_BYTES)
-                break
-            try:
-                raw = self.store.read_small(document, min(TABLE_MAX_BYTES, read_left))
-            except CorruptEntryError as err:  # a link, a directory, or larger than it may be
-                logger.warning("%s match: ignoring the digest table %s: %s", self.name, document, err)
-                continue
-            if raw is None:
-                continue  # replaced or removed since listed
-            read_left -= len(raw)
+        for project, document, raw in self._read_index_files(where, names, TABLE_MAX_BYTES, "digest table"):
             table, problem = parse_table(raw, document, _MAX_HINTED_ROWS)
             if table is None:
                 logger.warning("%s match: ignoring the digest table %s: %s; the entries it describes are read "
@@ -947,7 +966,7 @@ class CachedRole(BaseSkip):
         is ignored with a warning: its entries are read directly). Two documents that say different
         things of one entry both lose that entry: its ``meta.json`` is read instead.
         """
-        from stepskip.hints import HINTS_DIR, HINTS_MAX_BYTES, document_of, parse_hints, rows_of
+        from stepskip.hints import HINTS_MAX_BYTES, document_of, parse_hints, rows_of
 
         out: dict[str, Any] = {}
         disputed: set[str] = set()
@@ -955,38 +974,9 @@ class CachedRole(BaseSkip):
         if not wanted:
             return out
         self._hints_read |= wanted
-        layout = self.layout
-        subdir = safe_component(layout.subdir) if layout.subdir else None
-        where = f"{layout.experiment_dir}/{HINTS_DIR}"
-        names: list[tuple[str, str]] = []  # (document name, the run directory whose entries it describes)
-        for name in self.store.list_dir(where):
-            described = document_of(name)
-            if described is None or described[1] != subdir or RUN_DIR.match(described[0]) is None:
-                continue  # not a writer's document, or one of another role
-            project = f"{layout.experiment_dir}/{described[0]}" + (f"/{subdir}" if subdir else "")
-            if project in wanted:
-                names.append((name, project))
-        if len(names) > _MAX_HINT_DOCUMENTS:
-            logger.warning("%s match: %s holds %d hint documents for these run directories; reading %d of them "
-                           "(the entries of the others are read directly)", self.name, where, len(names),
-                           _MAX_HINT_DOCUMENTS)
-            names = names[:_MAX_HINT_DOCUMENTS]
+        where, names = self._index_files(wanted, document_of, "hint documents")
         budget = _MAX_HINTED_ROWS  # rows all documents may describe: what they cost in memory stays bounded
-        read_left = _MAX_HINT_BYTES
-        for name, project in names:
-            document = f"{where}/{name}"
-            if read_left <= 0:
-                logger.warning("%s match: %d bytes of hint documents read; the entries of the others are read "
-                               "directly", self.name, _MAX_HINT_BYTES)
-                break
-            try:
-                raw = self.store.read_small(document, min(HINTS_MAX_BYTES, read_left))
-            except CorruptEntryError as err:
-                logger.warning("%s match: ignoring the hint document %s: %s", self.name, document, err)
-                continue
-            if raw is None:
-                continue  # replaced or removed since listed
-            read_left -= len(raw)
+        for project, document, raw in self._read_index_files(where, names, HINTS_MAX_BYTES, "hint document"):
             hints, problem = parse_hints(raw, document, budget)
             mine = {f"{project}/{entry}": hint for entry, hint in hints.items() if f"{project}/{entry}" in listed}
             del hints  # only the hints of listed entries are kept: what a document costs stays bounded by them

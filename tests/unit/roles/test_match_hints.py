@@ -67,9 +67,9 @@ def config(dump_dir: str, action: str) -> dict[str, Any]:
     return training_config(dump_dir, steps="all", action=action)
 
 
-def record(dump_dir: str, steps: dict[int, list[int]], marker: int = 1) -> None:
-    """One recording run: at each step, the prompts listed."""
-    SkipManager.init(config(dump_dir, "record"))
+def record(dump_dir: str, steps: dict[int, list[int]], marker: int = 1, gbs: int = 4) -> None:
+    """One recording run in ``exp_proj/GBS{gbs}_N2_in8_out6``: at each step, the prompts listed."""
+    SkipManager.init(training_config(dump_dir, gbs=gbs, steps="all", action="record"))
     rollout = Rollout(marker)
     for step, ids in steps.items():
         SkipManager.set_step(step)
@@ -689,17 +689,6 @@ def test_the_first_call_reuses_the_start_up_listing_of_a_settled_run_directory(t
 # --------------------------------------------------------------------------- ties between run directories
 
 
-def record_in(dump_dir: str, gbs: int, steps: dict[int, list[int]], marker: int) -> None:
-    """One recording run in ``exp_proj/GBS{gbs}_N2_in8_out6``: at each step, the prompts listed."""
-    SkipManager.init(training_config(dump_dir, gbs=gbs, steps="all", action="record"))
-    rollout = Rollout(marker)
-    for step, ids in steps.items():
-        SkipManager.set_step(step)
-        rollout.generate_sequences(prompts_for(ids, "rec"))
-    SkipManager.flush()
-    SkipManager.reset()
-
-
 @pytest.mark.parametrize("tie_step", [1, 5])  # an entry a table is checked on; one only a live prompt reads
 @pytest.mark.parametrize("tabled", ["GBS4", "GBS8", "both"])
 def test_a_tie_between_run_directories_is_broken_as_without_tables(dump_dir, monkeypatch, tie_step, tabled) -> None:
@@ -707,7 +696,7 @@ def test_a_tie_between_run_directories_is_broken_as_without_tables(dump_dir, mon
     tables every entry is indexed in path order and the later path wins the tie (``GBS8``); so it must
     with tables, whichever run directory's table is there (the other's entries read directly)."""
     for gbs, marker in ((4, 1), (8, 3)):
-        record_in(dump_dir, gbs, {s: [7] if s == tie_step else [100 * gbs + s] for s in range(10)}, marker)
+        record(dump_dir, {s: [7] if s == tie_step else [100 * gbs + s] for s in range(10)}, marker, gbs=gbs)
         if tabled not in (f"GBS{gbs}", "both"):
             remove_tables(dump_dir, [n for n in tables(dump_dir) if n.startswith(f"GBS{gbs}_")])
     assert len(tables(dump_dir)) == (2 if tabled == "both" else 1)
@@ -739,7 +728,7 @@ def test_tables_or_not_the_index_serves_each_prompt_from_the_same_entry(tmp_path
     dump_dir = str(tmp_path / "dump")
     for gbs, marker in ((4, 1), (8, 3), (2, 4)):
         steps = sorted(rnd.sample(range(30), rnd.randint(3, 14)))
-        record_in(dump_dir, gbs, {s: rnd.sample(range(12), 2) for s in steps}, marker)
+        record(dump_dir, {s: rnd.sample(range(12), 2) for s in steps}, marker, gbs=gbs)
         if rnd.random() < 0.4:
             remove_tables(dump_dir, [n for n in tables(dump_dir) if n.startswith(f"GBS{gbs}_")])
     ids = sorted(rnd.sample(range(12), 5))
