@@ -8,10 +8,14 @@ import sys
 import textwrap
 from pathlib import Path
 
-SCRIPT = textwrap.dedent("""
+#: What both scripts start with: INFO logs on stdout (the summary is one of them).
+PREAMBLE = textwrap.dedent("""
     import logging, sys, torch
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
     from stepskip import SkipManager, Batch
+""")
+
+SCRIPT = PREAMBLE + textwrap.dedent("""
 
     class Loop:
         @SkipManager.annotate(role="rollout")
@@ -27,10 +31,15 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_pending_dumps_are_written_at_exit_and_summarised(tmp_path):
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=600)
+def run_to_exit(script: str, dump_dir: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run ``script`` with ``dump_dir`` until its interpreter exits (successfully); the run and its run directory."""
+    done = subprocess.run([sys.executable, "-c", script, str(dump_dir)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    run_dir = tmp_path / "default_experiment_name_default_project_name" / "GBS0_N0_in0_out0"
+    return done, dump_dir / "default_experiment_name_default_project_name" / "GBS0_N0_in0_out0"
+
+
+def test_pending_dumps_are_written_at_exit_and_summarised(tmp_path):
+    done, run_dir = run_to_exit(SCRIPT, tmp_path)
     assert sorted(p.name for p in run_dir.iterdir()) == ["1", "2", "3"]
     for step in (1, 2, 3):
         assert json.loads((run_dir / str(step) / "meta.json").read_text())["global_steps"] == step
@@ -40,10 +49,7 @@ def test_pending_dumps_are_written_at_exit_and_summarised(tmp_path):
     assert "dump failed" not in done.stdout
 
 
-ASYNC_SCRIPT = textwrap.dedent("""
-    import logging, sys, numpy as np, torch
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
-    from stepskip import SkipManager, Batch
+ASYNC_SCRIPT = PREAMBLE + textwrap.dedent("""
 
     class Rollouter:
         @SkipManager.annotate(role="async_rollout")
@@ -61,10 +67,7 @@ ASYNC_SCRIPT = textwrap.dedent("""
 def test_many_small_pending_dumps_are_written_at_exit(tmp_path):
     """Queued one-sample entries are written in batches whose syncs go to a thread pool; at exit that pool
     takes no more work, and every entry is still written."""
-    done = subprocess.run([sys.executable, "-c", ASYNC_SCRIPT, str(tmp_path)], capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    run_dir = tmp_path / "default_experiment_name_default_project_name" / "GBS0_N0_in0_out0"
+    done, run_dir = run_to_exit(ASYNC_SCRIPT, tmp_path)
     assert sorted(int(p.name) for p in run_dir.iterdir()) == list(range(40))
     assert "dump failed" not in done.stdout
     summary = [line for line in done.stdout.splitlines() if "summary" in line]
