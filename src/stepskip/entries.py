@@ -9,12 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
-    "GEN_BATCH_FILE", "TQ_BATCH_FILE", "FormatSpec", "FORMATS", "CONFIG_FORMATS", "format_spec", "storage_format",
-    "legacy_format", "unsupported_format_message",
+    "FileBytes", "GEN_BATCH_FILE", "TQ_BATCH_FILE", "FormatSpec", "FORMATS", "CONFIG_FORMATS", "format_spec",
+    "storage_format", "legacy_format", "unsupported_format_message",
 ]
 
 GEN_BATCH_FILE = "gen_batch.dp"  # rollout / async_rollout entries written by verl (a DataProto pickle)
 TQ_BATCH_FILE = "tq_batch.pt"  # rollout_tq inner entries written by verl (torch.save of a V1 payload)
+
+#: The bytes of one file of an entry as a format encodes it: ``bytes``, or a ``memoryview`` of
+#: recycled memory (format ``safe``'s big tensor files, see :func:`stepskip.formats.st_small.save_pooled`).
+FileBytes = bytes | memoryview
 
 
 @dataclass(frozen=True)

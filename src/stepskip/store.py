@@ -37,6 +37,7 @@ from typing import Any, Literal, TypeVar, cast, overload
 
 import xxhash
 
+from stepskip.entries import FileBytes
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 
 __all__ = [
@@ -219,7 +220,7 @@ def may_hold_leftovers(files: Mapping[str, DirItem], now: float, young: float) -
     return any(item.mtime is None or not 0 <= now - item.mtime < young for item in tokened)
 
 
-def checksum(data: bytes | memoryview) -> str:
+def checksum(data: FileBytes) -> str:
     return "xxh3_64:" + xxhash.xxh3_64_hexdigest(data)
 
 
@@ -881,7 +882,7 @@ class _EntryStore:
         """
         raise NotImplementedError
 
-    def write_entry(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any],
+    def write_entry(self, path: str, files: Mapping[str, FileBytes], meta: Mapping[str, Any],
                     overwrite: bool = True) -> int:
         raise NotImplementedError
 
@@ -1430,7 +1431,7 @@ class LocalStore(_EntryStore):
         finally:
             os.close(fd)
 
-    def _entry_place(self, path: str, files: Mapping[str, bytes]) -> tuple[str, str]:
+    def _entry_place(self, path: str, files: Mapping[str, FileBytes]) -> tuple[str, str]:
         """The parent directory and name of what is written at ``path`` (an entry or a small file),
         each of ``files`` checked to be one plain file name other than the metadata file's.
 
@@ -1460,7 +1461,7 @@ class LocalStore(_EntryStore):
 
     # ------------------------------------------------------------------ writing
 
-    def write_entry(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any],
+    def write_entry(self, path: str, files: Mapping[str, FileBytes], meta: Mapping[str, Any],
                     overwrite: bool = True) -> int:
         """Publish an entry atomically; returns the bytes written (0 if another writer won and
         ``overwrite`` is False).
@@ -1500,7 +1501,7 @@ class LocalStore(_EntryStore):
         finally:
             os.close(parent_fd)
 
-    def write_entries(self, entries: Iterable[tuple[str, Mapping[str, bytes], Mapping[str, Any]]]
+    def write_entries(self, entries: Iterable[tuple[str, Mapping[str, FileBytes], Mapping[str, Any]]]
                       ) -> list[int | Exception]:
         """Publish several entries with the fsyncs batched, not the guarantees (many small entries).
 
@@ -1615,7 +1616,7 @@ class LocalStore(_EntryStore):
                 syncs.start(i, held.pop(i), pooled=True)
         return None
 
-    def _stage(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any],
+    def _stage(self, path: str, files: Mapping[str, FileBytes], meta: Mapping[str, Any],
                parents: dict[str, int]) -> tuple[int, str, str, str, int, list[int]]:
         """Write an entry's files into its temporary directory, unsynced; the open fds to sync."""
         parent, name = self._entry_place(path, files)
@@ -1657,7 +1658,7 @@ class LocalStore(_EntryStore):
             os.close(fd)
 
     @staticmethod
-    def _write_unsynced(dir_fd: int, name: str, data: bytes) -> int:
+    def _write_unsynced(dir_fd: int, name: str, data: FileBytes) -> int:
         """Create ``name`` in ``dir_fd`` holding ``data``; the open fd, for the caller to sync and close."""
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
                      dir_fd=dir_fd)
@@ -2066,7 +2067,7 @@ class FsspecStore(_EntryStore):
 
     # ------------------------------------------------------------------ writing
 
-    def write_entry(self, path: str, files: Mapping[str, bytes], meta: Mapping[str, Any],
+    def write_entry(self, path: str, files: Mapping[str, FileBytes], meta: Mapping[str, Any],
                     overwrite: bool = True) -> int:
         """Publish an entry: unique data objects first, ``meta.json`` last (see the class docstring)."""
         for name in files:
@@ -2083,7 +2084,8 @@ class FsspecStore(_EntryStore):
             for name, data in files.items():
                 stem, dot, suffix = name.partition(".")
                 obj = f"{stem}.{token}{dot}{suffix}"
-                self.fs.pipe_file(self._p(f"{path}/{obj}"), data)
+                # fsspec's object stores take bytes (a pooled memoryview is copied once, next to an upload)
+                self.fs.pipe_file(self._p(f"{path}/{obj}"), data if isinstance(data, bytes) else bytes(data))
                 written.append(obj)
                 listing[name] = {"bytes": len(data), "checksum": checksum(data), "object": obj}
             keep, expired = self._retire(previous.meta, set(written))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol
 
-from stepskip.entries import FORMATS
+from stepskip.entries import FORMATS, FileBytes
 
 __all__ = ["Format", "get_format"]
 
@@ -28,7 +28,7 @@ class Format(Protocol):
 
     def freeze(self, value: Any, copy: bool) -> Any: ...
 
-    def encode(self, frozen: Any) -> dict[str, bytes]: ...
+    def encode(self, frozen: Any) -> dict[str, FileBytes]: ...
 
     def decode(self, files: Any, consume: bool = False, max_bytes: int | None = None) -> Any: ...
 

@@ -105,7 +105,9 @@ def narrow(tensor: torch.Tensor) -> torch.Tensor:
     low, high = (int(v) for v in torch.aminmax(tensor.to(torch.int32) if tensor.dtype == torch.uint16 else tensor))
     for dtype, smallest, largest in _NARROW_RANGES:
         if smallest <= low and high <= largest:
-            return tensor if dtype.itemsize >= tensor.dtype.itemsize else tensor.to(dtype)
+            if dtype.itemsize >= tensor.dtype.itemsize:
+                return tensor
+            return POOL.empty(tensor.shape, dtype).copy_(tensor)  # recycled pages: a dump's tensors are big
     return tensor
 
 
@@ -475,8 +477,9 @@ def pack(tensor: torch.Tensor, mode: str) -> tuple[torch.Tensor, dict[str, Any] 
     """
     if mode == "none" or tensor.numel() * tensor.element_size() < ZSTD_MIN_BYTES:
         return tensor, None
-    raw = tensor.contiguous().view(torch.uint8).numpy().tobytes() if tensor.dtype != torch.bool else \
-        tensor.contiguous().numpy().tobytes()
+    contiguous = tensor.contiguous()
+    # the tensor's own bytes, not a copy: zstd reads any buffer, and a sample may show it is not worth it
+    raw = (contiguous.view(torch.uint8) if tensor.dtype != torch.bool else contiguous).numpy().data.cast("B")
     if mode == "auto" and len(raw) > 4 * _SAMPLE_BYTES:
         middle = len(raw) // 2
         sample = raw[middle - _SAMPLE_BYTES // 2: middle + _SAMPLE_BYTES // 2]
@@ -539,7 +542,7 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def compress_bytes(data: bytes) -> bytes:
+def compress_bytes(data: bytes | memoryview) -> bytes:
     import zstandard
 
     return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)

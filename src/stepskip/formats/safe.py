@@ -26,12 +26,13 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from stepskip.batch import Batch
 from stepskip.calls import is_dataproto_like
+from stepskip.entries import FileBytes
 from stepskip.errors import CorruptEntryError, UnreadableEntryError, UnstorableValueError
 from stepskip.formats.bounds import DecodeBudget, check_jagged, shape_of
 from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, pack, unpack
 from stepskip.formats.snapshot import IMMUTABLE, snapshot_object_array, snapshot_value
 from stepskip.formats.st_read import load_view
-from stepskip.formats.st_small import save_small
+from stepskip.formats.st_small import save_pooled, save_small
 from stepskip.formats.values import (
     decode_object_array,
     decode_value,
@@ -78,7 +79,7 @@ class Frozen:
     #: pooled buffers the snapshot's tensors live in; back to the pool once encoded
     buffers: list[torch.Tensor] = field(default_factory=list, repr=False, compare=False)
     #: the encoded files, kept once the buffers went back (a second encode returns them)
-    files: dict[str, bytes] | None = field(default=None, repr=False, compare=False)
+    files: dict[str, FileBytes] | None = field(default=None, repr=False, compare=False)
     #: the non-tensor values ``tree`` holds (snapshots and plain values) until encoded: what sizing a queued
     #: snapshot looks at instead of walking the whole tree (see ``stepskip.roles.cached._small_size``)
     leaves: list[Any] | None = field(default=None, repr=False, compare=False)
@@ -576,7 +577,7 @@ class SafeFormat:
         return Frozen(tensors=encoder.tensors, tree={"format": self.name, "version": VERSION, "root": root},
                       deferred=True, buffers=encoder.buffers, leaves=encoder.leaves)
 
-    def encode(self, frozen: Frozen) -> dict[str, bytes]:
+    def encode(self, frozen: Frozen) -> dict[str, FileBytes]:
         """Serialise a snapshot into the entry's files, in the compact encodings unless ``compress`` is none."""
         with frozen.lock:
             if frozen.files is not None:
@@ -589,7 +590,7 @@ class SafeFormat:
                 _BUFFERS.give(buffers)
             return dict(files)
 
-    def _encode(self, tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, bytes]:
+    def _encode(self, tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, FileBytes]:
         inline = False
         if self.compress != "none":
             tree, tensors, inline = _compact(tree, tensors)
@@ -613,8 +614,11 @@ class SafeFormat:
             data = text.encode("utf-8")
         except UnicodeEncodeError:  # lone surrogates: JSON's \u escapes keep them exactly, and json.loads reads them
             data = json.dumps(tree, ensure_ascii=True, separators=(",", ":")).encode("ascii")
-        small = save_small(tensors)  # the same bytes, without safetensors' per-tensor overhead
-        return {TENSORS_FILE: st_save(tensors) if small is None else small, TREE_FILE: data}
+        # the bytes safetensors writes, without its per-tensor overhead or, for a big file, its fresh memory
+        body: FileBytes | None = save_small(tensors)
+        if body is None:
+            body = save_pooled(tensors)
+        return {TENSORS_FILE: st_save(tensors) if body is None else body, TREE_FILE: data}
 
     def decode(self, files: Mapping[str, bytes], consume: bool = False, max_bytes: int | None = None) -> Any:
         """Rebuild the value from the entry's files.

@@ -1,12 +1,17 @@
-"""The safetensors file of a few small tensors, written without safetensors' per-tensor overhead.
+"""The safetensors file of a dict of tensors, written by stepskip itself in safetensors' own layout.
 
 ``safetensors.torch.save`` spends tens of microseconds per tensor in Python (shared-storage
 checks, a numpy view, a ctypes copy) before its serializer runs: for the thirty-odd parts of a
-one-sample entry that is most of its encoding time. :func:`save_small` writes the same bytes
-(the header laid out as safetensors lays it out: tensors by descending dtype, then by name;
-compact JSON padded with spaces to 8 bytes), so files are identical whichever wrote them and any
-safetensors reader loads them. It returns None for anything outside the plain case; the caller
-then uses safetensors itself.
+one-sample entry that is most of its encoding time. And for a big entry it returns a fresh
+``bytes`` of the whole file: on a virtual machine each fresh page costs a fault in the guest and
+one in the host, so building a 40 MB file in new memory takes longer than copying the bytes.
+
+:func:`save_small` writes the same bytes for a few small tensors; :func:`save_pooled` writes them
+for big ones into memory recycled by :data:`~stepskip.formats.pages.POOL` (the pages go back to
+the pool when the returned view is dropped, after the store wrote them). Both lay the header out
+as safetensors does (tensors by descending dtype, then by name; compact JSON padded with spaces
+to 8 bytes), so files are identical whichever wrote them and any safetensors reader loads them.
+They return None for anything outside the plain case; the caller then uses safetensors itself.
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ import struct
 import sys
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
-__all__ = ["save_small", "SMALL_BYTES", "SAFETENSORS_CODES"]
+from stepskip.formats.pages import POOL
 
-#: Dicts of tensors holding more than this are left to safetensors (its overhead no longer matters).
+__all__ = ["save_small", "save_pooled", "SMALL_BYTES", "SAFETENSORS_CODES"]
+
+#: Dicts of tensors holding more than this are left to :func:`save_pooled` (or safetensors).
 SMALL_BYTES = 1 << 20
 
 # safetensors' dtype codes, in the order its serializer lays tensors out (descending dtype)
@@ -36,9 +44,39 @@ _NUMPY_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,200}")  # JSON-encoded the same by every encoder
 
 
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _plain(tensors: Mapping[str, torch.Tensor]) -> bool:
+    """Whether every tensor is one these writers store (CPU, strided, a listed dtype, a plain name)."""
+    return sys.byteorder == "little" and all(  # safetensors stores little-endian: let it swap the bytes
+        isinstance(tensor, torch.Tensor) and tensor.dtype in SAFETENSORS_CODES and tensor.device.type == "cpu"
+        and tensor.layout is torch.strided and not tensor.is_nested and _PLAIN_NAME.fullmatch(name)
+        for name, tensor in tensors.items())
+
+
+def _layout(tensors: Mapping[str, torch.Tensor]) -> tuple[list[str], dict[str, tuple[int, int]], bytes]:
+    """The names in file order, each one's byte range after the header, and the header (length prefix included)."""
+    order = sorted(tensors, key=lambda n: (_RANK[tensors[n].dtype], n))
+    header: dict[str, dict[str, object]] = {}
+    spans: dict[str, tuple[int, int]] = {}
+    offset = 0
+    for name in order:
+        tensor = tensors[name]
+        spans[name] = (offset, offset + _nbytes(tensor))
+        header[name] = {"dtype": SAFETENSORS_CODES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": list(spans[name])}
+        offset = spans[name][1]
+    text = json.dumps(header, separators=(",", ":")).encode("ascii")
+    text += b" " * (-len(text) % 8)
+    return order, spans, struct.pack("<Q", len(text)) + text
+
+
 def save_small(tensors: Mapping[str, torch.Tensor]) -> bytes | None:
     """The bytes ``safetensors.torch.save(tensors)`` writes, or None when ``tensors`` is not small
-    and plain (CPU, strided, a dtype listed above, names of letters, digits and ``_.-``).
+    (at most :data:`SMALL_BYTES`) and plain (CPU, strided, a dtype listed above, names of letters,
+    digits and ``_.-``).
 
     Example:
         >>> import torch
@@ -47,32 +85,45 @@ def save_small(tensors: Mapping[str, torch.Tensor]) -> bytes | None:
         >>> save_small(t) == save(t)
         True
     """
-    if sys.byteorder != "little":  # safetensors stores little-endian: let it swap the bytes
+    if sum(_nbytes(t) for t in tensors.values() if isinstance(t, torch.Tensor)) > SMALL_BYTES or not _plain(tensors):
         return None
-    total = 0
-    for name, tensor in tensors.items():
-        if (not isinstance(tensor, torch.Tensor) or tensor.dtype not in SAFETENSORS_CODES or tensor.device.type != "cpu"
-                or tensor.layout is not torch.strided or tensor.is_nested or not _PLAIN_NAME.fullmatch(name)):
-            return None
-        total += tensor.numel() * tensor.element_size()
-        if total > SMALL_BYTES:
-            return None
-    header: dict[str, dict[str, object]] = {}
-    chunks: list[bytes] = []
-    offset = 0
-    for name in sorted(tensors, key=lambda n: (_RANK[tensors[n].dtype], n)):
+    order, _, header = _layout(tensors)
+    chunks: list[bytes] = [header]
+    for name in order:
         tensor = tensors[name]
         if tensor.dtype in _NUMPY_DTYPES:  # numpy writes any layout in C order
-            data = tensor.detach().numpy().tobytes()
+            chunks.append(tensor.detach().numpy().tobytes())
         else:  # bfloat16 and the wide unsigned types: their bytes through a uint8 view
             flat = tensor.detach().reshape(-1)
             if flat.stride(0) != 1:  # e.g. a one-element view with stride 0: a dense copy
                 flat = flat.new_empty(flat.shape).copy_(flat)
-            data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-        header[name] = {"dtype": SAFETENSORS_CODES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
-        chunks.append(data)
-    text = json.dumps(header, separators=(",", ":")).encode("ascii")
-    text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text + b"".join(chunks)
+            chunks.append(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    return b"".join(chunks)
+
+
+def save_pooled(tensors: Mapping[str, torch.Tensor]) -> memoryview | None:
+    """The bytes ``safetensors.torch.save(tensors)`` writes, in recycled memory, or None when
+    ``tensors`` is not plain (see :func:`save_small`).
+
+    The view is read-only to the caller's purposes and holds its pages until it is dropped; then
+    they serve the next file (or a hit's tensors).
+
+    Example:
+        >>> import torch
+        >>> from safetensors.torch import save
+        >>> t = {"a": torch.arange(3), "b": torch.ones(2, dtype=torch.bool)}
+        >>> save_pooled(t) == save(t)
+        True
+    """
+    if not _plain(tensors):
+        return None
+    order, spans, header = _layout(tensors)
+    start = len(header)
+    out = POOL.array((start + sum(_nbytes(t) for t in tensors.values()),), np.uint8)
+    out[:start] = np.frombuffer(header, dtype=np.uint8)
+    body = torch.from_numpy(out[start:])
+    for name in order:
+        tensor, (begin, end) = tensors[name].detach(), spans[name]
+        if end > begin:  # torch copies any layout in C order, releasing the GIL for big ones
+            body[begin:end].view(tensor.dtype).view(tensor.shape).copy_(tensor)
+    return out.data  # a memoryview of the pooled array, which it keeps alive

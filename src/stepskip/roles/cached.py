@@ -26,7 +26,14 @@ import numpy as np
 from stepskip._version import __version__
 from stepskip.calls import CURRENT_CALL, call_prompts
 from stepskip.config import SkipRoleConfig
-from stepskip.entries import FormatSpec, format_spec, legacy_format, storage_format, unsupported_format_message
+from stepskip.entries import (
+    FileBytes,
+    FormatSpec,
+    format_spec,
+    legacy_format,
+    storage_format,
+    unsupported_format_message,
+)
 from stepskip.errors import (
     CacheMissError,
     CorruptEntryError,
@@ -1251,7 +1258,7 @@ class CachedRole(BaseSkip):
             encoded: list[_Dump] = []
             reached = 0  # dumps the store took from the generator (encoded or failed)
 
-            def entries() -> Iterator[tuple[str, dict[str, bytes], dict[str, Any]]]:
+            def entries() -> Iterator[tuple[str, dict[str, FileBytes], dict[str, Any]]]:
                 """Encoded one by one as the store takes them: encoding overlaps the syncs of those before."""
                 nonlocal reached
                 for dump in dumps:

@@ -1,5 +1,6 @@
 """The small-tensor paths of format 'safe' (numpy narrowing, the hand-written safetensors file)
-give exactly what the general paths give: same nodes, same parts, same bytes."""
+and its big-file paths (the file and the narrowed tensors in recycled pages, zstd reading the
+tensor's own bytes) give exactly what the general paths give: same nodes, same parts, same bytes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 import stepskip.formats.compact as compact
-from stepskip.formats.st_small import save_small
+from stepskip.formats.pages import POOL
+from stepskip.formats.safe import SafeFormat
+from stepskip.formats.st_small import save_pooled, save_small
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64, torch.uint16, torch.uint32, torch.uint64]
@@ -45,6 +48,49 @@ def test_save_small_writes_the_bytes_safetensors_writes():
 ], ids=["name", "size", "dtype"])
 def test_save_small_leaves_anything_else_to_safetensors(tensors):
     assert save_small(tensors) is None
+
+
+def test_save_pooled_writes_the_bytes_safetensors_writes_in_recycled_pages(monkeypatch):
+    monkeypatch.setattr(POOL, "released", False)  # as after SkipManager.init (an earlier test may have closed it)
+    tensors = {f"t{i}": _tensor(dtype, (3, 5), seed=i) for i, dtype in enumerate(DTYPES)}
+    tensors["big"] = torch.arange(3 << 20, dtype=torch.int32).reshape(-1, 1024).t()  # 12 MB, not contiguous
+    tensors["empty"] = torch.zeros(0, 4)
+    tensors["scalar"] = torch.tensor(2.5, dtype=torch.bfloat16)
+    expected = st_save({k: v.contiguous() for k, v in tensors.items()})
+    mapped, idle = POOL.mapped + POOL.reused, POOL.idle_bytes
+    data = save_pooled(tensors)
+    assert isinstance(data, memoryview) and data == expected
+    assert POOL.mapped + POOL.reused == mapped + 1  # the file's bytes live in a pooled mapping ...
+    loaded = st_load(bytes(data))
+    assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
+    del data
+    assert POOL.idle_bytes >= idle + len(expected)  # ... given back once the view is dropped
+    assert save_pooled({}) == st_save({})
+    assert save_pooled({"bad name/": torch.zeros(2)}) is None
+    assert save_pooled({"complex": torch.zeros(2, dtype=torch.complex64)}) is None
+
+
+def test_a_big_entry_of_format_safe_is_written_in_pooled_memory_and_reads_back_exactly():
+    fmt = SafeFormat()
+    value = {"ids": torch.randint(0, 150_000, (256, 4096)),  # narrowed to int32 (4 MB): a pooled tensor
+             "mask": torch.ones(256, 4096, dtype=torch.bool), "logp": torch.randn(256, 4096),
+             "flags": (torch.rand(64, 1 << 14) > 0.5)}  # bool, compressed through its own bytes
+    files = fmt.encode(fmt.freeze(value, copy=True))
+    assert isinstance(files["data.safetensors"], memoryview)
+    assert bytes(files["data.safetensors"]) == st_save(st_load(bytes(files["data.safetensors"])))
+    out = fmt.decode(dict(files))
+    assert out.keys() == value.keys() and all(torch.equal(out[k], v) for k, v in value.items())
+    assert all(out[k].dtype == v.dtype for k, v in value.items())
+
+
+def test_zstd_packs_the_tensors_own_bytes_whatever_their_shape_and_dtype():
+    for tensor in (torch.zeros(300, 400, dtype=torch.bool), torch.arange(1 << 17).reshape(64, -1).t(),
+                   torch.zeros(200, 300, dtype=torch.bfloat16)):
+        stored, info = compact.pack(tensor, "auto")
+        assert info is not None and stored.numel() < tensor.numel() * tensor.element_size() // 2
+        assert torch.equal(compact.unpack(stored, info), tensor.contiguous())
+    noise = torch.randint(0, 256, (1 << 21,), dtype=torch.uint8)  # a sample shows zstd cannot halve it
+    assert compact.pack(noise, "auto") == (noise, None)
 
 
 def _padded(dtype: torch.dtype, rows: int, width: int) -> torch.Tensor:
