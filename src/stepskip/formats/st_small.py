@@ -105,15 +105,14 @@ def save_pooled(tensors: Mapping[str, torch.Tensor]) -> memoryview | None:
     """The bytes ``safetensors.torch.save(tensors)`` writes, in recycled memory, or None when
     ``tensors`` is not plain (see :func:`save_small`).
 
-    The view is read-only to the caller's purposes and holds its pages until it is dropped; then
-    they serve the next file (or a hit's tensors).
+    The returned view keeps its pages until it is dropped (the store has written it by then); they
+    then serve the next file or a hit's tensors. Callers only read it.
 
     Example:
         >>> import torch
-        >>> from safetensors.torch import save
-        >>> t = {"a": torch.arange(3), "b": torch.ones(2, dtype=torch.bool)}
-        >>> save_pooled(t) == save(t)
-        True
+        >>> from safetensors.torch import load
+        >>> load(bytes(save_pooled({"ids": torch.arange(4)})))["ids"].tolist()
+        [0, 1, 2, 3]
     """
     if not _plain(tensors):
         return None
