@@ -99,9 +99,15 @@ class StoreCache:
         return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(self.path(rel), detail=False))
 
     def upload(self, local: Path, rel: str) -> None:
-        for path in sorted(local.rglob("*")):
-            if path.is_file():
-                self.put(f"{rel}/{path.relative_to(local)}", path.read_bytes())
+        files = {f"{rel}/{path.relative_to(local)}": path.read_bytes()
+                 for path in sorted(local.rglob("*")) if path.is_file()}
+        if self.is_local:
+            for name, data in files.items():
+                self.put(name, data)
+            return
+        # one filesystem (one S3 client) for the whole upload, where put() builds a fresh one per file
+        # (about a third of a second each on moto); the same objects, written by the same fsspec call
+        self.fs().pipe({self.path(name): data for name, data in files.items()})
 
 
 @pytest.fixture(scope="session")
