@@ -81,10 +81,17 @@ browser:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else echo "chromium is missing and cannot be installed here: the browser tests will skip"; fi; }
 
+# Two legs side by side (tools/test_legs.sh: Ray's tests in one, mypy and everything else in the
+# other); `make test PYTEST_ARGS=...` runs mypy, then pytest with those arguments alone.
+ifeq ($(VERL_ENV),1)
+LEGS_VERL := VERL_PY=$(abspath $(VERL_VENV))/bin/python UNIT_TD010='$(UNIT_TD010)'
+endif
+ifeq ($(strip $(PYTEST_ARGS)),)
+test: $(TEST_DEPS)
+	PY=$(PY) $(LEGS_VERL) tools/test_legs.sh
+else
 test: $(TEST_DEPS) typecheck
 	STEPSKIP_VERL_PYTHON=$(abspath $(VERL_VENV))/bin/python $(PY) -m pytest -q $(PYTEST_ARGS)
-ifeq ($(VERL_ENV),1)
-	$(UNIT_TD010)
 endif
 
 # Only the tensordict-0.10 leg of the unit suite.
