@@ -83,16 +83,20 @@ _TAG = "__t"
 def _is_plain(value: Any) -> bool:
     """True when ``json.dumps`` says ``value`` exactly: str-keyed dicts, lists and JSON scalars only."""
     kind = type(value)
-    if kind in _LEAVES:
+    if kind is dict:
+        for key in value:
+            if type(key) is not str:
+                return False
+        for item in value.values():
+            if type(item) not in _LEAVES and not _is_plain(item):
+                return False
         return True
     if kind is list:
-        return set(map(type, value)) <= _LEAVES or all(_is_plain(v) for v in value)
-    if kind is dict:
-        if not set(map(type, value)) <= {str}:
-            return False
-        values = value.values()
-        return set(map(type, values)) <= _LEAVES or all(_is_plain(v) for v in values)
-    return False
+        for item in value:
+            if type(item) not in _LEAVES and not _is_plain(item):
+                return False
+        return True
+    return kind in _LEAVES
 
 
 def _make_json() -> Callable[[Any], str]:
@@ -162,25 +166,37 @@ def _canonical(value: Any) -> Any:
 
 def _value_digest(value: Any) -> int:
     """64-bit digest of one value's content; plain JSON data takes the C encoder's fast path."""
+    kind = type(value)
+    if (kind is dict or kind is list) and not value:
+        return _EMPTY[kind]  # verl's tools_kwargs and interaction_kwargs: a {} per row
     if _is_plain(value):
         return xxhash.xxh3_64_intdigest(b"J" + _json(value).encode("ascii"))
     return xxhash.xxh3_64_intdigest(b"T" + _json(_canonical(value)).encode("ascii"))
 
 
-def _hash_objects(h: xxhash.xxh3_64, items: list[Any]) -> None:
-    """Hash a sequence of values, each distinct object once (by identity), the digest by content."""
-    types = set(map(type, items))
-    if types <= _LEAVES:  # uids, data sources, indices: one C call for the whole column
+
+_EMPTY = {kind: xxhash.xxh3_64_intdigest(b"J" + _json(kind()).encode("ascii")) for kind in (dict, list)}
+
+def _hash_objects(h: xxhash.xxh3_64, items: list[Any], column: np.ndarray | None = None) -> None:
+    """Hash a sequence of values, each distinct object once (by identity), the digest by content.
+
+    ``column``: the object array ``items`` came from, by which :func:`shared_object_digests`
+    finds the column's digests again without looking at its items."""
+    known = _column_memo(column)
+    leaves = known[1] if known is not None else set(map(type, items)) <= _LEAVES
+    if leaves:  # uids, data sources, indices: one C call for the whole column
         h.update(b"J" + _json(items).encode("ascii"))
         return
     h.update(b"O")
-    h.update(_item_digests(items).tobytes())
+    h.update((known[2] if known is not None else _item_digests(items, column)).tobytes())
 
 
-#: Inside :func:`shared_object_digests`: the bytes of a column's item ids -> (its items, their digests).
-#: The items are kept with their digests, so that no id can be reused by another object while the memo lives.
-_SHARED: ContextVar[dict[bytes, tuple[list[Any], np.ndarray]] | None] = ContextVar("stepskip_shared_digests",
-                                                                                  default=None)
+#: Inside :func:`shared_object_digests`: the bytes of a column's item ids, or the id of the column's
+#: object array, -> (its items or that array, whether every item is a JSON scalar, their digests).
+#: What a key names is kept with its digests, so that no id can be reused by another object while the
+#: memo lives.
+_SHARED: ContextVar[dict[bytes | int, tuple[Any, bool, np.ndarray]] | None] = ContextVar("stepskip_shared_digests",
+                                                                                       default=None)
 
 
 @contextmanager
@@ -188,8 +204,9 @@ def shared_object_digests() -> Iterator[None]:
     """Within this block, :func:`prompt_digest` and :func:`prompt_row_digests` hash each non-tensor
     column once between them (a miss records both digests of the same prompts).
 
-    The values are those computed without it; only the work is shared. Objects must not be
-    changed inside the block (the digests of a column of the same objects are reused).
+    The values are those computed without it; only the work is shared. Objects, and the object
+    arrays holding them, must not be changed inside the block (the digests of a column of the
+    same objects are reused).
 
     Example:
         >>> from stepskip import Batch
@@ -206,19 +223,34 @@ def shared_object_digests() -> Iterator[None]:
         _SHARED.reset(token)
 
 
-def _item_digests(items: list[Any]) -> np.ndarray:
+def _column_memo(column: np.ndarray | None) -> tuple[Any, bool, np.ndarray] | None:
+    memo = _SHARED.get()
+    if memo is None or column is None:
+        return None
+    return memo.get(id(column))  # the memo holds the array: no other object can have its id meanwhile
+
+
+def _item_digests(items: list[Any], column: np.ndarray | None = None) -> np.ndarray:
     """The content digest of each item, each distinct object (by identity) computed once; a column
-    seen before in the shared memo (the same objects in the same rows) is not looked at again."""
+    seen before in the shared memo (the same objects in the same rows, or the same ``column``
+    array they came from) is not looked at again."""
+    known = _column_memo(column)
+    if known is not None:
+        return known[2]
     ids = np.fromiter(map(id, items), dtype=np.uint64, count=len(items))
     memo = _SHARED.get()
     key = ids.tobytes() if memo is not None else b""
     if memo is not None and key in memo:
-        return memo[key][1]
+        return memo[key][2]
     distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    digests = np.fromiter((_value_digest(items[i]) for i in first.tolist()), dtype=np.uint64, count=len(distinct))
+    values = [items[i] for i in first.tolist()]
+    digests = np.fromiter(map(_value_digest, values), dtype=np.uint64, count=len(distinct))
     digests = digests[inverse.reshape(-1)]
     if memo is not None:
-        memo[key] = (items, digests)
+        leaves = set(map(type, values)) <= _LEAVES  # the distinct items have every type the column has
+        memo[key] = (items, leaves, digests)
+        if column is not None:
+            memo[id(column)] = (column, leaves, digests)
     return digests
 
 
@@ -230,7 +262,7 @@ def _hash_value(h: xxhash.xxh3_64, name: str, value: Any) -> None:
         h.update(np.ascontiguousarray(value).tobytes())
     elif isinstance(value, np.ndarray):
         h.update(f"{name}|object|{value.shape}|".encode())
-        _hash_objects(h, value.reshape(-1).tolist())
+        _hash_objects(h, value.reshape(-1).tolist(), value)
     elif type(value) is list:  # a NonTensorStack's rows
         h.update(f"{name}|list|{len(value)}|".encode())
         _hash_objects(h, value)
@@ -371,12 +403,13 @@ def _row_hash(name: str, part: torch.Tensor) -> int:
                                             .reshape(-1).numpy()), seed)
 
 
-def _object_row_digests(name: str, items: list[Any], rows: int) -> np.ndarray:
-    """64-bit content digest of each row's value, each distinct object computed once."""
+def _object_row_digests(name: str, items: list[Any], rows: int, column: np.ndarray | None = None) -> np.ndarray:
+    """64-bit content digest of each row's value, each distinct object computed once (``column``:
+    the object array ``items`` came from, see :func:`_hash_objects`)."""
     if len(items) != rows:
         raise ValueError(f"non-tensor column {name!r} has {len(items)} rows, the batch {rows}")
     seed = np.uint64(xxhash.xxh3_64_intdigest(f"{name}|".encode()))
-    return _item_digests(items) ^ seed
+    return _item_digests(items, column) ^ seed
 
 
 def prompt_row_digests(prompts: Any, exclude: Iterable[str] = ()) -> list[str]:
@@ -422,8 +455,10 @@ def prompt_row_digests(prompts: Any, exclude: Iterable[str] = ()) -> list[str]:
     if dataproto:
         for key in sorted(prompts.non_tensor_batch):
             if key not in skip:
-                column = np.asarray(prompts.non_tensor_batch[key], dtype=object).reshape(-1)
-                columns.append(_object_row_digests(key, column.tolist(), rows))
+                source = prompts.non_tensor_batch[key]
+                column = np.asarray(source, dtype=object).reshape(-1)
+                columns.append(_object_row_digests(key, column.tolist(), rows,
+                                                   source if isinstance(source, np.ndarray) else None))
     if not columns:
         return [DIGEST_PREFIX + xxhash.xxh3_64_hexdigest(b"")] * rows
     table = np.ascontiguousarray(np.stack(columns, axis=1))

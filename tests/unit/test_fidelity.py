@@ -272,3 +272,56 @@ def test_shared_object_digests_never_mistakes_a_new_object_at_a_freed_address():
             digests.append(prompt_digest(_verl_like_prompts(2, 2, tag=f" {i}"), ["uid"]))
     assert digests == [prompt_digest(_verl_like_prompts(2, 2, tag=f" {i}"), ["uid"]) for i in range(200)]
     assert len(set(digests)) == 200
+
+
+def _recorded_batch() -> Batch:
+    """verl-like prompts with a column of every kind of value the digest reads."""
+    batch = verl_like(n=3)
+    mixed = np.empty(9, dtype=object)
+    mixed[:] = [{}, [], {"a": {}}, [{}, []], {"s": {"a", "b"}, "t": ("x", 1)}, {"k": [1, 2.0, True, None, "x"]},
+                np.arange(3), {1: "a"}, "leaf"]
+    batch.non_tensor_batch["mixed"] = mixed
+    batch.non_tensor_batch["source"] = np.array(["openai/gsm8k"] * 9, dtype=object)
+    return batch
+
+
+#: Digests of :func:`_recorded_batch` computed by stepskip 0.2's fidelity code (the scheme stored in
+#: existing caches); a faster digest must give the same values, or recorded entries stop matching.
+RECORDED_DIGEST = "xxh3v2:d7eb783385a51e1b"
+RECORDED_ROW_DIGESTS = [
+    "xxh3v2:e2f657001aab6cd3",
+    "xxh3v2:716bbbfd11f0d265",
+    "xxh3v2:e45179762c319367",
+    "xxh3v2:d4734163c67416ec",
+    "xxh3v2:a202b63bc995ecf2",
+    "xxh3v2:29db32a6203c73dc",
+    "xxh3v2:55ac8d684df3c856",
+    "xxh3v2:733d5113148a9575",
+    "xxh3v2:ee23b0a484381ab1",
+]
+
+
+def test_digests_are_the_ones_recorded_caches_hold():
+    batch = _recorded_batch()
+    assert prompt_digest(batch, ["uid"]) == RECORDED_DIGEST
+    assert prompt_row_digests(batch, ["uid"]) == RECORDED_ROW_DIGESTS
+    with shared_object_digests():
+        assert prompt_row_digests(batch, ["uid"]) == RECORDED_ROW_DIGESTS
+        assert prompt_digest(batch, ["uid"]) == RECORDED_DIGEST
+
+
+def test_shared_object_digests_gives_each_column_made_inside_the_block_its_own_digests():
+    """The memo also finds a column by its object array: batches made and dropped inside one block
+    (CPython reuses freed addresses) each get the digests computed without it."""
+    expected = []
+    for i in range(100):
+        batch = _verl_like_prompts(2, 2, tag=f" {i}")
+        expected.append((prompt_row_digests(batch, ["uid"]), prompt_digest(batch, ["uid"])))
+    with shared_object_digests():
+        seen = []
+        for i in range(100):  # each batch, its arrays and objects die before the next is made
+            batch = _verl_like_prompts(2, 2, tag=f" {i}")
+            seen.append((prompt_row_digests(batch, ["uid"]), prompt_digest(batch, ["uid"])))
+            del batch
+    assert seen == expected
+    assert len({whole for _, whole in seen}) == 100
