@@ -1,0 +1,166 @@
+"""Big files written around the page cache (``O_DIRECT``): the same bytes, durable, the flag on
+for all but the last partial block.
+
+``os.write`` is wrapped (the real call still runs) to see which bytes went out with ``O_DIRECT`` set;
+the filesystem under ``tmp_path`` must take the flag (ext4 here; the tests skip elsewhere).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import mmap
+import os
+
+import pytest
+
+from stepskip import store as store_module
+from stepskip.store import LocalStore, _direct_write_bytes
+
+BIG = store_module.DIRECT_WRITE_BYTES or 4 << 20
+ALIGN = store_module._DIRECT_ALIGN
+
+
+@pytest.fixture
+def takes_direct_io(tmp_path) -> None:
+    probe = tmp_path / "probe"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+    except OSError:
+        pytest.skip("this filesystem takes no O_DIRECT")
+    finally:
+        os.close(fd)
+        probe.unlink()
+
+
+def _spy_writes(monkeypatch) -> dict[str, list[int]]:
+    """File name (by its fd's link in /proc) -> sizes written with O_DIRECT set; 0 for one without."""
+    real = os.write
+    seen: dict[str, list[int]] = {}
+
+    def write(fd, data):
+        direct = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT
+        written = real(fd, data)
+        seen.setdefault(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")), []).append(written if direct else 0)
+        return written
+
+    monkeypatch.setattr(store_module.os, "write", write)
+    return seen
+
+
+def _aligned(size: int) -> memoryview:
+    """``size`` bytes at a page-aligned address, as the page pool hands out."""
+    buffer = mmap.mmap(-1, size)
+    buffer.write(os.urandom(size))
+    return memoryview(buffer)
+
+
+SOURCES = {
+    "unaligned bytes, an odd tail": lambda: os.urandom(BIG + 1234),
+    "aligned, an odd tail": lambda: _aligned(BIG + 4096 * 3 + 17),
+    "aligned, whole blocks": lambda: _aligned(BIG + 4096),
+    "unaligned, several staging chunks": lambda: os.urandom(2 * store_module._DIRECT_STAGE_BYTES + BIG + 999),
+}
+
+
+@pytest.mark.parametrize("source", SOURCES.values(), ids=SOURCES.keys())
+def test_a_big_file_is_written_around_the_page_cache_and_reads_back_whole(tmp_path, takes_direct_io, source,
+                                                                          monkeypatch):
+    data = source()
+    writes = _spy_writes(monkeypatch)
+    store = LocalStore(str(tmp_path))
+    store.write_entry(f"{tmp_path}/run/1", {"data.safetensors": data, "data.json": b"{}"}, {"global_steps": 1})
+    assert sum(writes["data.safetensors"]) == len(data) - len(data) % ALIGN  # the tail goes through the cache
+    assert writes["data.json"] == [0] and writes["meta.json"] == [0]  # small files do
+    meta, files = store.read_entry(f"{tmp_path}/run/1")  # the checksum in meta.json is checked on read
+    assert files["data.safetensors"] == bytes(data)
+
+
+def test_a_batch_writes_its_big_entries_around_the_page_cache(tmp_path, takes_direct_io, monkeypatch):
+    data = os.urandom(BIG + 5)
+    writes = _spy_writes(monkeypatch)
+    store = LocalStore(str(tmp_path))
+    results = store.write_entries([(f"{tmp_path}/run/{i}", {"data.safetensors": data}, {"global_steps": i})
+                                   for i in range(2)])
+    assert all(isinstance(r, int) for r in results)
+    assert sum(writes["data.safetensors"]) == 2 * (len(data) - len(data) % ALIGN)
+    for i in range(2):
+        assert store.read_entry(f"{tmp_path}/run/{i}")[1]["data.safetensors"] == data
+
+
+def test_turned_off_a_big_file_goes_through_the_page_cache(tmp_path, takes_direct_io, monkeypatch):
+    monkeypatch.setattr(store_module, "DIRECT_WRITE_BYTES", 0)
+    writes = _spy_writes(monkeypatch)
+    data = os.urandom(BIG + 5)
+    store = LocalStore(str(tmp_path))
+    store.write_entry(f"{tmp_path}/run/1", {"data.safetensors": data}, {"global_steps": 1})
+    assert set(writes["data.safetensors"]) == {0}
+    assert store.read_entry(f"{tmp_path}/run/1")[1]["data.safetensors"] == data
+
+
+def test_a_filesystem_refusing_direct_io_gets_the_same_bytes(tmp_path, monkeypatch):
+    """A filesystem without direct I/O (some FUSE ones) refuses the flag with EINVAL (simulated)."""
+    real = fcntl.fcntl
+
+    def refusing(fd, cmd, arg=0):
+        if cmd == fcntl.F_SETFL and arg & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, cmd, arg)
+
+    monkeypatch.setattr(store_module.fcntl, "fcntl", refusing)
+    writes = _spy_writes(monkeypatch)
+    data = os.urandom(BIG + 77)
+    store = LocalStore(str(tmp_path))
+    store.write_entry(f"{tmp_path}/run/1", {"data.safetensors": data}, {"global_steps": 1})
+    assert set(writes["data.safetensors"]) == {0}
+    assert store.read_entry(f"{tmp_path}/run/1")[1]["data.safetensors"] == data
+
+
+def test_a_direct_write_refused_midway_finishes_through_the_page_cache(tmp_path, monkeypatch):
+    """A device wanting a stricter alignment refuses a direct write with EINVAL (simulated after the
+    first chunk): the rest of the file is written through the cache, the flag taken off first."""
+    real = os.write
+    direct_writes = []
+
+    def write(fd, data):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            direct_writes.append(len(data))
+            if len(direct_writes) > 1:
+                raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, data)
+
+    monkeypatch.setattr(store_module.os, "write", write)
+    data = os.urandom(2 * store_module._DIRECT_STAGE_BYTES + 3)
+    store = LocalStore(str(tmp_path))
+    store.write_entry(f"{tmp_path}/run/1", {"data.safetensors": data}, {"global_steps": 1})
+    assert len(direct_writes) == 2
+    assert store.read_entry(f"{tmp_path}/run/1")[1]["data.safetensors"] == data
+
+
+def test_other_write_errors_still_fail_the_entry(tmp_path, monkeypatch):
+    """A full disk during a direct write fails the entry as any write error does: nothing is published."""
+    real = os.write
+
+    def write(fd, data):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(store_module.os, "write", write)
+    store = LocalStore(str(tmp_path))
+    with pytest.raises(OSError) as err:
+        store.write_entry(f"{tmp_path}/run/1", {"data.safetensors": os.urandom(BIG)}, {"global_steps": 1})
+    assert err.value.errno == errno.ENOSPC
+    assert not (tmp_path / "run" / "1").exists()
+    assert list((tmp_path / "run").iterdir()) == []  # no temporary left behind
+
+
+@pytest.mark.parametrize(("text", "expected"), [("", 4 << 20), ("0", 0), ("1048576", 1 << 20), (" 42 ", 42),
+                                                ("-5", 0), ("4MiB", 4 << 20)])
+def test_the_threshold_comes_from_the_environment(monkeypatch, caplog, text, expected):
+    monkeypatch.setenv("STEPSKIP_DIRECT_WRITE_BYTES", text)
+    with caplog.at_level(logging.WARNING, logger="stepskip.store"):
+        assert _direct_write_bytes() == expected
+    assert ("not a number of bytes" in caplog.text) == (text == "4MiB")
