@@ -39,6 +39,7 @@ from typing import Any, Literal, TypeVar, cast, overload
 
 import xxhash
 
+from stepskip._env import env_bytes
 from stepskip.entries import FileBytes
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 
@@ -614,15 +615,8 @@ def _openat2_dir(dir_fd: int, relative: str) -> int | None:
 
 
 def _direct_write_bytes() -> int:
-    text = os.environ.get("STEPSKIP_DIRECT_WRITE_BYTES", "").strip()
-    if not text:
-        return 4 << 20
-    try:
-        return max(0, int(text))
-    except ValueError:
-        logger.warning("STEPSKIP_DIRECT_WRITE_BYTES=%r is not a number of bytes (e.g. 4194304, or 0 to write "
-                       "every file through the page cache); using 4 MiB", text[:40])
-        return 4 << 20
+    return env_bytes("STEPSKIP_DIRECT_WRITE_BYTES", 4 << 20,
+                     "e.g. 4194304, or 0 to write every file through the page cache", "using 4 MiB")
 
 
 #: Files of at least this many bytes are written with ``O_DIRECT`` where the filesystem takes it

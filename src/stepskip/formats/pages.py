@@ -36,6 +36,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from stepskip._env import env_bytes
+
 __all__ = ["PagePool", "POOL", "KEEP_BYTES", "MIN_BYTES"]
 
 #: Outputs smaller than this come from the ordinary allocator: glibc reuses freed heap for them.
@@ -47,15 +49,8 @@ logger = logging.getLogger(__name__)
 
 
 def _keep_bytes() -> int:
-    text = os.environ.get("STEPSKIP_KEEP_BYTES", "").strip()
-    if not text:
-        return 4 << 30
-    try:
-        return max(0, int(text))
-    except ValueError:
-        logger.warning("STEPSKIP_KEEP_BYTES=%r is not a number of bytes (e.g. 2147483648, or 0 to turn the "
-                       "page pool off); keeping at most 4 GiB of idle pages", text[:40])
-        return 4 << 30
+    return env_bytes("STEPSKIP_KEEP_BYTES", 4 << 30, "e.g. 2147483648, or 0 to turn the page pool off",
+                     "keeping at most 4 GiB of idle pages")
 
 
 KEEP_BYTES = _keep_bytes()

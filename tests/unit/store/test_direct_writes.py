@@ -90,17 +90,7 @@ def test_a_batch_writes_its_big_entries_around_the_page_cache(tmp_path, takes_di
         assert store.read_entry(f"{tmp_path}/run/{i}")[1]["data.safetensors"] == data
 
 
-def test_turned_off_a_big_file_goes_through_the_page_cache(tmp_path, takes_direct_io, monkeypatch):
-    monkeypatch.setattr(store_module, "DIRECT_WRITE_BYTES", 0)
-    writes = _spy_writes(monkeypatch)
-    data = os.urandom(BIG + 5)
-    store = LocalStore(str(tmp_path))
-    store.write_entry(f"{tmp_path}/run/1", {"data.safetensors": data}, {"global_steps": 1})
-    assert set(writes["data.safetensors"]) == {0}
-    assert store.read_entry(f"{tmp_path}/run/1")[1]["data.safetensors"] == data
-
-
-def test_a_filesystem_refusing_direct_io_gets_the_same_bytes(tmp_path, monkeypatch):
+def _refuse_direct_io(monkeypatch) -> None:
     """A filesystem without direct I/O (some FUSE ones) refuses the flag with EINVAL (simulated)."""
     real = fcntl.fcntl
 
@@ -110,6 +100,15 @@ def test_a_filesystem_refusing_direct_io_gets_the_same_bytes(tmp_path, monkeypat
         return real(fd, cmd, arg)
 
     monkeypatch.setattr(store_module.fcntl, "fcntl", refusing)
+
+
+OFF = {"turned off": lambda monkeypatch: monkeypatch.setattr(store_module, "DIRECT_WRITE_BYTES", 0),
+       "refused by the filesystem": _refuse_direct_io}
+
+
+@pytest.mark.parametrize("off", OFF.values(), ids=OFF.keys())
+def test_without_direct_io_a_big_file_goes_through_the_page_cache(tmp_path, monkeypatch, off):
+    off(monkeypatch)
     writes = _spy_writes(monkeypatch)
     data = os.urandom(BIG + 77)
     store = LocalStore(str(tmp_path))
