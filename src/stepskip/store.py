@@ -227,6 +227,11 @@ def checksum(data: FileBytes) -> str:
     return "xxh3_64:" + xxhash.xxh3_64_hexdigest(data)
 
 
+def _nbytes(data: FileBytes) -> int:
+    """The bytes a file of ``data`` holds (``len`` counts the items of a memoryview of wider items)."""
+    return data.nbytes if isinstance(data, memoryview) else len(data)
+
+
 # --------------------------------------------------------------------------- metadata checks
 
 
@@ -645,7 +650,8 @@ def _write_direct(fd: int, view: memoryview) -> memoryview:
     through the page cache (all of it where the filesystem refuses direct I/O).
 
     Data at an aligned address is written from where it lies; other data is copied through a
-    reused aligned buffer, a chunk at a time. ``fd``'s flags are as they were on return.
+    reused aligned buffer, a chunk at a time. ``fd``'s flags are as they were on return. A direct
+    write that fails leaves the rest to the page cache.
     """
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     try:
@@ -658,7 +664,9 @@ def _write_direct(fd: int, view: memoryview) -> memoryview:
         if not aligned:
             stage = getattr(_direct_stage, "buffer", None)
             if stage is None:
-                stage = _direct_stage.buffer = memoryview(mmap.mmap(-1, _DIRECT_STAGE_BYTES))
+                # private: a forked child writing its own entries gets its own copy, not these pages
+                mapping = mmap.mmap(-1, _DIRECT_STAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                stage = _direct_stage.buffer = memoryview(mapping)
         while len(view) >= _DIRECT_ALIGN:
             size = len(view) - len(view) % _DIRECT_ALIGN
             if stage is None:
@@ -671,9 +679,11 @@ def _write_direct(fd: int, view: memoryview) -> memoryview:
             view = view[written:]
             if written % _DIRECT_ALIGN:
                 break  # a short write off the alignment: the rest goes through the page cache
-    except OSError as err:
-        if err.errno != errno.EINVAL:  # a stricter alignment than 4 KiB: the rest goes through the cache
-            raise
+    except OSError:
+        # EINVAL: a stricter alignment than 4 KiB; others: memory or a file direct I/O cannot take. A
+        # failed write wrote nothing: the rest goes through the page cache, where a real error (a full
+        # disk) fails the entry as any write error does
+        pass
     finally:
         fcntl.fcntl(fd, fcntl.F_SETFL, flags)
     return view
@@ -1554,8 +1564,8 @@ class LocalStore(_EntryStore):
                     total = 0
                     for file_name, data in files.items():
                         fds.append(self._write_unsynced(fds[0], file_name, data))
-                        listing[file_name] = {"bytes": len(data), "checksum": checksum(data)}
-                        total += len(data)
+                        listing[file_name] = {"bytes": _nbytes(data), "checksum": checksum(data)}
+                        total += _nbytes(data)
                     meta_bytes = _meta_bytes(meta, listing)
                     fds.append(self._write_unsynced(fds[0], META_FILE, meta_bytes))
                     failed = _fsync_all(fds)  # every file and the directory, synced side by side
@@ -1705,8 +1715,8 @@ class LocalStore(_EntryStore):
             try:
                 for file_name, data in files.items():
                     fds.append(self._write_unsynced(tmp_fd, file_name, data))
-                    listing[file_name] = {"bytes": len(data), "checksum": checksum(data)}
-                    total += len(data)
+                    listing[file_name] = {"bytes": _nbytes(data), "checksum": checksum(data)}
+                    total += _nbytes(data)
                 meta_bytes = _meta_bytes(meta, listing)
                 fds.append(self._write_unsynced(tmp_fd, META_FILE, meta_bytes))
             except BaseException:
@@ -2161,7 +2171,7 @@ class FsspecStore(_EntryStore):
                 # fsspec's object stores take bytes (a pooled memoryview is copied once, next to an upload)
                 self.fs.pipe_file(self._p(f"{path}/{obj}"), data if isinstance(data, bytes) else bytes(data))
                 written.append(obj)
-                listing[name] = {"bytes": len(data), "checksum": checksum(data), "object": obj}
+                listing[name] = {"bytes": _nbytes(data), "checksum": checksum(data), "object": obj}
             keep, expired = self._retire(previous.meta, set(written))
             meta_bytes = _meta_bytes(meta, listing, keep)
             self.fs.pipe_file(self._p(f"{path}/{META_FILE}"), meta_bytes)

@@ -18,6 +18,8 @@ import pytest
 from stepskip import store as store_module
 from stepskip.store import LocalStore, _direct_write_bytes
 
+pytestmark = pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this platform")
+
 BIG = store_module.DIRECT_WRITE_BYTES or 4 << 20
 ALIGN = store_module._DIRECT_ALIGN
 
@@ -117,9 +119,11 @@ def test_without_direct_io_a_big_file_goes_through_the_page_cache(tmp_path, monk
     assert store.read_entry(f"{tmp_path}/run/1")[1]["data.safetensors"] == data
 
 
-def test_a_direct_write_refused_midway_finishes_through_the_page_cache(tmp_path, monkeypatch):
-    """A device wanting a stricter alignment refuses a direct write with EINVAL (simulated after the
-    first chunk): the rest of the file is written through the cache, the flag taken off first."""
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.EFAULT, errno.EOPNOTSUPP], ids=errno.errorcode.get)
+def test_a_direct_write_refused_midway_finishes_through_the_page_cache(tmp_path, takes_direct_io, monkeypatch, code):
+    """A device wanting a stricter alignment (EINVAL), or memory or a file direct I/O cannot take,
+    refuses a direct write (simulated after the first chunk): the rest of the file is written
+    through the cache, the flag taken off first."""
     real = os.write
     direct_writes = []
 
@@ -127,7 +131,7 @@ def test_a_direct_write_refused_midway_finishes_through_the_page_cache(tmp_path,
         if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
             direct_writes.append(len(data))
             if len(direct_writes) > 1:
-                raise OSError(errno.EINVAL, "Invalid argument")
+                raise OSError(code, os.strerror(code))
         return real(fd, data)
 
     monkeypatch.setattr(store_module.os, "write", write)
@@ -138,12 +142,12 @@ def test_a_direct_write_refused_midway_finishes_through_the_page_cache(tmp_path,
     assert store.read_entry(f"{tmp_path}/run/1")[1]["data.safetensors"] == data
 
 
-def test_other_write_errors_still_fail_the_entry(tmp_path, monkeypatch):
-    """A full disk during a direct write fails the entry as any write error does: nothing is published."""
+def test_a_full_disk_still_fails_the_entry(tmp_path, monkeypatch):
+    """A full disk fails the direct write and then the page cache's: nothing is published."""
     real = os.write
 
     def write(fd, data):
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("data.safetensors"):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(fd, data)
 
@@ -156,10 +160,34 @@ def test_other_write_errors_still_fail_the_entry(tmp_path, monkeypatch):
     assert list((tmp_path / "run").iterdir()) == []  # no temporary left behind
 
 
+def test_a_memoryview_of_wide_items_is_listed_by_its_bytes(tmp_path):
+    """A memoryview of float32 items is as many bytes as it holds, in meta.json's listing too."""
+    import numpy as np
+
+    values = np.arange(BIG // 4 + 3, dtype=np.float32)
+    store = LocalStore(str(tmp_path))
+    store.write_entry(f"{tmp_path}/run/1", {"data.safetensors": memoryview(values)}, {"global_steps": 1})
+    assert store.read_entry(f"{tmp_path}/run/1")[1]["data.safetensors"] == values.tobytes()
+
+
+def test_a_forked_child_gets_its_own_staging_buffer(tmp_path):
+    """The buffer unaligned data is copied through is private: a child's copy of it is not the parent's."""
+    store = LocalStore(str(tmp_path))
+    store.write_entry(f"{tmp_path}/run/0", {"data.safetensors": os.urandom(BIG + 1)}, {"global_steps": 0})
+    stage = store_module._direct_stage.buffer
+    before = bytes(stage[:16])
+    pid = os.fork()
+    if pid == 0:  # the child scribbles over its copy and leaves at once
+        stage[:16] = b"\xff" * 16
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert bytes(stage[:16]) == before
+
+
 @pytest.mark.parametrize(("text", "expected"), [("", 4 << 20), ("0", 0), ("1048576", 1 << 20), (" 42 ", 42),
                                                 ("-5", 0), ("4MiB", 4 << 20)])
 def test_the_threshold_comes_from_the_environment(monkeypatch, caplog, text, expected):
     monkeypatch.setenv("STEPSKIP_DIRECT_WRITE_BYTES", text)
-    with caplog.at_level(logging.WARNING, logger="stepskip.store"):
+    with caplog.at_level(logging.WARNING, logger="stepskip"):
         assert _direct_write_bytes() == expected
     assert ("not a number of bytes" in caplog.text) == (text == "4MiB")
