@@ -17,7 +17,7 @@ PY=${PY:-.venv/bin/python}
 export STEPSKIP_VERL_PYTHON=${VERL_PY:-}
 RAY_TESTS=(tests/integration/pipelines tests/integration/tq tests/integration/verl_real tests/integration/verl_env)
 # the rest as one tree with the Ray directories left out: collected directory by directory, as a
-# whole-suite run does (some test modules import helpers from their own directory's conftest)
+# whole-suite run does
 REST_TESTS=(tests/integration)
 for dir in "${RAY_TESTS[@]}"; do REST_TESTS+=("--ignore=$dir"); done
 
@@ -45,8 +45,11 @@ cat "$rest_log"
 
 failed=()
 [ $ray_status -eq 0 ] || failed+=("tests/integration with Ray")
-while IFS= read -r leg; do [ -n "$leg" ] && failed+=("$leg"); done < "$rest_failed" 2>/dev/null
-[ -f "$rest_failed" ] || failed+=("the rest leg (it did not finish)")
+if [ -f "$rest_failed" ]; then
+    while IFS= read -r leg; do [ -n "$leg" ] && failed+=("$leg"); done < "$rest_failed"
+else
+    failed+=("the rest leg (it did not finish)")
+fi
 rm -f "$rest_log" "$rest_failed"
 if [ ${#failed[@]} -gt 0 ]; then
     printf 'make test: FAILED: %s\n' "${failed[@]}"

@@ -31,11 +31,9 @@ s3_server = _storage.s3_server  # the storage suite's fixtures, as they are: one
 backend = _storage.backend
 
 from cli_caches import FIXTURE_RUN, V1_RUN, Loop, base_config, build_cache, prompts_for  # noqa: E402
+from store_runs import RECORDED_STEPS  # noqa: E402
 
 from stepskip import SkipManager  # noqa: E402
-
-RECORDED_RUN = "exp_proj/GBS4_N2_in8_out6"
-RECORDED_STEPS = [1, 2, 3, 4]
 
 
 @dataclass

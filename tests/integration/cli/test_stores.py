@@ -6,7 +6,7 @@ import json
 
 from cli_caches import FIXTURE_RUN, V1_RUN, rollout_batch
 from cli_run import stepskip
-from conftest import RECORDED_RUN, RECORDED_STEPS
+from store_runs import RECORDED_RUN, RECORDED_STEPS
 
 from stepskip.cli.content import value_digest
 from stepskip.index import CacheIndex

@@ -7,56 +7,11 @@ before a test changes them.
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-from typing import Any
-
 import pytest
 
 pytest.importorskip("trl")
 
-import stepskip  # noqa: E402
-
-SCRIPT = Path(__file__).with_name("trl_run.py")
-SRC = str(Path(stepskip.__file__).resolve().parents[1])
-TIMING = re.compile(r"(time|runtime|per_second)$")
-RUN_TIMEOUT = 900  # a hang guard only: a run takes ~15 s
-
-
-def run_trl(workdir: Path, skip: dict[str, Any] | None, ranks: int = 1, args: dict[str, Any] | None = None,
-            evaluate: bool = False, name: str = "run") -> Any:
-    """One training run; returns its result (a list, one per rank, when ``ranks > 1``) and its stderr."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    spec = {"output_dir": str(workdir / f"{name}-out"), "skip": skip, "args": args or {}, "eval": evaluate,
-            "destroy": ranks > 1}
-    spec_path, out = workdir / f"{name}.spec.json", workdir / f"{name}.json"
-    spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "HF_HUB_OFFLINE": "1",
-           "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, str(SCRIPT), str(spec_path), str(out)]
-    if ranks > 1:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-                   *command[1:]]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert proc.returncode == 0, f"run {name} failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
-    if ranks > 1:
-        results = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(ranks)]
-    else:
-        results = json.loads(out.read_text())
-    return results, proc.stderr
-
-
-def logs_without_timings(result: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in entry.items() if not TIMING.search(k)} for entry in result["log_history"]]
-
-
-def skip_section(dump_dir: Path, **fields: Any) -> dict[str, Any]:
-    return {"enable": True, "dump_dir": str(dump_dir), "steps": [1, 2, 3], **fields}
+from trl_support import run_trl, skip_section  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -74,17 +29,3 @@ def recording_2ranks(tmp_path_factory):
     results, _ = run_trl(work, skip_section(work / "cache"), ranks=2, args={"per_device_train_batch_size": 2},
                          name="record")
     return work / "cache", results
-
-
-def copy_cache(cache: Path, tmp_path: Path) -> Path:
-    target = tmp_path / "cache"
-    shutil.copytree(cache, target)
-    return target
-
-
-def entries(cache: Path) -> dict[int, list[str]]:
-    """``{step: [call-rank names]}`` of every trl_generate entry under ``cache``."""
-    out: dict[int, list[str]] = {}
-    for meta in cache.glob("*/*/trl_generate/*/*/meta.json"):
-        out.setdefault(int(meta.parent.parent.name), []).append(meta.parent.name)
-    return {step: sorted(names) for step, names in sorted(out.items())}

@@ -4,7 +4,7 @@ mapping, fidelity reports and failing dumps. Each run is a fresh process (``trl_
 from __future__ import annotations
 
 import pytest
-from conftest import copy_cache, entries, logs_without_timings, run_trl, skip_section
+from trl_support import copy_cache, entries, logs_without_timings, run_trl, skip_section
 
 pytestmark = pytest.mark.heavy
 

@@ -20,7 +20,7 @@ import json
 import shutil
 
 import pytest
-from conftest import copy_cache, entries, logs_without_timings, run_trl, skip_section
+from trl_support import copy_cache, entries, logs_without_timings, run_trl, skip_section
 
 pytestmark = pytest.mark.heavy
 
