@@ -117,6 +117,8 @@ def _make_json() -> Callable[[Any], str]:
 
 
 _json = _make_json()
+#: The digests of an empty dict and an empty list, as :func:`_value_digest` computes them.
+_EMPTY = {kind: xxhash.xxh3_64_intdigest(b"J" + _json(kind()).encode("ascii")) for kind in (dict, list)}
 
 
 def _tensor_hex(tensor: torch.Tensor) -> str:
@@ -173,9 +175,6 @@ def _value_digest(value: Any) -> int:
         return xxhash.xxh3_64_intdigest(b"J" + _json(value).encode("ascii"))
     return xxhash.xxh3_64_intdigest(b"T" + _json(_canonical(value)).encode("ascii"))
 
-
-
-_EMPTY = {kind: xxhash.xxh3_64_intdigest(b"J" + _json(kind()).encode("ascii")) for kind in (dict, list)}
 
 def _hash_objects(h: xxhash.xxh3_64, items: list[Any], column: np.ndarray | None = None) -> None:
     """Hash a sequence of values, each distinct object once (by identity), the digest by content.

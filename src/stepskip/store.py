@@ -615,7 +615,6 @@ def _openat2_dir(dir_fd: int, relative: str) -> int | None:
     return None
 
 
-
 # --------------------------------------------------------------------------- big files around the page cache
 
 
@@ -1560,14 +1559,7 @@ class LocalStore(_EntryStore):
             try:
                 fds = [os.open(tmp, _O_DIR, dir_fd=parent_fd)]
                 try:
-                    listing: dict[str, dict[str, Any]] = {}
-                    total = 0
-                    for file_name, data in files.items():
-                        fds.append(self._write_unsynced(fds[0], file_name, data))
-                        listing[file_name] = {"bytes": _nbytes(data), "checksum": checksum(data)}
-                        total += _nbytes(data)
-                    meta_bytes = _meta_bytes(meta, listing)
-                    fds.append(self._write_unsynced(fds[0], META_FILE, meta_bytes))
+                    total = self._write_files(fds[0], files, meta, fds)
                     failed = _fsync_all(fds)  # every file and the directory, synced side by side
                     if failed:
                         raise next(iter(failed.values()))
@@ -1577,7 +1569,7 @@ class LocalStore(_EntryStore):
                 if not self._publish(parent_fd, tmp, name, path, overwrite):
                     return 0
                 _fsync_dir(parent_fd)
-                return total + len(meta_bytes)
+                return total
             finally:
                 _remove_at(parent_fd, tmp)  # gone already when published
         finally:
@@ -1710,25 +1702,34 @@ class LocalStore(_EntryStore):
         fds: list[int] = []
         try:
             tmp_fd = os.open(tmp, _O_DIR, dir_fd=parent_fd)
-            listing: dict[str, dict[str, Any]] = {}
-            total = 0
             try:
-                for file_name, data in files.items():
-                    fds.append(self._write_unsynced(tmp_fd, file_name, data))
-                    listing[file_name] = {"bytes": _nbytes(data), "checksum": checksum(data)}
-                    total += _nbytes(data)
-                meta_bytes = _meta_bytes(meta, listing)
-                fds.append(self._write_unsynced(tmp_fd, META_FILE, meta_bytes))
+                total = self._write_files(tmp_fd, files, meta, fds)
             except BaseException:
                 os.close(tmp_fd)
                 raise
             fds.append(tmp_fd)
-            return parent_fd, tmp, name, path, total + len(meta_bytes), fds
+            return parent_fd, tmp, name, path, total, fds
         except BaseException:
             for fd in fds:
                 os.close(fd)
             _remove_at(parent_fd, tmp)
             raise
+
+    @classmethod
+    def _write_files(cls, dir_fd: int, files: Mapping[str, FileBytes], meta: Mapping[str, Any],
+                     fds: list[int]) -> int:
+        """Create an entry's files and its ``meta.json`` (their sizes and checksums listed) in ``dir_fd``,
+        unsynced, each fd appended to ``fds`` once open; the bytes written."""
+        listing: dict[str, dict[str, Any]] = {}
+        total = 0
+        for file_name, data in files.items():
+            fds.append(cls._write_unsynced(dir_fd, file_name, data))
+            size = _nbytes(data)
+            listing[file_name] = {"bytes": size, "checksum": checksum(data)}
+            total += size
+        meta_bytes = _meta_bytes(meta, listing)
+        fds.append(cls._write_unsynced(dir_fd, META_FILE, meta_bytes))
+        return total + len(meta_bytes)
 
     @classmethod
     def _write_file(cls, dir_fd: int, name: str, data: bytes) -> None:

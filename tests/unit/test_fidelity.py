@@ -285,7 +285,7 @@ def _recorded_batch() -> Batch:
     return batch
 
 
-#: Digests of :func:`_recorded_batch` computed by stepskip 0.2's fidelity code (the scheme stored in
+#: Digests of :func:`_recorded_batch` computed by the fidelity code of commit 6eea3ce (the xxh3v2 scheme stored in
 #: existing caches); a faster digest must give the same values, or recorded entries stop matching.
 RECORDED_DIGEST = "xxh3v2:d7eb783385a51e1b"
 RECORDED_ROW_DIGESTS = [

@@ -80,6 +80,28 @@ def test_a_big_file_is_written_around_the_page_cache_and_reads_back_whole(tmp_pa
     assert files["data.safetensors"] == bytes(data)
 
 
+def test_format_safes_pooled_tensor_file_goes_to_the_disk_uncopied(tmp_path, takes_direct_io, monkeypatch):
+    """The tensor file format ``safe`` builds in the page pool is page-aligned: it is written from
+    where it lies, never through the staging buffer. (The pool is in service between
+    ``SkipManager.init`` and ``close``; an earlier test's ``close`` released it.)"""
+    import threading
+
+    import torch
+
+    from stepskip.formats.pages import POOL
+    from stepskip.formats.st_small import save_pooled
+
+    monkeypatch.setattr(POOL, "released", False)
+    data = save_pooled({"ids": torch.arange(BIG // 8 + 7, dtype=torch.int64)})
+    monkeypatch.setattr(store_module, "_direct_stage", threading.local())  # no buffer made yet, here
+    writes = _spy_writes(monkeypatch)
+    store = LocalStore(str(tmp_path))
+    store.write_entry(f"{tmp_path}/run/1", {"data.safetensors": data}, {"global_steps": 1})
+    assert sum(writes["data.safetensors"]) == len(data) - len(data) % ALIGN
+    assert not hasattr(store_module._direct_stage, "buffer")
+    assert store.read_entry(f"{tmp_path}/run/1")[1]["data.safetensors"] == bytes(data)
+
+
 def test_a_batch_writes_its_big_entries_around_the_page_cache(tmp_path, takes_direct_io, monkeypatch):
     data = os.urandom(BIG + 5)
     writes = _spy_writes(monkeypatch)
