@@ -232,6 +232,12 @@ def _nbytes(data: FileBytes) -> int:
     return data.nbytes if isinstance(data, memoryview) else len(data)
 
 
+def _contiguous(data: FileBytes) -> FileBytes:
+    """``data`` as one run of bytes: a strided or Fortran-ordered memoryview copied in C order (what
+    ``tobytes`` reads, as ``bytes(view)`` would); anything else as it is, uncopied."""
+    return data.tobytes() if isinstance(data, memoryview) and not data.c_contiguous else data
+
+
 # --------------------------------------------------------------------------- metadata checks
 
 
@@ -658,9 +664,8 @@ def _write_direct(fd: int, view: memoryview) -> memoryview:
     except OSError:  # EINVAL: a filesystem without direct I/O (some FUSE ones)
         return view
     try:
-        aligned = _address(view) % _DIRECT_ALIGN == 0
         stage: memoryview | None = None
-        if not aligned:
+        if len(view) >= _DIRECT_ALIGN and _address(view) % _DIRECT_ALIGN:
             stage = getattr(_direct_stage, "buffer", None)
             if stage is None:
                 # private: a forked child writing its own entries gets its own copy, not these pages
@@ -1723,6 +1728,7 @@ class LocalStore(_EntryStore):
         listing: dict[str, dict[str, Any]] = {}
         total = 0
         for file_name, data in files.items():
+            data = _contiguous(data)  # the bytes written and checksummed are the same ones
             fds.append(cls._write_unsynced(dir_fd, file_name, data))
             size = _nbytes(data)
             listing[file_name] = {"bytes": size, "checksum": checksum(data)}
@@ -2165,14 +2171,17 @@ class FsspecStore(_EntryStore):
         token = uuid.uuid4().hex[:12]
         listing: dict[str, dict[str, Any]] = {}
         written: list[str] = []
+        total = 0
         try:
             for name, data in files.items():
+                data = _contiguous(data)
                 stem, dot, suffix = name.partition(".")
                 obj = f"{stem}.{token}{dot}{suffix}"
                 # fsspec's object stores take bytes (a pooled memoryview is copied once, next to an upload)
                 self.fs.pipe_file(self._p(f"{path}/{obj}"), data if isinstance(data, bytes) else bytes(data))
                 written.append(obj)
                 listing[name] = {"bytes": _nbytes(data), "checksum": checksum(data), "object": obj}
+                total += _nbytes(data)
             keep, expired = self._retire(previous.meta, set(written))
             meta_bytes = _meta_bytes(meta, listing, keep)
             self.fs.pipe_file(self._p(f"{path}/{META_FILE}"), meta_bytes)
@@ -2188,7 +2197,7 @@ class FsspecStore(_EntryStore):
                 self._delete_object(path, obj)
             except OSError as err:  # left for a later writer or remove_leftovers
                 logger.debug("could not delete replaced object %s/%s: %s", path, obj, err)
-        return sum(len(d) for d in files.values()) + len(meta_bytes)
+        return total + len(meta_bytes)
 
     def _retire(self, previous: Mapping[str, Any] | None, new: set[str]) -> tuple[dict[str, float], list[str]]:
         """Which objects of the replaced entry stay (``retired``, with when) and which may go now.

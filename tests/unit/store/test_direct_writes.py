@@ -20,8 +20,14 @@ from stepskip.store import LocalStore, _direct_write_bytes
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this platform")
 
-BIG = store_module.DIRECT_WRITE_BYTES or 4 << 20
+BIG = 4 << 20
 ALIGN = store_module._DIRECT_ALIGN
+
+
+@pytest.fixture(autouse=True)
+def default_threshold(monkeypatch) -> None:
+    """The default threshold, whatever ``STEPSKIP_DIRECT_WRITE_BYTES`` says where the tests run."""
+    monkeypatch.setattr(store_module, "DIRECT_WRITE_BYTES", BIG)
 
 
 @pytest.fixture
@@ -182,14 +188,120 @@ def test_a_full_disk_still_fails_the_entry(tmp_path, monkeypatch):
     assert list((tmp_path / "run").iterdir()) == []  # no temporary left behind
 
 
-def test_a_memoryview_of_wide_items_is_listed_by_its_bytes(tmp_path):
-    """A memoryview of float32 items is as many bytes as it holds, in meta.json's listing too."""
+def test_a_memoryview_of_wide_items_is_written_and_listed_by_its_bytes(tmp_path, takes_direct_io, monkeypatch):
+    """A memoryview of float32 items is as many bytes as it holds: written by bytes (its items
+    number more than the threshold, so the direct path slices it), and listed so in meta.json."""
     import numpy as np
 
-    values = np.arange(BIG // 4 + 3, dtype=np.float32)
+    values = np.arange(BIG + 3, dtype=np.float32)
+    writes = _spy_writes(monkeypatch)
     store = LocalStore(str(tmp_path))
     store.write_entry(f"{tmp_path}/run/1", {"data.safetensors": memoryview(values)}, {"global_steps": 1})
-    assert store.read_entry(f"{tmp_path}/run/1")[1]["data.safetensors"] == values.tobytes()
+    assert sum(writes["data.safetensors"]) == values.nbytes - values.nbytes % ALIGN
+    meta, files = store.read_entry(f"{tmp_path}/run/1")
+    assert files["data.safetensors"] == values.tobytes()
+    assert meta["files"]["data.safetensors"]["bytes"] == values.nbytes
+
+
+def _strided(size: int) -> memoryview:
+    import numpy as np
+
+    return memoryview(np.frombuffer(os.urandom(2 * size), dtype=np.uint8))[::2]
+
+
+def _fortran(rows: int) -> memoryview:
+    import numpy as np
+
+    return memoryview(np.asfortranarray(np.frombuffer(os.urandom(rows * 16), dtype=np.int32).reshape(rows, 4)))
+
+
+STRIDED = {"every other byte, big": lambda: _strided(BIG + 5), "every other byte, small": lambda: _strided(333),
+           "fortran order, big": lambda: _fortran(BIG // 4 + 3)}
+
+
+@pytest.mark.parametrize("source", STRIDED.values(), ids=STRIDED.keys())
+def test_a_memoryview_that_is_not_one_run_of_bytes_is_written_in_c_order(tmp_path, source):
+    """A strided or Fortran-ordered memoryview is stored as ``tobytes`` reads it, on a local disk and
+    in an object store, its checksum and size those of the bytes written."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from stepskip.store import FsspecStore
+
+    view = source()
+    assert not view.c_contiguous
+    expected = view.tobytes()
+    stores = [(LocalStore(str(tmp_path)), f"{tmp_path}/run/1"),
+              (FsspecStore(MemoryFileSystem(), root=f"memory://strided-{os.getpid()}-{id(view)}"),
+               f"memory://strided-{os.getpid()}-{id(view)}/run/1")]
+    for store, path in stores:
+        total = store.write_entry(path, {"data.safetensors": view}, {"global_steps": 1})
+        meta, files = store.read_entry(path)
+        assert files["data.safetensors"] == expected
+        assert meta["files"]["data.safetensors"]["bytes"] == len(expected)
+        assert total > len(expected)  # the data and its meta.json
+
+
+CUTS = {"whole blocks": lambda size: max(ALIGN, size // 3 - size // 3 % ALIGN),
+        "off the blocks": lambda size: max(1, size // 3 + 123)}
+
+
+@pytest.mark.parametrize("cut", CUTS.values(), ids=CUTS.keys())
+def test_short_writes_still_write_every_byte_once(tmp_path, takes_direct_io, monkeypatch, cut):
+    """A write may take fewer bytes than it was given (a signal, a device limit): what it did not
+    take is written next, whether the cut falls on a block boundary or not, for an aligned and an
+    unaligned source."""
+    real = os.write
+    cuts = []
+
+    def short(fd, data):
+        view = memoryview(data).cast("B")
+        size = min(len(view), cut(len(view)))
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        if size % ALIGN:  # the device took part of a block: as if the flag were off for this one write
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+        try:
+            taken = real(fd, view[:size])
+        finally:
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+        cuts.append(taken < len(view))
+        return taken
+
+    monkeypatch.setattr(store_module.os, "write", short)
+    store = LocalStore(str(tmp_path))
+    for i, data in enumerate([os.urandom(2 * store_module._DIRECT_STAGE_BYTES + 4097), _aligned(BIG + 3 * ALIGN + 9)]):
+        store.write_entry(f"{tmp_path}/run/{i}", {"data.safetensors": data}, {"global_steps": i})
+        assert store.read_entry(f"{tmp_path}/run/{i}")[1]["data.safetensors"] == bytes(data)
+    assert any(cuts)
+
+
+def test_threads_writing_big_entries_at_once_each_use_their_own_staging_buffer(tmp_path, takes_direct_io):
+    """Unaligned big files from several threads at once: each thread copies through its own buffer
+    (``os.write`` lets the others run while one buffer is written out), so every file reads back as
+    its own bytes."""
+    import threading
+
+    store = LocalStore(str(tmp_path))
+    datas = [os.urandom(2 * store_module._DIRECT_STAGE_BYTES + 1 + i) for i in range(4)]
+    start = threading.Barrier(len(datas))
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        try:
+            start.wait()
+            for round_ in range(3):
+                store.write_entry(f"{tmp_path}/run/{i}-{round_}", {"data.safetensors": datas[i]}, {"global_steps": i})
+        except BaseException as err:  # re-raised below, in the test's thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(len(datas))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    for i, data in enumerate(datas):
+        for round_ in range(3):
+            assert store.read_entry(f"{tmp_path}/run/{i}-{round_}")[1]["data.safetensors"] == data
 
 
 def test_a_forked_child_gets_its_own_staging_buffer(tmp_path):
