@@ -12,20 +12,20 @@ Only for hunting such tests: it is never loaded by ``make test``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from typing import Any
 
 from stepskip.worker import DumpWorker
 
 DELAY_S = 0.3
-_submit = DumpWorker.submit
+_take = DumpWorker._take
 
 
-def _late_submit(self: DumpWorker, job: Callable[[], None]) -> None:
-    def late() -> None:
-        time.sleep(DELAY_S)
-        job()
+def _late_take(self: DumpWorker) -> Any:
+    """The worker's next job (or batch of one group's jobs), handed over ``DELAY_S`` late: the jobs
+    themselves stay as submitted (a group looks at its jobs, not only calls them)."""
+    batch = _take(self)
+    time.sleep(DELAY_S)
+    return batch
 
-    _submit(self, late)
 
-
-DumpWorker.submit = _late_submit  # type: ignore[method-assign]
+DumpWorker._take = _late_take  # type: ignore[method-assign]

@@ -3,8 +3,11 @@
 A reader fed hostile bytes must end in a value or a typed error; a segfault, a hang or a
 ``MemoryError`` is a failure. Such failures cannot be caught in-process (a segfault kills
 pytest), so the cases run in one fresh interpreter: before each case it writes the case number
-to a progress file (so a crash names the case that caused it), arms ``alarm(timeout)``, resets
-the peak-RSS counter and decodes; afterwards it records the outcome and the peak extra memory.
+to a progress file (so a crash names the case that caused it), arms a timer of ``timeout`` seconds
+of the child's CPU time (``ITIMER_PROF``: on a loaded machine, waiting for a core does not count
+as hanging), resets the peak-RSS counter and decodes; afterwards it records the outcome and the
+peak extra memory. A decoder stuck without spinning (a lock) is caught by ``total_timeout``, wall
+time for the whole child.
 ``RLIMIT_AS`` is set to the interpreter's size after imports plus ``headroom``, so an
 allocation beyond the decode bound fails instead of exhausting the machine.
 """
@@ -50,11 +53,11 @@ class Hang(Exception):
     pass
 
 
-def on_alarm(signum, frame):
+def on_timer(signum, frame):
     raise Hang()
 
 
-signal.signal(signal.SIGALRM, on_alarm)
+signal.signal(signal.SIGPROF, on_timer)
 with open(progress_path, "a") as progress:
     for i, (fmt, files) in enumerate(cases):
         progress.write(json.dumps({"start": i}) + "\n")
@@ -62,7 +65,7 @@ with open(progress_path, "a") as progress:
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")
         before = status("VmRSS")
-        signal.alarm(timeout)
+        signal.setitimer(signal.ITIMER_PROF, timeout)
         try:
             get_format(fmt).decode(dict(files), consume=True)
             outcome = "value"
@@ -81,7 +84,7 @@ with open(progress_path, "a") as progress:
         except BaseException as err:  # noqa: BLE001 - an escape is what the test looks for
             outcome = f"escaped {type(err).__name__}: {str(err)[:200]}"
         finally:
-            signal.alarm(0)
+            signal.setitimer(signal.ITIMER_PROF, 0)
         peak = status("VmHWM") - before
         progress.write(json.dumps({"done": i, "outcome": outcome, "peak": peak}) + "\n")
         progress.flush()
@@ -107,7 +110,7 @@ class ChildReport:
 
 
 def decode_isolated(cases: list[tuple[str, dict[str, bytes]]], headroom: int = 1 << 30, timeout: int = 20,
-                    total_timeout: int = 300) -> ChildReport:
+                    total_timeout: int = 900) -> ChildReport:
     """Decode each ``(format, files)`` case in one child process; see the module docstring."""
     with tempfile.TemporaryDirectory() as tmp:
         cases_path = Path(tmp) / "cases.pkl"

@@ -27,15 +27,17 @@ def committed_steps(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.parametrize("kill_after", [3, 8])
-def test_a_killed_match_recorder_leaves_a_consistent_index(tmp_path, kill_after):
+def test_a_killed_match_recorder_leaves_a_consistent_index(tmp_path, tmp_path_factory, kill_after):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(HERE)])}
-    child = subprocess.Popen([sys.executable, str(HERE / "_match_writer.py"), str(tmp_path)], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = tmp_path_factory.mktemp("writer-log") / "stderr"  # a file, not a pipe: a chatty child never blocks
+    with open(log, "wb") as err:
+        child = subprocess.Popen([sys.executable, str(HERE / "_match_writer.py"), str(tmp_path)], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=err)
     run_dir = tmp_path / "default_experiment_name_default_project_name" / "GBS4_N0_in2_out128"
     deadline = time.monotonic() + 300  # a bound on waiting for the event, not an assertion on time
     try:
         while len(committed_steps(run_dir)) < kill_after:
-            assert child.poll() is None, child.stderr.read().decode()[-2000:] if child.stderr else ""
+            assert child.poll() is None, log.read_text(errors="replace")[-2000:]
             assert time.monotonic() < deadline, "the recorder committed nothing"
             time.sleep(0.01)
     finally:

@@ -115,7 +115,7 @@ def test_processes_writing_one_entry_leave_exactly_one_complete_entry(tmp_path):
             p.start()
         start.set()
         for p in procs:
-            p.join(60)
+            p.join(300)
         assert [p.exitcode for p in procs] == [0] * 5
         store = LocalStore()
         probe = store.probe(path)

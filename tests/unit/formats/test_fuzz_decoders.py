@@ -222,7 +222,7 @@ def test_fuzzed_entries_end_in_a_value_or_a_typed_error() -> None:
         assert len(found) >= 50, (label, len(found))
         cases += [(fmt, files) for files in found]
         labels += [label] * len(found)
-    report = decode_isolated(cases, headroom=DECODE_FLOOR + (768 << 20), timeout=20, total_timeout=240)
+    report = decode_isolated(cases, headroom=DECODE_FLOOR + (768 << 20), timeout=20)
     crashed = None if report.crashed_on is None else (labels[report.crashed_on], cases[report.crashed_on])
     assert report.returncode == 0, (report.returncode, crashed, report.stderr)
     assert len(report.outcomes) == len(cases)

@@ -631,7 +631,7 @@ def test_function_error_propagates_and_dumps_nothing(tmp_path):
     SkipManager.set_step(1)
     with pytest.raises(RuntimeError, match="engine crashed"):
         generate(None, make_prompts(PROMPTS))
-    assert SkipManager.flush(timeout=30)
+    assert SkipManager.flush(timeout=300)
     assert not step_dir(tmp_path, 1).exists()
     assert stat("dumps") == 0 and stat("dump_failures") == 0
 
@@ -697,7 +697,7 @@ def test_dump_into_unwritable_location_returns_result(tmp_path, async_dump, capl
     loop = Loop()
     SkipManager.set_step(1)
     assert_batch_equal(loop.generate_sequences(make_prompts(PROMPTS)), make_output(1))
-    assert SkipManager.flush(timeout=30)
+    assert SkipManager.flush(timeout=300)
     assert loop.calls == [1]
     assert stat("dump_failures") == 1
     assert stat("dumps") == 0
@@ -743,7 +743,7 @@ def test_unstorable_result_is_returned_and_counted(tmp_path, async_dump, caplog)
 
     SkipManager.set_step(1)
     assert generate(None, make_prompts(["a", "b"])) is result
-    assert SkipManager.flush(timeout=30)
+    assert SkipManager.flush(timeout=300)
     assert stat("dump_failures") == 1
     assert stat("dumps") == 0
     errors = [r.getMessage() for r in caplog.records if r.name.startswith("stepskip") and r.levelno >= logging.ERROR]
@@ -793,7 +793,7 @@ def test_async_dump_snapshots_result_at_return_time(tmp_path, monkeypatch, fmt):
     out.meta_info["timing"]["gen"] = -5.0
     out.meta_info["added"] = True
     release.set()
-    assert SkipManager.flush(timeout=30)
+    assert SkipManager.flush(timeout=300)
     assert stat("dumps") == 1
 
     SkipManager.init(make_config(tmp_path, steps=[1], action="replay", **fields))
@@ -846,7 +846,7 @@ def test_flush_timeout_reports_pending_dumps(tmp_path, monkeypatch):
     assert SkipManager.flush(timeout=0.01) is False  # the write is held: flush cannot finish in time
     assert not step_dir(tmp_path, 1).exists()
     release.set()
-    assert SkipManager.flush(timeout=30) is True
+    assert SkipManager.flush(timeout=300) is True
     assert (step_dir(tmp_path, 1) / "meta.json").is_file()
 
 

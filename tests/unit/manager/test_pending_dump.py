@@ -13,7 +13,7 @@ import torch
 from stepskip import Batch, SkipManager
 from stepskip.roles.rollout import RolloutSkip
 
-WAIT_S = 60  # only reached when the behaviour under test is broken (a hang guard, not a timing)
+WAIT_S = 300  # only reached when the behaviour under test is broken (a hang guard, not a timing)
 
 
 class Loop:

@@ -48,7 +48,7 @@ def as_unprivileged(fn: Callable[[], None]) -> str | None:
 
     proc = context.Process(target=child)
     proc.start()
-    proc.join(60)
+    proc.join(300)
     assert proc.exitcode == 0
     kind, value = receive.recv()
     assert kind == "ok", value

@@ -42,7 +42,7 @@ NAMES = list(FILES)
 # --------------------------------------------------------------------------- helpers
 
 
-def in_child(fn: Callable[[], Any], timeout: float = 60.0, extra_memory: int = 512 << 20) -> Any:
+def in_child(fn: Callable[[], Any], timeout: float = 300.0, extra_memory: int = 512 << 20) -> Any:
     """Run ``fn`` in a forked child limited to its current address space plus ``extra_memory``;
     return its result, or fail when it hangs or dies."""
     context = multiprocessing.get_context("fork")

@@ -427,7 +427,7 @@ def _run_threads(targets: list[Any]) -> list[BaseException]:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=30)
+        t.join(timeout=300)
     assert not any(t.is_alive() for t in threads), "a thread hung"
     return errors
 
@@ -525,7 +525,7 @@ def test_reader_racing_overwrites_sees_missing_or_one_complete_entry(tmp_path: P
         errors = _run_threads([writer(i) for i in range(writers)])
     finally:
         writers_done.set()
-        reader_thread.join(timeout=30)
+        reader_thread.join(timeout=300)
     assert not reader_thread.is_alive()
     assert not errors, errors
     assert not wrong, wrong
