@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import collections
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,9 +106,10 @@ class DumpWorker:
                 and self._queued_bytes + item.nbytes <= self._small_budget)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted job has finished; False if ``timeout`` ran out first."""
+        """Wait until every submitted job has finished, those still waiting for room in the queue
+        included; False if ``timeout`` ran out first."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._pending == 0, timeout=timeout)
+            return self._cond.wait_for(lambda: self._pending == 0 and not self._waiting, timeout=timeout)
 
     @property
     def pending(self) -> int:
@@ -167,6 +169,17 @@ def default_worker() -> DumpWorker:
             if _default is None:
                 _default = DumpWorker()
     return _default
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: the parent's queue and thread are not this process's (no thread runs its
+    jobs here, and a lock may have been held at the fork); a dump made here gets a worker of its own."""
+    global _default, _default_lock
+    _default = None
+    _default_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 @atexit.register

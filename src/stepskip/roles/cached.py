@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -69,6 +71,8 @@ _RETRY_SECONDS = 0.05
 #: A reused directory listing is taken afresh at least this often (seconds), whatever the
 #: directory's version says (see :meth:`CachedRole.listed_steps`).
 LISTING_MAX_AGE = 30.0
+#: At most this many probes of hits are kept for the reads that follow them (see ``_take_probe``).
+_HIT_PROBES_MAX = 256
 #: The clock of :data:`LISTING_MAX_AGE` (a module attribute so tests can move it).
 _monotonic = time.monotonic
 #: ``action: match`` reads the hint documents of a run directory once at least this many of its
@@ -95,6 +99,18 @@ def _prompt_digest(prompts: Any, exclude: Iterable[str]) -> str | None:
     from stepskip.fidelity import prompt_digest  # hashes tensors: torch loads with the first dump
 
     return prompt_digest(prompts, exclude)
+
+
+def _forget_dumps_after_fork() -> None:
+    """In a forked child: the parent's queued dumps are not this process's to wait for (no thread
+    here finishes them; a lock may have been held at the fork)."""
+    for role in list(_ROLES):
+        role._pending = {}
+        role._pending_lock, role._hint_lock, role._index_lock = threading.Lock(), threading.Lock(), threading.Lock()
+
+
+_ROLES: weakref.WeakSet[CachedRole] = weakref.WeakSet()
+os.register_at_fork(after_in_child=_forget_dumps_after_fork)
 
 
 class CachedRole(BaseSkip):
@@ -135,6 +151,7 @@ class CachedRole(BaseSkip):
         self._warned: set[tuple[str, ...]] = set()
         self._pending: dict[str, threading.Event] = {}  # entry path -> its background dump finished
         self._pending_lock = threading.Lock()
+        _ROLES.add(self)
         self._index: Any = None  # the prompt index of ``action: match``, built on first use
         self._hints_read: set[str] = set()  # run directories whose hint documents (or digest tables) were read
         # the listed entries a digest table covers, not indexed yet: read when a live prompt's key points
@@ -161,9 +178,10 @@ class CachedRole(BaseSkip):
         # monotonic time listed, writes seen), for _match_listing's first listing
         self._seed: tuple[str, Any, frozenset[str], float, int] | None = None
         self._index_lock = threading.Lock()
-        # the probe meet_precondition took of a present entry, for the read that follows (one slot: a
-        # read only uses it for the same path, and the store uses it only while meta.json is that same file)
-        self._hit_probe: tuple[str, Probe] | None = None
+        # entry path -> the probe meet_precondition took of it (present), for the read that follows. Keyed
+        # by path, so calls in flight at once (the async role) do not take each other's; one of another
+        # call at the same path serves as well: the store uses a probe only while meta.json is that file
+        self._hit_probes: dict[str, Probe] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -248,7 +266,8 @@ class CachedRole(BaseSkip):
         return self.layout.step_dir(step)
 
     def listed_steps(self) -> list[int]:
-        """Steps that have a directory (one listing; nothing is read or validated).
+        """Steps that have a directory, and those this run's queued dumps will write (one listing;
+        nothing is read or validated).
 
         On local disk the parsed listing is reused while all of these hold: the directory's version
         (device, inode, mtime and ctime) is what it was, that mtime was already
@@ -260,6 +279,20 @@ class CachedRole(BaseSkip):
         Only names are reused: every candidate is still validated when it is chosen. The first listing
         of a run is the one the start-up clean-up took (:meth:`clean_up`), under the same rules.
         """
+        return self._with_queued(self._listed_on_disk())
+
+    def _with_queued(self, listed: list[int]) -> list[int]:
+        """``listed`` with the steps of this run's dumps still queued: ``repeat`` and ``random`` see a
+        step dumped in the background as they would a synchronous dump (validating it waits for it)."""
+        if not self._pending:
+            return listed
+        own = self.project_dump_dir + "/"
+        with self._pending_lock:
+            names = [p[len(own):].split("/", 1)[0] for p in self._pending if p.startswith(own)]
+        queued = {step for step in map(Layout.parse_step, names) if step is not None}
+        return sorted(queued.union(listed)) if not queued.issubset(listed) else listed
+
+    def _listed_on_disk(self) -> list[int]:
         path = self.project_dump_dir
         version = self.store.dir_version(path)
         cached = self._listing
@@ -276,9 +309,10 @@ class CachedRole(BaseSkip):
         listed_at, listed_mono = time.time_ns(), _monotonic()
         steps = (Layout.parse_step(name) for name in self.store.list_dir(path))
         listed = sorted(s for s in steps if s is not None)
-        if (settled(version, listed_at) and self.store.dir_version(path) == version
-                and writes == self._writes_seen):  # no write of ours finished while we listed
-            self._listing = ((path, version), tuple(listed), listed_mono)
+        if settled(version, listed_at) and self.store.dir_version(path) == version:
+            with self._pending_lock:  # as _forget_listing changes them: no write of ours finished while we listed
+                if writes == self._writes_seen:
+                    self._listing = ((path, version), tuple(listed), listed_mono)
         return listed
 
     def _forget_listing(self) -> None:
@@ -378,7 +412,10 @@ class CachedRole(BaseSkip):
             hit = self._exact_step_usable(step)
         else:
             self._refuse_unreadable(step)  # the exact step would be regenerated over: never
-            hit = self.resolve_load_step(step) != -1
+            # repeat: a damaged exact step is reported and regenerated, as under cache, not passed over
+            # for another step in silence (a missing one is passed over: seed §2.3)
+            hit = not (action is SkipAction.REPEAT and self._exact_step_damaged(step)) \
+                and self.resolve_load_step(step) != -1
         if not hit:
             self.stats.add(misses=1)
             logger.info("%s miss: step %d has no usable entry under %s; generating and dumping it",
@@ -393,13 +430,24 @@ class CachedRole(BaseSkip):
         if probe.state is EntryState.DAMAGED:
             self._report_corrupt(step, path, probe.reason)
         if probe.state is EntryState.PRESENT:
-            self._hit_probe = (path, probe)
+            if len(self._hit_probes) >= _HIT_PROBES_MAX:  # probes of hits whose read never came
+                self._hit_probes.clear()
+            self._hit_probes[path] = probe
         return probe.state is EntryState.PRESENT
 
     def _take_probe(self, path: str) -> Probe | None:
-        """The probe :meth:`meet_precondition` just took of ``path``, once (None for another path)."""
-        held, self._hit_probe = self._hit_probe, None
-        return held[1] if held is not None and held[0] == path else None
+        """The probe :meth:`meet_precondition` took of ``path``, once (None when there is none)."""
+        return self._hit_probes.pop(path, None)
+
+    def _exact_step_damaged(self, step: int) -> bool:
+        """Whether ``step``'s own entry is damaged (looked at twice; reported when it is)."""
+        path = self.step_dump_dir(step)
+        if self._probe(path).state is not EntryState.DAMAGED:
+            return False
+        probe = self._probe_settled(path)
+        if probe.state is EntryState.DAMAGED:
+            self._report_corrupt(step, path, probe.reason)
+        return probe.state is EntryState.DAMAGED
 
     def _refuse_unreadable(self, step: int) -> None:
         for probe in self._probes(step):
@@ -1231,13 +1279,20 @@ class CachedRole(BaseSkip):
         done = threading.Event()
         with self._pending_lock:
             self._pending[path] = done
-        dump = _Dump(self, path, step, frozen, meta, done)
-        nbytes = _small_size(frozen)
-        # consecutive small dumps are committed together (fsyncs batched) where the store can, unless a
-        # subclass writes its own way
-        batches = nbytes is not None and hasattr(self.store, "write_entries") and type(self)._write is CachedRole._write
-        group = self._write_batch if batches else None
-        default_worker().submit(dump, nbytes=nbytes, group=group)
+        try:
+            dump = _Dump(self, path, step, frozen, meta, done)
+            nbytes = _small_size(frozen)
+            # consecutive small dumps are committed together (fsyncs batched) where the store can, unless a
+            # subclass writes its own way
+            batches = nbytes is not None and hasattr(self.store, "write_entries") \
+                and type(self)._write is CachedRole._write
+            group = self._write_batch if batches else None
+            default_worker().submit(dump, nbytes=nbytes, group=group)
+        except BaseException as err:  # never queued (no thread to start, an interrupt): nothing waits for it
+            self._finish_dump(path, done)
+            if not isinstance(err, Exception):
+                raise
+            self._dump_failed(step, path, err)  # the dump boundary: training goes on
 
     def _finish_dump(self, path: str, done: threading.Event) -> None:
         self._forget_listing()  # every queued write ends here, batched or not
