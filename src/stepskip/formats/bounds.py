@@ -132,7 +132,11 @@ def jagged_problem(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.T
         return None
     if lengths.dim() != 1 or lengths.numel() != offsets.numel() - 1 or lengths.dtype not in (torch.int32, torch.int64):
         return f"lengths must be {offsets.numel() - 1} int32/int64 values, not {lengths.dtype} {list(lengths.shape)}"
-    if lengths.numel() and (bool((lengths < 0).any()) or int((offsets[:-1] + lengths).max()) > total):
+    # each bounded before any sum: stored values near 2**63 would wrap the int64 sum and pass the check
+    if int(offsets[-1]) > total:
+        return f"offsets end at {int(offsets[-1])}, past the {total} values"
+    if lengths.numel() and (bool((lengths < 0).any()) or int(lengths.max()) > total
+                            or int((offsets[:-1] + lengths).max()) > total):
         return f"lengths reach past the {total} values"
     return None
 

@@ -320,6 +320,11 @@ def _decode_inline_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype
     return result.view(dtype) if dtype in _BITS else result
 
 
+#: What one row of a stored-run trim costs while it decodes, beyond its output: its runs as int64
+#: arrays (left, right, their sum, lval, rval) and as Python lists of ints (four, 36 bytes an item).
+_RUN_ROW_BYTES = 5 * 8 + 4 * 36
+
+
 def _decode_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budget: DecodeBudget,
                  field: str) -> torch.Tensor:
     rows, width, bits_dtype = _trim_header(node, dtype, field)
@@ -330,8 +335,9 @@ def _decode_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budge
                                     f"not {part.dtype} of shape {list(part.shape)}")
         if name != "values" and part.numel() != rows:
             raise CorruptEntryError(f"{TREE}: {field}.{name}: {part.numel()} values for {rows} rows")
-    # the output, the two run masks and the column index, charged before any of them exists
-    budget.charge(rows * width * (dtype.itemsize + 2) + width * 8, TREE, field)
+    # the output, the two run masks and the column index, and per row its runs widened and listed (four
+    # int64 arrays, a sum, four Python lists of ints): charged before any of them exists
+    budget.charge(rows * width * (dtype.itemsize + 2) + width * 8 + rows * _RUN_ROW_BYTES, TREE, field)
     left = parts["left"].numpy().astype(np.int64)
     right = parts["right"].numpy().astype(np.int64)
     if rows and not _runs_fit(left, right, width):

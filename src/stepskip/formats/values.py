@@ -252,7 +252,29 @@ def _from_bytes(data: dict[str, Any], dtype: np.dtype, count: int, field: str) -
         raise CorruptEntryError(f"{_TREE}: {field}: the recorded bytes are not base64: {err}") from err
     if len(buffer) != count * dtype.itemsize:
         raise CorruptEntryError(f"{_TREE}: {field}: {len(buffer)} bytes for {count} {dtype} values")
+    if dtype.kind == "U" and buffer and int(np.frombuffer(buffer, dtype=np.uint32).max()) > _MAX_CODE_POINT:
+        # numpy would hold them, and fail (SystemError) when anything reads one back
+        raise CorruptEntryError(f"{_TREE}: {field}: text values with characters past U+10FFFF")
     return np.frombuffer(buffer, dtype=dtype).copy()
+
+
+_MAX_CODE_POINT = 0x10FFFF
+#: A set's or dict's recorded keys may share a hash at most this often: ints that are multiples of
+#: 2**61 - 1 all hash to 0, and a hostile entry listing many would make building the set quadratic.
+_MAX_SHARED_HASH = 16
+
+
+def _hash_spread(keys: list[Any], field: str) -> list[Any]:
+    """``keys``, checked to spread over hashes before a set or dict is built of them."""
+    if len(keys) > _MAX_SHARED_HASH:
+        counts: dict[int, int] = {}
+        for key in keys:
+            code = hash(key)
+            counts[code] = counts.get(code, 0) + 1
+            if counts[code] > _MAX_SHARED_HASH:
+                raise CorruptEntryError(f"{_TREE}: {field}: more than {_MAX_SHARED_HASH} recorded keys of one "
+                                        "set or dict share a hash (an entry built to make decoding slow)")
+    return keys
 
 
 def decode_value(data: Any, get_tensor: TensorSource = _no_source, budget: DecodeBudget | None = None,
@@ -278,8 +300,10 @@ def decode_value(data: Any, get_tensor: TensorSource = _no_source, budget: Decod
     if tag is None:
         return {k: decode_value(v, get_tensor, budget, field) for k, v in data.items()}
     if tag == "dict":
-        return {decode_value(k, get_tensor, budget, field): decode_value(v, get_tensor, budget, field)
-                for k, v in data["v"]}
+        pairs = [(decode_value(k, get_tensor, budget, field), decode_value(v, get_tensor, budget, field))
+                 for k, v in data["v"]]
+        _hash_spread([k for k, _ in pairs], field)
+        return dict(pairs)
     if tag == "tuple":
         return tuple(decode_value(v, get_tensor, budget, field) for v in data["v"])
     if tag == "ndarray":
@@ -290,7 +314,7 @@ def decode_value(data: Any, get_tensor: TensorSource = _no_source, budget: Decod
             budget.charge(dtype.itemsize, _TREE, field)
         if "b64" in data:
             return _from_bytes(data, dtype, 1, field)[0]
-        return _array_from_items([data["v"]], dtype)[0]
+        return _array_from_items([data["v"]], dtype, field)[0]
     if tag == "tensor":
         return get_tensor(data["ref"])
     if tag == "rows":
@@ -298,9 +322,9 @@ def decode_value(data: Any, get_tensor: TensorSource = _no_source, budget: Decod
     if tag == "bytes":
         return base64.b64decode(data["v"])
     if tag == "set":
-        return {decode_value(v, get_tensor, budget, field) for v in data["v"]}
+        return set(_hash_spread([decode_value(v, get_tensor, budget, field) for v in data["v"]], field))
     if tag == "frozenset":
-        return frozenset(decode_value(v, get_tensor, budget, field) for v in data["v"])
+        return frozenset(_hash_spread([decode_value(v, get_tensor, budget, field) for v in data["v"]], field))
     # intact bytes of a newer stepskip, or damage: the reader tells them apart by the entry's checksums
     raise CorruptEntryError(f"{_TREE}: {field}: unknown value tag {str(tag)[:40]!r} (written by a newer stepskip?)")
 
@@ -320,7 +344,7 @@ def _decode_array(data: dict[str, Any], get_tensor: TensorSource, budget: Decode
     if not isinstance(items, list) or len(items) != count:
         raise CorruptEntryError(f"{_TREE}: {field}: {len(items) if isinstance(items, list) else 'no'} items "
                                 f"for shape {list(shape)}")
-    return _array_from_items(items, dtype).reshape(shape)
+    return _array_from_items(items, dtype, field).reshape(shape)
 
 
 _ROW_INTS = frozenset({torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32,
@@ -363,10 +387,24 @@ def _decode_rows(data: dict[str, Any], get_tensor: TensorSource, budget: DecodeB
     return [flat[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-def _array_from_items(items: list[Any], dtype: np.dtype) -> np.ndarray:
-    if dtype.kind == "S":
+def _array_from_items(items: list[Any], dtype: np.dtype, field: str) -> np.ndarray:
+    """The array of ``dtype`` holding ``items`` (as many as the budget was charged for, each one value).
+
+    Checked first, as numpy would otherwise size the array by the items: a list among them adds a
+    dimension, and text under an unsized text dtype (``<U0``, what an empty ``np.str_`` records)
+    widens every item to the longest one.
+    """
+    kind = dtype.kind
+    if kind in "US":
+        if any(type(v) is not str for v in items):
+            raise CorruptEntryError(f"{_TREE}: {field}: {dtype} values recorded as something other than text")
+        if dtype.itemsize == 0 and any(items):
+            raise CorruptEntryError(f"{_TREE}: {field}: a text dtype without a length ({dtype}) holds only empty text")
+    elif kind != "c" and any(type(v) not in (int, float, bool) for v in items):
+        raise CorruptEntryError(f"{_TREE}: {field}: {dtype} values recorded as something other than numbers")
+    if kind == "S":
         return np.array([base64.b64decode(v) for v in items], dtype=dtype)
-    if dtype.kind == "c":
+    if kind == "c":
         return np.array([complex(r, i) for r, i in items], dtype=dtype)
     return np.array(items, dtype=dtype)
 
