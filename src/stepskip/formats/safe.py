@@ -376,7 +376,12 @@ class _Decoder:
             raise CorruptEntryError(f"{TREE_FILE}: {field}: tensor {str(ref)[:40]!r} is not in {TENSORS_FILE} "
                                     "(or another field already used it)")
         info = self.packed.get(ref)
-        return stored if info is None else unpack(stored, info, self.budget, f"packed[{ref!r}]")
+        out = stored if info is None else unpack(stored, info, self.budget, f"packed[{ref!r}]")
+        if out.dtype == torch.bool and out.numel() and int(out.view(torch.uint8).max()) > 1:
+            # a bool is the byte 0 or 1: kernels given any other byte give undefined results
+            raise CorruptEntryError(f"{TREE_FILE}: {field}: bool tensor {str(ref)[:40]!r} holds bytes other "
+                                    "than 0 and 1")
+        return out
 
     def getter(self, field: str) -> Callable[[str], torch.Tensor]:
         return lambda ref: self.tensor(ref, field)

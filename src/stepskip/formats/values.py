@@ -255,6 +255,8 @@ def _from_bytes(data: dict[str, Any], dtype: np.dtype, count: int, field: str) -
     if dtype.kind == "U" and buffer and int(np.frombuffer(buffer, dtype=np.uint32).max()) > _MAX_CODE_POINT:
         # numpy would hold them, and fail (SystemError) when anything reads one back
         raise CorruptEntryError(f"{_TREE}: {field}: text values with characters past U+10FFFF")
+    if dtype.kind == "b" and buffer and max(buffer) > 1:
+        raise CorruptEntryError(f"{_TREE}: {field}: bool values recorded as bytes other than 0 and 1")
     return np.frombuffer(buffer, dtype=dtype).copy()
 
 

@@ -130,3 +130,17 @@ def test_jagged_lengths_that_wrap_the_int64_sum_are_refused() -> None:
     assert jagged_problem(values, torch.tensor([0, 3, 5]), torch.tensor([2**63 - 1, 1]), 1) is not None
     assert jagged_problem(values, torch.tensor([0, 3, 8]), torch.tensor([2, 2]), 1) is None
 
+
+
+def test_bool_bytes_other_than_0_and_1_are_refused(base) -> None:
+    """A bool is the byte 0 or 1; kernels handed any other byte give undefined results. Refused in a
+    stored tensor and in a numpy array's recorded bytes."""
+    files = FMT.encode(FMT.freeze({"mask": torch.tensor([True, False, True])}, copy=True))
+    raw = bytearray(files["data.safetensors"])
+    raw[raw.rindex(b"\x01\x00\x01")] = 7  # the tensor's first byte
+    with pytest.raises(CorruptEntryError, match="bytes other than 0 and 1"):
+        FMT.decode(dict(files, **{"data.safetensors": bytes(raw)}))
+    assert FMT.decode(files)["mask"].tolist() == [True, False, True]
+    raw = base64.b64encode(b"\x00\x02").decode()
+    with pytest.raises(CorruptEntryError, match="bytes other than 0 and 1"):
+        decoded_x(with_value(base, {"__t": "ndarray", "dtype": "|b1", "shape": [2], "b64": raw}))
