@@ -410,12 +410,13 @@ class CachedRole(BaseSkip):
             hit = False  # every call generates: each is a miss
         elif action is SkipAction.CACHE:
             hit = self._exact_step_usable(step)
+        elif action is SkipAction.REPEAT:
+            # a damaged exact step is reported and regenerated, as under cache, not passed over for
+            # another step in silence (a missing one is passed over: seed §2.3)
+            hit = not self._exact_step_damaged(step) and self.resolve_load_step(step) != -1
         else:
             self._refuse_unreadable(step)  # the exact step would be regenerated over: never
-            # repeat: a damaged exact step is reported and regenerated, as under cache, not passed over
-            # for another step in silence (a missing one is passed over: seed §2.3)
-            hit = not (action is SkipAction.REPEAT and self._exact_step_damaged(step)) \
-                and self.resolve_load_step(step) != -1
+            hit = self.resolve_load_step(step) != -1
         if not hit:
             self.stats.add(misses=1)
             logger.info("%s miss: step %d has no usable entry under %s; generating and dumping it",
@@ -440,11 +441,17 @@ class CachedRole(BaseSkip):
         return self._hit_probes.pop(path, None)
 
     def _exact_step_damaged(self, step: int) -> bool:
-        """Whether ``step``'s own entry is damaged (looked at twice; reported when it is)."""
+        """Whether ``step``'s own entry is damaged (reported when it is): one probe when it is not, a
+        second before calling it damaged (it may be mid-replacement). Flat entries only: ``rollout_tq``
+        decides its steps in its own :meth:`meet_precondition`.
+
+        Raises:
+            UnreadableEntryError: the entry is intact but cannot be used here (it is kept, never regenerated over).
+        """
         path = self.step_dump_dir(step)
-        if self._probe(path).state is not EntryState.DAMAGED:
-            return False
         probe = self._probe_settled(path)
+        if probe.state is EntryState.UNREADABLE:
+            raise self._unreadable(probe.reason)
         if probe.state is EntryState.DAMAGED:
             self._report_corrupt(step, path, probe.reason)
         return probe.state is EntryState.DAMAGED
