@@ -320,8 +320,9 @@ def _decode_inline_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype
     return result.view(dtype) if dtype in _BITS else result
 
 
-#: What one row of a stored-run trim costs while it decodes, beyond its output: its runs as int64
-#: arrays (left, right, their sum, lval, rval) and as Python lists of ints (four, 36 bytes an item).
+#: What one row of a stored-run trim costs while it decodes, beyond its output and its mask: its runs
+#: as int64 arrays (left, right, their sum, lval, rval, three run counts, the run pattern), the rows
+#: whose runs hold their own values, and for a single row its runs as Python ints.
 _RUN_ROW_BYTES = 5 * 8 + 4 * 36
 
 
@@ -335,9 +336,9 @@ def _decode_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budge
                                     f"not {part.dtype} of shape {list(part.shape)}")
         if name != "values" and part.numel() != rows:
             raise CorruptEntryError(f"{TREE}: {field}.{name}: {part.numel()} values for {rows} rows")
-    # the output, the two run masks and the column index, and per row its runs widened and listed (four
-    # int64 arrays, a sum, four Python lists of ints): charged before any of them exists
-    budget.charge(rows * width * (dtype.itemsize + 2) + width * 8 + rows * _RUN_ROW_BYTES, TREE, field)
+    # the output and its one-byte mask of middles, and per row its runs widened and counted (int64
+    # arrays, their sums, Python ints for a single row): charged before any of them exists
+    budget.charge(rows * width * (dtype.itemsize + 1) + rows * _RUN_ROW_BYTES, TREE, field)
     left = parts["left"].numpy().astype(np.int64)
     right = parts["right"].numpy().astype(np.int64)
     if rows and not _runs_fit(left, right, width):
@@ -351,18 +352,12 @@ def _decode_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budge
                                    for p in (values, parts["lval"].numpy(), parts["rval"].numpy())):
         raise CorruptEntryError(f"{TREE}: {field}: a bool tensor's values are 0 or 1")  # any other byte is no bool
     lval, rval = parts["lval"].numpy().astype(target), parts["rval"].numpy().astype(target)
-    if rows == 1 or width >= ROW_COPY_MIN_WIDTH:  # each row by slices (one row: an entry per sample)
-        out = POOL.array((rows, width), target)
-        if rows:
-            _fill_rows(out.reshape(-1), width, left.tolist(), right.tolist(), lval.tolist(), rval.tolist(), values)
-    else:  # narrow rows: per-row Python work would dominate, so the vectorised rebuild
-        columns = np.arange(width)
-        in_left = columns < left[:, None]
-        out = np.where(in_left, lval[:, None], rval[:, None])
-        if values.size:  # masks are all runs: nothing in the middle
-            keep = np.logical_not(in_left, out=in_left)  # reuse the buffer: peak memory matters on load
-            keep &= columns < (width - right)[:, None]
-            out[keep] = values
+    out = POOL.array((rows, width), target)
+    if rows == 1:  # an entry per sample: the row's three slices
+        _fill_rows(out.reshape(-1), width, left.tolist(), right.tolist(), lval.tolist(), rval.tolist(), values)
+    elif rows:
+        _fill_masked(out.reshape(-1), width, left, right, lval, rval, values, lambda n: budget.charge(
+            n, TREE, field))
     result = torch.from_numpy(out)
     return result.view(dtype) if dtype in _BITS else result
 
@@ -396,6 +391,47 @@ def _fill_rows(flat: Any, width: int, left: list[int], right: list[int], lval: l
         flat[middle:start + width] = r_value
         start += width
         taken += kept
+
+
+#: Run patterns of a trimmed row, as :func:`_fill_masked` spells them: its left run, its middle, its right run.
+_MIDDLE = np.array([False, True, False])
+#: :func:`_fill_masked` writes rows whose runs hold their own values one by one while there are at
+#: most one per this many output elements (a few slice writes cost about what a masked pass over
+#: this many elements does); more, and it writes every run by a second masked pass.
+_ODD_RUN_ELEMENTS = 512
+
+
+def _fill_masked(flat: np.ndarray, width: int, left: np.ndarray, right: np.ndarray, lval: np.ndarray,
+                 rval: np.ndarray, values: np.ndarray, charge: Callable[[int], None]) -> None:
+    """Write a trimmed tensor of many rows: one fill with the common run value, one masked copy of the
+    middles, then the runs of the rows whose run values differ (position ids' right runs).
+
+    Every call is one numpy operation over the whole output, which releases the GIL: the codec pool
+    rebuilds a hit's tensors side by side, where per-row slice writes (:func:`_fill_rows`) hold the
+    GIL for a few microseconds each and the pool's threads would take turns. The mask is one byte
+    per output element (charged by the caller). ``left``/``right`` are int64 arrays the caller checked
+    (the runs fit the width, the values fill the middles); ``lval``/``rval`` are of ``flat``'s dtype.
+    ``charge`` is given the bytes of the run values listed out when the second masked pass needs them.
+    """
+    rows = left.size
+    counts = np.empty((rows, 3), dtype=np.int64)
+    counts[:, 0], counts[:, 2] = left, right
+    np.subtract(width - left, right, out=counts[:, 1])
+    keep = np.repeat(np.tile(_MIDDLE, rows), counts.reshape(-1))
+    common = lval[0]
+    odd = np.flatnonzero(((lval != common) & (left > 0)) | ((rval != common) & (right > 0)))
+    if odd.size * _ODD_RUN_ELEMENTS > flat.size:  # many rows with runs of their own: the runs by a mask too
+        charge((flat.size - values.size) * flat.itemsize)
+        flat[keep] = values
+        np.logical_not(keep, out=keep)
+        flat[keep] = np.repeat(np.stack([lval, rval], axis=1).reshape(-1), counts[:, ::2].reshape(-1))
+        return
+    flat.fill(common)
+    flat[keep] = values
+    for i, l_count, r_count in zip(odd.tolist(), left[odd].tolist(), right[odd].tolist()):
+        start = i * width
+        flat[start:start + l_count] = lval[i]
+        flat[start + width - r_count:start + width] = rval[i]
 
 
 #: (key, rows, width, dtype) of every candidate tensor -> the checks :func:`find_concat` makes for it.

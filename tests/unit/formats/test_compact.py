@@ -62,7 +62,7 @@ def test_round_trip_is_bit_exact(rows, width, dtype, seed):
 
 @pytest.mark.parametrize("threshold", [1, 10**9], ids=["row-copy", "vectorised"])
 def test_both_trim_rebuilds_are_bit_exact(monkeypatch, threshold):
-    """Wide rows are rebuilt row by row, narrow ones with masks: both give the encoded tensor back."""
+    """Wide rows' middles are gathered row by row, narrow ones' with masks: both give the tensor back."""
     from stepskip.formats import compact
 
     monkeypatch.setattr(compact, "ROW_COPY_MIN_WIDTH", threshold)
@@ -78,6 +78,61 @@ def test_both_trim_rebuilds_are_bit_exact(monkeypatch, threshold):
     t = padded(32, 1024, torch.int64, 5)
     out, node = round_trip(t)
     assert node["enc"] == "trim" and torch.equal(out, t)
+
+
+def position_like(rows: int, width: int, own_runs: int, seed: int) -> torch.Tensor:
+    """Left-padded rows of 0 whose right runs repeat each row's last position, as position ids do;
+    ``own_runs`` rows get left runs of their own value too."""
+    gen = torch.Generator().manual_seed(seed)
+    left = torch.randint(0, width // 2, (rows,), generator=gen)
+    right = torch.randint(0, width // 2, (rows,), generator=gen)
+    out = torch.zeros(rows, width, dtype=torch.int64)
+    for i in range(rows):
+        middle = width - int(left[i]) - int(right[i])
+        out[i, int(left[i]):width - int(right[i])] = torch.arange(middle) + 1
+        out[i, width - int(right[i]):] = middle + i  # a value of the row's own
+        if i < own_runs:
+            out[i, :int(left[i])] = -1 - i
+    return out
+
+
+@pytest.mark.parametrize("odd_run_elements", [None, 1, 10**9], ids=["real", "row-by-row-runs", "masked-runs"])
+@pytest.mark.parametrize("rows,width,own_runs", [(2, 3, 2), (64, 513, 0), (64, 513, 5), (300, 6, 300),
+                                                 (40, 1024, 40)])
+def test_many_rows_rebuild_every_run_value(monkeypatch, odd_run_elements, rows, width, own_runs):
+    """Rows decode by masked passes: the runs that differ from the first row's left run are written
+    after the middles, one row at a time or by a second mask, and both give the tensor back."""
+    from stepskip.formats import compact
+
+    if odd_run_elements is not None:
+        monkeypatch.setattr(compact, "_ODD_RUN_ELEMENTS", odd_run_elements)
+    t = position_like(rows, width, own_runs, seed=rows + width)
+    for dtype in (torch.int64, torch.int16, torch.float32):
+        tensor = t.to(dtype)
+        out, node = round_trip(tensor)
+        assert node["enc"] == "trim", node
+        assert out.dtype == dtype and torch.equal(bits(out), bits(tensor)), (rows, width, own_runs, dtype)
+
+
+def test_masked_runs_are_charged_before_they_are_listed(monkeypatch):
+    """The second masked pass lists every run value: the decode budget is charged for them first."""
+    from stepskip.errors import DecodeLimitError
+    from stepskip.formats import compact
+    from stepskip.formats.bounds import DecodeBudget
+
+    monkeypatch.setattr(compact, "_ODD_RUN_ELEMENTS", 10**9)
+    t = position_like(16, 200, 16, seed=3)
+    table: dict[str, torch.Tensor] = {}
+
+    def add(part):
+        table[f"r{len(table)}"] = part
+        return f"r{len(table) - 1}"
+
+    node = encode_tensor(t, add)
+    before_runs = 16 * 200 * (8 + 1) + 16 * compact._RUN_ROW_BYTES
+    with pytest.raises(DecodeLimitError):
+        decode_tensor(node, dict(table).__getitem__, None, DecodeBudget(before_runs + 8, "test"))
+    assert torch.equal(decode_tensor(node, dict(table).__getitem__, None, DecodeBudget(before_runs * 2, "test")), t)
 
 
 def test_nan_payloads_and_negative_zero_survive():
