@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -53,8 +54,11 @@ ROWS_VERSION = 2
 #: The version of a tree holding trimmed tensors whose runs are inline (lists, not part names: see
 #: :data:`stepskip.formats.compact.INLINE_MAX_ROWS`); it may hold packed rows too.
 INLINE_VERSION = 3
+#: The version of a tree holding an object column whose rows share items (``"rows"``, see
+#: :func:`_encode_items`); it may hold every layout before it.
+SHARED_VERSION = 4
 #: The newest tree version this stepskip reads; a newer one is unreadable (intact, never regenerated over).
-READ_VERSION = INLINE_VERSION
+READ_VERSION = SHARED_VERSION
 _ROWS_MARK = '"__t":"rows"'
 
 _STORABLE_DTYPES = {
@@ -417,12 +421,27 @@ class _Decoder:
             shape = shape_of(node["shape"], TREE_FILE, f"{field}.shape")
             items = decode_object_array(node["v"], self.getter(field), node.get("plain", False) is True,
                                         self.budget, field)
+            if "rows" in node:
+                items = self.shared_rows(items, node["rows"], math.prod(shape), field)
             return items.reshape(shape)
         if kind == "dict":
             return {k: self.node(v, f"{field}[{k!r}]") for k, v in _mapping(node, "entries", field).items()}
         if kind == "value":
             return decode_value(node["v"], self.getter(field), self.budget, field)
         raise CorruptEntryError(f"{TREE_FILE}: {field}: unknown node kind {str(kind)[:40]!r}")
+
+    def shared_rows(self, items: np.ndarray, rows: Any, count: int, field: str) -> np.ndarray:
+        """The column of ``count`` rows, each the item of ``items`` that ``rows`` names: rows that
+        shared one object when recorded share one again."""
+        if type(rows) is not list or len(rows) != count:
+            raise CorruptEntryError(f"{TREE_FILE}: {field}.rows: {count} item indices are expected, "
+                                    f"not {str(rows)[:60]!r}")
+        self.budget.charge(16 * count, TREE_FILE, f"{field}.rows")  # the index, and the column's pointers
+        if any(type(i) is not int for i in rows):  # bools, floats, lists ...: damage, never an index
+            raise CorruptEntryError(f"{TREE_FILE}: {field}.rows: an item index that is not an integer")
+        if count and (min(rows) < 0 or max(rows) >= len(items)):
+            raise CorruptEntryError(f"{TREE_FILE}: {field}.rows: an item index outside the {len(items)} items")
+        return items[np.array(rows, dtype=np.intp)]
 
     def jagged(self, node: dict[str, Any], field: str) -> torch.Tensor:
         values = self.part(node["values"], f"{field}.values")
@@ -680,8 +699,15 @@ def _complete(frozen: Frozen) -> None:
         encoder.tensors = frozen.tensors
         encoder._storages = {t.untyped_storage().data_ptr() for t in frozen.tensors.values() if t.numel()}
 
+        shared = False
+
         def walk(node: Any) -> None:
+            nonlocal shared
             if isinstance(node, dict):
+                if node.get("kind") == "object_array" and isinstance(node.get("v"), _Deferred):
+                    node["v"], rows = _encode_items(encoder, node["v"])
+                    if rows is not None:
+                        node["rows"], shared = rows, True
                 for key, child in node.items():
                     if isinstance(child, _Deferred):
                         node[key] = _encode_deferred(encoder, child)
@@ -697,6 +723,8 @@ def _complete(frozen: Frozen) -> None:
                         walk(child)
 
         walk(frozen.tree)
+        if shared:  # the newest layout it holds says which readers can read it
+            frozen.tree["version"] = SHARED_VERSION
         encoder.finish()
         frozen.buffers.extend(encoder.buffers)
         frozen.deferred = False
@@ -705,23 +733,42 @@ def _complete(frozen: Frozen) -> None:
 
 def _encode_deferred(encoder: _Encoder, deferred: _Deferred) -> Any:
     path = deferred.path
-    if not deferred.items:
-        return encode_value(deferred.snapshot, path, lambda t: encoder.add(t, path))
+    if deferred.items:
+        return _encode_items(encoder, deferred)[0]
+    return encode_value(deferred.snapshot, path, lambda t: encoder.add(t, path))
+
+
+def _encode_items(encoder: _Encoder, deferred: _Deferred) -> tuple[list[Any], list[int] | None]:
+    """The encoded items of an object column and, when its rows share items, which one each row holds.
+
+    verl's ``DataProto.repeat`` (and TRL's groups) give the n rows of a prompt one object per column:
+    each shared object is encoded, written and read back once, not once per row. The rows keep
+    sharing it after a hit, as they did when recorded. Items holding tensors are encoded per row
+    (each stored tensor is read once). A column of few repeats is written item by item.
+    """
+    path = deferred.path
     items = deferred.snapshot.reshape(-1).tolist()
-    if set(map(type, items)) <= _JSON_LEAVES:
-        return items  # every item encodes as itself
-    out: list[Any] = []
-    memo: dict[int, Any] = {}
+    slots: dict[int, int] = {}
+    unique: list[Any] = []
+    rows: list[int] = []
+    leaves = set(map(type, items)) <= _JSON_LEAVES  # every item encodes as itself
     for i, item in enumerate(items):
-        key = id(item)
-        encoded = memo.get(key, memo)
-        if encoded is memo:
-            before = len(encoder.tensors)
-            encoded = encode_value(item, f"{path}[{i}]", lambda t: encoder.add(t, path))
-            if len(encoder.tensors) == before:  # items holding tensors are encoded per row: each ref is read once
-                memo[key] = encoded
-        out.append(encoded)
-    return out
+        slot = slots.get(id(item))
+        if slot is None:
+            slot = len(unique)
+            if leaves:
+                unique.append(item)
+            else:
+                before = len(encoder.tensors)
+                unique.append(encode_value(item, f"{path}[{i}]", lambda t: encoder.add(t, path)))
+                if len(encoder.tensors) != before:
+                    rows.append(slot)
+                    continue
+            slots[id(item)] = slot
+        rows.append(slot)
+    if 2 * len(unique) > len(items):
+        return ([unique[slot] for slot in rows] if len(unique) < len(items) else unique), None
+    return unique, rows
 
 
 _JSON_LEAVES = frozenset({str, int, float, bool, type(None)})

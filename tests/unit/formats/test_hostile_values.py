@@ -140,3 +140,68 @@ def test_bool_bytes_other_than_0_and_1_are_refused(base) -> None:
     raw = base64.b64encode(b"\x00\x02").decode()
     with pytest.raises(CorruptEntryError, match="bytes other than 0 and 1"):
         decoded_x(with_value(base, {"__t": "ndarray", "dtype": "|b1", "shape": [2], "b64": raw}))
+
+
+def shared_column_entry() -> Files:
+    """An entry whose object column's 6 rows share 2 dicts, as verl's repeat leaves them."""
+    column = np.empty(2, dtype=object)
+    column[:] = [{"gt": "1"}, {"gt": "2"}]
+    files = FMT.encode(FMT.freeze(Batch(batch=None, non_tensor_batch={"rm": np.repeat(column, 3)}, meta_info={}),
+                                  copy=True))
+    node = json.loads(files[TREE])["root"]["non_tensor_batch"]["rm"]
+    assert node["rows"] == [0, 0, 0, 1, 1, 1] and len(node["v"]) == 2
+    return files
+
+
+def with_rows(files: Files, rows: Any) -> Files:
+    tree = json.loads(files[TREE])
+    tree["root"]["non_tensor_batch"]["rm"]["rows"] = rows
+    return dict(files, **{TREE: json.dumps(tree).encode()})
+
+
+def test_shared_rows_round_trip_and_share_their_items() -> None:
+    column = FMT.decode(shared_column_entry()).non_tensor_batch["rm"]
+    assert column.tolist() == [{"gt": "1"}] * 3 + [{"gt": "2"}] * 3
+    assert column[0] is column[2] and column[3] is column[5] and column[0] is not column[3]
+
+
+@pytest.mark.parametrize("rows", [
+    "000111",  # not a list
+    [0, 0, 1, 1],  # fewer rows than the shape
+    [0, 0, 0, 1, 1, 1, 1],  # more
+    [0, 0, False, 1, 1, 1],  # a bool is no index
+    [0, 0, 0.0, 1, 1, 1],
+    [0, 0, [0], 1, 1, 1],
+    [0, 0, -1, 1, 1, 1],  # numpy would read -1 as the last item
+    [0, 0, 2, 1, 1, 1],  # past the items
+    [0, 0, 2**70, 1, 1, 1],  # past int64
+])
+def test_shared_rows_that_do_not_name_an_item_are_damage(rows: Any) -> None:
+    with pytest.raises(CorruptEntryError, match=r"rows"):
+        FMT.decode(with_rows(shared_column_entry(), rows))
+
+
+def test_shared_rows_are_charged_before_the_column_is_built() -> None:
+    """A million rows naming one item: 16 bytes a row are charged before the index and column exist."""
+    files = with_rows(shared_column_entry(), [0] * 10**6)
+    tree = json.loads(files[TREE])
+    tree["root"]["non_tensor_batch"]["rm"]["shape"] = [10**6]
+    files = dict(files, **{TREE: json.dumps(tree).encode()})
+    with pytest.raises(DecodeLimitError):
+        FMT.decode(files, max_bytes=10**6)
+    assert len(FMT.decode(files, max_bytes=10**8).non_tensor_batch["rm"]) == 10**6
+
+
+def test_a_reader_of_version_3_reports_shared_rows_unreadable(monkeypatch) -> None:
+    """The tree says which readers can read it: one that reads up to version 3 keeps the entry."""
+    from stepskip.errors import UnreadableEntryError
+    from stepskip.formats import safe
+
+    files = shared_column_entry()
+    assert json.loads(files[TREE])["version"] == safe.SHARED_VERSION == 4
+    monkeypatch.setattr(safe, "READ_VERSION", 3)
+    with pytest.raises(UnreadableEntryError, match="version 4"):
+        FMT.decode(files)
+    unshared = FMT.encode(FMT.freeze(Batch(batch=None, non_tensor_batch={"rm": np.array(["a", "b"], dtype=object)},
+                                           meta_info={}), copy=True))
+    assert json.loads(unshared[TREE])["version"] == safe.VERSION  # no shared rows: readable by every stepskip

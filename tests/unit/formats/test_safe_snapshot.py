@@ -8,6 +8,7 @@ was returned even when the caller changes those objects after the call (SPEC §3
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -79,7 +80,9 @@ def test_freeze_leaves_the_encoding_to_encode_and_encode_is_repeatable() -> None
     assert FMT.encode(FMT.freeze(verl_batch(), copy=False)) == first  # the same bytes with or without copy
 
 
-def test_shared_and_copied_rows_encode_to_the_same_entry(exact: Exact) -> None:
+def test_shared_rows_are_stored_once_and_share_again_after_a_hit(exact: Exact) -> None:
+    """Rows that share one object (verl's repeat) store it once and share one again when decoded;
+    the same values held by a copy per row decode to equal, unshared rows."""
     shared = verl_batch()
     copied = copy.deepcopy(shared)
     for key, column in copied.non_tensor_batch.items():
@@ -87,8 +90,18 @@ def test_shared_and_copied_rows_encode_to_the_same_entry(exact: Exact) -> None:
         rows[:] = [copy.deepcopy(v) for v in column]
         copied.non_tensor_batch[key] = rows
     assert copied.non_tensor_batch["raw_prompt"][0] is not copied.non_tensor_batch["raw_prompt"][1]
-    assert FMT.encode(FMT.freeze(shared, copy=True)) == FMT.encode(FMT.freeze(copied, copy=True))
-    exact(FMT.decode(FMT.encode(FMT.freeze(shared, copy=True))), copied)
+    once, per_row = FMT.encode(FMT.freeze(shared, copy=True)), FMT.encode(FMT.freeze(copied, copy=True))
+    assert json.loads(bytes(once["data.json"]))["version"] == 4
+    assert len(once["data.json"]) < len(per_row["data.json"])
+    assert once["data.safetensors"] == per_row["data.safetensors"]
+    from_shared, from_copies = FMT.decode(dict(once)), FMT.decode(dict(per_row))
+    exact(from_shared, copied)
+    exact(from_copies, copied)
+    for key, column in shared.non_tensor_batch.items():
+        if isinstance(column[0], (dict, list)):
+            assert (from_shared.non_tensor_batch[key][0] is from_shared.non_tensor_batch[key][1]) == \
+                (column[0] is column[1]), key
+            assert from_copies.non_tensor_batch[key][0] is not from_copies.non_tensor_batch[key][1], key
 
 
 def test_tensors_and_arrays_inside_shared_objects_are_cloned_and_stored_per_row(exact: Exact) -> None:
