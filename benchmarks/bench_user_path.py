@@ -1,6 +1,6 @@
 """The path users call, side by side with verl 0.9.1's own skip code: ratios from one run.
 
-Run:  .venv/bin/python benchmarks/bench_user_path.py [--quick | --smoke] [--repeat 5] [--json out.json]
+Run:  .venv/bin/python benchmarks/bench_user_path.py [--quick | --smoke] [--rounds 2] [--repeat 3] [--json out.json]
 
 Everything goes through ``SkipManager.init`` and the decorated method, never the formats alone
 (benchmarks/bench_store.py is the format-level breakdown):
@@ -23,8 +23,12 @@ Everything goes through ``SkipManager.init`` and the decorated method, never the
 
 verl's side runs benchmarks/_verl_side.py in verl's environment (``.venv-verl`` from
 ``make verl-env``, or STEPSKIP_VERL_PYTHON) on the same data; without it the ratio columns are
-empty. Timings are the best of --repeat runs (median in brackets): these machines are shared and
-noisy, the best is the least disturbed run. A "noise" figure (median / best - 1) is printed.
+empty. Each part runs --rounds rounds, the two sides alternated (stepskip, verl, stepskip, verl
+...), each round --repeat runs: a drift of the machine's speed during a part (these machines drift by
+2-3x within minutes) then reaches both sides alike, where running one side's runs after the other's
+gave the drift to whichever ran second. Timings are the best of all rounds' runs (median in
+brackets): these machines are shared and noisy, the best is the least disturbed run. A "noise"
+figure (median / best - 1) is printed.
 """
 
 from __future__ import annotations
@@ -685,6 +689,37 @@ def run_verl(mode: str, inputs_path: str, workdir: str, threads: int, repeat: in
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+#: Rates over runs (key -> the list of its runs): a side's rate is the best of every round's runs.
+_RATES = {"write_per_s": "write_runs", "replay_per_s": "replay_runs", "calls_per_s": "call_runs"}
+
+
+def merged(rounds: list[Any]) -> Any:
+    """One side's results over the rounds: the timing lists joined, rates the best of all runs, the
+    rest (bytes, paths) from the last round; a failed round (verl's side) is the result."""
+    if not rounds or any(r is None or "error" in r for r in rounds):
+        return next((r for r in rounds if r is not None and "error" in r), None)
+    out = dict(rounds[-1])
+    for key, value in rounds[-1].items():
+        if isinstance(value, list) and all(isinstance(r.get(key), list) for r in rounds):
+            out[key] = [x for r in rounds for x in r[key]]
+    for rate, runs in _RATES.items():
+        if rate in out and runs in out:
+            out[rate] = max(out[runs])
+    if isinstance(out.get("median"), dict):
+        out["median"] = {k: statistics.median(out[k]) for k in out["median"] if isinstance(out.get(k), list)}
+    return out
+
+
+def alternate(rounds: int, ours: Any, theirs: Any) -> tuple[Any, Any]:
+    """``ours(r)`` and ``theirs(r)`` for r in range(rounds), alternated; each side's results merged."""
+    mine, verl = [], []
+    for r in range(rounds):
+        quiet_disk()
+        mine.append(ours(r))
+        verl.append(theirs(r))
+    return merged(mine), merged(verl)
+
+
 # ---------------------------------------------------------------------------------------------- report
 
 
@@ -759,7 +794,9 @@ def main() -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quick", action="store_true", help="smaller sizes, for development")
     group.add_argument("--smoke", action="store_true", help="the smallest sizes, one repeat (the smoke test)")
-    parser.add_argument("--repeat", type=int, default=None, help="runs per timing (default 5, 1 with --smoke)")
+    parser.add_argument("--repeat", type=int, default=None, help="runs per round (default 3, 1 with --smoke)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds per part, the two sides alternated (default 2, 1 with --smoke)")
     parser.add_argument("--threads", default="1,default", help="torch thread settings, e.g. 1,default")
     parser.add_argument("--skip", default="", help="comma list of parts to leave out: colocated,v1,async,curve,s3")
     parser.add_argument("--json", help="also write the raw results here")
@@ -769,11 +806,14 @@ def main() -> None:
         peak_child(*args.peak_child)
         return
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
-    repeat = args.repeat or (1 if args.smoke else 5)
+    repeat = args.repeat or (1 if args.smoke else 3)
+    rounds = args.rounds or (1 if args.smoke else 2)
     skip = set(filter(None, args.skip.split(",")))
     default_threads = torch.get_num_threads()
-    results: dict[str, Any] = {"mode": mode, "repeat": repeat, "verl": verl_python() is not None, "runs": []}
-    lines = [f"bench_user_path: {mode} sizes, best of {repeat} (median), cpu cores {os.cpu_count()}, "
+    results: dict[str, Any] = {"mode": mode, "repeat": repeat, "rounds": rounds, "verl": verl_python() is not None,
+                               "runs": []}
+    lines = [f"bench_user_path: {mode} sizes, best of {rounds} rounds x {repeat} runs (median), the two sides "
+             f"alternated round by round, cpu cores {os.cpu_count()}, "
              f"load average {os.getloadavg()[0]:.1f}; verl 0.9.1 side: "
              + ("its own code in " + str(verl_python()) if verl_python() else "not available (make verl-env)")]
     with tempfile.TemporaryDirectory(prefix="stepskip-bench-user-") as workdir:
@@ -791,20 +831,20 @@ def main() -> None:
                 run: dict[str, Any] = {"size": size, "threads": threads}
                 tag = f"{rows}-{threads}"
                 if "colocated" not in skip:
-                    quiet_disk()
-                    ours = stepskip_colocated(inputs, f"{workdir}/ours-{tag}", repeat)
-                    first = stepskip_peak(inputs_path, f"{workdir}/ours-{tag}")
+                    ours, verl = alternate(
+                        rounds, lambda r, data=inputs: stepskip_colocated(data, f"{workdir}/ours-{tag}-{r}", repeat),
+                        lambda r: run_verl("colocated", inputs_path, f"{workdir}/verl-{tag}-{r}", threads, repeat))
+                    first = stepskip_peak(inputs_path, f"{workdir}/ours-{tag}-0")
                     ours["peak"], ours["first_hit"] = first["peak_extra"], [first["first_hit"]]
-                    verl = run_verl("colocated", inputs_path, f"{workdir}/verl-{tag}", threads, repeat)
                     if verl and "error" not in verl:
-                        first = run_verl("peak", inputs_path, f"{workdir}/verl-{tag}", threads, 1) or {}
+                        first = run_verl("peak", inputs_path, f"{workdir}/verl-{tag}-0", threads, 1) or {}
                         verl["peak"], verl["first_hit"] = first.get("peak_extra"), [first.get("first_hit")]
                     run["colocated"] = {"stepskip": ours, "verl": verl}
                     lines += render_colocated(size, f"{threads} ({threads_name})", ours, verl, batch_bytes)
                 if "v1" not in skip:
-                    quiet_disk()
-                    ours = stepskip_v1(inputs, f"{workdir}/v1-ours-{tag}", repeat)
-                    verl = run_verl("v1", inputs_path, f"{workdir}/v1-verl-{tag}", threads, repeat)
+                    ours, verl = alternate(
+                        rounds, lambda r, data=inputs: stepskip_v1(data, f"{workdir}/v1-ours-{tag}-{r}", repeat),
+                        lambda r: run_verl("v1", inputs_path, f"{workdir}/v1-verl-{tag}-{r}", threads, repeat))
                     v = verl if verl and "error" not in verl else {}
                     run["v1"] = {"stepskip": ours, "verl": verl}
                     lines.append(f"\nV1 role (rollout_tq), {size}, threads {threads}"
@@ -829,17 +869,20 @@ def main() -> None:
                 results["runs"].append(run)
             if "async" not in skip:
                 count = ASYNC_COUNTS[mode]
+                ours, verl = alternate(
+                    rounds,
+                    lambda r, data=inputs: stepskip_async(data, f"{workdir}/async-ours-{rows}-{r}", count, repeat),
+                    lambda r: run_verl("async", inputs_path, f"{workdir}/async-verl-{rows}-{r}", default_threads,
+                                       repeat))
                 quiet_disk()
-                ours = stepskip_async(inputs, f"{workdir}/async-ours-{rows}", count, repeat)
                 ours_dirty = stepskip_async(inputs, f"{workdir}/async-dirty-{rows}", count, repeat, dirty=DIRTY_BYTES) \
                     if mode != "smoke" else None  # (256 MB more to write: not in the smoke test)
-                verl = run_verl("async", inputs_path, f"{workdir}/async-verl-{rows}", default_threads, repeat)
                 v = verl if verl and "error" not in verl else {}
                 results["runs"].append({"size": size, "async": {"stepskip": ours, "verl": verl,
                                                                  "stepskip_dirty": ours_dirty}})
                 vw, vr = v.get("write_per_s"), v.get("replay_per_s")
                 lines.append(f"\nasync role (async_rollout), {count} one-sample entries of 1 x ({prompt} + "
-                             f"{response}), best of {repeat} runs each (after one untimed sample)")
+                             f"{response}), best of {rounds} x {repeat} runs each (after one untimed sample)")
                 lines.append(f"  written: {ours['write_per_s']:8.1f} samples/s (until flushed) vs verl "
                              + (f"{vw:8.1f} -> {ours['write_per_s'] / vw:5.2f} x" if vw else "-"))
                 lines.append(f"  calls returned (the caller's side; verl's caller waits for each write): "
