@@ -1,6 +1,6 @@
 """The path users call, side by side with verl 0.9.1's own skip code: ratios from one run.
 
-Run:  .venv/bin/python benchmarks/bench_user_path.py [--quick | --smoke] [--rounds 2] [--repeat 3] [--json out.json]
+Run:  .venv/bin/python benchmarks/bench_user_path.py [--quick | --smoke] [--rounds 2] [--repeat 5] [--json out.json]
 
 Everything goes through ``SkipManager.init`` and the decorated method, never the formats alone
 (benchmarks/bench_store.py is the format-level breakdown):
@@ -794,7 +794,7 @@ def main() -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quick", action="store_true", help="smaller sizes, for development")
     group.add_argument("--smoke", action="store_true", help="the smallest sizes, one repeat (the smoke test)")
-    parser.add_argument("--repeat", type=int, default=None, help="runs per round (default 3, 1 with --smoke)")
+    parser.add_argument("--repeat", type=int, default=None, help="runs per round (default 5, 1 with --smoke)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="rounds per part, the two sides alternated (default 2, 1 with --smoke)")
     parser.add_argument("--threads", default="1,default", help="torch thread settings, e.g. 1,default")
@@ -806,7 +806,7 @@ def main() -> None:
         peak_child(*args.peak_child)
         return
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
-    repeat = args.repeat or (1 if args.smoke else 3)
+    repeat = args.repeat or (1 if args.smoke else 5)
     rounds = args.rounds or (1 if args.smoke else 2)
     skip = set(filter(None, args.skip.split(",")))
     default_threads = torch.get_num_threads()

@@ -395,6 +395,9 @@ def _fill_rows(flat: Any, width: int, left: list[int], right: list[int], lval: l
 
 #: Run patterns of a trimmed row, as :func:`_fill_masked` spells them: its left run, its middle, its right run.
 _MIDDLE = np.array([False, True, False])
+#: :func:`_fill_masked` masks at most this many output elements at a time (a block of whole rows), so
+#: that its mask takes a few MiB beside the output, however large the tensor.
+_MASK_ELEMENTS = 1 << 20
 #: :func:`_fill_masked` writes rows whose runs hold their own values one by one while there are at
 #: most one per this many output elements (a few slice writes cost about what a masked pass over
 #: this many elements does); more, and it writes every run by a second masked pass.
@@ -403,20 +406,36 @@ _ODD_RUN_ELEMENTS = 512
 
 def _fill_masked(flat: np.ndarray, width: int, left: np.ndarray, right: np.ndarray, lval: np.ndarray,
                  rval: np.ndarray, values: np.ndarray, charge: Callable[[int], None]) -> None:
-    """Write a trimmed tensor of many rows: one fill with the common run value, one masked copy of the
-    middles, then the runs of the rows whose run values differ (position ids' right runs).
+    """Write a trimmed tensor of many rows, a block of rows at a time: one fill with the common run
+    value, one masked copy of the middles, then the runs of the rows whose run values differ
+    (position ids' right runs).
 
-    Every call is one numpy operation over the whole output, which releases the GIL: the codec pool
-    rebuilds a hit's tensors side by side, where per-row slice writes (:func:`_fill_rows`) hold the
-    GIL for a few microseconds each and the pool's threads would take turns. The mask is one byte
-    per output element (charged by the caller). ``left``/``right`` are int64 arrays the caller checked
-    (the runs fit the width, the values fill the middles); ``lval``/``rval`` are of ``flat``'s dtype.
-    ``charge`` is given the bytes of the run values listed out when the second masked pass needs them.
+    Every call is one numpy operation over a block, which releases the GIL: the codec pool rebuilds a
+    hit's tensors side by side, where per-row slice writes (:func:`_fill_rows`) hold the GIL for a few
+    microseconds each and the pool's threads would take turns. The mask is one byte per element of a
+    block of at most :data:`_MASK_ELEMENTS` (charged by the caller per element of the whole output).
+    ``left``/``right`` are int64 arrays the caller checked (the runs fit the width, the values fill
+    the middles); ``lval``/``rval`` are of ``flat``'s dtype. ``charge`` is given the bytes of the run
+    values listed out when a block's second masked pass needs them.
     """
     rows = left.size
+    kept = width - left - right
+    block = max(1, _MASK_ELEMENTS // max(1, width))
+    taken = 0
+    for first in range(0, rows, block):
+        last = min(rows, first + block)
+        count = int(kept[first:last].sum())
+        _fill_block(flat[first * width:last * width], width, left[first:last], right[first:last], kept[first:last],
+                    lval[first:last], rval[first:last], values[taken:taken + count], charge)
+        taken += count
+
+
+def _fill_block(flat: np.ndarray, width: int, left: np.ndarray, right: np.ndarray, kept: np.ndarray,
+                lval: np.ndarray, rval: np.ndarray, values: np.ndarray, charge: Callable[[int], None]) -> None:
+    """:func:`_fill_masked` of one block of rows (``kept``: each row's middle length)."""
+    rows = left.size
     counts = np.empty((rows, 3), dtype=np.int64)
-    counts[:, 0], counts[:, 2] = left, right
-    np.subtract(width - left, right, out=counts[:, 1])
+    counts[:, 0], counts[:, 1], counts[:, 2] = left, kept, right
     keep = np.repeat(np.tile(_MIDDLE, rows), counts.reshape(-1))
     common = lval[0]
     odd = np.flatnonzero(((lval != common) & (left > 0)) | ((rval != common) & (right > 0)))

@@ -96,16 +96,20 @@ def position_like(rows: int, width: int, own_runs: int, seed: int) -> torch.Tens
     return out
 
 
+@pytest.mark.parametrize("mask_elements", [None, 1000], ids=["one-block", "blocks-of-rows"])
 @pytest.mark.parametrize("odd_run_elements", [None, 1, 10**9], ids=["real", "row-by-row-runs", "masked-runs"])
 @pytest.mark.parametrize("rows,width,own_runs", [(2, 3, 2), (64, 513, 0), (64, 513, 5), (300, 6, 300),
                                                  (40, 1024, 40)])
-def test_many_rows_rebuild_every_run_value(monkeypatch, odd_run_elements, rows, width, own_runs):
-    """Rows decode by masked passes: the runs that differ from the first row's left run are written
-    after the middles, one row at a time or by a second mask, and both give the tensor back."""
+def test_many_rows_rebuild_every_run_value(monkeypatch, mask_elements, odd_run_elements, rows, width, own_runs):
+    """Rows decode by masked passes, a block of rows at a time: the runs that differ from the block's
+    first left run are written after the middles, one row at a time or by a second mask, and every
+    way gives the tensor back."""
     from stepskip.formats import compact
 
     if odd_run_elements is not None:
         monkeypatch.setattr(compact, "_ODD_RUN_ELEMENTS", odd_run_elements)
+    if mask_elements is not None:
+        monkeypatch.setattr(compact, "_MASK_ELEMENTS", mask_elements)
     t = position_like(rows, width, own_runs, seed=rows + width)
     for dtype in (torch.int64, torch.int16, torch.float32):
         tensor = t.to(dtype)
