@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
