@@ -38,9 +38,9 @@ _INTS = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.u
 MIN_TRIM_GAIN = 0.9  # trim only when it keeps at most this share of the elements
 ZSTD_LEVEL = 1  # decompression speed barely depends on the level; compression does
 _SAMPLE_BYTES = 1 << 18
-#: Trimmed rows at least this wide are rebuilt row by row (each output byte written once, a few
-#: slice copies per row); narrower ones with vectorised masks, so that the Python work per output
-#: element stays bounded whatever shape an entry declares.
+#: The encoder gathers the middles of trimmed rows at least this wide by one slice per row (one C
+#: call joins them), narrower ones by a vectorised mask, so that the Python work per element stays
+#: small. (The decoder rebuilds many rows by masked passes, :func:`_fill_masked`, whatever the width.)
 ROW_COPY_MIN_WIDTH = 256
 #: Trimmed tensors of at most this many rows keep their run counts and run values inline in the node
 #: (a few JSON integers) when the encoder is asked to (``inline=True``): each stored part costs
@@ -378,9 +378,9 @@ def _fill_rows(flat: Any, width: int, left: list[int], right: list[int], lval: l
     """Write each row of a trimmed tensor once: its left run, its middle values, its right run.
 
     Every output byte is written exactly once, by contiguous slice copies (numpy casts the narrowed
-    values on the way); a vectorised where-then-mask rebuild writes the output twice and builds
-    two row-by-width masks, several times slower for rollout-sized tensors. The caller checked that
-    the runs fit the width and the values fill the kept positions exactly.
+    values on the way): for a single row and the few rows of inline runs, where the numpy calls of
+    :func:`_fill_masked` would cost more than these. The caller checked that the runs fit the width
+    and the values fill the kept positions exactly.
     """
     start, taken = 0, 0
     for l_count, r_count, l_value, r_value in zip(left, right, lval, rval):

@@ -732,9 +732,9 @@ def _complete(frozen: Frozen) -> None:
 
 
 def _encode_deferred(encoder: _Encoder, deferred: _Deferred) -> Any:
+    """A deferred value; an object column's items are encoded with their node (:func:`_encode_items`)."""
+    assert not deferred.items, deferred.path
     path = deferred.path
-    if deferred.items:
-        return _encode_items(encoder, deferred)[0]
     return encode_value(deferred.snapshot, path, lambda t: encoder.add(t, path))
 
 
@@ -766,7 +766,7 @@ def _encode_items(encoder: _Encoder, deferred: _Deferred) -> tuple[list[Any], li
                     continue
             slots[id(item)] = slot
         rows.append(slot)
-    if 2 * len(unique) > len(items):
+    if not items or 2 * len(unique) > len(items):  # (an empty column is no reason for a newer version)
         return ([unique[slot] for slot in rows] if len(unique) < len(items) else unique), None
     return unique, rows
 

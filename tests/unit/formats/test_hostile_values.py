@@ -205,3 +205,7 @@ def test_a_reader_of_version_3_reports_shared_rows_unreadable(monkeypatch) -> No
     unshared = FMT.encode(FMT.freeze(Batch(batch=None, non_tensor_batch={"rm": np.array(["a", "b"], dtype=object)},
                                            meta_info={}), copy=True))
     assert json.loads(unshared[TREE])["version"] == safe.VERSION  # no shared rows: readable by every stepskip
+    empty = FMT.encode(FMT.freeze(Batch(batch=None, non_tensor_batch={"rm": np.empty(0, dtype=object)},
+                                        meta_info={}), copy=True))
+    assert json.loads(empty[TREE])["version"] == safe.VERSION
+    assert FMT.decode(empty).non_tensor_batch["rm"].shape == (0,)
