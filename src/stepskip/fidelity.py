@@ -21,6 +21,7 @@ import xxhash
 from tensordict import TensorDictBase, is_non_tensor
 
 from stepskip.calls import is_dataproto_like
+from stepskip.formats.compact import host_view
 from stepskip.identity import VERL_FINGERPRINT_KEYS, fingerprint_diff, fingerprint_of
 
 __all__ = ["FINGERPRINT_KEYS", "DIGEST_PREFIX", "run_fingerprint", "fingerprint_diff", "prompt_digest",
@@ -60,13 +61,20 @@ def _hash_tensor(h: xxhash.xxh3_64, name: str, tensor: torch.Tensor) -> None:
             for i, part in enumerate(tensor.unbind()):
                 _hash_tensor(h, f"{name}[{i}]", part)
         return
+    h.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+    if not tensor.numel():
+        return
+    # the same bytes without the torch calls below, each of which releases the GIL (a 0-d tensor goes
+    # below: its byte view raises there, as it always did)
+    host = host_view(tensor) if tensor.dim() else None
+    if host is not None:
+        h.update(_buffer(np.ascontiguousarray(host).reshape(-1).view(np.uint8)))
+        return
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.contiguous()
-    h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-    if t.numel():
-        h.update(_buffer(t.view(torch.uint8).reshape(-1).numpy() if t.dtype != torch.bool else t.numpy()))
+    h.update(_buffer(t.view(torch.uint8).reshape(-1).numpy() if t.dtype != torch.bool else t.numpy()))
 
 
 # ------------------------------------------------------------------ non-tensor values

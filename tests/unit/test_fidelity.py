@@ -325,3 +325,21 @@ def test_shared_object_digests_gives_each_column_made_inside_the_block_its_own_d
             del batch
     assert seen == expected
     assert len({whole for _, whole in seen}) == 100
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.bool, torch.bfloat16, torch.float16])
+def test_prompt_digest_of_a_tensor_is_the_same_whichever_way_its_bytes_are_read(dtype: torch.dtype) -> None:
+    """Plain CPU tensors are hashed through numpy's view, others (a strided copy, autograd, bfloat16)
+    through torch: the same values give the same digest either way."""
+    values = (torch.arange(12) % 4).to(dtype).reshape(3, 4)
+
+    def digest(tensor: torch.Tensor) -> str | None:
+        return prompt_digest(Batch.from_dict(tensors={"input_ids": tensor}), [])
+
+    same = [values.t(), values.t().contiguous()]
+    if dtype.is_floating_point:
+        same.append(values.t().clone().requires_grad_())
+    assert len({digest(t) for t in same}) == 1
+    changed = values.t().clone()
+    changed[0, 0] = 1 if dtype != torch.bool else not bool(changed[0, 0])
+    assert digest(changed) != digest(values.t())

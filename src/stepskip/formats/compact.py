@@ -29,7 +29,7 @@ from stepskip.errors import CorruptEntryError, TruncatedEntryError
 from stepskip.formats.bounds import DecodeBudget, shape_of
 from stepskip.formats.pages import POOL
 
-__all__ = ["encode_tensor", "decode_tensor", "find_concat", "narrow", "pack", "unpack", "compress_bytes"]
+__all__ = ["encode_tensor", "decode_tensor", "find_concat", "narrow", "pack", "unpack", "compress_bytes", "host_view"]
 
 _BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
          torch.bfloat16: torch.int16, torch.bool: torch.uint8}
@@ -61,12 +61,29 @@ _NUMPY = {torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16, tor
           torch.int64: np.int64, torch.uint16: np.uint16, torch.uint32: np.uint32, torch.uint64: np.uint64}
 
 
-def _small_array(tensor: torch.Tensor) -> np.ndarray | None:
-    """A numpy view of a small plain CPU integer tensor (None for any other: torch handles those)."""
-    if (tensor.dtype not in _NUMPY or tensor.numel() > SMALL_ELEMENTS or tensor.device.type != "cpu"
+#: dtypes numpy holds with torch's bytes (not bfloat16 nor the float8s; not complex, whose conjugate and
+#: negative views numpy would not see).
+_HOST_DTYPES = frozenset({torch.bool, torch.float16, torch.float32, torch.float64, *_NUMPY})
+
+
+def host_view(tensor: torch.Tensor) -> np.ndarray | None:
+    """numpy's view of a plain CPU tensor (no autograd, strided, a dtype numpy holds), else None.
+
+    A small tensor is cheaper to copy, compare or hash through numpy: each torch call costs more
+    than the work, and releases the GIL, which the dump worker's thread then takes for a while (the
+    async role's one-sample entries make many such calls on both threads at once).
+    """
+    if (type(tensor) is not torch.Tensor or tensor.dtype not in _HOST_DTYPES or tensor.device.type != "cpu"
             or tensor.requires_grad or tensor.is_nested or tensor.layout is not torch.strided):
         return None
     return tensor.numpy()
+
+
+def _small_array(tensor: torch.Tensor) -> np.ndarray | None:
+    """A numpy view of a small plain CPU integer tensor (None for any other: torch handles those)."""
+    if tensor.dtype not in _NUMPY or tensor.numel() > SMALL_ELEMENTS:
+        return None
+    return host_view(tensor)
 
 
 _DTYPES = {_name: getattr(torch, _name) for _name in (

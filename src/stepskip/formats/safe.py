@@ -30,7 +30,7 @@ from stepskip.calls import is_dataproto_like
 from stepskip.entries import FileBytes
 from stepskip.errors import CorruptEntryError, UnreadableEntryError, UnstorableValueError
 from stepskip.formats.bounds import DecodeBudget, check_jagged, shape_of
-from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, pack, unpack
+from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, host_view, pack, unpack
 from stepskip.formats.snapshot import IMMUTABLE, snapshot_object_array, snapshot_value
 from stepskip.formats.st_read import load_view
 from stepskip.formats.st_small import save_pooled, save_small
@@ -91,6 +91,9 @@ class Frozen:
 
 #: Tensors at least this large are snapshot into pooled buffers.
 POOL_MIN_BYTES = 1 << 20
+#: CPU tensors of at most this many bytes are snapshot by a numpy copy (no torch call, see
+#: :func:`~stepskip.formats.compact.host_view`).
+HOST_COPY_MAX_BYTES = 1 << 16
 #: Below this many bytes in all, the items of :func:`_parallel_map` run on the calling thread.
 PARALLEL_MIN_BYTES = 1 << 20
 #: At most this many bytes of free buffers are kept between snapshots.
@@ -183,7 +186,7 @@ class _Encoder:
 
     def add(self, tensor: torch.Tensor, path: str) -> str:
         self.check(tensor, path)
-        t = tensor.detach()
+        t = tensor.detach() if tensor.requires_grad else tensor  # a torch call, skipped where it changes nothing
         ref = f"t{len(self.tensors)}"
         if t.device.type != "cpu":
             t = t.cpu()  # a copy already
@@ -212,9 +215,12 @@ class _Encoder:
 
         def copy(i: int) -> torch.Tensor:
             target = targets[i]
-            if target is None:
-                return sources[i].clone(memory_format=torch.contiguous_format)
-            return target.copy_(sources[i])
+            if target is not None:
+                return target.copy_(sources[i])
+            small = host_view(sources[i]) if _nbytes(sources[i]) <= HOST_COPY_MAX_BYTES else None
+            if small is not None:
+                return torch.from_numpy(small.copy())  # C order, as the clone below
+            return sources[i].clone(memory_format=torch.contiguous_format)
 
         copies = _parallel_map(copy, list(range(len(refs))), pool="snapshot", nbytes=sum(map(_nbytes, sources)))
         self.tensors.update(zip(refs, copies))

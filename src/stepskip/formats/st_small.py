@@ -91,10 +91,12 @@ def save_small(tensors: Mapping[str, torch.Tensor]) -> bytes | None:
     chunks: list[bytes] = [header]
     for name in order:
         tensor = tensors[name]
+        if tensor.requires_grad:
+            tensor = tensor.detach()
         if tensor.dtype in _NUMPY_DTYPES:  # numpy writes any layout in C order
-            chunks.append(tensor.detach().numpy().tobytes())
+            chunks.append(tensor.numpy().tobytes())
         else:  # bfloat16 and the wide unsigned types: their bytes through a uint8 view
-            flat = tensor.detach().reshape(-1)
+            flat = tensor.reshape(-1)
             if flat.stride(0) != 1:  # e.g. a one-element view with stride 0: a dense copy
                 flat = flat.new_empty(flat.shape).copy_(flat)
             chunks.append(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepskip.formats import get_format
-from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, narrow, pack, unpack
+from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, host_view, narrow, pack, unpack
 from stepskip.testing import make_rollout_batch
 
 DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
@@ -263,3 +264,30 @@ def test_a_concatenation_decodes_beside_its_parts_and_a_damaged_part_fails_witho
         with pytest.raises(CorruptEntryError, match="responses"):
             fmt.decode(damaged)
     assert torch.equal(fmt.decode(dict(files)).batch["input_ids"], batch.batch["input_ids"])
+
+
+# --------------------------------------------------------------------------- numpy's view of small tensors
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int16, torch.int64, torch.uint32, torch.float16,
+                                   torch.float32, torch.float64])
+def test_host_view_is_numpys_view_of_the_same_bytes(dtype: torch.dtype) -> None:
+    tensor = (torch.arange(12) % 3).to(dtype).reshape(3, 4).t()  # strided too
+    view = host_view(tensor)
+    assert view is not None and view.shape == (4, 3)
+    assert np.array_equal(view, tensor.numpy())
+    tensor[0, 0] = 1
+    assert view[0, 0] == 1  # a view, not a copy
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.ones(3, dtype=torch.bfloat16),  # no numpy dtype
+    lambda: torch.ones(3, dtype=torch.complex64),  # conjugate views numpy would not see
+    lambda: torch.ones(3, requires_grad=True),
+    lambda: torch.ones(3, device="meta"),
+    lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged),
+    lambda: torch.ones(4).to_sparse(),
+    lambda: torch.nn.Parameter(torch.ones(3), requires_grad=False),  # a subclass: torch handles it
+], ids=["bfloat16", "complex", "grad", "meta", "jagged", "sparse", "subclass"])
+def test_host_view_leaves_other_tensors_to_torch(make: Any) -> None:
+    assert host_view(make()) is None

@@ -181,3 +181,24 @@ def test_an_unencoded_snapshot_keeps_its_buffers(exact: Exact) -> None:
     assert other.tensors["t0"].data_ptr() != held.tensors["t0"].data_ptr()
     exact(FMT.decode(FMT.encode(held)), big_batch(3))
     exact(FMT.decode(FMT.encode(other)), big_batch(5))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.bool, torch.bfloat16, torch.uint16])
+def test_small_tensors_are_snapshot_into_their_own_contiguous_memory(dtype: torch.dtype) -> None:
+    """Small CPU tensors are copied by numpy where it holds the dtype (torch otherwise): either way the
+    snapshot is C-ordered, owns its memory and keeps the values the tensor had at freeze time."""
+    base = (torch.arange(24) % 5).to(dtype).reshape(4, 6)
+    value = {"t": base.t(), "grad": torch.arange(6.0, requires_grad=True)}
+    frozen = SafeFormat().freeze(value, copy=True)
+    snapshot = frozen.tensors
+    kept = {name: t.clone() for name, t in snapshot.items()}
+    for t in snapshot.values():
+        assert t.is_contiguous() and not t.requires_grad
+    assert {(t.dtype, tuple(t.shape)) for t in snapshot.values()} == {(dtype, (6, 4)), (torch.float32, (6,))}
+    with torch.no_grad():
+        base.zero_() if dtype != torch.bool else base.logical_not_()
+        value["grad"].add_(1)
+    assert all(torch.equal(snapshot[name], kept[name]) for name in snapshot)
+    out = SafeFormat().decode(SafeFormat().encode(frozen))
+    assert torch.equal(out["t"], (torch.arange(24) % 5).to(dtype).reshape(4, 6).t())
+    assert torch.equal(out["grad"], torch.arange(6.0))
