@@ -34,6 +34,7 @@ figure (median / best - 1) is printed.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -225,6 +226,49 @@ def quiet_disk() -> None:
     wait for another program's writeback), and which part ran before would decide which path is
     timed. (The async part also times that path, with another program's data dirty on purpose.)"""
     os.sync()
+
+
+#: A settled filesystem creates a file in about 0.03 ms here; the run waits while creating takes more ...
+SETTLED_CREATE_SECONDS = 1e-4
+#: ... for at most this long (ext4 forgets a freed inode after 5 minutes).
+SETTLE_MAX_SECONDS = 330.0
+
+
+def create_seconds(where: str, count: int = 64) -> float:
+    """Seconds to create a directory holding one small file, as a dump creates its entries (the
+    median of ``count``; the files are kept: deleting them would slow the next creations down)."""
+    os.makedirs(where)
+    times = []
+    for i in range(count):
+        start = time.perf_counter()
+        os.mkdir(f"{where}/{i}")
+        with open(f"{where}/{i}/f", "wb") as fh:
+            fh.write(b"x" * 1024)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def settle_disk(workdir: str) -> str:
+    """Wait until creating files is as cheap as on a settled filesystem; what was measured, for the header.
+
+    ext4 without a journal (this machine's root filesystem) passes over every inode freed in the last
+    5 seconds each time it creates a file, and over those freed in the last 5 minutes while their inode
+    table block is unwritten, which creating files next to them makes it again. After a large
+    deletion (an earlier run's clean-up, the test suite's temporary directories) creating a directory
+    and a file took 0.3-1 ms of kernel time instead of 0.03 here, for minutes, and the async part
+    creates 4 a sample: whichever side ran first would pay most. The run itself deletes nothing
+    before it ends.
+    """
+    os.sync()
+    start = time.perf_counter()
+    for probe in itertools.count():
+        cost = create_seconds(f"{workdir}/settle-{probe}")
+        waited = time.perf_counter() - start
+        if cost > SETTLED_CREATE_SECONDS and waited < SETTLE_MAX_SECONDS:
+            time.sleep(10)
+            continue
+        return f"creating a directory and a file {cost * 1e3:.2f} ms after waiting {waited:.0f} s"
+    return ""  # (itertools.count never ends)
 
 
 def stepskip_colocated(inputs: dict[str, Any], workdir: str, repeat: int) -> dict[str, Any]:
@@ -817,6 +861,8 @@ def main() -> None:
              f"load average {os.getloadavg()[0]:.1f}; verl 0.9.1 side: "
              + ("its own code in " + str(verl_python()) if verl_python() else "not available (make verl-env)")]
     with tempfile.TemporaryDirectory(prefix="stepskip-bench-user-") as workdir:
+        if mode != "smoke":
+            lines[0] += f"; disk: {settle_disk(workdir)}"
         for rows, prompt, response in SIZES[mode]:
             inputs = make_inputs(rows, prompt, response)
             inputs["async"]["count"] = ASYNC_COUNTS[mode]
