@@ -34,7 +34,6 @@ figure (median / best - 1) is printed.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import logging
 import os
@@ -230,8 +229,9 @@ def quiet_disk() -> None:
 
 #: A settled filesystem creates a file in about 0.03 ms here; the run waits while creating takes more ...
 SETTLED_CREATE_SECONDS = 1e-4
-#: ... for at most this long (ext4 forgets a freed inode after 5 minutes).
+#: ... for at most this long (ext4 forgets a freed inode after 5 minutes), measuring again this often.
 SETTLE_MAX_SECONDS = 330.0
+SETTLE_POLL_SECONDS = 10.0
 
 
 def create_seconds(where: str, count: int = 64) -> float:
@@ -260,15 +260,14 @@ def settle_disk(workdir: str) -> str:
     before it ends.
     """
     os.sync()
-    start = time.perf_counter()
-    for probe in itertools.count():
+    start, probe = time.perf_counter(), 0
+    while True:
         cost = create_seconds(f"{workdir}/settle-{probe}")
         waited = time.perf_counter() - start
-        if cost > SETTLED_CREATE_SECONDS and waited < SETTLE_MAX_SECONDS:
-            time.sleep(10)
-            continue
-        return f"creating a directory and a file {cost * 1e3:.2f} ms after waiting {waited:.0f} s"
-    return ""  # (itertools.count never ends)
+        if cost <= SETTLED_CREATE_SECONDS or waited >= SETTLE_MAX_SECONDS:
+            return f"creating a directory and a file {cost * 1e3:.2f} ms after waiting {waited:.0f} s"
+        probe += 1
+        time.sleep(SETTLE_POLL_SECONDS)
 
 
 def stepskip_colocated(inputs: dict[str, Any], workdir: str, repeat: int) -> dict[str, Any]:

@@ -343,3 +343,23 @@ def test_prompt_digest_of_a_tensor_is_the_same_whichever_way_its_bytes_are_read(
     changed = values.t().clone()
     changed[0, 0] = 1 if dtype != torch.bool else not bool(changed[0, 0])
     assert digest(changed) != digest(values.t())
+
+
+def test_prompt_digest_reads_a_plain_cpu_tensor_without_torch_calls(monkeypatch):
+    """numpy's view gives a plain CPU tensor's bytes: no ``contiguous`` / ``view`` (each releases the GIL);
+    a tensor numpy cannot hold (bfloat16) still goes through them."""
+    calls = []
+    contiguous = torch.Tensor.contiguous
+
+    def counting(self, *args, **kwargs):
+        calls.append(self.dtype)
+        return contiguous(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "contiguous", counting)
+    ids = torch.arange(12).reshape(3, 4)
+    plain = prompt_digest(Batch.from_dict(tensors={"input_ids": ids.t()}), [])
+    assert calls == []
+    prompt_digest(Batch.from_dict(tensors={"input_ids": ids.to(torch.bfloat16)}), [])
+    assert calls == [torch.bfloat16]
+    monkeypatch.undo()
+    assert prompt_digest(Batch.from_dict(tensors={"input_ids": ids.t().contiguous()}), []) == plain

@@ -199,15 +199,18 @@ class _Encoder:
         return ref
 
     def finish(self) -> None:
-        """Clone the tensors :meth:`add` marked, side by side: a clone is a memcpy that releases the GIL,
-        and on a miss it is most of what the caller waits for."""
+        """Copy the tensors :meth:`add` marked, side by side: a big one into a pooled buffer (a memcpy that
+        releases the GIL; on a miss it is most of what the caller waits for), a small CPU one by numpy
+        (:func:`~stepskip.formats.compact.host_view`: no torch call), any other by ``clone``."""
         refs, self._clones = self._clones, []
         sources = [self.tensors[r] for r in refs]
-        targets: list[torch.Tensor | None] = []
+        targets: list[torch.Tensor | np.ndarray | None] = []  # a pooled buffer, numpy's view of a small source, or None
+        total = 0
         for src in sources:
-            nbytes = src.numel() * src.element_size()
+            nbytes = _nbytes(src)
+            total += nbytes
             if nbytes < POOL_MIN_BYTES:
-                targets.append(None)
+                targets.append(host_view(src) if nbytes <= HOST_COPY_MAX_BYTES else None)
                 continue
             buffer = _BUFFERS.take(nbytes)
             self.buffers.append(buffer)
@@ -215,14 +218,13 @@ class _Encoder:
 
         def copy(i: int) -> torch.Tensor:
             target = targets[i]
-            if target is not None:
+            if isinstance(target, torch.Tensor):
                 return target.copy_(sources[i])
-            small = host_view(sources[i]) if _nbytes(sources[i]) <= HOST_COPY_MAX_BYTES else None
-            if small is not None:
-                return torch.from_numpy(small.copy())  # C order, as the clone below
+            if target is not None:
+                return torch.from_numpy(target.copy())  # C order, as the clone below
             return sources[i].clone(memory_format=torch.contiguous_format)
 
-        copies = _parallel_map(copy, list(range(len(refs))), pool="snapshot", nbytes=sum(map(_nbytes, sources)))
+        copies = _parallel_map(copy, list(range(len(refs))), pool="snapshot", nbytes=total)
         self.tensors.update(zip(refs, copies))
 
     def value(self, value: Any, path: str) -> Any:

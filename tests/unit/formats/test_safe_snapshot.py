@@ -202,3 +202,21 @@ def test_small_tensors_are_snapshot_into_their_own_contiguous_memory(dtype: torc
     out = SafeFormat().decode(SafeFormat().encode(frozen))
     assert torch.equal(out["t"], (torch.arange(24) % 5).to(dtype).reshape(4, 6).t())
     assert torch.equal(out["grad"], torch.arange(6.0))
+
+
+def test_only_tensors_numpy_cannot_hold_are_cloned_by_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small plain CPU tensor is copied by numpy: no torch call, which would release the GIL to the
+    dump worker at every tensor of a miss. bfloat16 has no numpy dtype and goes through ``clone``."""
+    cloned: list[torch.dtype] = []
+    clone = torch.Tensor.clone
+
+    def counting_clone(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        cloned.append(self.dtype)
+        return clone(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "clone", counting_clone)
+    value = {"ids": torch.arange(12).reshape(2, 6), "mask": torch.ones(2, 6, dtype=torch.bool),
+             "logp": torch.zeros(2, 6), "bf": torch.ones(2, 6, dtype=torch.bfloat16)}
+    frozen = SafeFormat().freeze(value, copy=True)
+    assert cloned == [torch.bfloat16]
+    assert all(torch.equal(frozen.tensors[ref], t) for ref, t in zip(frozen.tensors, value.values()))

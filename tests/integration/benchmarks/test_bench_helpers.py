@@ -1,0 +1,71 @@
+"""The bookkeeping of benchmarks/bench_user_path.py: how rounds are merged and alternated, and the wait
+for a settled filesystem. Nothing here looks at a timing: the disk wait's thresholds are forced."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_user_path_helpers", ROOT / "benchmarks" / "bench_user_path.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def test_rounds_merge_their_runs_and_rates_are_the_best_of_all(bench):
+    first = {"miss": [3.0, 2.0], "write_runs": [100.0, 300.0], "write_per_s": 300.0, "bytes": 10,
+             "median": {"miss": 2.5}}
+    second = {"miss": [1.0], "write_runs": [200.0], "write_per_s": 200.0, "bytes": 11, "median": {"miss": 1.0}}
+    out = bench.merged([first, second])
+    assert out["miss"] == [3.0, 2.0, 1.0] and out["write_runs"] == [100.0, 300.0, 200.0]
+    assert out["write_per_s"] == 300.0  # the best run of any round, not the last round's best
+    assert out["bytes"] == 11  # what is not a list of runs comes from the last round
+    assert out["median"] == {"miss": 2.0}  # medians of the joined runs
+    assert first["miss"] == [3.0, 2.0]  # the rounds themselves are left alone
+
+
+def test_a_failed_round_is_the_merged_result(bench):
+    good = {"miss": [1.0]}
+    assert bench.merged([good, {"error": "exit 1"}]) == {"error": "exit 1"}
+    assert bench.merged([None, good]) is None  # verl's side absent
+    assert bench.merged([]) is None
+
+
+def test_alternate_runs_the_sides_in_turn_each_after_a_sync(bench, monkeypatch):
+    order = []
+    monkeypatch.setattr(bench, "quiet_disk", lambda: order.append("sync"))
+    ours, theirs = bench.alternate(2, lambda r: order.append(f"ours{r}") or {"t": [r]},
+                                   lambda r: order.append(f"verl{r}") or {"t": [10 + r]})
+    assert order == ["sync", "ours0", "verl0", "sync", "ours1", "verl1"]
+    assert ours["t"] == [0, 1] and theirs["t"] == [10, 11]
+
+
+def test_settle_disk_returns_once_creating_is_cheap_and_keeps_its_probes(bench, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "SETTLED_CREATE_SECONDS", float("inf"))
+    line = bench.settle_disk(str(tmp_path))
+    assert re.fullmatch(r"creating a directory and a file \d+\.\d\d ms after waiting \d+ s", line), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["settle-0"]
+    assert len(list((tmp_path / "settle-0").glob("*/f"))) == 64  # kept: deleting them would slow creations
+
+
+def test_settle_disk_measures_again_until_its_time_is_up(bench, tmp_path, monkeypatch):
+    sleeps = []
+    clock = iter(range(0, 10_000, 200))  # each look at the clock 200 s later
+    monkeypatch.setattr(bench, "SETTLED_CREATE_SECONDS", -1.0)  # never settled
+    monkeypatch.setattr(bench, "time", SimpleNamespace(sleep=sleeps.append, perf_counter=lambda: float(next(clock))))
+    monkeypatch.setattr(bench, "create_seconds", lambda where: 0.5)
+    line = bench.settle_disk(str(tmp_path))
+    assert sleeps == [bench.SETTLE_POLL_SECONDS]  # 200 s waited: once more; 400 s: past the limit
+    assert line == "creating a directory and a file 500.00 ms after waiting 400 s"
