@@ -1,10 +1,11 @@
 """Entries on disk: atomic commit, checksums, validity checks, leftovers — safe against a hostile cache.
 
 An entry is a directory holding data files and ``meta.json``. A writer builds the whole entry
-in a hidden temporary directory beside its final place (``.tmp-{name}-{uuid}``), syncs it, and
-publishes it with one ``rename``; so whatever instant the writer dies, readers see no entry or
-a complete one. ``meta.json`` lists every data file with its size and xxh3-64 checksum; readers
-check both. Leftover temporaries are never parsed as steps and are removed once stale.
+in a hidden temporary directory beside its final place (``.tmp-{name}-{token}``, the token
+unique to the writer), syncs it, and publishes it with one ``rename``; so whatever instant the
+writer dies, readers see no entry or a complete one. ``meta.json`` lists every data file with its
+size and xxh3-64 checksum; readers check both. Leftover temporaries are never parsed as steps and
+are removed once stale.
 
 A cache may have been written by someone else, so readers trust nothing in it (README, "Sharing a
 cache safely"): ``meta.json`` is bounded in size and depth and checked value by value
@@ -20,6 +21,7 @@ import ctypes
 import enum
 import errno
 import fcntl
+import itertools
 import json
 import logging
 import math
@@ -57,6 +59,32 @@ MANIFEST_FILE = "step.json"
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
 STALE_SECONDS = 3600.0
+
+
+class _Tokens:
+    """Unique 12-hex-digit suffixes for the temporary names of one process, without a system call each.
+
+    ``uuid4`` reads the kernel's random source once per name: on the dump worker's thread that is one
+    more release of the GIL, per small entry, to a caller that keeps it for a while. Here a random
+    prefix is drawn once per process (again in a forked child, which would otherwise repeat its
+    parent's names) and a counter follows it: names never repeat within 2**24 of one process, and two
+    processes share a prefix with a chance of 1 in 2**24.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._prefix = os.urandom(3).hex()
+        self._count = itertools.count(int.from_bytes(os.urandom(3), "little"))
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{next(self._count) & 0xFFFFFF:06x}"
+
+
+_token = _Tokens()
+
 #: ``meta.json`` larger than this is damage (ours are a few KiB): parsing stays cheap and bounded.
 META_MAX_BYTES = 1 << 20
 #: Nesting deeper than this in ``meta.json`` is damage (ours nest 3 levels).
@@ -1536,7 +1564,7 @@ class LocalStore(_EntryStore):
     def put_small(self, path: str, data: bytes) -> None:
         parent, name = self._entry_place(path, {})
         parent_fd = self._open_dir(parent, create=True)
-        tmp = f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
+        tmp = f"{TMP_PREFIX}{name}-{_token()}"
         try:
             self._write_file(parent_fd, tmp, data)
             os.rename(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
@@ -1558,7 +1586,7 @@ class LocalStore(_EntryStore):
         """
         parent, name = self._entry_place(path, files)
         parent_fd = self._open_dir(parent, create=True)
-        tmp = f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
+        tmp = f"{TMP_PREFIX}{name}-{_token()}"
         try:
             os.mkdir(tmp, dir_fd=parent_fd)
             try:
@@ -1702,7 +1730,7 @@ class LocalStore(_EntryStore):
         if parent not in parents:
             parents[parent] = self._open_dir(parent, create=True)
         parent_fd = parents[parent]
-        tmp = f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
+        tmp = f"{TMP_PREFIX}{name}-{_token()}"
         os.mkdir(tmp, dir_fd=parent_fd)
         fds: list[int] = []
         try:
@@ -1776,7 +1804,7 @@ class LocalStore(_EntryStore):
             if _exchange(parent_fd, tmp, name):  # readers see the old entry, then the new one, never a gap
                 _remove_at(parent_fd, tmp)  # the old entry (or a link or file that stood there)
                 return True
-            trash = f"{TRASH_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
+            trash = f"{TRASH_PREFIX}{name}-{_token()}"
             try:
                 os.rename(name, trash, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
             except FileNotFoundError:
@@ -1843,7 +1871,7 @@ class LocalStore(_EntryStore):
     @staticmethod
     def _retire_at(parent_fd: int, name: str) -> None:
         """Rename to a ``.trash-`` sibling (readers see the entry whole or gone), then delete that."""
-        trash = f"{TRASH_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
+        trash = f"{TRASH_PREFIX}{name}-{_token()}"
         try:
             os.rename(name, trash, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
         except FileNotFoundError:

@@ -87,6 +87,9 @@ class Frozen:
     #: the non-tensor values ``tree`` holds (snapshots and plain values) until encoded: what sizing a queued
     #: snapshot looks at instead of walking the whole tree (see ``stepskip.roles.cached._small_size``)
     leaves: list[Any] | None = field(default=None, repr=False, compare=False)
+    #: ``(node, key)`` of every ``_Deferred`` in ``tree``, in the order the tree's walk meets them: where
+    #: :func:`_complete` encodes them without walking the tree
+    holders: list[tuple[dict[str, Any], str]] = field(default_factory=list, repr=False, compare=False)
 
 
 #: Tensors at least this large are snapshot into pooled buffers.
@@ -169,6 +172,7 @@ class _Encoder:
         self._clones: list[str] = []  # refs whose tensor is still the caller's: cloned together by finish()
         self.buffers: list[torch.Tensor] = []  # pooled buffers the clones live in
         self.leaves: list[Any] = []  # every non-tensor value put in the tree (see Frozen.leaves)
+        self.holders: list[tuple[dict[str, Any], str]] = []  # where the tree holds each deferred (Frozen.holders)
 
     @staticmethod
     def check(tensor: torch.Tensor, path: str) -> None:
@@ -227,15 +231,17 @@ class _Encoder:
         copies = _parallel_map(copy, list(range(len(refs))), pool="snapshot", nbytes=total)
         self.tensors.update(zip(refs, copies))
 
-    def value(self, value: Any, path: str) -> Any:
-        """A snapshot of a non-tensor value, encoded later by :func:`_complete` (off the caller's thread)."""
+    def value(self, node: dict[str, Any], key: str, value: Any, path: str) -> dict[str, Any]:
+        """``node`` holding at ``key`` a snapshot of a non-tensor value, encoded later by :func:`_complete`
+        (off the caller's thread)."""
         kind = type(value)
         if kind in IMMUTABLE and kind is not bytes:
-            self.leaves.append(value)
-            return value  # encodes as itself
-        deferred = _Deferred(snapshot_value(value, path, self.check, self.copy), path)
-        self.leaves.append(deferred)
-        return deferred
+            node[key] = value  # encodes as itself
+        else:
+            node[key] = _Deferred(snapshot_value(value, path, self.check, self.copy), path)
+            self.holders.append((node, key))
+        self.leaves.append(node[key])
+        return node
 
     def node(self, value: Any, path: str) -> dict[str, Any]:
         if isinstance(value, torch.Tensor):
@@ -248,7 +254,7 @@ class _Encoder:
             return self.array_node(value, path)
         if type(value) is dict and all(type(k) is str for k in value):
             return {"kind": "dict", "entries": {k: self.node(v, f"{path}[{k!r}]") for k, v in value.items()}}
-        return {"kind": "value", "v": self.value(value, path)}
+        return self.value({"kind": "value"}, "v", value, path)
 
     def tensor_node(self, tensor: torch.Tensor, path: str) -> dict[str, Any]:
         if not tensor.is_nested:
@@ -274,11 +280,11 @@ class _Encoder:
             if is_non_tensor(item):
                 if isinstance(item, NonTensorStack):
                     rows = item.tolist()
-                    entries[key] = {"kind": "non_tensor_stack", "batch_size": list(item.batch_size),
-                                    "v": self.value(rows, where)}
+                    entries[key] = self.value({"kind": "non_tensor_stack", "batch_size": list(item.batch_size)},
+                                              "v", rows, where)
                 else:
-                    entries[key] = {"kind": "non_tensor_data", "batch_size": list(item.batch_size),
-                                    "v": self.value(item.data, where)}
+                    entries[key] = self.value({"kind": "non_tensor_data", "batch_size": list(item.batch_size)},
+                                              "v", item.data, where)
             elif isinstance(item, TensorDictBase):
                 entries[key] = self.tensordict_node(item, where)
             else:
@@ -288,9 +294,10 @@ class _Encoder:
     def array_node(self, array: np.ndarray, path: str) -> dict[str, Any]:
         if array.dtype.hasobject:
             snapshot = snapshot_object_array(array, path, self.check, self.copy)
-            deferred = _Deferred(snapshot, path, items=True)
-            self.leaves.append(deferred)
-            return {"kind": "object_array", "shape": list(array.shape), "v": deferred}
+            node = {"kind": "object_array", "shape": list(array.shape), "v": _Deferred(snapshot, path, items=True)}
+            self.leaves.append(node["v"])
+            self.holders.append((node, "v"))
+            return node
         if array.dtype.kind in "biuf" and array.dtype.isnative:
             try:
                 tensor = torch.from_numpy(np.ascontiguousarray(array))
@@ -299,20 +306,20 @@ class _Encoder:
             if tensor is not None and tensor.dtype in _STORABLE_DTYPES:
                 return {"kind": "array", "dtype": array.dtype.str, "shape": list(array.shape),
                         "ref": self.add(tensor, path)}
-        return {"kind": "value", "v": self.value(array, path)}
+        return self.value({"kind": "value"}, "v", array, path)
 
     def batch_node(self, value: Any, path: str) -> dict[str, Any]:
         cls = type(value)
         td = value.batch
-        return {
+        node = {
             "kind": "batch",
             "cls": f"{cls.__module__}.{cls.__qualname__}",
             "batch": None if td is None else self.tensordict_node(td, f"{path}.batch"),
             "non_tensor_batch": {k: self.array_node(_column(v, f"{path}.non_tensor_batch[{k!r}]"),
                                                     f"{path}.non_tensor_batch[{k!r}]")
                                  for k, v in value.non_tensor_batch.items()},
-            "meta_info": self.value(dict(value.meta_info), f"{path}.meta_info"),
         }
+        return self.value(node, "meta_info", dict(value.meta_info), f"{path}.meta_info")
 
 
 def _column(value: Any, path: str) -> np.ndarray:
@@ -607,7 +614,7 @@ class SafeFormat:
             raise unstorable_recursion(value, "result", self.name) from err
         encoder.finish()
         return Frozen(tensors=encoder.tensors, tree={"format": self.name, "version": VERSION, "root": root},
-                      deferred=True, buffers=encoder.buffers, leaves=encoder.leaves)
+                      deferred=True, buffers=encoder.buffers, leaves=encoder.leaves, holders=encoder.holders)
 
     def encode(self, frozen: Frozen) -> dict[str, FileBytes]:
         """Serialise a snapshot into the entry's files, in the compact encodings unless ``compress`` is none."""
@@ -708,35 +715,22 @@ def _complete(frozen: Frozen) -> None:
         encoder._storages = {t.untyped_storage().data_ptr() for t in frozen.tensors.values() if t.numel()}
 
         shared = False
-
-        def walk(node: Any) -> None:
-            nonlocal shared
-            if isinstance(node, dict):
-                if node.get("kind") == "object_array" and isinstance(node.get("v"), _Deferred):
-                    node["v"], rows = _encode_items(encoder, node["v"])
-                    if rows is not None:
-                        node["rows"], shared = rows, True
-                for key, child in node.items():
-                    if isinstance(child, _Deferred):
-                        node[key] = _encode_deferred(encoder, child)
-                    else:
-                        walk(child)
-                if node.get("kind") == "object_array" and "plain" not in node:
-                    node["plain"] = _all_plain(node["v"])
-            elif isinstance(node, list):
-                for i, child in enumerate(node):
-                    if isinstance(child, _Deferred):
-                        node[i] = _encode_deferred(encoder, child)
-                    else:
-                        walk(child)
-
-        walk(frozen.tree)
+        # in the order freeze met them (the tree's order): a deferred's tensors are named in that order
+        for node, key in frozen.holders:
+            deferred = node[key]
+            if not deferred.items:
+                node[key] = _encode_deferred(encoder, deferred)
+                continue
+            node[key], rows = _encode_items(encoder, deferred)
+            if rows is not None:
+                node["rows"], shared = rows, True
+            node["plain"] = _all_plain(node[key])
         if shared:  # the newest layout it holds says which readers can read it
             frozen.tree["version"] = SHARED_VERSION
         encoder.finish()
         frozen.buffers.extend(encoder.buffers)
         frozen.deferred = False
-        frozen.leaves = None  # encoded now: the snapshots go with the tree
+        frozen.leaves, frozen.holders = None, []  # encoded now: the snapshots go with the tree
 
 
 def _encode_deferred(encoder: _Encoder, deferred: _Deferred) -> Any:

@@ -19,7 +19,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 
 from stepskip import Batch
 from stepskip.errors import UnstorableValueError
-from stepskip.formats.safe import SafeFormat, release_snapshot_buffers
+from stepskip.formats.safe import SafeFormat, _Deferred, release_snapshot_buffers
 from stepskip.formats.snapshot import snapshot_object_array, snapshot_value
 
 Exact = Callable[[Any, Any], None]
@@ -78,6 +78,40 @@ def test_freeze_leaves_the_encoding_to_encode_and_encode_is_repeatable() -> None
     assert not frozen.deferred
     assert FMT.encode(frozen) == first
     assert FMT.encode(FMT.freeze(verl_batch(), copy=False)) == first  # the same bytes with or without copy
+
+
+def _deferred_in_walk_order(node: Any) -> list[tuple[int, str]]:
+    """Where a walk of the whole tree meets a deferred value: (id of its node, key)."""
+    found: list[tuple[int, str]] = []
+    if isinstance(node, dict):
+        for key, child in node.items():
+            if isinstance(child, _Deferred):
+                found.append((id(node), key))
+            else:
+                found.extend(_deferred_in_walk_order(child))
+    elif isinstance(node, list):
+        for child in node:
+            found.extend(_deferred_in_walk_order(child))
+    return found
+
+
+def test_freeze_records_every_deferred_value_in_tree_order_and_encode_fills_each(exact: Exact) -> None:
+    """encode finds the deferred values through ``Frozen.holders`` instead of walking the tree: they must be
+    all of them, in the walk's order (the order their tensors are named in), or values stay unencoded."""
+    td = TensorDict({"x": torch.zeros(2)}, batch_size=[2])
+    td.set("msg", NonTensorStack(*(NonTensorData(data={"m": [i]}, batch_size=[]) for i in range(2)), batch_size=[2]))
+    td.set("tag", NonTensorData({"k": "v"}, batch_size=[2]))
+    value = {"first": verl_batch(), "td": td, "plain": {"list": [1, {"t": torch.ones(2)}], "s": "x", "n": 3},
+             "array": np.array([[1, "a"], [{"d": 1}, None]], dtype=object), "last": [torch.arange(2)]}
+    expected = copy.deepcopy(value)
+    frozen = FMT.freeze(value, copy=True)
+    walked = _deferred_in_walk_order(frozen.tree)
+    assert len(walked) >= 9  # meta_info, 4 object columns, msg, tag, plain['list'], array, last
+    assert [(id(node), key) for node, key in frozen.holders] == walked
+    files = FMT.encode(frozen)
+    assert frozen.holders == [] and _deferred_in_walk_order(frozen.tree) == []
+    assert files == FMT.encode(FMT.freeze(copy.deepcopy(expected), copy=False))
+    exact(FMT.decode(files), expected)
 
 
 def test_shared_rows_are_stored_once_and_share_again_after_a_hit(exact: Exact) -> None:

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from stepskip import CorruptEntryError, SkipConfigError
 from stepskip.layout import Layout, safe_component
-from stepskip.store import FsspecStore, META_FILE, EntryState, LocalStore, checksum, open_store
+from stepskip.store import META_FILE, EntryState, FsspecStore, LocalStore, _token, checksum, open_store
 
 STORE = LocalStore()
 FILES = {"data.safetensors": b"\x00\x01tensors" * 50, "data.json": b'{"root": 1}'}
@@ -722,3 +722,26 @@ def test_forget_listings_drops_the_subtree_only_and_never_walks_every_key():
     cache[f"{step}/rec-0123456789ab/0"] = []  # cached below the step while the step's own listing is not
     store.forget_listings("memory://forget/dump/run/1")  # no walk to take: the keys below it are looked for
     assert sorted(cache) == sorted([run, f"{run}/2", f"{run}/10"])
+
+
+def test_temporary_names_never_repeat_and_a_forked_child_draws_its_own() -> None:
+    """The tokens in ``.tmp-``/``.trash-`` names come from a per-process prefix and a counter (no
+    system call per name); a forked child must not reuse its parent's, or two writers of one entry
+    would build it in the same temporary directory."""
+    tokens = [_token() for _ in range(50_000)]
+    assert len(set(tokens)) == len(tokens)
+    assert all(len(t) == 12 and int(t, 16) >= 0 for t in tokens)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its next tokens and leave at once
+        os.close(read_end)
+        os.write(write_end, " ".join(_token() for _ in range(100)).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        child = pipe.read().split()
+    os.waitpid(pid, 0)
+    parent = [_token() for _ in range(100)]
+    assert len(child) == 100
+    assert {t[:6] for t in child} != {tokens[0][:6]}  # a prefix of its own
+    assert not set(child) & set(parent)
