@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,12 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("stepskip", deadline=None, derandomize=True, database=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("stepskip")
+
+# Small async dumps go to helper processes once those are ready (stepskip.helper): whether a batch
+# went there would depend on how fast they started, and tests that patch a store or a format in this
+# process would not reach them. Off here (children started by tests inherit it); the helper's own
+# tests turn it on.
+os.environ.setdefault("STEPSKIP_DUMP_PROCESS", "0")
 
 # Shared test helpers (e.g. the V1 trainer harness) import as top-level modules.
 sys.path.insert(0, str(Path(__file__).parent / "support"))

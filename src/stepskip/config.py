@@ -219,6 +219,9 @@ class SkipRoleConfig:
         allow_pickle: allow reading pickle-based entries, through an allow-list unpickler.
         verify: check file checksums when loading.
         async_dump: encode and write dumps on a background thread.
+        dump_process: with ``async_dump``, small entries (the async role's one-sample ones) on a
+            local dump dir are encoded and written by a helper process, off the caller's GIL
+            (:mod:`stepskip.helper`; ``STEPSKIP_DUMP_PROCESS=0`` turns it off process-wide).
         compress: ``auto``, ``none`` or ``zstd``.
         seed: seed of the ``random`` action.
         rebind_keys: identity columns copied from the live prompts onto a replayed batch.
@@ -250,6 +253,7 @@ class SkipRoleConfig:
     allow_pickle: bool = False
     verify: bool = True
     async_dump: bool = True
+    dump_process: bool = True
     compress: Compress = Compress.AUTO
     seed: int = 0
     rebind_keys: list[str] = field(default_factory=lambda: ["uid"])
@@ -280,6 +284,7 @@ class SkipRoleConfig:
         _boolean(f"{where}.allow_pickle", self.allow_pickle)
         _boolean(f"{where}.verify", self.verify)
         _boolean(f"{where}.async_dump", self.async_dump)
+        _boolean(f"{where}.dump_process", self.dump_process)
         self.compress = parse_choice(Compress, self.compress, f"{where}.compress")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise SkipConfigError(f"{where}.seed = {self.seed!r} is not valid; expected an int")

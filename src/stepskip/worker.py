@@ -16,6 +16,7 @@ import atexit
 import collections
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -187,3 +188,6 @@ def _flush_at_exit() -> None:
     if _default is not None and _default.pending:
         logger.info("stepskip: waiting for %d pending dump(s) before exit", _default.pending)
         _default.flush()
+    helper = sys.modules.get("stepskip.helper")
+    if helper is not None:  # every dump is flushed: the helper process may go (it exits once its pipe closes)
+        helper.close_default()

@@ -1313,35 +1313,32 @@ class CachedRole(BaseSkip):
 
         The store publishes each entry atomically and makes it durable before it counts as
         written, as :meth:`_write` does, with the fsyncs of the whole batch issued together; a
-        failure is counted for its own entry alone. Only dumps to a store with ``write_entries`` come here.
+        failure is counted for its own entry alone. Only dumps to a store with ``write_entries`` come
+        here. On a local store the batch goes to the helper process when it is ready
+        (:mod:`stepskip.helper`: encoding there leaves this process's GIL to the caller), else it is
+        written on this thread.
         """
+        from stepskip.helper import HelperUnavailable, helper_enabled, write_small_entries, write_with_helpers
+
         try:
             start = time.perf_counter()
-            encoded: list[_Dump] = []
-            reached = 0  # dumps the store took from the generator (encoded or failed)
-
-            def entries() -> Iterator[tuple[str, dict[str, FileBytes], dict[str, Any]]]:
-                """Encoded one by one as the store takes them: encoding overlaps the syncs of those before."""
-                nonlocal reached
-                for dump in dumps:
-                    reached += 1
-                    try:
-                        files = self.format.encode(dump.frozen)
-                    except Exception as err:  # the dump boundary: this entry alone is lost
-                        self._dump_failed(dump.step, dump.path, err)
-                        continue
-                    encoded.append(dump)
-                    yield dump.path, files, dump.meta
-
-            try:
-                results: list[int | Exception] = self.store.write_entries(entries())
-            except Exception as err:  # not expected (the store reports failures per entry): all count as failed
-                results = [err] * len(encoded)
-                for dump in dumps[reached:]:  # never taken from the generator: never written
-                    self._dump_failed(dump.step, dump.path, err)
-            seconds = (time.perf_counter() - start) / max(1, len(encoded))  # each entry's share of the batch
-            self._hint_written([(d.path, d.meta) for d, r in zip(encoded, results) if not isinstance(r, Exception)])
-            for dump, result in zip(encoded, results):
+            items = [(dump.path, dump.frozen, dump.meta) for dump in dumps]
+            sent: list[int | Exception | None] = [None] * len(items)
+            if self.config.dump_process and helper_enabled() and type(self.store) is LocalStore \
+                    and self.store.root is not None and self.format_spec.name == "safe":
+                try:
+                    sent = write_with_helpers(self.store.root, self.format_spec.name, str(self.config.compress),
+                                              items)
+                except HelperUnavailable:
+                    pass  # not ready, or not for these snapshots: written here
+            here = [i for i, result in enumerate(sent) if result is None]
+            for i, result in zip(here, write_small_entries(self.store, self.format, [items[i] for i in here])):
+                sent[i] = result
+            results = [RuntimeError("not written") if r is None else r for r in sent]
+            written = [(d, r) for d, r in zip(dumps, results) if not isinstance(r, Exception)]
+            seconds = (time.perf_counter() - start) / max(1, len(written))  # each entry's share of the batch
+            self._hint_written([(d.path, d.meta) for d, _ in written])
+            for dump, result in zip(dumps, results):
                 if isinstance(result, Exception):
                     self._dump_failed(dump.step, dump.path, result)
                     continue
