@@ -156,7 +156,11 @@ def _unpack_tensor(spec: tuple[str, tuple[int, ...], str, int], buffers: list[by
 
 
 def _write_all(fd: int, parts: list[Any]) -> None:
-    views = [view.cast("B") for view in map(memoryview, parts) if view.nbytes]
+    views: list[memoryview] = []
+    for part in parts:
+        view = memoryview(part)
+        if view.nbytes:  # (an empty one cannot be cast when its shape holds a zero)
+            views.append(view.cast("B"))
     while views:
         done = os.writev(fd, views[:_MAX_IOV])
         while views and done >= views[0].nbytes:

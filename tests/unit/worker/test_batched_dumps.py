@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 import torch
+from async_samples import rollouter, sample_prompts
 from skip_configs import run_path, training_config
 
 from stepskip import Batch, SkipManager
@@ -91,18 +92,6 @@ def test_a_failing_group_keeps_the_worker_alive():
     assert worker.flush(WAIT_S) and ran == [1]
 
 
-class Rollouter:
-    @SkipManager.annotate(role="async_rollout")
-    def generate_sequences_single(self, prompts):
-        index = int(str(prompts.non_tensor_batch["uid"][0]).rsplit("_", 1)[1])
-        return _output(index)
-
-
-def _prompts(index: int) -> Batch:
-    return Batch.from_dict(tensors={"input_ids": torch.arange(8).reshape(1, 8)},
-                           non_tensors={"uid": [f"uid_sample_0_{index}"]})
-
-
 def _output(index: int) -> Batch:
     return Batch.from_dict(tensors={"responses": torch.arange(6).reshape(1, 6) + 100 * index,
                                     "mask": torch.tensor([[1, 1, 1, 0, 0, 0]])},
@@ -143,10 +132,10 @@ def _record(tmp_path, count: int, monkeypatch, fail: int | None = None, broken_a
 
         monkeypatch.setattr(fmt, "encode", failing)
     release = _held(default_worker())  # every dump below queues behind the held worker
-    rollouter = Rollouter()
+    generate = rollouter(_output)
     try:
         for i in range(count):
-            rollouter.generate_sequences_single(_prompts(i))
+            generate(sample_prompts(i))
     finally:
         release.set()
     assert SkipManager.flush(WAIT_S)
@@ -163,9 +152,9 @@ def test_queued_small_dumps_are_written_as_one_batch_and_each_replays(tmp_path, 
     assert sorted(p.name for p in run.iterdir()) == sorted(str(i) for i in range(count))  # no temporaries
     SkipManager.reset()
     SkipManager.init(_config(tmp_path, action="replay"))
-    rollouter = Rollouter()
+    generate = rollouter(_output)
     for i in range(count):
-        got = rollouter.generate_sequences_single(_prompts(i))
+        got = generate(sample_prompts(i))
         assert torch.equal(got.batch["responses"], _output(i).batch["responses"])
         assert got.non_tensor_batch["feed"].tolist() == [i]
     assert SkipManager.stats()["skip/async_rollout/hits"] == count

@@ -15,6 +15,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from async_samples import rollouter, sample_prompts
 from skip_configs import run_path, training_config
 
 from stepskip import Batch, SkipManager
@@ -49,18 +50,6 @@ def _held() -> threading.Event:
     return release
 
 
-class Rollouter:
-    @SkipManager.annotate(role="async_rollout")
-    def generate_sequences_single(self, prompts):
-        index = int(str(prompts.non_tensor_batch["uid"][0]).rsplit("_", 1)[1])
-        return _output(index)
-
-
-def _prompts(index: int) -> Batch:
-    return Batch.from_dict(tensors={"input_ids": torch.arange(8).reshape(1, 8)},
-                           non_tensors={"uid": [f"uid_sample_0_{index}"]})
-
-
 def _output(index: int) -> Batch:
     return Batch.from_dict(tensors={"responses": torch.arange(6).reshape(1, 6) + 100 * index,
                                     "mask": torch.tensor([[1, 1, 1, 0, 0, 0]]),
@@ -84,7 +73,7 @@ def _record(dump_dir, monkeypatch, **fields) -> list[int]:
     release = _held()
     try:
         for i in range(COUNT):
-            Rollouter().generate_sequences_single(_prompts(i))
+            rollouter(_output)(sample_prompts(i))
     finally:
         release.set()
     assert SkipManager.flush(WAIT_S)
@@ -117,7 +106,7 @@ def test_the_helpers_write_the_entries_a_worker_thread_would_and_each_replays(tm
     SkipManager.init(training_config(tmp_path / "helper", "async_rollout", gbs=1, n=1, steps="all",
                                      action="replay"))
     for i in range(COUNT):
-        got = Rollouter().generate_sequences_single(_prompts(i))
+        got = rollouter(_output)(sample_prompts(i))
         want = _output(i)
         for key in ("responses", "mask", "logp"):
             assert torch.equal(got.batch[key], want.batch[key])
