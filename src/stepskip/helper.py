@@ -52,7 +52,7 @@ __all__ = ["DumpHelper", "HelperUnavailable", "default_helpers", "helper_enabled
 
 logger = logging.getLogger(__name__)
 
-#: ``0`` turns the helper process off for every role of this process (and of its children).
+#: ``0`` turns the helper processes off for every role of this process (and of its children).
 ENV = "STEPSKIP_DUMP_PROCESS"
 #: The child's program: this stepskip (its directory put on the path unless there already), then :func:`main`.
 _CHILD = ("import sys; root = sys.argv[1]; root in sys.path or sys.path.insert(0, root); "
@@ -259,10 +259,8 @@ class DumpHelper:
     """The helper process, as the dump worker uses it (from the worker's thread alone).
 
     Example:
-        >>> helper = DumpHelper()
-        >>> helper.usable()  # not started yet: started now, ready a few seconds later
-        False
-        >>> helper.close()
+        >>> DumpHelper().state  # nothing started until a batch asks (usable) or a test waits (wait_ready)
+        'new'
     """
 
     def __init__(self) -> None:
@@ -279,11 +277,7 @@ class DumpHelper:
 
     def usable(self) -> bool:
         """True when a batch can go to the helper now; starts it on the first call (never waits)."""
-        if self._state == "new":
-            self._start()
-        if self._state == "starting":
-            self._poll_ready(0)
-        return self._state == "ready"
+        return self.wait_ready(0)
 
     def wait_ready(self, timeout: float) -> bool:
         """Start the helper if needed and wait up to ``timeout`` seconds for it to report ready."""
@@ -449,28 +443,29 @@ def write_with_helpers(root: str, format_name: str, compress: str, items: Sequen
         _check_item(frozen)
     # a share of at least MIN_SHARE entries each: a few entries are synced file by file, many by one syncfs
     helpers = helpers[:max(1, len(items) // MIN_SHARE)]
+    n = len(helpers)
+    counts = [len(range(k, len(items), n)) for k in range(n)]  # helper k takes items k, k + n, ...
     results: list[int | Exception | None] = [None] * len(items)
     live: dict[int, set[int]] = {}  # helper -> the positions in its share that were not sent
     for k, helper in enumerate(helpers):
         try:
-            helper.begin(root, format_name, compress, len(range(k, len(items), len(helpers))))
+            helper.begin(root, format_name, compress, counts[k])
             live[k] = set()
         except HelperUnavailable:
             pass  # its share is written by the caller
     for i, item in enumerate(items):
-        k = i % len(helpers)
+        k = i % n
         if k in live:
             try:
                 if not helpers[k].send(item):
-                    live[k].add(i // len(helpers))
+                    live[k].add(i // n)
             except HelperUnavailable:
                 del live[k]
     for k, unsent in live.items():
         try:
-            share = helpers[k].finish(len(range(k, len(items), len(helpers))), unsent)
+            results[k::n] = helpers[k].finish(counts[k], unsent)
         except HelperUnavailable:
             continue
-        results[k::len(helpers)] = share
     return results
 
 
@@ -530,9 +525,11 @@ def _serve(requests: int, results: int, header: Any, stores: dict[str, Any], cod
             yield item
 
     try:
-        store = stores.get(root) or stores.setdefault(root, LocalStore(root))
-        codec = codecs.get((format_name, compress)) or codecs.setdefault(
-            (format_name, compress), get_format(format_name, compress=compress))
+        if root not in stores:
+            stores[root] = LocalStore(root)
+        if (format_name, compress) not in codecs:
+            codecs[format_name, compress] = get_format(format_name, compress=compress)
+        store, codec = stores[root], codecs[format_name, compress]
     except Exception as err:  # the whole batch is left to the parent
         logger.warning("cannot write under %s (%s: %s): the entries are left to the training process", root,
                        type(err).__name__, err)

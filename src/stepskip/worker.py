@@ -189,5 +189,5 @@ def _flush_at_exit() -> None:
         logger.info("stepskip: waiting for %d pending dump(s) before exit", _default.pending)
         _default.flush()
     helper = sys.modules.get("stepskip.helper")
-    if helper is not None:  # every dump is flushed: the helper process may go (it exits once its pipe closes)
+    if helper is not None:  # every dump is flushed: the helper processes may go (each exits once its pipe closes)
         helper.close_default()

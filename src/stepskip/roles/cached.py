@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -1314,7 +1314,7 @@ class CachedRole(BaseSkip):
         The store publishes each entry atomically and makes it durable before it counts as
         written, as :meth:`_write` does, with the fsyncs of the whole batch issued together; a
         failure is counted for its own entry alone. Only dumps to a store with ``write_entries`` come
-        here. On a local store the batch goes to the helper process when it is ready
+        here. On a local store the batch goes to the helper processes once ready
         (:mod:`stepskip.helper`: encoding there leaves this process's GIL to the caller), else it is
         written on this thread.
         """
@@ -1331,10 +1331,10 @@ class CachedRole(BaseSkip):
                                               items)
                 except HelperUnavailable:
                     pass  # not ready, or not for these snapshots: written here
-            here = [i for i, result in enumerate(sent) if result is None]
+            here = [i for i, result in enumerate(sent) if result is None]  # what the helpers did not write
             for i, result in zip(here, write_small_entries(self.store, self.format, [items[i] for i in here])):
                 sent[i] = result
-            results = [RuntimeError("not written") if r is None else r for r in sent]
+            results = cast("list[int | Exception]", sent)  # one result per entry now
             written = [(d, r) for d, r in zip(dumps, results) if not isinstance(r, Exception)]
             seconds = (time.perf_counter() - start) / max(1, len(written))  # each entry's share of the batch
             self._hint_written([(d.path, d.meta) for d, _ in written])

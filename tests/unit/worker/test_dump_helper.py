@@ -142,6 +142,36 @@ def test_an_entry_the_helper_cannot_write_fails_alone(tmp_path, helpers):
     assert sorted(p.name for p in (root / "run").iterdir()) == sorted(str(i) for i in range(16) if i != 5)
 
 
+def test_an_entry_that_cannot_be_sent_is_left_to_the_caller(tmp_path, helpers):
+    """A snapshot that does not pickle (a stand-in: a lambda put into its tree) comes back as None,
+    for the caller to write itself; the rest of the batch is written by the helpers."""
+    codec = get_format("safe", compress="auto")
+    root = tmp_path / "root"
+    items = [(str(root / "run" / str(i)), codec.freeze(_output(i), copy=True), {"global_steps": i})
+             for i in range(16)]
+    items[3][1].tree["unpicklable"] = lambda: None
+    results = write_with_helpers(str(root), "safe", "auto", items)
+    assert results[3] is None
+    assert all(isinstance(r, int) and r > 0 for i, r in enumerate(results) if i != 3)
+    assert sorted(p.name for p in (root / "run").iterdir()) == sorted(str(i) for i in range(16) if i != 3)
+    assert all(h.state == "ready" for h in helpers)  # the stream stayed in step
+
+
+def test_helpers_still_starting_leave_the_batch_to_the_worker_thread(tmp_path, monkeypatch):
+    """Until a helper reports ready (held here: its ready message is never read), batches are written
+    on the worker's thread; closing kills a helper that is still starting."""
+    close_default()
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setattr(helpers_module.DumpHelper, "_poll_ready", lambda self, timeout: None)
+    assert _record(tmp_path, monkeypatch) == [COUNT]
+    started = default_helpers()
+    assert all(h.state == "starting" for h in started)
+    procs = [h._proc for h in started]
+    close_default()
+    assert all(p.wait(WAIT_S) == -signal.SIGKILL for p in procs)
+    assert SkipManager.stats()["skip/async_rollout/dumps"] == COUNT
+
+
 def test_the_helpers_are_off_by_environment_or_by_config(tmp_path, monkeypatch):
     close_default()
     monkeypatch.setenv(ENV, "0")
