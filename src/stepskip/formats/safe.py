@@ -811,10 +811,11 @@ def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]
         return encoded
 
     def dense_many(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """Encode sibling tensors side by side (torch releases the GIL)."""
+        """Encode sibling tensors, dense or jagged, side by side (torch releases the GIL)."""
         keys = list(nodes)
-        total = sum(_nbytes(t) for n in nodes.values() if (t := table.get(n["ref"])) is not None)
-        return dict(zip(keys, _parallel_map(lambda k: dense(nodes[k]), keys, nbytes=total)))
+        refs = [n["ref"] if n["kind"] == "tensor" else n["values"] for n in nodes.values()]
+        total = sum(_nbytes(t) for ref in refs if isinstance(ref, str) and (t := table.get(ref)) is not None)
+        return dict(zip(keys, _parallel_map(lambda k: walk(nodes[k]), keys, nbytes=total)))
 
     def walk(node: Any) -> Any:
         if not isinstance(node, dict) or "kind" not in node:
@@ -832,7 +833,9 @@ def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]
             entries = node["entries"]
             plain = {k: table[v["ref"]] for k, v in entries.items() if v["kind"] == "tensor" and "enc" not in v}
             joined = find_concat(plain)
-            encoded = dense_many({k: entries[k] for k in plain if k not in joined})
+            # a V1 step's columns are jagged: they are narrowed side by side too
+            encoded = dense_many({k: v for k, v in entries.items()
+                                  if (k in plain and k not in joined) or v["kind"] == "jagged"})
             out_entries = {}
             for key, child in entries.items():
                 if key in joined:

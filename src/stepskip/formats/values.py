@@ -45,6 +45,8 @@ PACK_MIN_ITEMS = 64
 
 TAG = "__t"
 _PLAIN = (str, int, float, bool, type(None))
+_PLAIN_TYPES = frozenset(_PLAIN)  # the values encode_value returns as they are
+_STR = frozenset({str})
 
 TensorSink = Callable[[torch.Tensor], str]
 TensorSource = Callable[[str], torch.Tensor]
@@ -76,10 +78,17 @@ def encode_value(value: Any, path: str, add_tensor: TensorSink = _no_tensors) ->
             rows = _encode_rows(value, add_tensor)
             if rows is not None:
                 return rows
-        return [encode_value(v, f"{path}[{i}]", add_tensor) for i, v in enumerate(value)]
+        if value and type(value[0]) is dict and _plain_dicts(value):
+            return value  # already JSON as it is (a V1 step's 1,024 tag dicts), checked in C loops
+        # plain items pass as they are, without a call or a path each
+        return [v if type(v) in _PLAIN_TYPES else encode_value(v, f"{path}[{i}]", add_tensor)
+                for i, v in enumerate(value)]
     if kind is dict:
+        if TAG not in value and set(map(type, value.values())) <= _PLAIN_TYPES and set(map(type, value)) <= _STR:
+            return value  # already JSON as it is: string keys, plain values
         if TAG not in value and all(type(k) is str for k in value):
-            return {k: encode_value(v, f"{path}[{k!r}]", add_tensor) for k, v in value.items()}
+            return {k: v if type(v) in _PLAIN_TYPES else encode_value(v, f"{path}[{k!r}]", add_tensor)
+                    for k, v in value.items()}
         return {TAG: "dict", "v": [[encode_value(k, f"{path}.<key>", add_tensor),
                                     encode_value(v, f"{path}[{k!r}]", add_tensor)] for k, v in value.items()]}
     if kind is tuple:
@@ -112,6 +121,15 @@ def encode_value(value: Any, path: str, add_tensor: TensorSink = _no_tensors) ->
 
 
 _NONE = type(None)
+_DICT = frozenset({dict})
+
+
+def _plain_dicts(items: list[Any]) -> bool:
+    """Whether ``items`` are dicts that encode as themselves: string keys (the tag not among them), plain values."""
+    return set(map(type, items)) <= _DICT and not any(map(operator.contains, items, itertools.repeat(TAG))) \
+        and set(map(type, itertools.chain.from_iterable(items))) <= _STR \
+        and set(map(type, itertools.chain.from_iterable(map(dict.values, items)))) <= _PLAIN_TYPES
+
 _INT_ROWS = frozenset({int, _NONE})
 _FLOAT_ROWS = frozenset({float, _NONE})
 _NUMBERS = _INT_ROWS | _FLOAT_ROWS

@@ -232,6 +232,50 @@ def test_rollout_batch_round_trip_and_size(compress):
         assert size < 0.2 * in_memory
 
 
+def jagged_step(rows: int = 512) -> Any:
+    """What a V1 step reads back from the queue: unpadded rows as jagged columns (about 3 MB)."""
+    from tensordict import TensorDict
+
+    gen = torch.Generator().manual_seed(7)
+    lengths = torch.randint(200, 400, (rows,), generator=gen).tolist()
+
+    def column(make: Any) -> torch.Tensor:
+        return torch.nested.as_nested_tensor([make(n) for n in lengths], layout=torch.jagged)
+
+    return TensorDict({
+        "responses": column(lambda n: torch.randint(0, 151_000, (n,), generator=gen)),
+        "response_mask": column(lambda n: torch.ones(n, dtype=torch.int64)),
+        "rollout_log_probs": column(lambda n: -5 * torch.rand(n, generator=gen)),
+    }, batch_size=[rows])
+
+
+def test_jagged_columns_are_narrowed_side_by_side_into_the_same_bytes(monkeypatch):
+    """The columns of a V1 step are encoded on the codec pool together; the bytes do not depend on it."""
+    import stepskip.formats.safe as safe
+
+    step = {"tensordict": jagged_step(), "tags": [{"seq_len": i} for i in range(512)]}
+    fmt = get_format("safe")
+    calls: list[list[Any]] = []
+    real = safe._parallel_map
+
+    def recording(fn, items, pool="codec", nbytes=None):
+        calls.append(list(items))
+        return real(fn, items, pool=pool, nbytes=nbytes)
+
+    monkeypatch.setattr(safe, "_parallel_map", recording)
+    side_by_side = fmt.encode(fmt.freeze(step, copy=True))
+    assert ["responses", "response_mask", "rollout_log_probs"] in calls
+    monkeypatch.setattr(safe, "PARALLEL_MIN_BYTES", 1 << 62)  # every item on the calling thread
+    one_by_one = fmt.encode(fmt.freeze(step, copy=True))
+    assert {k: bytes(v) for k, v in side_by_side.items()} == {k: bytes(v) for k, v in one_by_one.items()}
+    out = fmt.decode(side_by_side)
+    for key, column in step["tensordict"].items():
+        assert out["tensordict"][key].dtype == column.dtype
+        assert torch.equal(bits(out["tensordict"][key].values()), bits(column.values())), key
+        assert torch.equal(out["tensordict"][key].offsets(), column.offsets()), key
+    assert out["tags"] == step["tags"]
+
+
 def test_a_concatenation_decodes_beside_its_parts_and_a_damaged_part_fails_without_a_hang(monkeypatch):
     """input_ids (prompts | responses) is copied on the pool once its parts exist; a part that does
     not decode must surface as a damaged entry, never leave the concatenation waiting forever."""

@@ -228,6 +228,43 @@ def test_object_array_of_lists_stays_one_dimensional() -> None:
     assert out[0] == [1, 2] and type(out[0]) is list
 
 
+# --------------------------------------------------------------------------- lists of flat dicts
+
+TAGS = [{"global_steps": 1, "status": "finished", "seq_len": 100 + i, "score": 0.5, "ok": True, "note": None}
+        for i in range(64)]
+
+
+def test_a_list_of_plain_dicts_is_its_own_encoding() -> None:
+    """A V1 step's tags (a flat dict per row) need no rebuilding: the list encodes as itself."""
+    assert encode_value(TAGS, "tags") is TAGS
+    assert roundtrip(TAGS) == TAGS
+
+
+@pytest.mark.parametrize("odd", [
+    {"__t": "tuple", "v": []},  # a user dict holding the tag key
+    {1: "int key"},
+    {True: "bool key"},
+    {"t": (1, 2)},
+    {"nested": {"a": 1}},
+    {"arr": np.int32(3)},
+    {"list": [1, 2]},
+    ["not", "a", "dict"],
+    "a string",
+], ids=repr)
+def test_one_item_that_is_not_a_plain_dict_is_encoded_as_it_would_be_alone(odd: Any, exact: Exact) -> None:
+    for where in (0, 31, 63):
+        value = [*TAGS[:where], odd, *TAGS[where + 1:]]
+        encoded = encode_value(value, "tags")
+        assert encoded == [encode_value(item, f"tags[{i}]") for i, item in enumerate(value)]
+        exact(decode_value(json.loads(json.dumps(encoded))), value)
+
+
+def test_an_unstorable_value_in_a_list_of_dicts_is_named() -> None:
+    value = [*TAGS, {"when": datetime.datetime(2024, 1, 1)}]
+    with pytest.raises(UnstorableValueError, match=r"tags\[64\]\['when'\]"):
+        encode_value(value, "tags")
+
+
 # --------------------------------------------------------------------------- tensors via callbacks
 
 
