@@ -633,7 +633,7 @@ class SafeFormat:
         inline = False
         if self.compress != "none":
             tree, tensors, inline = _compact(tree, tensors)
-            refs = list(tensors)
+            refs = sorted(tensors)  # 'packed' in one order, whichever pool thread added its part first
             packed: dict[str, Any] = {}
             total = sum(map(_nbytes, tensors.values()))
             for ref, (stored, info) in zip(refs, _parallel_map(lambda r: pack(tensors[r], self.compress), refs,

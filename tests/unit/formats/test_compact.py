@@ -276,6 +276,25 @@ def test_jagged_columns_are_narrowed_side_by_side_into_the_same_bytes(monkeypatc
     assert out["tags"] == step["tags"]
 
 
+@pytest.mark.parametrize("make", [lambda: make_rollout_batch(256, 256, 512, n=8, seed=1),
+                                  lambda: {"tensordict": jagged_step()}], ids=["rollout", "v1-step"])
+def test_the_files_do_not_depend_on_which_pool_item_finishes_first(monkeypatch, make):
+    """The pool's threads add the encoded parts in any order; the entry's bytes stay the same."""
+    import stepskip.formats.safe as safe
+
+    value, fmt = make(), get_format("safe")
+    monkeypatch.setattr(safe, "PARALLEL_MIN_BYTES", 1 << 62)  # in order, on the calling thread
+    in_order = fmt.encode(fmt.freeze(value, copy=True))
+
+    def last_first(fn, items, pool="codec", nbytes=None):
+        done = {i: fn(item) for i, item in reversed(list(enumerate(items)))}
+        return [done[i] for i in range(len(items))]
+
+    monkeypatch.setattr(safe, "_parallel_map", last_first)
+    reversed_order = fmt.encode(fmt.freeze(value, copy=True))
+    assert {k: bytes(v) for k, v in reversed_order.items()} == {k: bytes(v) for k, v in in_order.items()}
+
+
 def test_a_concatenation_decodes_beside_its_parts_and_a_damaged_part_fails_without_a_hang(monkeypatch):
     """input_ids (prompts | responses) is copied on the pool once its parts exist; a part that does
     not decode must surface as a damaged entry, never leave the concatenation waiting forever."""
