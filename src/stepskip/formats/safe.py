@@ -813,7 +813,9 @@ def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]
     def dense_many(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Encode sibling tensors, dense or jagged, side by side (torch releases the GIL)."""
         keys = list(nodes)
-        refs = [n["ref"] if n["kind"] == "tensor" else n["values"] for n in nodes.values()]
+        # a jagged node's parts are its values, offsets and lengths; none of these walks maps in parallel
+        # again (a nested map on the same pool could wait on itself)
+        refs = [n.get(part) for n in nodes.values() for part in ("ref", "values", "offsets", "lengths")]
         total = sum(_nbytes(t) for ref in refs if isinstance(ref, str) and (t := table.get(ref)) is not None)
         return dict(zip(keys, _parallel_map(lambda k: walk(nodes[k]), keys, nbytes=total)))
 
