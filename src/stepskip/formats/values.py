@@ -25,7 +25,7 @@ import binascii
 import itertools
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,12 +79,12 @@ def encode_value(value: Any, path: str, add_tensor: TensorSink = _no_tensors) ->
             if rows is not None:
                 return rows
         if value and type(value[0]) is dict and _plain_dicts(value):
-            return value  # already JSON as it is (a V1 step's 1,024 tag dicts), checked in C loops
+            return value  # already JSON as it is (a V1 step's tag dicts)
         # plain items pass as they are, without a call or a path each
         return [v if type(v) in _PLAIN_TYPES else encode_value(v, f"{path}[{i}]", add_tensor)
                 for i, v in enumerate(value)]
     if kind is dict:
-        if TAG not in value and set(map(type, value.values())) <= _PLAIN_TYPES and set(map(type, value)) <= _STR:
+        if _plain_dicts((value,)):
             return value  # already JSON as it is: string keys, plain values
         if TAG not in value and all(type(k) is str for k in value):
             return {k: v if type(v) in _PLAIN_TYPES else encode_value(v, f"{path}[{k!r}]", add_tensor)
@@ -122,17 +122,17 @@ def encode_value(value: Any, path: str, add_tensor: TensorSink = _no_tensors) ->
 
 _NONE = type(None)
 _DICT = frozenset({dict})
-
-
-def _plain_dicts(items: list[Any]) -> bool:
-    """Whether ``items`` are dicts that encode as themselves: string keys (the tag not among them), plain values."""
-    return set(map(type, items)) <= _DICT and not any(map(operator.contains, items, itertools.repeat(TAG))) \
-        and set(map(type, itertools.chain.from_iterable(items))) <= _STR \
-        and set(map(type, itertools.chain.from_iterable(map(dict.values, items)))) <= _PLAIN_TYPES
-
 _INT_ROWS = frozenset({int, _NONE})
 _FLOAT_ROWS = frozenset({float, _NONE})
 _NUMBERS = _INT_ROWS | _FLOAT_ROWS
+
+
+def _plain_dicts(items: Sequence[Any]) -> bool:
+    """Whether ``items`` are dicts that encode as themselves: string keys (the tag not among them), plain
+    values. Checked in C loops: a V1 step's 1,024 tag dicts in a fraction of a millisecond."""
+    return set(map(type, items)) <= _DICT and not any(map(operator.contains, items, itertools.repeat(TAG))) \
+        and set(map(type, itertools.chain.from_iterable(items))) <= _STR \
+        and set(map(type, itertools.chain.from_iterable(map(dict.values, items)))) <= _PLAIN_TYPES
 
 
 def _encode_rows(rows: list[Any], add_tensor: TensorSink) -> dict[str, Any] | None:
