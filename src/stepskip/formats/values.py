@@ -301,6 +301,9 @@ def decode_value(data: Any, get_tensor: TensorSource = _no_source, budget: Decod
                  field: str = "value") -> Any:
     """Invert :func:`encode_value`.
 
+    A list of plain items, or of dicts holding plain values and not the tag key, is returned as it
+    is: parsed JSON that stands for itself (a V1 step's keys and tags), checked in C loops.
+
     Args:
         data: what :func:`encode_value` returned, parsed back from JSON.
         get_tensor: the tensor stored under a reference.
@@ -313,6 +316,8 @@ def decode_value(data: Any, get_tensor: TensorSource = _no_source, budget: Decod
     """
     kind = type(data)
     if kind is list:
+        if set(map(type, data)) <= _PLAIN_TYPES or _plain_dicts(data):  # parsed JSON that stands for itself
+            return data
         return [decode_value(v, get_tensor, budget, field) for v in data]
     if kind is not dict:
         return data

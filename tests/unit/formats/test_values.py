@@ -259,6 +259,21 @@ def test_one_item_that_is_not_a_plain_dict_is_encoded_as_it_would_be_alone(odd: 
         exact(decode_value(json.loads(json.dumps(encoded))), value)
 
 
+def test_parsed_lists_of_plain_items_decode_as_themselves() -> None:
+    """A V1 step's keys and tags come back from data.json needing no rebuilding: decoded as the parsed lists."""
+    for value in (TAGS, [f"uid{i}_{i % 8}_0" for i in range(64)], [1, 2.5, None, True, "s"]):
+        parsed = json.loads(json.dumps(value))
+        assert decode_value(parsed) is parsed and parsed == value
+
+
+def test_a_tagged_item_among_plain_ones_is_still_decoded() -> None:
+    for plain in (TAGS, ["a"] * 64, [1] * 64):
+        for where in (0, 63):
+            value = [*plain[:where], (1, b"x"), *plain[where + 1:]]
+            out = decode_value(json.loads(json.dumps(encode_value(value, "v"))))
+            assert out == value and type(out[where]) is tuple and type(out[where][1]) is bytes
+
+
 def test_an_unstorable_value_in_a_list_of_dicts_is_named() -> None:
     value = [*TAGS, {"when": datetime.datetime(2024, 1, 1)}]
     with pytest.raises(UnstorableValueError, match=r"tags\[64\]\['when'\]"):

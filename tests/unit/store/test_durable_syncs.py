@@ -43,6 +43,21 @@ def test_a_new_directory_is_made_durable_in_its_parent(tmp_path, monkeypatch):
     assert _id(tmp_path) in synced and _id(tmp_path / "new") in synced
 
 
+def test_a_staging_directory_is_made_durable_when_it_is_published(tmp_path, monkeypatch):
+    """A V1 step's hidden staging directory is not synced into its parent when it is made (a crash may
+    lose it: it is a temporary); publishing it syncs it and the parent, and the step is then whole."""
+    store = LocalStore(str(tmp_path))
+    (tmp_path / "run").mkdir()
+    synced = _synced_dirs(monkeypatch)
+    staging = f"{tmp_path}/run/.tmp-5-abc"
+    store.write_entry(f"{staging}/0", {"data.json": b"{}"}, {"global_steps": 5})
+    assert _id(tmp_path / "run") not in synced and _id(staging) in synced
+    store.publish_dir(staging, f"{tmp_path}/run/5")
+    assert _id(tmp_path / "run") in synced and _id(tmp_path / "run" / "5") in synced
+    assert (tmp_path / "run" / "5" / "0" / "data.json").read_bytes() == b"{}"
+    assert not os.path.exists(staging)
+
+
 def test_a_missing_store_root_is_made_durable_in_its_parent(tmp_path, monkeypatch):
     root = tmp_path / "fresh" / "root"
     store = LocalStore(str(root))
