@@ -837,6 +837,17 @@ def render_colocated(size: str, threads: str, ours: dict[str, Any], verl: dict[s
     return lines
 
 
+def _commit() -> str:
+    """The checked-out commit, with '+changes' when the work tree differs from it ('unknown' outside git)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        return git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "--untracked-files=no")
+                                                      else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     group = parser.add_mutually_exclusive_group()
@@ -858,10 +869,11 @@ def main() -> None:
     rounds = args.rounds or (1 if args.smoke else 2)
     skip = set(filter(None, args.skip.split(",")))
     default_threads = torch.get_num_threads()
+    commit = _commit()
     results: dict[str, Any] = {"mode": mode, "repeat": repeat, "rounds": rounds, "verl": verl_python() is not None,
-                               "runs": []}
-    lines = [f"bench_user_path: {mode} sizes, best of {rounds} rounds x {repeat} runs (median), the two sides "
-             f"alternated round by round, cpu cores {os.cpu_count()}, "
+                               "commit": commit, "runs": []}
+    lines = [f"bench_user_path: {mode} sizes, commit {commit}, best of {rounds} rounds x {repeat} runs (median), "
+             f"the two sides alternated round by round, cpu cores {os.cpu_count()}, "
              f"load average {os.getloadavg()[0]:.1f}; verl 0.9.1 side: "
              + ("its own code in " + str(verl_python()) if verl_python() else "not available (make verl-env)")]
     with tempfile.TemporaryDirectory(prefix="stepskip-bench-user-") as workdir:
