@@ -1293,8 +1293,8 @@ class LocalStore(_EntryStore):
         """An fd of the directory ``path``, reached without following links below the base.
 
         With ``create``, each missing directory is made and its name synced into its parent, except
-        a hidden temporary (a V1 step's staging directory): :meth:`publish_dir` syncs it and the
-        parent when it publishes it, and until then a crash may as well lose it.
+        a hidden temporary as the last component (a V1 step's staging directory): :meth:`publish_dir`
+        syncs it and the parent when it publishes it, and until then a crash may as well lose it.
 
         Raises:
             FileNotFoundError: a component does not exist (and ``create`` is False).
@@ -1325,7 +1325,7 @@ class LocalStore(_EntryStore):
                     except FileExistsError:
                         pass
                     else:
-                        if not part.startswith(TMP_PREFIX):
+                        if not (i == len(parts) - 1 and part.startswith(TMP_PREFIX)):
                             _fsync_dir(fd)  # the new name itself, not only what goes in it, survives a crash
                     child = os.open(part, _O_DIR, dir_fd=fd)
             except OSError as err:

@@ -58,6 +58,14 @@ def test_a_staging_directory_is_made_durable_when_it_is_published(tmp_path, monk
     assert not os.path.exists(staging)
 
 
+def test_only_the_last_directory_made_is_left_to_publish_dir(tmp_path, monkeypatch):
+    """A directory named like a temporary higher up the path holds published entries: it is synced as any."""
+    store = LocalStore(str(tmp_path))
+    synced = _synced_dirs(monkeypatch)
+    store.write_entry(f"{tmp_path}/.tmp-like/run/1", {"data.json": b"{}"}, {"global_steps": 1})
+    assert _id(tmp_path) in synced and _id(tmp_path / ".tmp-like") in synced
+
+
 def test_a_missing_store_root_is_made_durable_in_its_parent(tmp_path, monkeypatch):
     root = tmp_path / "fresh" / "root"
     store = LocalStore(str(root))
