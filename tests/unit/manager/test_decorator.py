@@ -1023,6 +1023,32 @@ def test_prompt_digest_not_compared_for_another_steps_entry(tmp_path, caplog):
     assert loop.calls == []
 
 
+@pytest.mark.parametrize("check_prompts", ["warn", "error"])
+def test_prompt_mismatch_on_a_damaged_entry(tmp_path, caplog, check_prompts):
+    """An entry whose damage only its checksum tells (a flipped byte) and whose prompts differ from
+    the call's: under ``check_prompts=error`` the mismatch is what the call raises (the check runs
+    before any data is read: nothing generated, the entry kept); under ``warn`` the mismatch is
+    logged, the damage found by the read, and the step regenerated."""
+    record_steps(tmp_path, [1])
+    entry = step_dir(tmp_path, 1)
+    _flip_byte(entry / "data.safetensors")
+    caplog.set_level(logging.WARNING, logger="stepskip")
+    SkipManager.init(make_config(tmp_path, steps=[1], check_prompts=check_prompts))
+    other = make_prompts(PROMPTS)
+    other.batch["input_ids"] += 1
+    loop = Loop()
+    SkipManager.set_step(1)
+    if check_prompts == "error":
+        with pytest.raises(SkipConfigError, match="other prompts"):
+            loop.generate_sequences(other)
+        assert loop.calls == [] and (entry / "data.safetensors").exists()
+        return
+    assert_batch_equal(loop.generate_sequences(other), make_output(1))
+    assert loop.calls == [1]
+    warned = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "other prompts" in warned and "corrupt" in warned, warned
+
+
 def test_will_replay_false_when_mismatch_would_regenerate(tmp_path):
     SkipManager.init(_with_rollout_settings(make_config(tmp_path, steps=[1]), 0.7, "/models/a"))
     SkipManager.set_step(1)
