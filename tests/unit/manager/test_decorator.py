@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from skip_configs import run_path, training_config
 
 from stepskip import Batch, CacheMissError, CorruptEntryError, SkipConfigError, SkipManager
+from stepskip.errors import PromptMismatchError
 from stepskip.worker import DumpWorker
 
 STAT_NAMES = (
@@ -1032,6 +1033,7 @@ def test_prompt_mismatch_on_a_damaged_entry(tmp_path, caplog, check_prompts):
     record_steps(tmp_path, [1])
     entry = step_dir(tmp_path, 1)
     _flip_byte(entry / "data.safetensors")
+    damaged = {f.name: f.read_bytes() for f in entry.iterdir()}
     caplog.set_level(logging.WARNING, logger="stepskip")
     SkipManager.init(make_config(tmp_path, steps=[1], check_prompts=check_prompts))
     other = make_prompts(PROMPTS)
@@ -1039,9 +1041,10 @@ def test_prompt_mismatch_on_a_damaged_entry(tmp_path, caplog, check_prompts):
     loop = Loop()
     SkipManager.set_step(1)
     if check_prompts == "error":
-        with pytest.raises(SkipConfigError, match="other prompts"):
+        with pytest.raises(PromptMismatchError, match="other prompts"):
             loop.generate_sequences(other)
-        assert loop.calls == [] and (entry / "data.safetensors").exists()
+        assert loop.calls == []
+        assert {f.name: f.read_bytes() for f in entry.iterdir()} == damaged  # left as it was found
         return
     assert_batch_equal(loop.generate_sequences(other), make_output(1))
     assert loop.calls == [1]
