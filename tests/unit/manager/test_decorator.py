@@ -990,13 +990,20 @@ def test_fingerprint_mismatch_policy(tmp_path, caplog, on_mismatch):
     assert "run_name_with_time" not in message
 
 
+def _other_prompts():
+    """The prompts of ``PROMPTS`` with other tokens and the same uids: a call a recorded entry's
+    prompt digest does not match."""
+    other = make_prompts(PROMPTS)
+    other.batch["input_ids"] += 1
+    return other
+
+
 @pytest.mark.parametrize("check_prompts", ["warn", "error", "off"])
 def test_prompt_digest_policy(tmp_path, caplog, check_prompts):
     record_steps(tmp_path, [1, 2])
     caplog.set_level(logging.WARNING, logger="stepskip")
     SkipManager.init(make_config(tmp_path, steps=[1, 2], check_prompts=check_prompts))
-    other = make_prompts(PROMPTS)
-    other.batch["input_ids"] += 1  # other prompt tokens, same uids
+    other = _other_prompts()
     loop = Loop()
     SkipManager.set_step(1)
     if check_prompts == "error":
@@ -1016,8 +1023,7 @@ def test_prompt_digest_not_compared_for_another_steps_entry(tmp_path, caplog):
     record_steps(tmp_path, [1])
     caplog.set_level(logging.WARNING, logger="stepskip")
     SkipManager.init(make_config(tmp_path, steps=[1, 2], action="repeat", check_prompts="error"))
-    other = make_prompts(PROMPTS)
-    other.batch["input_ids"] += 1
+    other = _other_prompts()
     loop = Loop()
     SkipManager.set_step(2)  # repeat serves step 1's entry: other prompts are expected
     assert_batch_equal(loop.generate_sequences(other), make_output(1))
@@ -1036,8 +1042,7 @@ def test_prompt_mismatch_on_a_damaged_entry(tmp_path, caplog, check_prompts):
     damaged = {f.name: f.read_bytes() for f in entry.iterdir()}
     caplog.set_level(logging.WARNING, logger="stepskip")
     SkipManager.init(make_config(tmp_path, steps=[1], check_prompts=check_prompts))
-    other = make_prompts(PROMPTS)
-    other.batch["input_ids"] += 1
+    other = _other_prompts()
     loop = Loop()
     SkipManager.set_step(1)
     if check_prompts == "error":
