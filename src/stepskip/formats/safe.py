@@ -343,6 +343,17 @@ _POOLS: dict[str, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 
 
+def _forget_pools_after_fork() -> None:
+    """In a forked child: the parent's pools have none of their threads here, and an executor that
+    counts them as started never starts more, so work handed to it would wait forever."""
+    global _POOLS_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools_after_fork)
+
+
 def _parallel_map(fn: Callable[[Any], Any], items: list[Any], pool: str = "codec",
                   nbytes: int | None = None) -> list[Any]:
     """``map`` on a small thread pool (torch, numpy and zstd release the GIL); each item runs exactly once.

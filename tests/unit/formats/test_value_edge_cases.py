@@ -8,7 +8,9 @@ must run each item of a non-idempotent step exactly once.
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -242,6 +244,31 @@ def test_an_error_of_the_step_is_raised_and_nothing_runs_twice(error: type[Excep
     with pytest.raises(error, match="item 3"):
         safe_module._parallel_map(count, list(range(6)))
     assert sorted(count.calls) == sorted(set(count.calls))  # at most once each
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_pools_of_its_own() -> None:
+    """A child forked after the pool's threads started (a DataLoader worker, a fork start method)
+    encodes and decodes a large value through pools of its own: the parent's threads do not exist
+    there, and work handed to the parent's executor would wait forever."""
+    fmt = SafeFormat()
+    value = {"ids": torch.arange(1 << 20).reshape(256, -1), "logp": torch.randn(256, 4096)}
+    assert fmt.decode(fmt.encode(fmt.freeze(value, copy=True)))["ids"].equal(value["ids"])  # the pools started
+    assert safe_module._POOLS
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child; a hang is turned into a failing exit status by the alarm
+        code = 1
+        try:
+            signal.alarm(60)
+            torch.set_num_threads(1)  # as a DataLoader worker does: torch's own thread pool does not survive a fork
+            back = fmt.decode(fmt.encode(fmt.freeze(value, copy=True)))
+            mapped = safe_module._parallel_map(lambda x: x * 10, list(range(4)),
+                                               nbytes=safe_module.PARALLEL_MIN_BYTES)
+            code = 0 if back["logp"].equal(value["logp"]) and mapped == [0, 10, 20, 30] else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # -14 (SIGALRM): the child hung on the parent's pool
 
 
 def test_a_pool_that_refuses_work_at_shutdown_leaves_the_rest_to_run_here(monkeypatch: pytest.MonkeyPatch) -> None:
