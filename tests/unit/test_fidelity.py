@@ -274,6 +274,42 @@ def test_shared_object_digests_never_mistakes_a_new_object_at_a_freed_address():
     assert len(set(digests)) == 200
 
 
+def test_object_columns_in_any_layout_hash_each_distinct_object_once_by_content(monkeypatch):
+    """The ids of a column's items are read from its object array: a strided view and a view with a
+    negative stride of the same objects give the digests of a column of equal copies, and each
+    distinct object is still hashed once."""
+    from stepskip import fidelity
+
+    messages = [[{"role": "user", "content": f"q{i}"}] for i in range(3)]
+    rows = [messages[i // 2] for i in range(6)]  # two rows share each message
+    wide = np.empty(12, dtype=object)
+    wide[::2] = rows
+    wide[1::2] = "unused"
+    backwards = np.empty(6, dtype=object)
+    backwards[:] = rows[::-1]
+    copies = np.empty(6, dtype=object)
+    copies[:] = [copy.deepcopy(row) for row in rows]
+    layouts = {"strided": wide[::2], "negative stride": backwards[::-1], "copies": copies}
+    assert not layouts["strided"].flags.c_contiguous and not layouts["negative stride"].flags.c_contiguous
+    calls = []
+    value_digest = fidelity._value_digest
+    monkeypatch.setattr(fidelity, "_value_digest", lambda value: calls.append(1) or value_digest(value))
+
+    def digests(column):
+        batch = Batch(batch=None, non_tensor_batch={"raw_prompt": column}, meta_info={})
+        calls.clear()
+        out = (prompt_digest(batch), tuple(prompt_row_digests(batch)))
+        return out, len(calls)
+
+    results = {name: digests(column) for name, column in layouts.items()}
+    assert len({value for value, _ in results.values()}) == 1
+    assert {name: hashed for name, (_, hashed) in results.items()} == {"strided": 6, "negative stride": 6,
+                                                                       "copies": 12}
+    assert fidelity._object_ids(rows, layouts["strided"]).tolist() == [id(row) for row in rows]
+    others = [copy.deepcopy(row) for row in rows]  # not the array's objects: the ids are taken one by one
+    assert fidelity._object_ids(others, layouts["strided"]).tolist() == [id(row) for row in others]
+
+
 def _recorded_batch() -> Batch:
     """verl-like prompts with a column of every kind of value the digest reads."""
     batch = verl_like(n=3)
