@@ -255,7 +255,7 @@ def _object_ids(items: list[Any], column: np.ndarray | None) -> np.ndarray:
     if _IDS_IN_ARRAYS and items and column is not None and column.dtype == object and column.size == len(items):
         flat = np.ascontiguousarray(column).reshape(-1)  # the same objects, whatever the array's strides
         slots = (ctypes.c_size_t * flat.size).from_address(flat.__array_interface__["data"][0])
-        ids = np.frombuffer(slots, dtype=np.uintp).astype(np.uint64)  # a copy: nothing points into the array
+        ids = np.ctypeslib.as_array(slots).astype(np.uint64)  # a copy: nothing points into the array
         if int(ids[0]) == id(items[0]) and int(ids[-1]) == id(items[-1]):
             return ids
     return np.fromiter(map(id, items), dtype=np.uint64, count=len(items))
