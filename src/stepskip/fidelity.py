@@ -251,8 +251,10 @@ def _object_ids(items: list[Any], column: np.ndarray | None) -> np.ndarray:
 
     Read in one copy from ``column``, the object array ``items`` was listed from, where it holds
     them (1,024 rows: 2 µs, against 40 for an ``id`` call per item); checked on the first and last
-    item, else (another interpreter, an array of other objects) one ``id`` call each."""
-    if _IDS_IN_ARRAYS and items and column is not None and column.dtype == object and column.size == len(items):
+    item, else (another interpreter, an array of other objects, a subclass) one ``id`` call each."""
+    # a plain ndarray only: a subclass may list other values than it holds (a masked array lists None)
+    if _IDS_IN_ARRAYS and items and type(column) is np.ndarray and column.dtype == object \
+            and column.size == len(items):
         flat = np.ascontiguousarray(column).reshape(-1)  # the same objects, whatever the array's strides
         slots = (ctypes.c_size_t * flat.size).from_address(flat.__array_interface__["data"][0])
         ids = np.ctypeslib.as_array(slots).astype(np.uint64)  # a copy: nothing points into the array

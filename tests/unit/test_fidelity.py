@@ -308,6 +308,9 @@ def test_object_columns_in_any_layout_hash_each_distinct_object_once_by_content(
     assert fidelity._object_ids(rows, layouts["strided"]).tolist() == [id(row) for row in rows]
     others = [copy.deepcopy(row) for row in rows]  # not the array's objects: the ids are taken one by one
     assert fidelity._object_ids(others, layouts["strided"]).tolist() == [id(row) for row in others]
+    masked = np.ma.array(copies, mask=[False, True, False, False, True, False])  # lists None where masked
+    listed = masked.reshape(-1).tolist()
+    assert listed[1] is None and fidelity._object_ids(listed, masked).tolist() == [id(item) for item in listed]
 
 
 def _recorded_batch() -> Batch:
