@@ -117,12 +117,17 @@ class Probe:
 
     ``stamp`` identifies the file version of ``meta.json`` that was read (local stores): a read
     given this probe reuses its ``meta`` instead of parsing the file again while the stamp is the same.
+    ``files``: the listed data files, read with ``meta.json`` through the same open directory (one
+    version), when the probe of the entry at ``path`` was asked to ``keep`` an entry this small; sizes
+    checked, checksums not yet.
     """
 
     state: EntryState
     meta: dict[str, Any] | None = None
     reason: str = ""
     stamp: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+    files: Mapping[str, bytes] | None = field(default=None, compare=False, repr=False)
+    path: str | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -886,13 +891,18 @@ class _EntryStore:
         """Publish a staged directory of entries as ``path`` at once (only where ``publishes_dirs``)."""
         raise NotImplementedError(f"{type(self).__name__} cannot publish a directory atomically")
 
-    def probe(self, path: str, legacy_files: Iterable[str] = ()) -> Probe:
+    def probe(self, path: str, legacy_files: Iterable[str] = (), keep: int = 0) -> Probe:
         """Classify the entry at ``path`` as missing, present or damaged without reading its data.
 
         An entry written by verl itself has a ``meta.json`` without a file list; it is present when
         one of ``legacy_files`` (verl's data file names) exists beside it. Never raises.
+
+        ``keep``: a present entry whose listed files hold at most this many bytes together is read
+        whole instead (local stores), its files kept in the probe (:attr:`Probe.files`), so that a
+        :meth:`read_entry` given the probe needs no second look at the disk (the async role's
+        one-sample hits).
         """
-        return self._look(path, tuple(legacy_files), None, verify=False, read=False)[0]
+        return self._look(path, tuple(legacy_files), None, verify=False, read=False, keep=keep)[0]
 
     def read_entry(self, path: str, legacy_files: Iterable[str] = (),
                    names: Iterable[str] | Callable[[dict[str, Any]], Iterable[str]] | None = None,
@@ -918,7 +928,9 @@ class _EntryStore:
             probe: a :meth:`probe` of ``path`` just taken: where the store can tell that
                 ``meta.json`` is still the very file that probe parsed (local stores: the same
                 directory and file, size and times), and ``verify`` is on, its ``meta`` is used
-                without parsing the file again. Any other case reads ``meta.json`` afresh.
+                without parsing the file again. A probe that kept the entry's files (``keep``)
+                is read from them: that version, as it was when probed. Any other case, and a kept
+                file that does not match its checksum, reads ``meta.json`` afresh.
 
         Returns:
             ``(meta, {name: bytes})`` (memoryviews among them with ``pooled``).
@@ -931,6 +943,11 @@ class _EntryStore:
             >>> meta, files = store.read_entry(path, names=["data.json"])  # doctest: +SKIP
         """
         wanted: _Names = names if names is None or callable(names) else list(names)
+        if probe is not None and probe.files is not None and probe.path == path and probe.meta \
+                and probe.state is EntryState.PRESENT:
+            kept = _from_kept(probe.meta, probe.files, _resolve(wanted, probe.meta), verify)
+            if kept is not None:
+                return probe.meta, kept
         known = probe if verify and probe is not None and probe.state is EntryState.PRESENT and probe.stamp else None
         found, files = self._look(path, tuple(legacy_files), wanted, verify, read=True, pooled=pooled, known=known)
         if found.state is EntryState.DAMAGED and known is not None:
@@ -1047,7 +1064,7 @@ class _EntryStore:
         raise NotImplementedError
 
     def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
-              read: bool, pooled: _Pooled = False, known: Probe | None = None
+              read: bool, pooled: _Pooled = False, known: Probe | None = None, keep: int = 0
               ) -> tuple[Probe, Mapping[str, bytes | memoryview]]:
         raise NotImplementedError
 
@@ -1086,6 +1103,18 @@ def _check_files(meta: Mapping[str, Any], names: list[str] | None) -> list[str]:
         if name not in listed:
             raise _BadFile(f"{name} is not listed in {META_FILE}")
     return wanted
+
+
+def _from_kept(meta: dict[str, Any], kept: Mapping[str, bytes], names: list[str] | None,
+               verify: bool) -> dict[str, bytes | memoryview] | None:
+    """The files ``names`` chose, from those a probe kept (their sizes checked then), each checked
+    against its checksum with ``verify``; None when one is not there or does not match (the
+    caller then reads the entry afresh, which tells damage from a stale look)."""
+    try:
+        wanted = _check_files(meta, names)
+        return {name: _verified(name, kept[name], meta["files"][name], verify) for name in wanted}
+    except (_BadFile, KeyError):
+        return None
 
 
 def _verified(name: str, data: _Data, info: Mapping[str, Any], verify: bool) -> _Data:
@@ -1420,7 +1449,7 @@ class LocalStore(_EntryStore):
             os.close(fd)
 
     def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
-              read: bool, pooled: _Pooled = False, known: Probe | None = None
+              read: bool, pooled: _Pooled = False, known: Probe | None = None, keep: int = 0
               ) -> tuple[Probe, Mapping[str, bytes | memoryview]]:
         for _ in range(_MAX_ATTEMPTS):
             try:
@@ -1436,7 +1465,7 @@ class LocalStore(_EntryStore):
             except OSError as err:
                 return Probe(EntryState.DAMAGED, reason=f"cannot open {path}: {err}"), {}
             try:
-                return self._look_at(dir_fd, path, legacy_files, names, verify, read, pooled, known)
+                return self._look_at(dir_fd, path, legacy_files, names, verify, read, pooled, known, keep)
             except _Raced:
                 known = None  # whatever that probe saw was replaced: read meta.json itself
                 continue
@@ -1447,7 +1476,7 @@ class LocalStore(_EntryStore):
         return Probe(EntryState.DAMAGED, reason=f"kept changing while read ({_MAX_ATTEMPTS} attempts)"), {}
 
     def _look_at(self, dir_fd: int, path: str, legacy_files: tuple[str, ...], names: _Names,
-                 verify: bool, read: bool, pooled: _Pooled = False, known: Probe | None = None
+                 verify: bool, read: bool, pooled: _Pooled = False, known: Probe | None = None, keep: int = 0
                  ) -> tuple[Probe, Mapping[str, bytes | memoryview]]:
         meta = _known_meta(dir_fd, known) if known is not None else None
         stamp = known.stamp if meta is not None and known is not None else None
@@ -1470,6 +1499,10 @@ class LocalStore(_EntryStore):
                 return self._look_legacy(dir_fd, path, meta, legacy_files, names, read)
             wanted = _check_files(meta, names) if read else []
             listed = meta["files"]
+            if not read and 0 < sum(info["bytes"] for info in listed.values()) <= keep:
+                # a small entry read whole, through this directory: one version, no second look
+                files = {name: _read_at(dir_fd, _object(name, info), info["bytes"]) for name, info in listed.items()}
+                return Probe(EntryState.PRESENT, meta, stamp=stamp, files=files, path=path), {}
             for name, info in listed.items():
                 if name not in wanted:
                     _regular_size(dir_fd, _object(name, info), info["bytes"])
@@ -2079,7 +2112,7 @@ class FsspecStore(_EntryStore):
     # ------------------------------------------------------------------ reading
 
     def _look(self, path: str, legacy_files: tuple[str, ...], names: _Names, verify: bool,
-              read: bool, pooled: _Pooled = False, known: Probe | None = None
+              read: bool, pooled: _Pooled = False, known: Probe | None = None, keep: int = 0
               ) -> tuple[Probe, Mapping[str, bytes | memoryview]]:
         # ``known`` is not used: an object's version cannot be told without fetching it again
         try:

@@ -73,6 +73,9 @@ _RETRY_SECONDS = 0.05
 LISTING_MAX_AGE = 30.0
 #: At most this many probes of hits are kept for the reads that follow them (see ``_take_probe``).
 _HIT_PROBES_MAX = 256
+#: A step's entry of at most this many bytes is read whole when its hit is decided, and served from
+#: what was read (a one-sample entry of the async role: about 20 KB); at most _HIT_PROBES_MAX are held.
+HIT_KEEP_BYTES = 64 << 10
 #: The clock of :data:`LISTING_MAX_AGE` (a module attribute so tests can move it).
 _monotonic = time.monotonic
 #: ``action: match`` reads the hint documents of a run directory once at least this many of its
@@ -358,10 +361,13 @@ class CachedRole(BaseSkip):
         """The probes of every file set ``step`` consists of (one flat entry here)."""
         return [self._probe(self.step_dump_dir(step))]
 
-    def _probe(self, path: str) -> Probe:
-        """Probe and classify the entry at ``path`` (a present entry this role cannot use is unreadable)."""
+    def _probe(self, path: str, keep: int = 0) -> Probe:
+        """Probe and classify the entry at ``path`` (a present entry this role cannot use is unreadable);
+        ``keep``: as :meth:`~stepskip.store.LocalStore.probe`'s."""
         if self._pending:
             self._await_pending(path)
+        if keep:
+            return self._classify(path, self.store.probe(path, self.legacy.files, keep=keep))
         return self._classify(path, self.store.probe(path, self.legacy.files))
 
     def _classify(self, path: str, probe: Probe) -> Probe:
@@ -383,12 +389,12 @@ class CachedRole(BaseSkip):
                          "directory). Move it to its own role's directory or re-record with action: record")
         return probe
 
-    def _probe_settled(self, path: str) -> Probe:
+    def _probe_settled(self, path: str, keep: int = 0) -> Probe:
         """Probe, looking twice before calling an entry damaged (it may be mid-replacement)."""
-        probe = self._probe(path)
+        probe = self._probe(path, keep)
         if probe.state is EntryState.DAMAGED:
             time.sleep(_RETRY_SECONDS)
-            probe = self._probe(path)
+            probe = self._probe(path, keep)
         return probe
 
     def _present(self, step: int) -> bool:
@@ -425,7 +431,8 @@ class CachedRole(BaseSkip):
 
     def _exact_step_usable(self, step: int) -> bool:
         path = self.step_dump_dir(step)
-        probe = self._probe_settled(path)
+        # a small entry is read whole by the probe: the hit that follows reads it from there
+        probe = self._probe_settled(path, keep=HIT_KEEP_BYTES)
         if probe.state is EntryState.UNREADABLE:
             raise self._unreadable(probe.reason)
         if probe.state is EntryState.DAMAGED:

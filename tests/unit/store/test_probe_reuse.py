@@ -107,6 +107,89 @@ def test_a_probe_of_another_entry_is_not_reused(tmp_path, meta_reads):
     assert meta["v"] == 1 and len(meta_reads) == 2
 
 
+def test_a_probe_that_kept_a_small_entry_serves_the_read_as_it_was_probed(tmp_path, meta_reads):
+    """One look at the disk for both: the read takes the version the probe read, even once the
+    entry is gone from the disk (a hit decided on it is served from it)."""
+    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    _write(store, path, 1)
+    probe = store.probe(path, keep=1024)
+    assert probe.state is EntryState.PRESENT and probe.files == {"data.bin": b"1" * 16}
+    store.retire_entry(path)
+    meta, files = store.read_entry(path, probe=probe)
+    assert meta["v"] == 1 and files == {"data.bin": b"1" * 16} and len(meta_reads) == 1
+
+
+def test_a_probe_keeps_only_entries_within_its_bound(tmp_path):
+    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    _write(store, path, 1)
+    assert store.probe(path, keep=15).files is None and store.probe(path).files is None
+    assert store.probe(path, keep=16).files is not None
+
+
+def test_a_kept_probe_of_another_entry_is_not_used(tmp_path):
+    store = LocalStore(str(tmp_path))
+    _write(store, f"{tmp_path}/run/3", 1)
+    _write(store, f"{tmp_path}/run/4", 2, fill=b"2")
+    other = store.probe(f"{tmp_path}/run/4", keep=1024)
+    meta, files = store.read_entry(f"{tmp_path}/run/3", probe=other)
+    assert meta["v"] == 1 and files == {"data.bin": b"1" * 16}
+
+
+def test_a_kept_file_that_fails_its_checksum_is_read_again_and_reported(tmp_path, meta_reads):
+    """The probe checks sizes only: the read checks what it kept, and on a mismatch looks at the
+    disk itself before calling the entry damaged."""
+    from stepskip import CorruptEntryError
+
+    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    _write(store, path, 1)
+    with open(os.path.join(path, "data.bin"), "r+b") as fh:  # same size, other bytes
+        fh.write(b"X")
+    probe = store.probe(path, keep=1024)
+    assert probe.state is EntryState.PRESENT and probe.files is not None
+    with pytest.raises(CorruptEntryError, match="checksum"):
+        store.read_entry(path, probe=probe)
+    assert len(meta_reads) == 2  # the probe's, and the read's own look
+    _write(store, path, 2, fill=b"2")  # rewritten whole since the probe: the read's own look finds it intact
+    meta, files = store.read_entry(path, probe=probe)
+    assert meta["v"] == 2 and files == {"data.bin": b"2" * 16}
+
+
+def test_a_small_hit_through_the_decorator_opens_its_entry_once(tmp_path, monkeypatch):
+    """A one-sample entry: the probe that decides the hit reads it whole, and the hit is served
+    from that read (one open of the entry's directory, one read of each file)."""
+    from stepskip import Batch, SkipManager
+    from stepskip.testing import make_rollout_batch
+
+    result = make_rollout_batch(1, 8, 8, n=1)
+    opened: list[str] = []
+    real_open = LocalStore._open_dir
+    monkeypatch.setattr(LocalStore, "_open_dir", lambda self, path, *a, **k: opened.append(path)
+                        or real_open(self, path, *a, **k))
+
+    class Loop:
+        @SkipManager.annotate(role="rollout")
+        def generate_sequences(self, prompts):
+            return result
+
+    config = {"trainer": {"experiment_name": "e", "project_name": "p"},
+              "data": {"train_batch_size": 1, "max_prompt_length": 8, "max_response_length": 8},
+              "actor_rollout_ref": {"rollout": {"n": 1}},
+              "skip": {"rollout": {"enable": True, "dump_dir": str(tmp_path), "steps": [1], "async_dump": False}}}
+    SkipManager.init(config)
+    try:
+        SkipManager.set_step(1)
+        prompts = Batch.from_dict(non_tensors={"uid": ["a"]})
+        Loop().generate_sequences(prompts)  # the miss writes it
+        opened.clear()
+        out = Loop().generate_sequences(prompts)
+        assert SkipManager.stats()["skip/rollout/hits"] == 1
+        assert len(opened) == 1 and opened[0].startswith(str(tmp_path)), opened  # the probe's; the read used it
+        for key in result.batch.keys():
+            assert out.batch[key].equal(result.batch[key]), key
+    finally:
+        SkipManager.reset()
+
+
 def test_a_hit_through_the_decorator_parses_meta_json_once(tmp_path, meta_reads):
     from stepskip import Batch, SkipManager
     from stepskip.testing import make_rollout_batch
