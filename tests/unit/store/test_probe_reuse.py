@@ -154,68 +154,51 @@ def test_a_kept_file_that_fails_its_checksum_is_read_again_and_reported(tmp_path
     assert meta["v"] == 2 and files == {"data.bin": b"2" * 16}
 
 
-def test_a_small_hit_through_the_decorator_opens_its_entry_once(tmp_path, monkeypatch):
-    """A one-sample entry: the probe that decides the hit reads it whole, and the hit is served
-    from that read (one open of the entry's directory, one read of each file)."""
+def _miss_then_hit(dump_dir, rows, width, looks):
+    """Record step 1 through the decorator, clear ``looks``, then hit it: (the recorded batch, the hit's)."""
     from stepskip import Batch, SkipManager
     from stepskip.testing import make_rollout_batch
 
-    result = make_rollout_batch(1, 8, 8, n=1)
+    result = make_rollout_batch(rows, width, width, n=1)
+
+    class Loop:
+        @SkipManager.annotate(role="rollout")
+        def generate_sequences(self, prompts):
+            return result
+
+    config = {"trainer": {"experiment_name": "e", "project_name": "p"},
+              "data": {"train_batch_size": rows, "max_prompt_length": width, "max_response_length": width},
+              "actor_rollout_ref": {"rollout": {"n": 1}},
+              "skip": {"rollout": {"enable": True, "dump_dir": str(dump_dir), "steps": [1], "async_dump": False}}}
+    SkipManager.init(config)
+    try:
+        SkipManager.set_step(1)
+        prompts = Batch.from_dict(non_tensors={"uid": [f"u{i}" for i in range(rows)]})
+        Loop().generate_sequences(prompts)  # the miss writes it
+        looks.clear()
+        out = Loop().generate_sequences(prompts)
+        assert SkipManager.stats()["skip/rollout/hits"] == 1
+        return result, out
+    finally:
+        SkipManager.reset()
+
+
+def test_a_small_hit_through_the_decorator_opens_its_entry_once(tmp_path, monkeypatch):
+    """A one-sample entry: the probe that decides the hit reads it whole, and the hit is served
+    from that read (one open of the entry's directory, one read of each file)."""
     opened: list[str] = []
     real_open = LocalStore._open_dir
     monkeypatch.setattr(LocalStore, "_open_dir", lambda self, path, *a, **k: opened.append(path)
                         or real_open(self, path, *a, **k))
-
-    class Loop:
-        @SkipManager.annotate(role="rollout")
-        def generate_sequences(self, prompts):
-            return result
-
-    config = {"trainer": {"experiment_name": "e", "project_name": "p"},
-              "data": {"train_batch_size": 1, "max_prompt_length": 8, "max_response_length": 8},
-              "actor_rollout_ref": {"rollout": {"n": 1}},
-              "skip": {"rollout": {"enable": True, "dump_dir": str(tmp_path), "steps": [1], "async_dump": False}}}
-    SkipManager.init(config)
-    try:
-        SkipManager.set_step(1)
-        prompts = Batch.from_dict(non_tensors={"uid": ["a"]})
-        Loop().generate_sequences(prompts)  # the miss writes it
-        opened.clear()
-        out = Loop().generate_sequences(prompts)
-        assert SkipManager.stats()["skip/rollout/hits"] == 1
-        assert len(opened) == 1 and opened[0].startswith(str(tmp_path)), opened  # the probe's; the read used it
-        for key in result.batch.keys():
-            assert out.batch[key].equal(result.batch[key]), key
-    finally:
-        SkipManager.reset()
+    result, out = _miss_then_hit(tmp_path, 1, 8, opened)
+    assert len(opened) == 1 and opened[0].startswith(str(tmp_path)), opened  # the probe's; the read used it
+    for key in result.batch.keys():
+        assert out.batch[key].equal(result.batch[key]), key
 
 
 def test_a_hit_through_the_decorator_parses_meta_json_once(tmp_path, meta_reads):
-    from stepskip import Batch, SkipManager
-    from stepskip.testing import make_rollout_batch
-
-    result = make_rollout_batch(2, 4, 4, n=1)
-
-    class Loop:
-        @SkipManager.annotate(role="rollout")
-        def generate_sequences(self, prompts):
-            return result
-
-    config = {"trainer": {"experiment_name": "e", "project_name": "p"},
-              "data": {"train_batch_size": 2, "max_prompt_length": 4, "max_response_length": 4},
-              "actor_rollout_ref": {"rollout": {"n": 1}},
-              "skip": {"rollout": {"enable": True, "dump_dir": str(tmp_path), "steps": [1], "async_dump": False}}}
-    SkipManager.init(config)
-    try:
-        SkipManager.set_step(1)
-        prompts = Batch.from_dict(non_tensors={"uid": ["a", "b"]})
-        Loop().generate_sequences(prompts)  # the miss writes it
-        meta_reads.clear()
-        Loop().generate_sequences(prompts)
-        assert SkipManager.stats()["skip/rollout/hits"] == 1
-        assert len(meta_reads) == 1  # the probe's; the read reused it
-    finally:
-        SkipManager.reset()
+    _miss_then_hit(tmp_path, 2, 4, meta_reads)
+    assert len(meta_reads) == 1  # the probe's; the read reused it
 
 
 def test_a_stale_reused_meta_is_read_again_before_anything_is_called_damaged(tmp_path, monkeypatch):
