@@ -945,7 +945,10 @@ class _EntryStore:
         wanted: _Names = names if names is None or callable(names) else list(names)
         if probe is not None and probe.files is not None and probe.path == path and probe.meta \
                 and probe.state is EntryState.PRESENT:
-            kept = _from_kept(probe.meta, probe.files, _resolve(wanted, probe.meta), verify)
+            try:
+                kept = _from_kept(probe.meta, probe.files, _resolve(wanted, probe.meta), verify)
+            except OSError:  # from ``names``: the read below reports it as a read of the entry always did
+                kept = None
             if kept is not None:
                 return probe.meta, kept
         known = probe if verify and probe is not None and probe.state is EntryState.PRESENT and probe.stamp else None

@@ -154,6 +154,29 @@ def test_a_kept_file_that_fails_its_checksum_is_read_again_and_reported(tmp_path
     assert meta["v"] == 2 and files == {"data.bin": b"2" * 16}
 
 
+@pytest.mark.parametrize("keep", [0, 1024])
+def test_a_read_given_a_kept_probe_fails_as_a_read_given_none(tmp_path, keep):
+    """A kept probe changes where the bytes come from, never what a read refuses or returns."""
+    from stepskip import CorruptEntryError
+
+    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    _write(store, path, 1)
+
+    def failing(meta):
+        raise PermissionError(13, "the callback's own read failed")
+
+    with pytest.raises(CorruptEntryError, match="the callback's own read failed"):
+        store.read_entry(path, names=failing, probe=store.probe(path, keep=keep))
+    with pytest.raises(CorruptEntryError, match="not listed"):
+        store.read_entry(path, names=["other.bin"], probe=store.probe(path, keep=keep))
+    with open(os.path.join(path, "data.bin"), "r+b") as fh:  # same size, other bytes: only a checksum tells
+        fh.write(b"X")
+    meta, files = store.read_entry(path, probe=store.probe(path, keep=keep), verify=False)
+    assert meta["v"] == 1 and files == {"data.bin": b"X" + b"1" * 15}
+    with pytest.raises(CorruptEntryError, match="checksum"):
+        store.read_entry(path, probe=store.probe(path, keep=keep))
+
+
 def _miss_then_hit(dump_dir, rows, width, looks):
     """Record step 1 through the decorator, clear ``looks``, then hit it: (the recorded batch, the hit's)."""
     from stepskip import Batch, SkipManager
