@@ -1110,13 +1110,13 @@ def _check_files(meta: Mapping[str, Any], names: list[str] | None) -> list[str]:
 
 def _from_kept(meta: dict[str, Any], kept: Mapping[str, bytes], names: list[str] | None,
                verify: bool) -> dict[str, bytes | memoryview] | None:
-    """The files ``names`` chose, from those a probe kept (their sizes checked then), each checked
-    against its checksum with ``verify``; None when one is not there or does not match (the
-    caller then reads the entry afresh, which tells damage from a stale look)."""
+    """The files ``names`` chose, from those a probe kept (every listed file, its size checked then),
+    each checked against its checksum with ``verify``; None when one is not listed or does not match
+    (the caller then reads the entry afresh, which tells damage from a stale look)."""
     try:
         wanted = _check_files(meta, names)
         return {name: _verified(name, kept[name], meta["files"][name], verify) for name in wanted}
-    except (_BadFile, KeyError):
+    except _BadFile:
         return None
 
 

@@ -366,9 +366,7 @@ class CachedRole(BaseSkip):
         ``keep``: as :meth:`~stepskip.store.LocalStore.probe`'s."""
         if self._pending:
             self._await_pending(path)
-        if keep:
-            return self._classify(path, self.store.probe(path, self.legacy.files, keep=keep))
-        return self._classify(path, self.store.probe(path, self.legacy.files))
+        return self._classify(path, self.store.probe(path, self.legacy.files, keep))
 
     def _classify(self, path: str, probe: Probe) -> Probe:
         if probe.state is not EntryState.PRESENT:
