@@ -31,6 +31,7 @@ from stepskip.entries import FileBytes
 from stepskip.errors import CorruptEntryError, UnreadableEntryError, UnstorableValueError
 from stepskip.formats.bounds import DecodeBudget, check_jagged, shape_of
 from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, host_view, pack, unpack
+from stepskip.formats.pages import POOL
 from stepskip.formats.snapshot import IMMUTABLE, snapshot_object_array, snapshot_value
 from stepskip.formats.st_read import load_view
 from stepskip.formats.st_small import save_pooled, save_small
@@ -390,31 +391,41 @@ def _parallel_map(fn: Callable[[Any], Any], items: list[Any], pool: str = "codec
 class _Decoder:
     """Rebuilds a value from ``data.json``'s tree; every field is checked before it is trusted."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], packed: Any, budget: DecodeBudget) -> None:
+    def __init__(self, tensors: dict[str, torch.Tensor], packed: Any, budget: DecodeBudget,
+                 views: bool = False) -> None:
         if not isinstance(packed, dict):
             raise CorruptEntryError(f"{TREE_FILE}: packed: a mapping is expected, not {type(packed).__name__}")
         self.tensors = tensors
+        #: the parts that may view the tensor file's buffer (``load_view(views=True)``)
+        self.views = frozenset(tensors) if views else frozenset()
         self.packed = packed
         self.budget = budget
         #: what the stored parts hold (compressed or not): small entries decode on the caller's thread
         self.stored_bytes = sum(map(_nbytes, tensors.values()))
 
-    def tensor(self, ref: Any, field: str) -> torch.Tensor:
+    def tensor(self, ref: Any, field: str, owned: bool = True) -> torch.Tensor:
+        """The stored part ``ref``, unpacked; ``owned=False`` when the caller copies it on, so that a
+        part viewing the tensor file's buffer need not be copied out of it first."""
         # each stored part is used once: dropping it here frees it as soon as its output exists
         stored = self.tensors.pop(ref, None) if isinstance(ref, str) else None
         if stored is None:
             raise CorruptEntryError(f"{TREE_FILE}: {field}: tensor {str(ref)[:40]!r} is not in {TENSORS_FILE} "
                                     "(or another field already used it)")
         info = self.packed.get(ref)
-        out = stored if info is None else unpack(stored, info, self.budget, f"packed[{ref!r}]")
+        if info is not None:
+            out = unpack(stored, info, self.budget, f"packed[{ref!r}]")
+        elif owned and ref in self.views:  # the caller keeps it: memory of its own, not the whole file's
+            out = POOL.empty(stored.shape, stored.dtype).copy_(stored)
+        else:
+            out = stored
         if out.dtype == torch.bool and out.numel() and int(out.view(torch.uint8).max()) > 1:
             # a bool is the byte 0 or 1: kernels given any other byte give undefined results
             raise CorruptEntryError(f"{TREE_FILE}: {field}: bool tensor {str(ref)[:40]!r} holds bytes other "
                                     "than 0 and 1")
         return out
 
-    def getter(self, field: str) -> Callable[[str], torch.Tensor]:
-        return lambda ref: self.tensor(ref, field)
+    def getter(self, field: str, owned: bool = True) -> Callable[[str], torch.Tensor]:
+        return lambda ref: self.tensor(ref, field, owned)
 
     def part(self, ref: Any, field: str) -> torch.Tensor:
         return self.tensor(ref, field) if not isinstance(ref, dict) else self.node(ref, field)
@@ -423,8 +434,8 @@ class _Decoder:
         if not isinstance(node, dict):
             raise CorruptEntryError(f"{TREE_FILE}: {field}: a node is expected, not {type(node).__name__}")
         kind = node.get("kind")
-        if kind == "tensor":
-            return decode_tensor(node, self.getter(field), sibling, self.budget, field)
+        if kind == "tensor":  # an encoded tensor copies its stored parts into its output
+            return decode_tensor(node, self.getter(field, owned=node.get("enc") is None), sibling, self.budget, field)
         if kind == "jagged":
             return self.jagged(node, field)
         if kind == "nested":
@@ -698,9 +709,11 @@ class SafeFormat:
             raw = take(TENSORS_FILE)
             budget.charge(len(raw), TENSORS_FILE, "tensors")
             # a memoryview: the store read the file into recycled pages, and the tensors go there too
-            tensors = st_load(raw) if isinstance(raw, bytes) else load_view(memoryview(raw), TENSORS_FILE)
+            # (parts that are widened or decompressed are read where they lie; the others are copied out)
+            views = not isinstance(raw, bytes)
+            tensors = load_view(memoryview(raw), TENSORS_FILE, views=True) if views else st_load(raw)
             del raw
-            return _Decoder(tensors, tree.get("packed", {}), budget).node(tree["root"], "root")
+            return _Decoder(tensors, tree.get("packed", {}), budget, views).node(tree["root"], "root")
         except (CorruptEntryError, UnreadableEntryError, MemoryError):  # the bound keeps hostile entries from
             raise  # causing a MemoryError
         except Exception as err:  # the decode boundary: any failure to parse these bytes is a damaged entry

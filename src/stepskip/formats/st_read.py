@@ -3,7 +3,9 @@
 ``safetensors.torch.load`` takes ``bytes`` and copies every tensor into a fresh ``bytes`` object:
 for the big tensor file of a hit, both buffers are new pages, each faulted in on first write.
 :func:`load_view` reads the same layout from a memoryview (the store reads big files into
-recycled pages, :mod:`stepskip.formats.pages`) and copies each tensor into recycled pages too.
+recycled pages, :mod:`stepskip.formats.pages`) and copies each tensor into recycled pages too, or,
+for a reader that widens or decompresses the tensors on anyway, hands them out as views of the
+buffer (``views=True``), saving a copy of the file.
 
 The header is data someone else may have written: every field is checked before it is used,
 and the tensors' byte ranges must lie inside the data and must not overlap, so the tensors
@@ -30,8 +32,12 @@ _DTYPES = {code: dtype for dtype, code in SAFETENSORS_CODES.items()}  # safetens
 _MAX_HEADER = 100 << 20  # safetensors' own limit
 
 
-def load_view(data: memoryview, file: str = "data.safetensors") -> dict[str, torch.Tensor]:
+def load_view(data: memoryview, file: str = "data.safetensors", views: bool = False) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file, each in memory of its own (none views ``data``).
+
+    With ``views``, each tensor whose bytes lie aligned for its dtype in a writable ``data`` views
+    ``data`` instead, and holds it: for a reader that copies them on anyway (widening,
+    decompressing) and gives its caller only copies.
 
     Raises:
         CorruptEntryError: the header is not a safetensors header, or a tensor's dtype, shape or
@@ -64,12 +70,24 @@ def load_view(data: memoryview, file: str = "data.safetensors") -> dict[str, tor
     source = np.frombuffer(data, dtype=np.uint8)
     out: dict[str, torch.Tensor] = {}
     for dtype, shape, begin, end, name in layout:
+        if views and end > begin and (start + begin) % dtype.itemsize == 0 and not data.readonly:
+            out[name] = _view(source[start + begin:start + end], dtype, shape)
+            continue
         tensor = POOL.empty(shape, dtype)
         if end > begin:  # numpy copies the bytes (torch has no numpy view of bfloat16)
             flat = tensor.reshape(-1)
             (flat if dtype == torch.bool else flat.view(torch.uint8)).numpy()[:] = source[start + begin:start + end]
         out[name] = tensor
     return out
+
+
+def _view(raw: np.ndarray, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    """The bytes ``raw`` as a tensor of ``dtype`` and ``shape``, sharing their memory."""
+    if dtype == torch.bool:
+        return torch.from_numpy(raw.view(np.bool_)).reshape(shape)
+    # one byte per element as uint8, wider ones through the integer type of their width (numpy has no bfloat16)
+    wide = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}[dtype.itemsize]
+    return torch.from_numpy(raw.view(wide)).view(dtype).reshape(shape)
 
 
 def _check(name: str, info: Any, length: int, file: str) -> tuple[torch.dtype, list[int], int, int]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
+import warnings
 
 import pytest
 import torch
@@ -12,11 +14,14 @@ from hypothesis import strategies as st
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from skip_configs import training_config
+from tensordict import TensorDict
 
 from stepskip import Batch, CorruptEntryError, SkipManager
 from stepskip.formats import pages
+from stepskip.formats.safe import SafeFormat
 from stepskip.formats.st_read import load_view
 from stepskip.store import LocalStore
+from stepskip.testing import make_rollout_batch
 
 
 def tensors():
@@ -39,6 +44,59 @@ def test_loaded_tensors_never_view_the_buffer():
     loaded = load_view(memoryview(data))
     data[-32:] = bytes(32)  # the buffer goes back to the pool and is reused: the tensors must not change
     assert loaded["x"].tolist() == [0, 1, 2, 3]
+
+
+def test_views_share_the_buffer_where_the_bytes_lie_aligned():
+    data = bytearray(st_save(tensors()))
+    expected, got = st_load(bytes(data)), load_view(memoryview(data), views=True)
+    for name, tensor in expected.items():
+        assert torch.equal(got[name].reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8)), name
+    begin = 8 + struct.unpack("<Q", data[:8])[0]
+    data[begin:] = bytes(len(data) - begin)
+    for name, tensor in got.items():  # safetensors lays every tensor out aligned: each one read in place
+        assert torch.count_nonzero(tensor.reshape(-1).view(torch.uint8)) == 0, name
+
+
+def test_views_are_copies_where_the_bytes_are_read_only_or_misaligned():
+    header = json.dumps({"y": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
+                         "x": {"dtype": "I64", "shape": [2], "data_offsets": [4, 20]}}).encode()
+    header += b" " * (-len(header) % 8)  # the data start 8-aligned, so x's bytes start 4 bytes off
+    payload = bytes([1, 2, 3, 4]) + struct.pack("<2q", 7, -7)
+    raw = struct.pack("<Q", len(header)) + header + payload
+    writable = memoryview(bytearray(raw))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when it is given read-only memory
+        from_bytes = load_view(memoryview(raw), views=True)
+    got = load_view(writable, views=True)
+    for loaded in (from_bytes, got):
+        assert loaded["x"].tolist() == [7, -7] and loaded["y"].tolist() == [1, 2, 3, 4]
+    writable[len(raw) - len(payload):] = bytes(len(payload))
+    assert got["y"].tolist() == [0, 0, 0, 0]  # aligned (one byte per element): read in place
+    assert got["x"].tolist() == [7, -7]  # misaligned for int64: copied out
+
+
+@pytest.mark.parametrize("compress", ["auto", "zstd", "none"])
+def test_a_decoded_entry_owns_its_memory_whatever_its_parts_were_read_from(compress):
+    """Widened, trimmed, unpacked and raw parts alike: zeroing the tensor file's buffer after the
+    decode changes nothing the caller got, and each raw tensor's storage holds only its own bytes."""
+    batch = make_rollout_batch(64, 32, 64, n=8)
+    jagged = torch.nested.as_nested_tensor([torch.arange(i + 1) * 3 for i in range(64)], layout=torch.jagged)
+    value = {"batch": batch.batch, "jagged": TensorDict({"j": jagged}, batch_size=[64]),
+             "raw": torch.randn(64, 256), "ids": torch.randint(0, 1000, (64, 512))}
+    fmt = SafeFormat(compress)
+    files = {name: memoryview(bytearray(data)) for name, data in fmt.encode(fmt.freeze(value, copy=True)).items()}
+    tree = json.loads(bytes(files["data.json"]))
+    if compress != "none":  # the parts this is about are there
+        assert {"trim", "narrow"} <= set(re.findall(r'"enc":"(\w+)"', bytes(files["data.json"]).decode()))
+    if compress == "zstd":
+        assert tree["packed"]
+    out = fmt.decode(dict(files))
+    files["data.safetensors"][:] = bytes(len(files["data.safetensors"]))
+    for key, tensor in value["batch"].items():
+        assert torch.equal(out["batch"][key], tensor), key
+    assert torch.equal(out["raw"], value["raw"]) and torch.equal(out["ids"], value["ids"])
+    assert all(torch.equal(a, b) for a, b in zip(out["jagged"]["j"].unbind(), jagged.unbind()))
+    assert out["raw"].untyped_storage().nbytes() == out["raw"].numel() * 4
 
 
 def crafted(header: object, data: bytes = b"", size: int | None = None) -> memoryview:
