@@ -392,12 +392,12 @@ class _Decoder:
     """Rebuilds a value from ``data.json``'s tree; every field is checked before it is trusted."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], packed: Any, budget: DecodeBudget,
-                 views: bool = False) -> None:
+                 views: frozenset[str] = frozenset()) -> None:
         if not isinstance(packed, dict):
             raise CorruptEntryError(f"{TREE_FILE}: packed: a mapping is expected, not {type(packed).__name__}")
         self.tensors = tensors
-        #: the parts that may view the tensor file's buffer (``load_view(views=True)``)
-        self.views = frozenset(tensors) if views else frozenset()
+        #: the parts that view the tensor file's buffer (see :func:`load_view`)
+        self.views = views
         self.packed = packed
         self.budget = budget
         #: what the stored parts hold (compressed or not): small entries decode on the caller's thread
@@ -406,7 +406,8 @@ class _Decoder:
     def tensor(self, ref: Any, field: str, owned: bool = True) -> torch.Tensor:
         """The stored part ``ref``, unpacked; ``owned=False`` when the caller copies it on, so that a
         part viewing the tensor file's buffer need not be copied out of it first."""
-        # each stored part is used once: dropping it here frees it as soon as its output exists
+        # each stored part is used once: dropping it here frees it as soon as its output exists (a
+        # part viewing the file's buffer frees its share of the buffer with the last of those parts)
         stored = self.tensors.pop(ref, None) if isinstance(ref, str) else None
         if stored is None:
             raise CorruptEntryError(f"{TREE_FILE}: {field}: tensor {str(ref)[:40]!r} is not in {TENSORS_FILE} "
@@ -453,7 +454,10 @@ class _Decoder:
             stored = self.tensor(node["ref"], field)
             dtype = _numeric_dtype(node["dtype"], stored, field)
             shape = shape_of(node["shape"], TREE_FILE, f"{field}.shape")
-            return stored.numpy().view(dtype).reshape(shape)
+            array = stored.numpy().view(dtype).reshape(shape)
+            if dtype.kind == "b" and array.size and int(array.view(np.uint8).max()) > 1:
+                raise CorruptEntryError(f"{TREE_FILE}: {field}: a bool array holds bytes other than 0 and 1")
+            return array
         if kind == "object_array":
             shape = shape_of(node["shape"], TREE_FILE, f"{field}.shape")
             items = decode_object_array(node["v"], self.getter(field), node.get("plain", False) is True,
@@ -709,11 +713,12 @@ class SafeFormat:
             raw = take(TENSORS_FILE)
             budget.charge(len(raw), TENSORS_FILE, "tensors")
             # a memoryview: the store read the file into recycled pages, and the tensors go there too
-            # (parts that are widened or decompressed are read where they lie; the others are copied out)
-            views = not isinstance(raw, bytes)
-            tensors = load_view(memoryview(raw), TENSORS_FILE, views=True) if views else st_load(raw)
+            # (parts that are widened or decompressed are read where they lie; the others are copied out.
+            # The views hold raw's buffer until their last one goes: never release that memoryview here)
+            viewed: set[str] = set()
+            tensors = st_load(raw) if isinstance(raw, bytes) else load_view(memoryview(raw), TENSORS_FILE, viewed)
             del raw
-            return _Decoder(tensors, tree.get("packed", {}), budget, views).node(tree["root"], "root")
+            return _Decoder(tensors, tree.get("packed", {}), budget, frozenset(viewed)).node(tree["root"], "root")
         except (CorruptEntryError, UnreadableEntryError, MemoryError):  # the bound keeps hostile entries from
             raise  # causing a MemoryError
         except Exception as err:  # the decode boundary: any failure to parse these bytes is a damaged entry

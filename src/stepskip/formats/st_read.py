@@ -5,7 +5,7 @@ for the big tensor file of a hit, both buffers are new pages, each faulted in on
 :func:`load_view` reads the same layout from a memoryview (the store reads big files into
 recycled pages, :mod:`stepskip.formats.pages`) and copies each tensor into recycled pages too, or,
 for a reader that widens or decompresses the tensors on anyway, hands them out as views of the
-buffer (``views=True``), saving a copy of the file.
+buffer (``views``), saving a copy of the file.
 
 The header is data someone else may have written: every field is checked before it is used,
 and the tensors' byte ranges must lie inside the data and must not overlap, so the tensors
@@ -32,12 +32,15 @@ _DTYPES = {code: dtype for dtype, code in SAFETENSORS_CODES.items()}  # safetens
 _MAX_HEADER = 100 << 20  # safetensors' own limit
 
 
-def load_view(data: memoryview, file: str = "data.safetensors", views: bool = False) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file, each in memory of its own (none views ``data``).
+def load_view(data: memoryview, file: str = "data.safetensors",
+              views: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, each in memory of its own unless ``views`` is given.
 
-    With ``views``, each tensor whose bytes lie aligned for its dtype in a writable ``data`` views
-    ``data`` instead, and holds it: for a reader that copies them on anyway (widening,
-    decompressing) and gives its caller only copies.
+    Given a set as ``views``, each tensor whose bytes lie in a writable ``data`` at an address
+    aligned for its dtype views ``data`` instead, and its name is added to ``views``: for a reader
+    that copies such tensors on anyway (widening, decompressing) and gives its caller only copies.
+    A view holds ``data`` (numpy keeps a reference to it): ``data`` must not be released while a
+    view lives.
 
     Raises:
         CorruptEntryError: the header is not a safetensors header, or a tensor's dtype, shape or
@@ -68,10 +71,12 @@ def load_view(data: memoryview, file: str = "data.safetensors", views: bool = Fa
         if begin < end:
             raise CorruptEntryError(f"{file}: the bytes of {other[:40]!r} overlap those of {name[:40]!r}")
     source = np.frombuffer(data, dtype=np.uint8)
+    base = source.ctypes.data + start  # the address of the data's first byte
     out: dict[str, torch.Tensor] = {}
     for dtype, shape, begin, end, name in layout:
-        if views and end > begin and (start + begin) % dtype.itemsize == 0 and not data.readonly:
+        if views is not None and end > begin and (base + begin) % dtype.itemsize == 0 and not data.readonly:
             out[name] = _view(source[start + begin:start + end], dtype, shape)
+            views.add(name)
             continue
         tensor = POOL.empty(shape, dtype)
         if end > begin:  # numpy copies the bytes (torch has no numpy view of bfloat16)

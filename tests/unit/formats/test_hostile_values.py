@@ -142,6 +142,19 @@ def test_bool_bytes_other_than_0_and_1_are_refused(base) -> None:
         decoded_x(with_value(base, {"__t": "ndarray", "dtype": "|b1", "shape": [2], "b64": raw}))
 
 
+def test_bool_bytes_other_than_0_and_1_are_refused_in_a_numeric_array() -> None:
+    """A numpy array ("array" node) whose recorded dtype is bool over a part stored as bytes: its bytes
+    are checked as a bool tensor's are (numpy would count the byte 7 as 7 in a sum)."""
+    files = FMT.encode(FMT.freeze({"flags": np.array([1, 0, 7, 1], dtype=np.uint8)}, copy=True))
+    assert b'"kind":"array","dtype":"|u1"' in files[TREE]
+    as_bool = dict(files, **{TREE: files[TREE].replace(b'"dtype":"|u1"', b'"dtype":"|b1"')})
+    with pytest.raises(CorruptEntryError, match="a bool array holds bytes other than 0 and 1"):
+        FMT.decode(as_bool)
+    files = FMT.encode(FMT.freeze({"flags": np.array([1, 0, 1, 1], dtype=np.uint8)}, copy=True))
+    as_bool = dict(files, **{TREE: files[TREE].replace(b'"dtype":"|u1"', b'"dtype":"|b1"')})
+    assert FMT.decode(as_bool)["flags"].tolist() == [True, False, True, True]
+
+
 def shared_column_entry() -> Files:
     """An entry whose object column's 6 rows share 2 dicts, as verl's repeat leaves them."""
     column = np.empty(2, dtype=object)

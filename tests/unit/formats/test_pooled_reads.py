@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import struct
 import warnings
+import weakref
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -14,7 +17,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from skip_configs import training_config
-from tensordict import TensorDict
+from tensordict import NonTensorData, TensorDict
 
 from stepskip import Batch, CorruptEntryError, SkipManager
 from stepskip.formats import pages
@@ -47,8 +50,9 @@ def test_loaded_tensors_never_view_the_buffer():
 
 
 def test_views_share_the_buffer_where_the_bytes_lie_aligned():
-    data = bytearray(st_save(tensors()))
-    expected, got = st_load(bytes(data)), load_view(memoryview(data), views=True)
+    data, views = bytearray(st_save(tensors())), set()
+    expected, got = st_load(bytes(data)), load_view(memoryview(data), views=views)
+    assert views == {name for name, tensor in expected.items() if tensor.numel()}
     for name, tensor in expected.items():
         assert torch.equal(got[name].reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8)), name
     begin = 8 + struct.unpack("<Q", data[:8])[0]
@@ -63,40 +67,96 @@ def test_views_are_copies_where_the_bytes_are_read_only_or_misaligned():
     header += b" " * (-len(header) % 8)  # the data start 8-aligned, so x's bytes start 4 bytes off
     payload = bytes([1, 2, 3, 4]) + struct.pack("<2q", 7, -7)
     raw = struct.pack("<Q", len(header)) + header + payload
-    writable = memoryview(bytearray(raw))
+    writable, read_only, views = memoryview(bytearray(raw)), set(), set()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch warns when it is given read-only memory
-        from_bytes = load_view(memoryview(raw), views=True)
-    got = load_view(writable, views=True)
+        from_bytes = load_view(memoryview(raw), views=read_only)
+    got = load_view(writable, views=views)
     for loaded in (from_bytes, got):
         assert loaded["x"].tolist() == [7, -7] and loaded["y"].tolist() == [1, 2, 3, 4]
+    assert (read_only, views) == (set(), {"y"})
     writable[len(raw) - len(payload):] = bytes(len(payload))
     assert got["y"].tolist() == [0, 0, 0, 0]  # aligned (one byte per element): read in place
     assert got["x"].tolist() == [7, -7]  # misaligned for int64: copied out
 
 
+def test_views_are_aligned_in_memory_not_only_within_the_file():
+    """A buffer that starts one byte into its memory: offsets aligned within the file are not in memory."""
+    raw = st_save({"x": torch.arange(4), "y": torch.arange(3).to(torch.uint8)})
+    views = set()
+    got = load_view(memoryview(bytearray(b"\0" + raw))[1:], views=views)
+    assert views == {"y"} and got["x"].tolist() == [0, 1, 2, 3] and got["x"].data_ptr() % 8 == 0
+
+
+def _every_kind_of_part(rows: int = 64) -> dict[str, object]:
+    """A value holding a tensor through every kind of node a part can reach the caller by (random
+    data where a part must stay raw: zstd would pack anything it can halve)."""
+    batch = make_rollout_batch(rows, 32, 64, n=8)
+    tensors_column = np.empty(rows, dtype=object)
+    tensors_column[:] = [torch.randn(16) for _ in range(rows)]
+    return {
+        "batch": batch.batch,
+        "jagged": TensorDict({"j": torch.nested.as_nested_tensor([torch.arange(i + 1) * 3 for i in range(rows)],
+                                                                 layout=torch.jagged)}, batch_size=[rows]),
+        "raw": torch.randn(rows, 256), "ids": torch.randint(0, 1000, (rows, 512)),
+        "rollout": Batch.from_dict(tensors={"logp": torch.randn(rows, 64)},
+                                   non_tensors={"uid": [f"u{i}" for i in range(rows)], "tensors": tensors_column},
+                                   meta_info={"weights": torch.randn(4096)}),
+        "numbers": np.random.default_rng(0).standard_normal((rows, 128)),
+        "flags": np.random.default_rng(1).integers(0, 2, (rows, 256)).astype(bool),
+        "wrapped": TensorDict({"nt": NonTensorData(torch.randn(2048))}, batch_size=[]),
+        "listed": [torch.randn(1024), {"deep": torch.randn(512)}],
+    }
+
+
+def _same(got: object, want: object) -> bool:
+    if isinstance(want, torch.Tensor):
+        if want.is_nested:
+            return all(torch.equal(a, b) for a, b in zip(got.unbind(), want.unbind()))
+        return torch.equal(got, want)
+    if isinstance(want, np.ndarray):
+        return want.dtype == object and all(_same(a, b) for a, b in zip(got, want)) or np.array_equal(got, want)
+    if isinstance(want, TensorDict):
+        return all(_same(got.get(k), want.get(k)) for k in want.keys())
+    if isinstance(want, NonTensorData):
+        return _same(got.data, want.data)
+    if isinstance(want, (list, dict)):
+        pairs = zip(got, want) if isinstance(want, list) else ((got[k], v) for k, v in want.items())
+        return type(got) is type(want) and len(got) == len(want) and all(_same(a, b) for a, b in pairs)
+    if isinstance(want, Batch):
+        return (_same(got.batch, want.batch) and all(_same(got.non_tensor_batch[k], v)
+                                                     for k, v in want.non_tensor_batch.items())
+                and all(_same(got.meta_info[k], v) for k, v in want.meta_info.items()))
+    return got == want
+
+
 @pytest.mark.parametrize("compress", ["auto", "zstd", "none"])
 def test_a_decoded_entry_owns_its_memory_whatever_its_parts_were_read_from(compress):
-    """Widened, trimmed, unpacked and raw parts alike: zeroing the tensor file's buffer after the
-    decode changes nothing the caller got, and each raw tensor's storage holds only its own bytes."""
-    batch = make_rollout_batch(64, 32, 64, n=8)
-    jagged = torch.nested.as_nested_tensor([torch.arange(i + 1) * 3 for i in range(64)], layout=torch.jagged)
-    value = {"batch": batch.batch, "jagged": TensorDict({"j": jagged}, batch_size=[64]),
-             "raw": torch.randn(64, 256), "ids": torch.randint(0, 1000, (64, 512))}
+    """Widened, trimmed, unpacked and raw parts alike, through every kind of node: zeroing the tensor
+    file's buffer after the decode changes nothing the caller got, nothing the caller got keeps the
+    buffer alive, and a raw tensor's storage holds only its own bytes."""
+    value = _every_kind_of_part()
     fmt = SafeFormat(compress)
-    files = {name: memoryview(bytearray(data)) for name, data in fmt.encode(fmt.freeze(value, copy=True)).items()}
-    tree = json.loads(bytes(files["data.json"]))
-    if compress != "none":  # the parts this is about are there
-        assert {"trim", "narrow"} <= set(re.findall(r'"enc":"(\w+)"', bytes(files["data.json"]).decode()))
+    encoded = fmt.encode(fmt.freeze(value, copy=True))
+    text = bytes(encoded["data.json"]).decode()
+    if compress != "none":  # the encoded parts this is about are there
+        assert {"trim", "narrow"} <= set(re.findall(r'"enc":"(\w+)"', text))
     if compress == "zstd":
-        assert tree["packed"]
-    out = fmt.decode(dict(files))
-    files["data.safetensors"][:] = bytes(len(files["data.safetensors"]))
-    for key, tensor in value["batch"].items():
-        assert torch.equal(out["batch"][key], tensor), key
-    assert torch.equal(out["raw"], value["raw"]) and torch.equal(out["ids"], value["ids"])
-    assert all(torch.equal(a, b) for a, b in zip(out["jagged"]["j"].unbind(), jagged.unbind()))
+        assert json.loads(text)["packed"]
+    for kind in ("array", "object_array", "non_tensor_data", "batch", "value"):
+        assert f'"kind":"{kind}"' in text, kind
+    buffer = np.frombuffer(bytearray(encoded["data.safetensors"]), dtype=np.uint8).copy()  # weakly referable
+    alive = weakref.ref(buffer)
+    files = {"data.json": encoded["data.json"], "data.safetensors": memoryview(buffer)}
+    out = fmt.decode(files)
+    viewed = buffer.ctypes.data, buffer.ctypes.data + buffer.size
+    buffer[:] = 0
+    for key, want in value.items():
+        assert _same(out[key], want), key
     assert out["raw"].untyped_storage().nbytes() == out["raw"].numel() * 4
+    del files, buffer
+    gc.collect()
+    assert alive() is None, f"a decoded tensor still holds the tensor file's buffer at {viewed}"
 
 
 def crafted(header: object, data: bytes = b"", size: int | None = None) -> memoryview:
