@@ -832,8 +832,10 @@ def render_colocated(size: str, threads: str, ours: dict[str, Any], verl: dict[s
     if ours.get("digests_on_miss") is not None and ours.get("row_prompts") is not None:
         on_miss = max(0.0, best(ours["digests_on_miss"]) - best(ours["row_prompts"]))
         lines.append(f"{'  added to a miss (row digests + it, shared)':44s} {on_miss * 1000:22.1f}")
-    # what the check adds: its time against the rest of the call (a hit or miss that included it)
-    added = lambda part, whole: part / max(whole - part, 1e-9)  # noqa: E731
+    def added(part: float, whole: float) -> float:
+        """What the check adds: its time against the rest of the call (a hit or miss that included it)."""
+        return part / max(whole - part, 1e-9)
+
     share = f"{added(d, best(ours['hit'])):.1%} / {added(on_miss, best(ours['miss'])):.1%}"
     lines.append(f"{'  added to a hit / to the miss block':44s} {share:>22s}{'':>21s} {'':>11s} {'<= 10%':>7s}")
     return lines

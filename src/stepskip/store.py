@@ -1502,7 +1502,7 @@ class LocalStore(_EntryStore):
                 return self._look_legacy(dir_fd, path, meta, legacy_files, names, read)
             wanted = _check_files(meta, names) if read else []
             listed = meta["files"]
-            if not read and 0 < sum(info["bytes"] for info in listed.values()) <= keep:
+            if not read and keep and 0 < sum(info["bytes"] for info in listed.values()) <= keep:
                 # a small entry read whole, through this directory: one version, no second look
                 files = {name: _read_at(dir_fd, _object(name, info), info["bytes"]) for name, info in listed.items()}
                 return Probe(EntryState.PRESENT, meta, stamp=stamp, files=files, path=path), {}

@@ -455,7 +455,8 @@ class _Decoder:
             dtype = _numeric_dtype(node["dtype"], stored, field)
             shape = shape_of(node["shape"], TREE_FILE, f"{field}.shape")
             array = stored.numpy().view(dtype).reshape(shape)
-            if dtype.kind == "b" and array.size and int(array.view(np.uint8).max()) > 1:
+            # (a part stored as bool was checked by tensor() already)
+            if dtype.kind == "b" and stored.dtype != torch.bool and array.size and int(array.view(np.uint8).max()) > 1:
                 raise CorruptEntryError(f"{TREE_FILE}: {field}: a bool array holds bytes other than 0 and 1")
             return array
         if kind == "object_array":

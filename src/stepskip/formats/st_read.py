@@ -30,6 +30,8 @@ __all__ = ["load_view"]
 
 _DTYPES = {code: dtype for dtype, code in SAFETENSORS_CODES.items()}  # safetensors' dtype codes, read back
 _MAX_HEADER = 100 << 20  # safetensors' own limit
+#: A view's numpy type by element width: the integer type of that width (numpy has no bfloat16)
+_BY_WIDTH = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
 def load_view(data: memoryview, file: str = "data.safetensors",
@@ -90,9 +92,7 @@ def _view(raw: np.ndarray, dtype: torch.dtype, shape: list[int]) -> torch.Tensor
     """The bytes ``raw`` as a tensor of ``dtype`` and ``shape``, sharing their memory."""
     if dtype == torch.bool:
         return torch.from_numpy(raw.view(np.bool_)).reshape(shape)
-    # one byte per element as uint8, wider ones through the integer type of their width (numpy has no bfloat16)
-    wide = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}[dtype.itemsize]
-    return torch.from_numpy(raw.view(wide)).view(dtype).reshape(shape)
+    return torch.from_numpy(raw.view(_BY_WIDTH[dtype.itemsize])).view(dtype).reshape(shape)
 
 
 def _check(name: str, info: Any, length: int, file: str) -> tuple[torch.dtype, list[int], int, int]:
