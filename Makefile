@@ -1,4 +1,5 @@
-# The README's two commands: `make demo` (the main job) and `make test` (the test suite).
+# The README's two commands: `make demo` (the main job) and `make test` (the test suite); `make docs`
+# builds the docs site.
 # Each creates .venv on first use; torch is pinned here (a CPU wheel) and only lower-bounded
 # in the package metadata, so that pip never pulls a multi-GB CUDA build.
 PYTHON ?= python3
@@ -22,13 +23,13 @@ ifeq ($(BROWSER),1)
 TEST_DEPS += browser
 endif
 
-.PHONY: demo test test-unit-td010 typecheck venv verl-env browser clean
+.PHONY: demo docs test test-unit-td010 typecheck venv verl-env browser clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_PIN)
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,hydra,tq,s3,pipelines,trl]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,hydra,tq,s3,pipelines,trl,docs]"
 	touch $(STAMP)
 
 # What importing verl's trainers (RayPPOTrainer, the V1 PPOTrainerSync, the fully async
@@ -70,6 +71,10 @@ verl-env: $(VERL_STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/stepskip demo
 
+# The docs site (mkdocs.yml) into site/, strictly: a broken link or a page missing from the nav fails.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 # mypy over src/stepskip with pyproject's [tool.mypy]; `make test` fails on a type error too.
 typecheck: $(STAMP)
 	$(PY) -m mypy
@@ -99,4 +104,4 @@ test-unit-td010: $(VERL_STAMP)
 	$(UNIT_TD010)
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) build dist src/*.egg-info .pytest_cache .mypy_cache
+	rm -rf $(VENV) $(VERL_VENV) build dist site src/*.egg-info .pytest_cache .mypy_cache

@@ -6,8 +6,9 @@
 # process with its own temporary directories:
 #   ray  - every test that starts Ray or TransferQueue (pipelines, tq, verl_real) and verl_env, one
 #          after another, so that two Ray clusters never start at once; its output is shown live;
-#   rest - mypy, the other integration tests, tests/unit, then tests/unit under verl's tensordict 0.10
-#          (when UNIT_TD010 is set); its output is shown when the ray leg is done.
+#   rest - mypy, the docs site built strictly (mkdocs.yml), the other integration tests, tests/unit,
+#          then tests/unit under verl's tensordict 0.10 (when UNIT_TD010 is set); its output is shown
+#          when the ray leg is done.
 # The suite passes on a loaded machine by design (tools/test_under_load.sh checks it): a leg is
 # the other's load. Environment: PY (the main venv's python), VERL_PY (verl's, or empty),
 # UNIT_TD010 (the tensordict-0.10 command line, or empty).
@@ -26,6 +27,9 @@ rest_failed="$rest_log.failed"
 (
     failed=()
     "$PY" -m mypy || failed+=(mypy)
+    docs_site=$(mktemp -d -t stepskip-docs-site.XXXXXX)
+    NO_MKDOCS_2_WARNING=1 "$PY" -m mkdocs build --strict --quiet --site-dir "$docs_site" || failed+=("docs (mkdocs build --strict)")
+    rm -rf "$docs_site"
     "$PY" -m pytest -q -p no:cacheprovider "${REST_TESTS[@]}" || failed+=("tests/integration (without Ray)")
     "$PY" -m pytest -q -p no:cacheprovider tests/unit || failed+=(tests/unit)
     if [ -n "${UNIT_TD010:-}" ]; then
@@ -40,7 +44,7 @@ echo "== leg ray: ${RAY_TESTS[*]} (the other leg runs beside it; its output foll
 "$PY" -m pytest -q "${RAY_TESTS[@]}"
 ray_status=$?
 wait $rest
-echo "== leg rest: mypy, tests/integration ${REST_TESTS[*]:1}, tests/unit${UNIT_TD010:+, tests/unit under tensordict 0.10}"
+echo "== leg rest: mypy, docs, tests/integration ${REST_TESTS[*]:1}, tests/unit${UNIT_TD010:+, tests/unit under tensordict 0.10}"
 cat "$rest_log"
 
 failed=()

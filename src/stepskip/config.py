@@ -214,7 +214,8 @@ class SkipRoleConfig:
         steps: steps eligible for skipping: ints, ``"a-b"`` / ``"a-b:stride"`` ranges, or ``"all"``.
         action: ``cache`` (exact step, else generate and dump), ``repeat`` (nearest available step),
             ``random`` (a seeded random available step), ``replay`` (exact step or
-            :class:`CacheMissError`), ``record`` (always generate and overwrite).
+            :class:`CacheMissError`), ``record`` (always generate and overwrite), ``match`` (replay
+            each prompt group from whichever step recorded it; generate only the groups never recorded).
         format: ``safe`` (safetensors + JSON, no pickle) or ``verl`` (verl 0.9's pickle files).
         allow_pickle: allow reading pickle-based entries, through an allow-list unpickler.
         verify: check file checksums when loading.
@@ -363,6 +364,7 @@ class StageSkipConfig(SkipRoleConfig):
     """``skip.<name>`` with ``kind: stage``: a generic stage role; the same fields as every role, and
 
     Args:
+        kind: ``stage``: declares the section a generic stage role under a name no registered role has.
         row_wise: the stage maps each input row to one output row (a reward, a log-prob ...), so
             ``action: match`` may replay it prompt group by prompt group.
     """

@@ -1,4 +1,4 @@
-"""Step manifests: how a V1 step recorded on an object store is committed whole (issue 10).
+"""Step manifests: how a V1 step recorded on an object store is committed whole.
 
 A ``rollout_tq`` step is several inner entries (one per sample call). On a local disk the step is
 built in a hidden directory and published with one rename (:meth:`stepskip.store.LocalStore.publish_dir`);

@@ -34,40 +34,22 @@ from typing import Any, ClassVar
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from stepskip.config import SkipRoleConfig
 from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
 from stepskip.identity import RunIdentity
+from stepskip.integrations._trl_config import TrlGenerateConfig
 from stepskip.manager import SkipManager
 from stepskip.policies import SkipAction
 from stepskip.roles.base import RunContext, register_skip
 from stepskip.roles.cached import CachedRole
 from stepskip.store import EntryState
 
-__all__ = ["StepskipGRPOTrainer", "enable_stepskip"]
+__all__ = ["StepskipGRPOTrainer", "TrlGenerateConfig", "enable_stepskip"]
 
 logger = logging.getLogger(__name__)
 
 ROLE = "trl_generate"
 
 _HIT, _MISS, _ERROR = 0, 1, 2  # ordered: the all_reduce MAX of the ranks' outcomes is the agreed one
-
-
-@dataclass
-class TrlGenerateConfig(SkipRoleConfig):
-    """``skip.trl_generate``: the role's section, as every role's, with TRL's defaults.
-
-    ``restore_rng`` is on (TRL shuffles the generated batch with the global torch generator right
-    after generating) and ``rebind_keys`` is empty (TRL's calls carry no identity columns).
-
-    Example:
-        >>> TrlGenerateConfig(enable=True, steps=[1, 2]).restore_rng
-        True
-    """
-
-    section: ClassVar[str] = "skip.trl_generate"
-
-    rebind_keys: list[str] = field(default_factory=list)
-    restore_rng: bool = True
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Reference RL pipelines: stepskip wired into the three training paths of the seed (§1.2), for real, on CPU.
+"""Reference RL pipelines: stepskip wired into verl's three training paths, for real, on CPU.
 
 - :mod:`stepskip.pipelines.colocated` — colocated GRPO (verl's ``RayPPOTrainer``), role ``rollout``,
   plus a generic stage role on the reward (``skip.reward``);

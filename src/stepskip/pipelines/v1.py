@@ -1,4 +1,4 @@
-"""verl's V1 trainer over TransferQueue — the two-phase ``rollout_tq`` role (seed §4).
+"""verl's V1 trainer over TransferQueue — the two-phase ``rollout_tq`` role.
 
 Rollout is split across two methods that run at different times:
 

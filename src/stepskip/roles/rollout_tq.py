@@ -1,4 +1,4 @@
-"""The V1 trainer's two-phase role over TransferQueue (``rollout_tq``, seed §4).
+"""The V1 trainer's two-phase role over TransferQueue (``rollout_tq``).
 
 The submit phase (``_add_batch_to_generate``) either injects a cached step into the queue or
 submits the prompts to rollout; the sample phase (``ReplayBuffer.sample``) saves what it sampled
