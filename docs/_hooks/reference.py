@@ -11,6 +11,9 @@ and :func:`on_page_markdown` replaces it with the section's Markdown. The sectio
 * ``cli-reference`` — every ``stepskip`` command from its typer definition: usage, arguments,
   options, help text and examples;
 * ``launcher-usage`` — the verl launcher's own ``--help``;
+* ``format-versions`` — the storage formats, and the version and size bound of every file a reader checks;
+* ``fingerprint-keys`` — the config keys a run's fingerprint holds by default;
+* ``metrics`` — the counters of ``SkipManager.stats()``;
 * ``module-map`` — every module of the package with the first line of its docstring.
 
 A field without a description, or a page naming a section that does not exist, fails the build.
@@ -365,7 +368,76 @@ def module_map() -> str:
     return "\n".join(out) + "\n"
 
 
+def _module_constants(relative: str) -> dict[str, Any]:
+    """The module-level constants of a module, read from its source (no import: the codecs import torch)."""
+    tree = ast.parse((SRC / relative).read_text(encoding="utf-8"))
+    found: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if isinstance(node.value, ast.Constant):
+                found[name] = node.value.value
+            elif isinstance(node.value, ast.Name) and node.value.id in found:
+                found[name] = found[node.value.id]
+    return found
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} bytes"
+
+
+def format_versions() -> str:
+    """The storage formats and every versioned file of a cache, with the versions and bounds readers hold."""
+    from stepskip import hints, manifest, store
+    from stepskip.entries import FORMATS
+
+    safe = _module_constants("stepskip/formats/safe.py")
+    out = ["| `format` in meta.json | selected by `format:` | written for | pickle | data files |",
+           "|---|---|---|---|---|"]
+    for spec in FORMATS.values():
+        out.append(f"| `{spec.name}` | `{spec.option}` | {'V1 inner entries' if spec.v1 else 'entries'} | "
+                   f"{'yes' if spec.uses_pickle else 'no'} | {', '.join(f'`{f}`' for f in spec.files)} |")
+    tree_versions = {safe["VERSION"]: "plain trees", safe["ROWS_VERSION"]: "packed ragged number rows",
+                     safe["INLINE_VERSION"]: "trimmed tensors of few rows with inline runs",
+                     safe["SHARED_VERSION"]: "object columns whose rows share items"}
+    if max(tree_versions) != safe["READ_VERSION"]:
+        raise DocsBuildError("stepskip/formats/safe.py reads a data.json version the docs do not describe")
+    out += ["", "| file | version field | versions this stepskip reads | size bound |", "|---|---|---|---|",
+            f"| `meta.json` | — | — | {_size(store.META_MAX_BYTES)} |",
+            f"| `data.json` (`format: safe`) | `version` | 1 to {safe['READ_VERSION']} "
+            f"({'; '.join(f'{v}: {what}' for v, what in sorted(tree_versions.items()))}) | read for the size "
+            "`meta.json` records |",
+            f"| `step.json` (V1 step manifest) | `stepskip_manifest` | {manifest.MANIFEST_VERSION} | "
+            f"{_size(manifest.MANIFEST_MAX_BYTES)} |",
+            f"| `.stepskip-index/*{hints.TABLE_SUFFIX}` (digest table) | header magic "
+            f"`{hints.TABLE_MAGIC.decode()}` and version | {hints.TABLE_VERSION} | {_size(hints.TABLE_MAX_BYTES)} |",
+            f"| `.stepskip-index/*.json` (hint document) | `stepskip_hints` | {hints.HINTS_VERSION} | "
+            f"{_size(hints.HINTS_MAX_BYTES)} |",
+            "", f"A V1 step holds at most {store.MAX_INNER_ENTRIES} inner entries."]
+    return "\n".join(out) + "\n"
+
+
+def metrics() -> str:
+    """The counters of ``SkipManager.stats()``, as the stats module names them."""
+    from stepskip.stats import STAT_NAMES
+
+    return "Counters, per role: " + ", ".join(f"`{name}`" for name in STAT_NAMES) + ".\n"
+
+
+def fingerprint_keys() -> str:
+    """The config keys of verl's whose values make up a run's fingerprint by default."""
+    from stepskip.identity import VERL_FINGERPRINT_KEYS
+
+    return "\n".join(f"- `{key}`" for key in VERL_FINGERPRINT_KEYS) + "\n"
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
+    "fingerprint-keys": fingerprint_keys,
+    "metrics": metrics,
+    "format-versions": format_versions,
     "config-reference": config_reference,
     "cli-reference": cli_reference,
     "launcher-usage": launcher_usage,
