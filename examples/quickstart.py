@@ -3,10 +3,10 @@
 Usage:
     python examples/quickstart.py                       # two runs in a fresh temp dump dir
     python examples/quickstart.py skip.rollout.steps=[1,2,3,10] skip.rollout.action=cache \\
-        skip.rollout.dump_dir=/tmp/rollout_dump --runs 1  # the seed's Hydra-style dotted keys
+        skip.rollout.dump_dir=/tmp/rollout_dump --runs 1  # Hydra-style dotted keys
 
 Every command-line ``key=value`` is merged into the training config exactly as Hydra would
-(``OmegaConf.from_dotlist``), so the seed's §2.4 command lines work as written.
+(``OmegaConf.from_dotlist``), so verl's ``skip.rollout.*`` overrides work as written.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The fully async role writes one entry per sample. Encoding and staging one costs about a
 millisecond, and in the training process that millisecond is spent under the GIL the caller
 needs too: every system call of the dump worker hands the GIL over, and the caller's calls
-slowed from 0.26 ms to 0.5-1.8 ms each while the worker had work (README, "Performance"). So
+slowed from 0.26 ms to 0.5-1.8 ms each while the worker had work (benchmarks/results/history.md). So
 batches of small entries are written by :data:`HELPER_PROCESSES` helper processes, children
 started as ``sys.executable -c ...`` (nothing of the training script runs there) that encode and
 publish them with the same code, :func:`write_small_entries`, through their own

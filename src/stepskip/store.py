@@ -7,8 +7,8 @@ writer dies, readers see no entry or a complete one. ``meta.json`` lists every d
 size and xxh3-64 checksum; readers check both. Leftover temporaries are never parsed as steps and
 are removed once stale.
 
-A cache may have been written by someone else, so readers trust nothing in it (README, "Sharing a
-cache safely"): ``meta.json`` is bounded in size and depth and checked value by value
+A cache may have been written by someone else, so readers trust nothing in it (docs/sharing.md,
+"Threat model"): ``meta.json`` is bounded in size and depth and checked value by value
 (:func:`check_meta`); file names are single path components; files are opened without following
 symbolic links, must be regular files and are read for exactly their recorded size; directories
 are walked without following links below the dump dir; deletions stay inside the entry being

@@ -1,6 +1,6 @@
 """What every decoder checks before it allocates: a cache is data someone else may have written.
 
-The rule, in one place (the README quotes it): **a decode never allocates more than
+The rule, in one place (docs/sharing.md quotes it): **a decode never allocates more than
 ``DECODE_RATIO`` (256) times the entry's size on disk plus ``DECODE_FLOOR`` (256 MiB), or
 ``max_decode_bytes`` when that is set.** Every tensor, array and decompression buffer a decoder
 builds is charged to a :class:`DecodeBudget` *before* it is allocated, from shapes and widths

@@ -1,4 +1,4 @@
-"""The quickstart (`make demo` today) and the seed's §2.4 / §2.6 command lines, run as a user would."""
+"""The quickstart example and verl-style `skip.rollout.*` command lines, run as a user would."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_default_demo_records_then_replays():
     assert "replayed identically from run 1: [1, 2, 3]" in out
 
 
-def test_seed_command_lines_and_partial_cache(tmp_path):
+def test_verl_style_command_lines_and_partial_cache(tmp_path):
     dump = tmp_path / "rollout_dump"
     args = ["skip.rollout.enable=True", f"skip.rollout.dump_dir={dump}", "skip.rollout.steps=[1,2,3,10]",
             "skip.rollout.action=cache", "--runs", "1"]

@@ -85,8 +85,8 @@ def test_convert_reports_entries_the_target_format_cannot_hold(pristine_cache, t
     assert not (tmp_path / "out" / SAFE_RUN / "reward").exists()  # nothing partial left
 
 
-def test_the_python_example_of_the_readme_cli_section_runs(pristine_cache, capsys):
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "CacheIndex" in b)
-    exec(compile(block.replace("~/.verl/rollout_dump", str(pristine_cache)), "README.md", "exec"), {})
+def test_the_python_example_of_the_docs_cli_page_runs(pristine_cache, capsys):
+    page = (Path(__file__).resolve().parents[3] / "docs" / "cli.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", page, flags=re.S) if "CacheIndex" in b)
+    exec(compile(block.replace("~/.verl/rollout_dump", str(pristine_cache)), "cli.md", "exec"), {})
     assert f"{SAFE_RUN} rollout 1-6,8,10" in capsys.readouterr().out

@@ -55,7 +55,7 @@ class Worker:
 
 @pytest.fixture
 def ref_log_prob_role():
-    """The README's custom-role recipe: a RolloutSkip subclass registered under another name."""
+    """The docs' custom-role recipe (docs/own-trainer.md): a RolloutSkip subclass registered under another name."""
 
     @dataclass
     class RefLogProbSkipConfig(SkipRoleConfig):
