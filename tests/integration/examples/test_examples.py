@@ -66,7 +66,8 @@ def test_verl_launcher_script_runs_main_ppo_through_the_launcher_with_a_valid_sk
     section = OmegaConf.to_container(OmegaConf.from_dotlist(skip))["skip"]
     config = SkipManagerConfig.from_section(section)
     assert config.rollout_tq.enable and config.rollout_tq.dump_dir == "/data/rollout_dump"
-    assert 50 in config.rollout_tq.step_set and 100 in config.rollout_tq.step_set and 51 not in config.rollout_tq.step_set
+    steps = config.rollout_tq.step_set
+    assert 50 in steps and 100 in steps and 51 not in steps
     # keys verl's config does not declare carry the "+" Hydra's struct mode needs
     declared = {"enable", "dump_dir", "steps", "action"}
     for o in overrides:

@@ -55,8 +55,8 @@ def test_the_readme_plain_loop_records_then_replays(tmp_path, monkeypatch, capsy
 def test_the_identity_example_names_the_run_directory_it_says(tmp_path):
     """The docs' RunIdentity example: its entries go under the directory its comment names."""
     example = block(DOCS / "own-trainer.md", "python", "RunIdentity(")
-    example = example.replace('{"skip": {"rollout": {"enable": True, "steps": "all"}}}',
-                              f'{{"skip": {{"rollout": {{"enable": True, "steps": "all", "dump_dir": {str(tmp_path)!r}}}}}}}')
+    given = '{"skip": {"rollout": {"enable": True, "steps": "all"}}}'
+    example = example.replace(given, given.replace('"all"', f'"all", "dump_dir": {str(tmp_path)!r}'))
     assert str(tmp_path) in example, "the example's config changed: update this test's substitution"
     namespace: dict = {}
     exec(compile(example, "own-trainer.md", "exec"), namespace)

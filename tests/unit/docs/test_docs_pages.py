@@ -75,4 +75,5 @@ def test_no_page_names_a_document_outside_the_repo(page: Path) -> None:
     text = reference_hook().expand(page.read_text(encoding="utf-8"), page.name)  # generated sections too
     for pattern in OUTSIDE:
         found = pattern.search(text)
-        assert found is None, f"{page.name} names {found.group(0)!r}: {text[max(0, found.start() - 80):found.end() + 80]!r}"
+        context = text[max(0, found.start() - 80):found.end() + 80] if found else ""
+        assert found is None, f"{page.name} names {found.group(0)!r}: {context!r}"
