@@ -28,10 +28,10 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 from stepskip.view.data import EntryProblem, ViewError, ViewSource
-from stepskip.view.guard import SECURITY_HEADERS, Guard, is_loopback
+from stepskip.view.guard import SECURITY_HEADERS, Guard, check_token, is_loopback
 
 __all__ = ["STATIC_FILES", "ViewServer", "handle_api", "make_server", "static_file"]
 
@@ -167,14 +167,14 @@ class _Handler(BaseHTTPRequestHandler):
             return
         cookie = self.server.guard.cookie_to_set(self.path)
         extra = [("Set-Cookie", cookie)] if cookie else []
-        url = urlsplit(self.path)
-        if url.path.startswith("/api/"):
-            status, answer = handle_api(self.server.source, url.path, parse_qs(url.query, keep_blank_values=True))
+        path, _, query = self.path.partition("?")  # not urlsplit: "//name/..." is a path here, not a host
+        if path.startswith("/api/"):
+            status, answer = handle_api(self.server.source, path, parse_qs(query, keep_blank_values=True))
             data = json.dumps(_json_safe(answer), allow_nan=False).encode()
             self._send(status, data, "application/json", extra)
             return
-        name = "index.html" if url.path in ("/", "/index.html") else url.path.removeprefix("/static/")
-        if url.path != "/" and not url.path.startswith("/static/") and url.path != "/index.html":
+        name = "index.html" if path in ("/", "/index.html") else path.removeprefix("/static/")
+        if path != "/" and not path.startswith("/static/") and path != "/index.html":
             name = ""
         if name not in STATIC_FILES:  # a fixed set of names: "..", "%2F" and absolute paths are just unknown
             self._send(404, b'{"error": "not found"}', "application/json", extra)
@@ -210,16 +210,14 @@ class ViewServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, source: ViewSource, host: str, port: int, token: str | None = None) -> None:
+        if token is not None:
+            check_token(token)  # before listening: a refused token never opens the port
         if ":" in host:  # an IPv6 address (::1)
             self.address_family = socket.AF_INET6
         super().__init__((host, port), _Handler)
         self.source = source
         self.given_host = host
-        try:
-            self.guard = Guard.for_bind(host, str(self.server_address[0]), self.port, token)
-        except Exception:
-            self.server_close()
-            raise
+        self.guard = Guard.for_bind(host, str(self.server_address[0]), self.port, token)
 
     @property
     def port(self) -> int:

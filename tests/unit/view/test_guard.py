@@ -137,6 +137,8 @@ def test_an_absolute_request_target_is_refused(local):
     for target in (f"http://attacker.example:{local.port}/api/runs", f"http://127.0.0.1:{local.port}/api/runs"):
         status, answer = raw(local.port, f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
         assert status == 400 and SAFE_RUN.encode() not in answer
+    status, answer = raw(local.port, b"GET //attacker.example/api/runs HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert status == 404 and SAFE_RUN.encode() not in answer  # a path, not a host and a path
 
 
 def test_an_ipv6_loopback_server(view_cache):
@@ -304,6 +306,30 @@ def test_a_server_on_every_address_answers_to_its_addresses_and_names(everywhere
     for host in (f"192.168.1.20:{port}", f"[fe80::1]:{port}", f"{socket.gethostname()}:{port}", f"localhost:{port}"):
         answer = ask(port, f"/api/runs?token={token}", host=host)
         assert answer.status == 200 and answer.has_data, host
+
+
+def _lan_address() -> str | None:
+    """An address of this machine other than a loopback one (a UDP socket's route; nothing is sent), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.254", 9))
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def test_a_server_on_a_lan_address_asks_for_a_token(view_cache):
+    address = _lan_address()
+    if address is None:
+        pytest.skip("this machine has no address other than loopback ones")
+    for server in serving(make_server(ViewSource(str(view_cache)), address, 0)):
+        token, port = server.token, server.port
+        assert token and not server.loopback and server.urls() == [f"http://{address}:{port}/?token={token}"]
+        assert ask(port, host=f"{address}:{port}", connect=address).status == 403
+        assert ask(port, f"/api/runs?token={token}", host=f"{address}:{port}", connect=address).has_data
+        for host in (f"attacker.example:{port}", f"192.0.2.77:{port}"):  # not its address, not a name of it
+            assert ask(port, f"/api/runs?token={token}", host=host, connect=address).status == 421
 
 
 def test_each_launch_has_its_own_token(view_cache):
