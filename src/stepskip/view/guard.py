@@ -6,9 +6,9 @@ reaches ``127.0.0.1``. Three checks keep it out:
 * **The host name.** A site can point its own name at ``127.0.0.1`` once its page is loaded (DNS
   rebinding); the browser then treats the view as that site and lets its page read the answers. The
   browser still names the site in ``Host``, so a request is answered only when ``Host`` is the bound
-  address, ``localhost`` or a loopback address (a server bound to every address, ``0.0.0.0``,
-  also answers to this machine's own names and to any address literal: a rebound name never
-  arrives as an address). Anything else is refused with 421.
+  address, ``localhost`` or a loopback address. A server other machines reach also answers to this
+  machine's own names, and one bound to every address (``0.0.0.0``) to any address literal: a
+  rebound name never arrives as an address. Anything else is refused with 421.
 * **The origin.** A request whose ``Origin`` is another origin, or that the browser marks as sent by
   another site's page (``Sec-Fetch-Site``) other than by following a link, is refused with 403.
 * **A token, when other machines can connect.** A server bound to an address other than a loopback
@@ -69,6 +69,9 @@ _LOCAL_NAMES = frozenset({"localhost"})
 def new_token() -> str:
     """A fresh random token for one launch (256 bits, URL- and cookie-safe).
 
+    Returns:
+        The token.
+
     Example:
         >>> len(new_token()) >= 43
         True
@@ -108,6 +111,12 @@ def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 
 def is_loopback(address: str) -> bool:
     """Whether ``address`` (a listening socket's address) is a loopback one: only this machine connects to it.
+
+    Args:
+        address: an IPv4 or IPv6 address (a name is not resolved: it is not a loopback address).
+
+    Returns:
+        True for 127.0.0.0/8 and ::1 (also as ::ffff:127.x.y.z).
 
     Example:
         >>> is_loopback("127.0.0.1"), is_loopback("::1"), is_loopback("0.0.0.0"), is_loopback("192.168.1.20")
@@ -152,7 +161,17 @@ def host_name(header: str) -> str | None:
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why a request is not answered: the HTTP status and a message for the person at the browser."""
+    """Why a request is not answered: the HTTP status and a message for the person at the browser.
+
+    Args:
+        status: 421 (a host name the server does not answer to) or 403 (another origin, no token).
+        message: what happened and what to do.
+        kind: ``host``, ``origin`` or ``token``.
+
+    Example:
+        >>> Refusal(421, "wrong host name", "host").status
+        421
+    """
 
     status: int
     message: str
@@ -254,7 +273,7 @@ class Guard:
                          and " ".join(get.get("sec-fetch-dest", ["document"])).strip().lower() == "document")
         if site in ("cross-site", "same-site") and not followed_link:
             return Refusal(403, "requests from another web site's page are refused", "origin")
-        if self.token is not None and not self._token_given(target, get):
+        if not self._token_given(target, get):
             return Refusal(403, "this server asks for the token it printed when it started: open the URL "
                            "with ?token=... that stepskip view printed", "token")
         return None
@@ -268,17 +287,14 @@ class Guard:
         Returns:
             The header's value, or None.
         """
-        if self.token is None or not any(self._matches(t) for t in _query_tokens(target)):
+        if self.token is None or not _any_matches(_query_tokens(target), self.token):
             return None
         return f"{self.cookie}={self.token}; Path=/; HttpOnly; SameSite=Strict"
 
-    def _matches(self, given: str) -> bool:
-        assert self.token is not None
-        # bytes: compare_digest refuses str with characters outside ASCII, which a request may carry
-        return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.token.encode())
-
     def _token_given(self, target: str, headers: Mapping[str, Sequence[str]]) -> bool:
-        given = list(_query_tokens(target))
+        if self.token is None:
+            return True
+        given = _query_tokens(target)
         for line in headers.get("cookie", []):
             for pair in line.split(";"):
                 name, eq, value = pair.strip().partition("=")
@@ -288,7 +304,14 @@ class Guard:
             scheme, _, value = line.strip().partition(" ")
             if scheme.lower() in ("bearer", "token"):
                 given.append(value.strip())
-        return any([self._matches(t) for t in given])  # a list: every candidate is compared, none skipped
+        return _any_matches(given, self.token)
+
+
+def _any_matches(given: list[str], token: str) -> bool:
+    # bytes: compare_digest refuses str with characters outside ASCII, which a request may carry; a list,
+    # not a generator: every candidate is compared, none skipped once one matched
+    expected = token.encode()
+    return any([hmac.compare_digest(g.encode("utf-8", "surrogateescape"), expected) for g in given])
 
 
 def _query_tokens(target: str) -> list[str]:
