@@ -40,31 +40,55 @@ def view_command(
     = "~/.verl/rollout_dump",
     tokenizer: Tokenizer = None,
     port: Annotated[int, typer.Option("--port", "-p", min=0, max=65535, help="The port (0: any free one).")] = 8765,
-    host: Annotated[str, typer.Option("--host", help="The address to listen on; 127.0.0.1 keeps the page to this "
-                                      "machine.")] = "127.0.0.1",
+    host: Annotated[str, typer.Option("--host", help="The address to listen on. 127.0.0.1 (the default) keeps the "
+                                      "page to this machine; any other address (0.0.0.0, a LAN address) makes every "
+                                      "request carry a per-launch token, printed in the URL.")] = "127.0.0.1",
+    token: Annotated[Optional[str], typer.Option("--token", show_default=False, help="The token the page asks for "
+                                                 "(16+ letters, digits, '-', '_', '.', '~') instead of a random one; "
+                                                 "with a loopback --host it is asked for there too.")] = None,
     allow_pickle: AllowPickle = False,
     options: StorageOptions = None,
 ) -> None:
     """Look at a cache in the browser: runs, steps, trajectories, rewards, lengths, two steps side by side.
 
-    Read-only: the page never writes to the cache. Ctrl-C stops it.
+    Read-only: the page never writes to the cache, and only GET requests are answered. Ctrl-C stops it.
+
+    Only this page can read the cache: a request is answered only when the browser addressed it to the
+    bound address, localhost or a loopback address (another web site that points its own name at this
+    machine gets 421), and never when another web site's page sent it (403). Every answer tells the
+    browser not to frame it or share it with other sites.
+
+    Listening on an address other machines reach (--host 0.0.0.0 or a LAN address) needs a token, new at
+    each launch: the printed URL carries it (http://host:port/?token=...); opened once, the browser keeps
+    it in a cookie for this page. Scripts may send it as "Authorization: Bearer <token>". There is no way
+    to turn the token off for such an address.
 
     [bold]Examples[/]
       stepskip view ~/.verl/rollout_dump --tokenizer /models/Qwen2.5-7B-Instruct
       stepskip view s3://bucket/rollout_dump --storage-option anon=true --port 9000
+      stepskip view ~/.verl/rollout_dump --host 0.0.0.0   # prints http://127.0.0.1:8765/?token=...
     """
+    from stepskip.errors import SkipConfigError
     from stepskip.view.server import make_server
 
     source = _source(dump_dir, tokenizer, allow_pickle, options)
     try:
-        server = make_server(source, host, port)
+        server = make_server(source, host, port, token)
+    except SkipConfigError as err:
+        raise CliError(f"--token: {err}") from None
     except OSError as err:
         raise CliError(f"cannot listen on {host}:{port} ({err.strerror or err}); pick another --port") from None
-    shown = f"[{host}]" if ":" in host else host
-    render.out.print(f"stepskip view: serving {source.index.given} at http://{shown}:{server.server_address[1]}/ "
-                     "(Ctrl-C stops)", soft_wrap=True)
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        render.err.print(f"[yellow]warning:[/] listening on {host}: anyone who can reach it can read this cache")
+    first, *others = server.urls()
+    render.out.print(f"stepskip view: serving {source.index.given} at {first} (Ctrl-C stops)", soft_wrap=True)
+    for url in others:
+        render.out.print(f"  or from another machine: {url}", soft_wrap=True)
+    if not server.loopback:
+        render.err.print(f"[yellow]note:[/] listening on {host}: other machines can connect, so every request must "
+                         "carry the token in the URL above (opened once, the browser keeps it in a cookie)",
+                         soft_wrap=True)
+    elif server.token is not None:
+        render.err.print("note: every request must carry the token in the URL above (opened once, the browser "
+                         "keeps it in a cookie)", soft_wrap=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -53,10 +53,12 @@ class Browser:
         return subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
 
     def dom(self, url: str, *flags: str) -> Page:
-        """The page's DOM after its scripts ran."""
-        result = self._run(url, "--dump-dom", *flags)
+        """The page's DOM after its scripts ran; what the page logged to its console is in ``Page.console``."""
+        result = self._run(url, "--dump-dom", "--enable-logging=stderr", "--v=0", *flags)
         assert result.returncode == 0 and result.stdout, result.stderr[-2000:]
-        return Page(result.stdout)
+        page = Page(result.stdout)
+        page.console = [line for line in result.stderr.splitlines() if ":CONSOLE" in line]
+        return page
 
     def screenshot(self, url: str, name: str) -> Path:
         """A PNG of the page, saved as a test artifact under tests/artifacts/view/."""
@@ -101,6 +103,8 @@ class Page(HTMLParser):
     def __init__(self, html: str) -> None:
         super().__init__()
         self.html = html
+        #: The console messages of the page (errors, blocked loads and Content-Security-Policy violations).
+        self.console: list[str] = []
         self.root = _Node("#root", {}, None)
         self.current = self.root
         self.feed(html)

@@ -226,3 +226,103 @@ def test_the_report_in_a_browser_without_network(dump, browser, truth, tmp_path)
     offline_step = browser.dom(at(base, "step", run=FX, role="rollout", step=1), *offline)
     assert offline_step.ready() and len(offline_step.table_rows("rows")) == 8
     browser.screenshot(at(base, "step", run=RUN, role="rollout", step=2), "report-step")
+
+
+# ------------------------------------------------------------------ no other origin reads the cache
+
+
+def blocked(page) -> list[str]:
+    """Console lines saying the browser blocked something the page asked for (its security headers at work)."""
+    return [line for line in page.console if "Content Security Policy" in line or "blocked" in line.lower()]
+
+
+def test_every_view_runs_under_the_security_headers(server, browser):
+    """The page's own scripts, styles, data and charts all load under its Content-Security-Policy."""
+    views = [at(server, "step", run=RUN, role="rollout", step=2), at(server, "trend", run=RUN, role="rollout"),
+             at(server, "compare", run=RUN, role="rollout", step=1, step2=2)]
+    for url in (server, *views):
+        page = browser.dom(url)
+        assert page.ready() and blocked(page) == [], (url, page.console)
+    step = browser.dom(at(server, "step", run=RUN, role="rollout", step=2))
+    assert int(step.root.find("canvas", id="reward-hist").attrs["data-points"]) > 0
+    assert len(step.table_rows("rows")) == 16
+
+
+def test_the_console_shows_what_the_policy_blocks(dump, browser):
+    """The check above can fail: the same page under a policy that forbids its stylesheet logs the violation."""
+    import threading
+
+    import stepskip.view.server as view_server
+
+    strict = (("Content-Security-Policy", "default-src 'none'; script-src 'self'; connect-src 'self'"),)
+    original = view_server.SECURITY_HEADERS
+    view_server.SECURITY_HEADERS = strict
+    srv = view_server.make_server(ViewSource(str(dump), allow_pickle=True), "127.0.0.1", 0)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        page = browser.dom(f"http://127.0.0.1:{srv.port}/")
+    finally:
+        view_server.SECURITY_HEADERS = original
+        srv.shutdown()
+        srv.server_close()
+        thread.join()
+    assert any("style.css" in line for line in blocked(page)), page.console
+
+
+#: Chromium flags under which attacker.example resolves to 127.0.0.1: where a DNS rebinding attack ends.
+REBOUND = ("--no-proxy-server", "--host-resolver-rules=MAP attacker.example 127.0.0.1")
+
+
+def test_a_site_that_rebinds_its_name_to_this_machine_reads_nothing(server, browser, tmp_path):
+    """A page of attacker.example whose name now points at 127.0.0.1 is, to the browser, same-origin with the
+    view under that name: everything it could fetch is what these loads show, and it is nothing."""
+    port = int(server.split(":")[2].split("/")[0])
+    fresh = Browser(browser.binary, tmp_path / "profile")
+    page = fresh.dom(f"http://attacker.example:{port}/", *REBOUND)
+    assert not page.ready() and RUN not in page.html and "<section" not in page.html
+    assert "answers only to the address it was started on" in page.html
+    data = fresh.dom(f"http://attacker.example:{port}/api/runs", *REBOUND)
+    assert RUN not in data.html and FX not in data.html and "answers only to" in data.html
+    control = fresh.dom(f"http://localhost:{port}/", *REBOUND)
+    assert control.ready() and {s.attrs["data-run"] for s in control.root.find_all("section")} == {RUN, COPY, BIG, FX}
+
+
+@pytest.fixture(scope="module")
+def remote(dump):
+    """``stepskip view DUMP --host 0.0.0.0 --port 0 --allow-pickle``: the URL it prints (with the token) and the
+    note it writes."""
+    proc = popen_interruptible([sys.executable, "-m", "stepskip", "view", str(dump), "--host", "0.0.0.0", "--port", "0",
+                                "--allow-pickle"])
+    line = proc.stdout.readline()
+    assert "?token=" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+    note = proc.stderr.readline()
+    yield line.split(" at ")[1].split()[0], note
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "stopped" in out, err
+
+
+def test_a_server_other_machines_reach_opens_from_its_printed_url(remote, browser, tmp_path, truth):
+    """The printed URL carries the token once; the page's own requests then carry only the cookie it set."""
+    url, note = remote
+    assert url.startswith("http://127.0.0.1:") and "token" in note and "0.0.0.0" in note
+    fresh = Browser(browser.binary, tmp_path / "profile")
+    page = fresh.dom(url)
+    assert page.ready() and {s.attrs["data-run"] for s in page.root.find_all("section")} == {RUN, COPY, BIG, FX}
+    assert blocked(page) == [], page.console
+    step = fresh.dom(at(url, "step", run=RUN, role="rollout", step=2))
+    assert step.ready() and len(step.table_rows("rows")) == truth.step_page(RUN, "rollout", 2)["total"]
+    assert int(step.root.find("canvas", id="reward-hist").attrs["data-points"]) > 0
+    fresh.screenshot(url, "token-runs")
+
+
+def test_a_server_other_machines_reach_shows_nothing_without_its_token(remote, browser, tmp_path):
+    url, _ = remote
+    base, token = url.split("?token=")
+    fresh = Browser(browser.binary, tmp_path / "profile")
+    for attempt in (base, f"{base}?token={token[:-2]}", f"{base}api/runs", at(base, "step", run=RUN, role="rollout",
+                                                                                   step=2)):
+        page = fresh.dom(attempt)
+        assert not page.ready() and RUN not in page.html and "<section" not in page.html, attempt
+        assert "token" in page.html

@@ -4,6 +4,9 @@
 "use strict";
 
 const REPORT = window.STEPSKIP_REPORT || null;
+// A server other machines reach takes its token from the URL once and keeps it in a cookie: the token
+// then leaves the address bar and the history, where a screen share or a copied link would show it.
+if (!REPORT && new URLSearchParams(location.search).has("token")) history.replaceState(null, "", location.pathname + location.hash);
 const PAGE = 50;
 const charts = [];
 let pendingCharts = [];  // drawn once their view is in the page (a detached canvas has no size)
