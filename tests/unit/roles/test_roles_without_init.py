@@ -181,7 +181,8 @@ def test_a_later_bind_replaces_the_binding_a_role_made_itself(tmp_path):
     own_run = role.run_id
     other = RunIdentity("exp2", "proj2", gbs=8, n=1)
     role.bind(RunContext(name="rollout", run_id="r-init", identity=other))
-    assert role.run_id == "r-init" and role.project_dump_dir == str(tmp_path / "dump" / "exp2_proj2" / "GBS8_N1_in0_out0")
+    assert role.run_id == "r-init"
+    assert role.project_dump_dir == str(tmp_path / "dump" / "exp2_proj2" / "GBS8_N1_in0_out0")
     assert role.available_steps() == [] and role.meet_precondition(1, noop) is False  # the other run's cache
     role.prepare_data(1, generated(4))
     SkipManager.flush()
