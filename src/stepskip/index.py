@@ -8,7 +8,13 @@ A dump dir holds ``{experiment}_{project}/GBS{gbs}_N{n}_in{p}_out{r}/`` run dire
   ``{step}/step.json`` (the step's manifest) naming ``{step}/rec-{token}/{inner}/``, the one
   recording readers use (:mod:`stepskip.manifest`); recordings it does not name are leftovers;
 * ``{role}/{step}/``: the entries of every other role (stage and custom roles);
+* ``trl_generate/{step}/c{call}-r{rank}/``: the TRL integration's entries, one per generation call
+  of the step and rank (``c{call}t{turn}-r{rank}/`` for a tool loop's turns), each an entry of its
+  own (:meth:`stepskip.layout.Layout.call_dir`);
 * ``.tmp-*`` / ``.trash-*``: leftovers of interrupted writes and replacements, never entries.
+
+The prompt hints the roles keep beside the run directories (``{experiment}/.stepskip-index/``,
+:mod:`stepskip.hints`) are no run directory: the index neither lists nor removes them.
 
 Everything is read through the store abstraction (:func:`stepskip.store.open_store`), so local
 paths, ``memory://`` and ``s3://`` caches are indexed alike. A cache is data someone else may
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -48,7 +55,8 @@ from stepskip.store import META_FILE, TMP_PREFIX, TRASH_PREFIX, DirItem, EntrySt
 
 __all__ = [
     "CacheIndex", "EntryRecord", "EntryStatus", "Issue", "IssueKind", "NotACacheError", "PickleNotAllowedError",
-    "RoleSummary", "RunDir", "StepDir", "StepKind", "RUN_DIR_ROLES", "V1_ROLE", "compress_steps", "is_leftover",
+    "RoleSummary", "RunDir", "StepDir", "StepKind", "RUN_DIR_ROLES", "V1_ROLE", "compress_steps", "generation_rows",
+    "is_leftover",
 ]
 
 logger = logging.getLogger(__name__)
@@ -119,7 +127,8 @@ class EntryStatus(str, enum.Enum):
 
 @dataclass(frozen=True)
 class EntryRecord:
-    """One entry directory (a flat step entry or one inner entry of a V1 step), from its ``meta.json``.
+    """One entry directory (a flat step entry, one inner entry of a V1 step or one generation call's
+    entry of a TRL step), from its ``meta.json``.
 
     Args:
         path: the entry directory.
@@ -132,6 +141,7 @@ class EntryRecord:
         meta: the parsed ``meta.json`` (None when unreadable).
         bytes: bytes of every file in the directory.
         time: when it was recorded (``created_unix``, else the ``meta.json`` modification time).
+        call: the name of a generation call's entry (``c0-r1``), else None.
     """
 
     path: str
@@ -144,6 +154,7 @@ class EntryRecord:
     meta: dict[str, Any] | None
     bytes: int
     time: float
+    call: str | None = None
 
     @property
     def valid(self) -> bool:
@@ -199,6 +210,7 @@ class StepKind(str, enum.Enum):
 
     ENTRY = "entry"  # {step}/meta.json: rollout, async_rollout, other roles in their subdirectory
     V1 = "v1"  # {step}/{inner}/meta.json: rollout_tq
+    CALLS = "calls"  # {step}/c{call}-r{rank}/meta.json: the TRL integration, one entry per call and rank
     HALF_WRITTEN = "half-written"  # neither: an interrupted write
 
 
@@ -209,9 +221,10 @@ class StepDir:
     Args:
         path: the directory.
         step: its step number.
-        kind: flat entry, V1 step or half-written.
+        kind: flat entry, V1 step, generation calls (TRL) or half-written.
         role: the role owning it (None for a half-written directory directly in the run directory).
-        entries: the entry itself (flat), the inner entries (V1, sorted), or none.
+        entries: the entry itself (flat), the inner entries (V1, sorted), the calls' entries (in call
+            order, then rank), or none.
         leftovers: ``.tmp-*`` / ``.trash-*`` inside it (V1 inner writes leave them here), and on a
             step with a manifest the recordings it does not name and the in-place inner directories
             older than it (superseded by it).
@@ -477,6 +490,122 @@ def compress_steps(steps: Iterable[int]) -> str:
     return ",".join(parts)
 
 
+#: The tag of the TRL integration's own packing of ragged rows (entries written before ``format: safe``
+#: packed rows itself hold it).
+_PACKED_GENERATION = "stepskip.trl.generation/1"
+
+
+def generation_rows(calls: Iterable[tuple[str, Any]]) -> Any:
+    """The completions of generation calls' entries as rows, laid out as the commands read a batch.
+
+    A call's entry (the TRL integration's) holds what ``_generate_single_turn`` returned:
+    ``(completion_ids, logprobs)``, ragged rows of token ids and of log-probs (``None`` where none
+    was recorded; or ``None`` for all). The rows of every call, in the order given, become
+    ``responses`` (jagged token ids), ``logprobs`` (jagged, NaN where none was recorded; only when
+    some call recorded them) and ``call`` (the entry each row came from).
+
+    Args:
+        calls: ``(entry name, decoded value)`` per call.
+
+    Returns:
+        The rows; a value that is no generation result is returned as it is (one call), or as a
+        mapping of entry names to values.
+
+    Example:
+        >>> rows = generation_rows([("c0-r0", ([[5, 6], [7]], None)), ("c0-r1", ([[8]], [[-0.5]]))])
+        >>> [r.tolist() for r in rows["responses"].unbind()], list(rows["call"])
+        ([[5, 6], [7], [8]], ['c0-r0', 'c0-r0', 'c0-r1'])
+        >>> rows["logprobs"].unbind()[2].tolist()
+        [-0.5]
+    """
+    import numpy as np
+    import torch
+
+    values = list(calls)
+    as_stored = values[0][1] if len(values) == 1 else dict(values)
+    ids: list[list[int]] = []
+    logprobs: list[list[float]] = []
+    names: list[str] = []
+    recorded = False  # some call recorded log-probs
+    for name, value in values:
+        result = _generation_result(value)
+        if result is None:
+            return as_stored
+        rows, probs = result
+        recorded = recorded or probs is not None
+        ids += rows
+        logprobs += probs if probs is not None else [[math.nan] * len(row) for row in rows]
+        names += [name] * len(rows)
+    if not values:
+        return {}
+    try:
+        out: dict[str, Any] = {"responses": _jagged(ids, torch.int64)}
+        if recorded:
+            out["logprobs"] = _jagged(logprobs, torch.float64)
+    except (OverflowError, RuntimeError, TypeError, ValueError):  # ids beyond int64: shown as stored
+        return as_stored
+    out["call"] = np.array(names, dtype=object)
+    return out
+
+
+def _jagged(rows: list[list[Any]], dtype: Any) -> Any:
+    import torch
+
+    offsets = [0]
+    for row in rows:
+        offsets.append(offsets[-1] + len(row))
+    flat = torch.tensor([v for row in rows for v in row], dtype=dtype)
+    return torch.nested.nested_tensor_from_jagged(flat, torch.tensor(offsets, dtype=torch.int64))
+
+
+def _generation_result(value: Any) -> tuple[list[list[int]], list[list[float]] | None] | None:
+    """``(completion_ids, logprobs)`` of a call's entry (NaN where no log-prob was recorded), or None
+    when the value is no generation result."""
+    if isinstance(value, Mapping) and value.get("kind") == _PACKED_GENERATION:
+        ids = _packed_rows(value.get("completion_ids"))
+        probs = None if value.get("logprobs") is None else _packed_rows(value.get("logprobs"))
+        value = None if ids is None or (value.get("logprobs") is not None and probs is None) else (ids, probs)
+    if not isinstance(value, (tuple, list)) or len(value) != 2 or not isinstance(value[0], list):
+        return None
+    ids, probs = value
+    if not all(isinstance(row, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in row)
+               for row in ids):
+        return None
+    if probs is None:
+        return ids, None
+    if not isinstance(probs, list) or len(probs) != len(ids):
+        return None
+    out: list[list[float]] = []
+    for row, ids_row in zip(probs, ids):
+        if not isinstance(row, list) or len(row) != len(ids_row):
+            return None
+        if not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in row):
+            return None
+        out.append([math.nan if v is None else float(v) for v in row])
+    return ids, out
+
+
+def _packed_rows(packed: Any) -> list[list[Any]] | None:
+    """Rows of the integration's own packing (``values``, ``offsets`` and, for log-probs, ``missing``)."""
+    import torch
+
+    if not isinstance(packed, Mapping):
+        return None
+    values, offsets, missing = packed.get("values"), packed.get("offsets"), packed.get("missing")
+    if not isinstance(values, torch.Tensor) or not isinstance(offsets, torch.Tensor) or values.dim() != 1 \
+            or offsets.dim() != 1 or offsets.dtype != torch.int64 or offsets.numel() < 1:
+        return None
+    bounds = offsets.tolist()
+    if bounds[0] != 0 or bounds[-1] != values.numel() or any(b < a for a, b in zip(bounds, bounds[1:])):
+        return None
+    flat = values.tolist()
+    if missing is not None:
+        if not isinstance(missing, torch.Tensor) or missing.dtype != torch.bool or missing.shape != values.shape:
+            return None
+        flat = [None if gone else v for v, gone in zip(flat, missing.tolist())]
+    return [flat[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
 # --------------------------------------------------------------------------- the index
 
 
@@ -630,7 +759,8 @@ class CacheIndex:
 
     def scan_step(self, path: str, step: int, role: str | None = None) -> StepDir:
         """One step directory: a flat entry, a V1 step with inner entries (those of the recording its
-        manifest names, when it has one), or a half-written one.
+        manifest names, when it has one), a TRL step with one entry per generation call and rank, or
+        a half-written one.
 
         Args:
             path: the ``{step}`` directory.
@@ -651,10 +781,16 @@ class CacheIndex:
         leftovers = sorted(f"{path}/{i.name}" for i in items
                            if (is_leftover(i.name) and i.kind in ("dir", "file")) or (is_recording(i.name)
                                                                                       and i.kind == "dir"))
-        if not inner:
-            return StepDir(path, step, StepKind.HALF_WRITTEN, role, [], leftovers, size, mtime)
-        entries = [self.scan_entry(f"{path}/{n}", step, idx, role or V1_ROLE, fixed_role=True) for idx, n in inner]
-        return StepDir(path, step, StepKind.V1, role or V1_ROLE, entries, leftovers, size, mtime)
+        if inner:
+            entries = [self.scan_entry(f"{path}/{n}", step, idx, role or V1_ROLE, fixed_role=True)
+                       for idx, n in inner]
+            return StepDir(path, step, StepKind.V1, role or V1_ROLE, entries, leftovers, size, mtime)
+        calls = sorted((call, i.name) for i in items if i.kind == "dir" and (call := Layout.parse_call(i.name)))
+        if calls:  # each call's entry is written (and replayed) on its own: a step of entries, not one
+            entries = [self.scan_entry(f"{path}/{n}", step, None, role or DEFAULT_ROLE, fixed_role=role is not None,
+                                       call=n) for _, n in calls]
+            return StepDir(path, step, StepKind.CALLS, role or entries[0].role, entries, leftovers, size, mtime)
+        return StepDir(path, step, StepKind.HALF_WRITTEN, role, [], leftovers, size, mtime)
 
     def _scan_manifest_step(self, path: str, step: int, role: str | None, items: list[DirItem], size: int,
                             mtime: float) -> StepDir:
@@ -722,7 +858,7 @@ class CacheIndex:
                        shadowed)
 
     def scan_entry(self, path: str, step: int, inner: int | None, role: str, items: list[DirItem] | None = None,
-                   fixed_role: bool = False) -> EntryRecord:
+                   fixed_role: bool = False, call: str | None = None) -> EntryRecord:
         """Describe one entry directory from its ``meta.json`` and its listing (no data read).
 
         Args:
@@ -733,6 +869,7 @@ class CacheIndex:
             items: its listing, when the caller has it.
             fixed_role: the role is given by where the entry lives (a role subdirectory, a V1 step),
                 not by ``meta.json``.
+            call: the name of a generation call's entry (``c0-r1``), else None.
         """
         items = self.store.list_items(path) if items is None else items
         names = {i.name: i for i in items}
@@ -742,7 +879,7 @@ class CacheIndex:
 
         def record(state: EntryStatus, reason: str = "", meta: dict[str, Any] | None = None,
                    fmt: str | None = None) -> EntryRecord:
-            return EntryRecord(path, step, inner, role, fmt, state, reason, meta, size, when)
+            return EntryRecord(path, step, inner, role, fmt, state, reason, meta, size, when, call)
 
         if meta_item is None:
             return record(EntryStatus.MISSING, f"no {META_FILE}")
@@ -802,15 +939,17 @@ class CacheIndex:
     # ----------------------------------------------------------------- one entry or step
 
     def resolve(self, path: str | None = None, step: int | None = None) -> tuple[StepDir, EntryRecord | None]:
-        """The step directory ``path`` (default: the root) names, or ``path/step``, and the inner entry when
-        it names one.
+        """The step directory ``path`` (default: the root) names, or ``path/step``, and the entry inside
+        it when it names one.
 
         Args:
-            path: a step directory, a V1 inner entry, or a run (or role) directory with ``step``.
+            path: a step directory, a V1 inner entry, a generation call's entry, or a run (or role)
+                directory with ``step``.
             step: the step to take inside ``path``.
 
         Returns:
-            ``(step_dir, inner)``: ``inner`` is the V1 inner entry ``path`` points at, else None.
+            ``(step_dir, inner)``: ``inner`` is the V1 inner entry or the call's entry ``path`` points
+            at, else None.
 
         Raises:
             NotACacheError: the path does not exist or is not an entry.
@@ -825,6 +964,14 @@ class CacheIndex:
                 raise NotACacheError(f"{given} has no step {step}{self._steps_hint(_split(full)[0])}")
         parent, name = _split(full)
         number = Layout.parse_step(name)
+        parent_step = Layout.parse_step(_split(parent)[1])
+        if number is None and parent_step is not None and Layout.parse_call(name) is not None:
+            grand = _split(_split(parent)[0])[1]
+            step_dir = self.scan_step(parent, parent_step, role=None if RUN_DIR.match(grand) else grand)
+            call = next((e for e in step_dir.entries if e.call == name), None)
+            if call is None:
+                raise NotACacheError(f"{given} is not a cache entry: no {META_FILE} in it")
+            return step_dir, call
         if number is None:
             if RUN_DIR.match(name):
                 raise NotACacheError(f"{given} is a run directory; pass one of its step directories, "
@@ -843,7 +990,6 @@ class CacheIndex:
                     raise NotACacheError(f"{given} is not an inner entry of the recording its step's "
                                          f"{MANIFEST_FILE} names")
                 return step_dir, inner
-        parent_step = Layout.parse_step(_split(parent)[1])
         if parent_step is not None:  # {step}/{inner}: run and role directories never have numeric names
             grand = _split(_split(parent)[0])[1]
             step_dir = self.scan_step(parent, parent_step, role=None if RUN_DIR.match(grand) else grand)
@@ -914,13 +1060,18 @@ class CacheIndex:
 
     def read_step(self, step: StepDir, allow_pickle: bool = False, inner: EntryRecord | None = None) -> Any:
         """Decode a step: its one entry, one V1 inner entry, or all inner entries merged row-wise (as
-        ``rollout_tq`` replays them).
+        ``rollout_tq`` replays them); a TRL step (or one call's entry of it) as the rows of its
+        calls' completions (:func:`generation_rows`).
 
         Raises:
             PickleNotAllowedError, UnreadableEntryError, CorruptEntryError: as :meth:`read_entry`.
         """
+        if inner is not None and inner.call is not None:
+            return generation_rows([(inner.call, self.read_entry(inner, allow_pickle))])
         if inner is not None:
             return self.read_entry(inner, allow_pickle)
+        if step.kind is StepKind.CALLS:
+            return generation_rows([(str(e.call), self.read_entry(e, allow_pickle)) for e in step.entries])
         if step.kind is StepKind.ENTRY:
             return self.read_entry(step.entries[0], allow_pickle)
         if step.kind is StepKind.HALF_WRITTEN or not step.entries:

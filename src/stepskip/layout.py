@@ -1,8 +1,9 @@
 """Every path of a cache, built in one place and parsed back in the same place.
 
 ``{dump_dir}/{experiment_name}_{project_name}/GBS{gbs}_N{n}_in{prompt_len}_out{response_len}/{step}/``
-as verl writes it (seed §2.5); V1 entries add ``{inner_idx}/``, generic stage roles put their
-steps under ``{name}/``.
+as verl writes it; V1 entries add ``{inner_idx}/``, generic stage roles put their steps under
+``{name}/``, and the TRL integration keeps one entry per generation call and rank in its step
+directory, ``{step}/c{call}-r{rank}/`` (``c{call}t{turn}-r{rank}/`` for a tool loop's turns).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from typing import Any
 
 from stepskip.identity import RunIdentity
 
-__all__ = ["Layout", "safe_component"]
+__all__ = ["CALL_ENTRY", "CallEntry", "Layout", "safe_component"]
 
 _UNSAFE = re.compile(r"[/\\\x00]")
 #: A run directory's name; ``_W{world_size}`` follows for runs of several processes (absent for one).
 RUN_DIR = re.compile(r"^GBS(-?\d+)_N(-?\d+)_in(-?\d+)_out(-?\d+)(?:_W(\d+))?$")
+#: A generation call's entry in its step directory (the TRL integration): call, tool-loop turn, rank.
+CALL_ENTRY = re.compile(r"c(0|[1-9][0-9]{0,8})(?:t(0|[1-9][0-9]{0,8}))?-r(0|[1-9][0-9]{0,8})", re.ASCII)
 
 
 def safe_component(name: str) -> str:
@@ -30,6 +33,32 @@ def safe_component(name: str) -> str:
 def is_url(path: str) -> bool:
     """True for fsspec URLs such as ``s3://bucket/prefix`` (not for ``file://``-less local paths)."""
     return "://" in path
+
+
+@dataclass(frozen=True, order=True)
+class CallEntry:
+    """The name of one generation call's entry, parsed: ``c{call}[t{turn}]-r{rank}``.
+
+    Ordered as the calls were made: by call, its turns after it, then by rank.
+
+    Example:
+        >>> Layout.parse_call("c1t0-r2")
+        CallEntry(call=1, turn=0, rank=2)
+        >>> str(Layout.parse_call("c1t0-r2")), Layout.parse_call("c01-r0")
+        ('c1t0-r2', None)
+    """
+
+    call: int
+    turn: int = -1
+    rank: int = 0
+
+    @property
+    def name(self) -> str:
+        """The call's name without the rank (``c1``, ``c1t0``), as the integration counts calls."""
+        return f"c{self.call}" + (f"t{self.turn}" if self.turn >= 0 else "")
+
+    def __str__(self) -> str:
+        return f"{self.name}-r{self.rank}"
 
 
 @dataclass(frozen=True)
@@ -100,6 +129,18 @@ class Layout:
 
     def inner_dir(self, step: int, inner_idx: int) -> str:
         return f"{self.step_dir(step)}/{int(inner_idx)}"
+
+    def call_dir(self, step: int, call: str, rank: int) -> str:
+        """The entry of generation call ``call`` (``c0``, ``c0t1`` ...) of ``step`` on ``rank``."""
+        return f"{self.step_dir(step)}/{call}-r{int(rank)}"
+
+    @staticmethod
+    def parse_call(name: str) -> CallEntry | None:
+        """The generation call an entry directory name stands for (see :meth:`call_dir`), or None."""
+        match = CALL_ENTRY.fullmatch(name)
+        if match is None:
+            return None
+        return CallEntry(int(match[1]), -1 if match[2] is None else int(match[2]), int(match[3]))
 
     @staticmethod
     def parse_step(name: str) -> int | None:

@@ -121,6 +121,8 @@ def plan_convert(src: CacheIndex, dst: CacheIndex, to: str, allow_pickle: bool, 
             for entry in step.entries:
                 # V1 inner entries go in place: {step}/{inner}, whichever recording of the source they come from
                 dest = f"{dest_step}/{entry.inner}" if entry.inner is not None else dest_step
+                if entry.call is not None:  # a generation call's entry keeps its name in its step
+                    dest = f"{dest_step}/{entry.call}"
                 jobs.append(_Job(entry, dest, _target_format(to, entry), manifest))
     if role is not None and not jobs and not skipped:
         raise CliError(f"{src.given} has no steps of role {role!r}")

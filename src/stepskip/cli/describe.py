@@ -19,11 +19,12 @@ class EntryInfo:
     """One entry (or a whole V1 step) described.
 
     Args:
-        path: the step directory, or the V1 inner entry asked for.
+        path: the step directory, or the V1 inner entry or generation call's entry asked for.
         step: the step.
         role: the role that wrote it.
-        kind: ``entry``, ``v1`` or ``half-written``.
-        entries: the entry directories it is made of (one, or a V1 step's inner entries).
+        kind: ``entry``, ``v1``, ``calls`` (a TRL step), ``half-written``, ``v1-inner`` or ``call``.
+        entries: the entry directories it is made of (one, a V1 step's inner entries or a TRL step's
+            calls' entries).
         meta: ``meta.json`` of the (first) entry.
         issues: what is wrong with it (empty when it is valid).
         rows: trajectories (rows) in it, when decoded.
@@ -71,13 +72,19 @@ def describe_entry(index: CacheIndex, step: int | None = None, allow_pickle: boo
     issues = [i for i in step_dir.issues() if inner is None or i.path == inner.path]
     meta = entries[0].meta if entries else None
     info = EntryInfo(path=inner.path if inner is not None else step_dir.path, step=step_dir.step,
-                     role=step_dir.role, kind="v1-inner" if inner is not None else step_dir.kind.value,
+                     role=step_dir.role, kind=_kind(step_dir, inner),
                      entries=list(entries), meta=meta, issues=issues)
     if issues:
         info.note = "content not decoded: the entry is not valid (see issues)"
         return info
     _decode_into(index, info, step_dir, inner, allow_pickle)
     return info
+
+
+def _kind(step_dir: StepDir, inner: EntryRecord | None) -> str:
+    if inner is None:
+        return step_dir.kind.value
+    return "call" if inner.call is not None else "v1-inner"
 
 
 def _decode_into(index: CacheIndex, info: EntryInfo, step_dir: StepDir, inner: EntryRecord | None,

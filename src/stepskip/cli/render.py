@@ -219,6 +219,14 @@ def render_info(info: EntryInfo) -> None:
                           e.format or "-", human_bytes(e.bytes), escape(state))
         out.print("[bold]inner entries[/]")
         _print_table(table)
+    elif info.kind == "calls":
+        table = _table("CALL", "RUN ID", "FORMAT", "SIZE", "STATE")
+        for e in info.entries:
+            state = e.state.value + (f": {e.reason}" if e.reason else "")
+            table.add_row(escape(str(e.call)), escape(e.run_id or "-"), e.format or "-", human_bytes(e.bytes),
+                          escape(state))
+        out.print("[bold]call entries[/]")
+        _print_table(table)
     elif isinstance(meta.get("files"), dict):
         out.print("[bold]files[/]")
         for name, item in meta["files"].items():

@@ -1,7 +1,8 @@
 """``stepskip verify``: checksums and completeness of every entry, leftovers, half-written directories.
 
 A problem names the path ``--repair`` would remove: the damaged entry, the whole V1 step (its
-inner entries can never be completed by another run; a step whose manifest is damaged), the
+inner entries can never be completed by another run; a step whose manifest is damaged), one
+generation call's entry of a TRL step (every other call's entry is valid on its own), the
 half-written directory or the leftover (recordings a V1 step's manifest does not name, too).
 Valid entries are never targets. Things a writer may still be working on (leftovers, half-written
 directories, incomplete V1 steps) are left alone while they are younger than the grace period (a
@@ -147,16 +148,19 @@ def verify_runs(index: CacheIndex, runs: list[RunDir], deep: bool = False, allow
                         issues.append(found)
                 if on_entry is not None:
                     on_entry(entry)
-            # A flat entry is its step directory; a V1 step is replayed whole or not at all, so it goes whole.
-            target = step.path
+            # A flat entry is its step directory; a V1 step is replayed whole or not at all, so it goes whole;
+            # the calls of a TRL step are replayed one by one, so only the call's own entry goes.
             recent = now - step.mtime < grace
             for issue in issues:
                 if issue.kind in KEPT_KINDS:
                     report.problems.append(Problem(issue.kind, issue.path, issue.detail, "", recent=False))
                     continue
-                in_progress = issue.kind in IN_PROGRESS_KINDS or step.kind is not StepKind.ENTRY
+                target, young = step.path, recent
+                if step.kind is StepKind.CALLS:  # the call's own entry, written (or abandoned) on its own
+                    target, young = issue.path, now - index.tree_stats(issue.path)[1] < grace
+                in_progress = issue.kind in IN_PROGRESS_KINDS or step.kind is StepKind.V1
                 report.problems.append(Problem(issue.kind, issue.path, issue.detail, target,
-                                               recent=recent and in_progress))
+                                               recent=young and in_progress))
             for issue in step.shadowed_issues():
                 report.problems.append(Problem(issue.kind, issue.path, issue.detail, "", recent=False))
             for leftover in step.leftovers:

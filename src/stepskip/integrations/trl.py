@@ -187,7 +187,7 @@ class TrlGenerateSkip(CachedRole):
 
     def entry_dir(self, step: int, name: str, rank: int | None = None) -> str:
         """The entry of call ``name`` of ``step`` on ``rank`` (default: this process's)."""
-        return f"{self.layout.step_dir(step)}/{name}-r{self.rank if rank is None else rank}"
+        return self.layout.call_dir(step, name, self.rank if rank is None else rank)
 
     def step_dump_dir(self, step: int) -> str:
         """The entry of the call being served at ``step`` (the step's directory outside a call)."""

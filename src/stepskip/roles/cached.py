@@ -17,6 +17,7 @@ import re
 import sys
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
@@ -46,7 +47,7 @@ from stepskip.errors import (
     TruncatedEntryError,
     UnreadableEntryError,
 )
-from stepskip.identity import fingerprint_diff, fingerprint_of
+from stepskip.identity import RunIdentity, fingerprint_diff, fingerprint_of
 from stepskip.layout import RUN_DIR, Layout, is_url, safe_component
 from stepskip.policies import CheckPrompts, MatchN, OnMismatch, SkipAction
 from stepskip.resolve import load_candidates
@@ -110,6 +111,7 @@ def _forget_dumps_after_fork() -> None:
     for role in list(_ROLES):
         role._pending = {}
         role._pending_lock, role._hint_lock, role._index_lock = threading.Lock(), threading.Lock(), threading.Lock()
+        role._bind_lock = threading.Lock()
 
 
 _ROLES: weakref.WeakSet[CachedRole] = weakref.WeakSet()
@@ -151,10 +153,18 @@ class CachedRole(BaseSkip):
         self._codec: Any = None
         self._layout: Layout | None = None
         self._store: Any = None
+        self._bind_lock = threading.Lock()
         self._warned: set[tuple[str, ...]] = set()
         self._pending: dict[str, threading.Event] = {}  # entry path -> its background dump finished
         self._pending_lock = threading.Lock()
         _ROLES.add(self)
+        self._hint_lock = threading.Lock()
+        self._index_lock = threading.Lock()
+        self._new_run()
+
+    def _new_run(self) -> None:
+        """The state that belongs to the run the role is bound to (what it wrote, indexed and listed),
+        empty: at construction, and when a bound role is bound to a run again."""
         self._index: Any = None  # the prompt index of ``action: match``, built on first use
         self._hints_read: set[str] = set()  # run directories whose hint documents (or digest tables) were read
         # the listed entries a digest table covers, not indexed yet: read when a live prompt's key points
@@ -170,7 +180,6 @@ class CachedRole(BaseSkip):
         self._hints: Any = None  # the HintDocument this role writes (V1 steps; see stepskip.hints), made on first write
         self._table: Any = None  # the TableWriter of this role's digest tables (entries), made on first write
         self._hint_name = ""
-        self._hint_lock = threading.Lock()
         # see listed_steps: ((path, version), steps, monotonic time listed), and the count of this role's writes
         self._listing: tuple[tuple[str, Any], tuple[int, ...], float] | None = None
         self._writes_seen = 0
@@ -180,7 +189,6 @@ class CachedRole(BaseSkip):
         # this run directory's listing taken by the start-up clean-up: (path, version, step names,
         # monotonic time listed, writes seen), for _match_listing's first listing
         self._seed: tuple[str, Any, frozenset[str], float, int] | None = None
-        self._index_lock = threading.Lock()
         # entry path -> the probe meet_precondition took of it (present), for the read that follows. Keyed
         # by path, so calls in flight at once (the async role) do not take each other's; one of another
         # call at the same path serves as well: the store uses a probe only while meta.json is that file
@@ -190,7 +198,10 @@ class CachedRole(BaseSkip):
 
     def bind(self, context: RunContext) -> None:
         """Attach to the run: paths from its identity, the store, and (when enabled) a clean-up of
-        temporaries that crashed writers left behind."""
+        temporaries that crashed writers left behind. A role bound before (to the run its config
+        names, see :meth:`bind_to_config`) is bound to this run instead."""
+        if self._layout is not None:
+            self._new_run()
         super().bind(context)
         identity = context.identity.with_fingerprint(fingerprint_of(self.global_config, self.config.fingerprint_keys))
         self.fingerprint = dict(identity.fingerprint)
@@ -198,6 +209,44 @@ class CachedRole(BaseSkip):
         self._store = open_store(self._layout.dump_dir, self.config.storage_options)
         if self.enable:
             self.start()
+
+    def bind_to_config(self) -> None:
+        """Bind a role used before ``SkipManager.init`` to the run its global config names.
+
+        verl's own tests, and code written against verl's role objects, construct a role with
+        ``(local_config, global_config)`` and call it directly. Such a role binds itself on first use
+        (the constructor does no I/O) as ``SkipManager.init`` would bind it: the identity read from
+        the global config (``trainer.experiment_name``, ``data.gen_batch_size`` ...) and a fresh run
+        id. A later :meth:`bind` (``SkipManager.init``'s) replaces this binding.
+
+        Raises:
+            RuntimeError: the role was constructed without a global config to name the run.
+            SkipConfigError: the config names no usable run (a bad value, a dump dir this process
+                cannot use); the role stays unbound.
+
+        Example:
+            >>> from stepskip.roles import RolloutSkip
+            >>> config = {"trainer": {"experiment_name": "exp", "project_name": "proj"},
+            ...           "skip": {"rollout": {"enable": False, "dump_dir": "/tmp/d"}}}
+            >>> role = RolloutSkip(config["skip"]["rollout"], config)
+            >>> role.step_dump_dir(3)  # bound on first use
+            '/tmp/d/exp_proj/GBS0_N0_in0_out0/3'
+        """
+        with self._bind_lock:
+            if self._layout is not None:
+                return
+            if self.global_config is None:
+                raise RuntimeError(f"{type(self).__name__} is not bound to a run yet: construct it with the "
+                                   "training config as its global config, or call SkipManager.init first")
+            context = RunContext(name=self.name or type(self).__name__, run_id=uuid.uuid4().hex,
+                                 identity=RunIdentity.from_config(self.global_config))
+            try:
+                self.bind(context)
+            except BaseException:
+                self._layout = self._store = None  # unusable: the next use tries (and says why) again
+                raise
+            logger.info("%s: used before SkipManager.init: bound to the run %s names (run %s)", self.name,
+                        self.layout.project_dir, self.run_id[:12])
 
     def layout_subdir(self) -> str | None:
         """The directory under the run directory that holds this role's steps (None: the run directory)."""
@@ -236,16 +285,17 @@ class CachedRole(BaseSkip):
 
     @property
     def layout(self) -> Layout:
-        """Every path of this role's cache (available once bound)."""
+        """Every path of this role's cache (a role not bound yet binds itself: :meth:`bind_to_config`)."""
         if self._layout is None:
-            raise RuntimeError(f"{type(self).__name__} is not bound to a run yet: call SkipManager.init first")
+            self.bind_to_config()
+            assert self._layout is not None
         return self._layout
 
     @property
     def store(self) -> Any:
-        """The store holding this role's entries (available once bound)."""
+        """The store holding this role's entries (a role not bound yet binds itself: :meth:`bind_to_config`)."""
         if self._store is None:
-            raise RuntimeError(f"{type(self).__name__} is not bound to a run yet: call SkipManager.init first")
+            self.bind_to_config()
         return self._store
 
     @property

@@ -91,6 +91,9 @@ class RolloutTqSkip(RolloutSkip):
             )
         self.parameter_sync_step = sync_step
         self._lock = threading.Lock()
+
+    def _new_run(self) -> None:
+        super()._new_run()
         self._saved: dict[int, int] = {}  # step -> inner entries this run has written or queued
         self._clock: dict[int, float] = {}  # step -> when its rollout (or last inner sample) began
         self._recording: set[int] = set()  # steps this run decided to (re)generate at submit time

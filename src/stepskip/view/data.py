@@ -304,6 +304,8 @@ class ViewSource:
             "written_by": entries[0].written_by if entries else None,
             "inner": [{"inner": e.inner, "state": e.state.value, "rows": e.rows, "reason": e.reason}
                       for e in entries if e.inner is not None],
+            "calls": [{"call": e.call, "state": e.state.value, "reason": e.reason}
+                      for e in entries if e.call is not None],
             "valid": step.valid,
             "issues": [f"{i.kind.value}: {i.detail}" for i in step.issues()],
         }

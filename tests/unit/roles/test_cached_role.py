@@ -239,13 +239,23 @@ def test_constructors_do_no_io_and_bind_starts_the_role(tmp_path):
     config = training_config(tmp_path)
     role = RolloutSkip(config["skip"]["rollout"], config)
     assert leftover.exists()  # nothing touched yet
-    with pytest.raises(RuntimeError, match="not bound"):
-        role.step_dump_dir(1)
     from stepskip.identity import RunIdentity
 
     role.bind(RunContext(name="rollout", run_id="r1", identity=RunIdentity.from_config(config)))
     assert not leftover.exists()
     assert role.name == "rollout" and role.run_id == "r1" and role.step_dump_dir(1) == str(run / "1")
+
+
+def test_a_role_used_before_init_binds_itself_on_first_use_and_starts(tmp_path):
+    run = run_path(tmp_path)
+    leftover = run / f"{TMP_PREFIX}1-0123456789ab"
+    leftover.mkdir(parents=True)
+    os.utime(leftover, (0, 0))
+    config = training_config(tmp_path)
+    role = RolloutSkip(config["skip"]["rollout"], config)
+    assert leftover.exists() and role.run_id == ""  # nothing touched, no run yet
+    assert role.step_dump_dir(1) == str(run / "1")  # the run its config names, as SkipManager.init would bind it
+    assert not leftover.exists() and role.name == "rollout" and len(role.run_id) == 32
 
 
 def test_the_role_keeps_verls_names(tmp_path):
