@@ -207,12 +207,12 @@ class CachedRole(BaseSkip):
     def start(self) -> None:
         """Startup I/O of an enabled role (after :meth:`bind`): a dump dir this process cannot use is
         a :class:`SkipConfigError` now, not a dump failure at every step; stale temporaries go."""
-        key = f"{self.config.section}.dump_dir"
+        where = f"skip.{self.name}"  # a stage role's config class is shared: its section says skip.<stage>
+        key = f"{where}.dump_dir"
         check_dump_dir(self.dump_dir, self.config.storage_options, key=key, entry_dir=self.layout.project_dir)
         local = isinstance(self.store, LocalStore)
         if local and self.action is not SkipAction.REPLAY:
-            check_writable(self.layout.dump_dir, self.layout.project_dir, key=key,
-                           fix=f"set {self.config.section}.action = replay")
+            check_writable(self.layout.dump_dir, self.layout.project_dir, key=key, fix=f"set {where}.action = replay")
         try:  # on an object store, the first request: credentials and endpoint are tried here
             self.clean_up(self.store.scan(self.layout.project_dir))
         except Exception as err:
