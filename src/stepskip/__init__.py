@@ -8,12 +8,13 @@ without loading torch.
 from __future__ import annotations
 
 import importlib
-import logging
 from typing import TYPE_CHECKING, Any
 
+from stepskip._logging import install_fallback
 from stepskip._version import __version__
 
-logging.getLogger(__name__).addHandler(logging.NullHandler())
+# Warnings reach stderr until the application configures logging (then only its handlers get them).
+install_fallback(__name__)
 
 _WHERE = {
     "SkipManager": "stepskip.manager",

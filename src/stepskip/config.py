@@ -8,6 +8,7 @@ message names the key, the value given and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import sys
 import warnings
@@ -117,8 +118,18 @@ class StepSet:
 
     @classmethod
     def parse(cls, steps: Any, key: str = "steps") -> StepSet:
-        """Parse a ``steps`` value: a list of ints and range strings, or the string ``"all"``."""
-        allowed = 'a list of non-negative ints and range strings such as "1-128" or "10-100:10", or "all"'
+        """Parse a ``steps`` value: a list of ints and range strings, one int, or a string of them
+        separated by commas (``"1-6,8,10"``, as ``stepskip ls`` prints steps; ``"all"``).
+
+        Example:
+            >>> 8 in StepSet.parse("1-6,8,10"), 7 in StepSet.parse("1-6,8,10"), 3 in StepSet.parse(3)
+            (True, False, True)
+        """
+        allowed = ('a list of non-negative ints and range strings such as "1-128" or "10-100:10", one int, '
+                   'a comma-separated string such as "1-6,8,10", or "all"')
+        given = steps
+        if isinstance(steps, int) and not isinstance(steps, bool):
+            steps = [steps]
         if isinstance(steps, str):
             steps = [steps]
         if not isinstance(steps, (list, tuple)):
@@ -126,7 +137,7 @@ class StepSet:
         ints: set[int] = set()
         ranges: list[range] = []
         everything = False
-        for item in steps:
+        for item in _split_commas(steps):
             if isinstance(item, bool) or not isinstance(item, (int, str)):
                 raise SkipConfigError(f"{key} contains {item!r} ({type(item).__name__}); expected {allowed}")
             if isinstance(item, int):
@@ -147,7 +158,7 @@ class StepSet:
                         f"{key} contains {item!r}: a range needs start <= end and a stride >= 1 (e.g. \"10-100:10\")"
                     )
                 ranges.append(range(start, stop + 1, stride))
-        return cls(ints, ranges, everything, spec=list(steps))
+        return cls(ints, ranges, everything, spec=given)
 
     def __contains__(self, step: object) -> bool:
         if type(step) is not int:
@@ -185,7 +196,28 @@ class StepSet:
         return f"StepSet({self.spec!r})"
 
 
+def _split_commas(items: Iterable[Any]) -> list[Any]:
+    """The items with each string cut at its commas: ``"1-6,8"`` is ``"1-6"`` and ``"8"``.
+
+    A string with nothing between two commas (``"1,,2"``, ``""``) keeps an empty piece, which the
+    parser refuses by name.
+    """
+    out: list[Any] = []
+    for item in items:
+        if isinstance(item, str) and "," in item:
+            out.extend(item.split(","))
+        else:
+            out.append(item)
+    return out
+
+
 # --------------------------------------------------------------------------- role configs
+
+
+def _did_you_mean(key: Any, known: Iterable[str]) -> str:
+    """`` (did you mean `steps`?)`` for the known key closest to a mistyped one, else nothing."""
+    close = difflib.get_close_matches(str(key), list(known), n=1)
+    return f" (did you mean `{close[0]}`?)" if close else ""
 
 
 def _choice(key: str, value: Any, allowed: Iterable[str]) -> None:
@@ -211,7 +243,9 @@ class SkipRoleConfig:
     Args:
         enable: master switch of the role.
         dump_dir: cache root, a local path (``~`` expanded) or an fsspec URL.
-        steps: steps eligible for skipping: ints, ``"a-b"`` / ``"a-b:stride"`` ranges, or ``"all"``.
+        steps: steps eligible for skipping: a list of ints and ``"a-b"`` / ``"a-b:stride"`` ranges,
+            one int, the same joined by commas in one string (``"1-6,8,10"``, as ``stepskip ls``
+            prints them), or ``"all"``.
         action: ``cache`` (exact step, else generate and dump), ``repeat`` (nearest available step),
             ``random`` (a seeded random available step), ``replay`` (exact step or
             :class:`CacheMissError`), ``record`` (always generate and overwrite), ``match`` (replay
@@ -326,11 +360,10 @@ class SkipRoleConfig:
         if not isinstance(section, Mapping):
             raise SkipConfigError(f"{where} = {section!r} is not valid; expected a mapping of role settings")
         known = [f.name for f in dataclasses.fields(cls) if f.init]
-        unknown = sorted(set(section) - set(known))
+        unknown = sorted(set(section) - set(known), key=str)
         if unknown:
-            raise SkipConfigError(
-                f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; known keys: {', '.join(known)}"
-            )
+            named = ", ".join(f"{key!r}{_did_you_mean(key, known)}" for key in unknown)
+            raise SkipConfigError(f"{where} has unknown key(s) {named}; known keys: {', '.join(known)}")
         values = {k: to_plain(v) for k, v in section.items()}
         try:
             built = cls(**values)
@@ -476,7 +509,8 @@ class SkipManagerConfig:
                     config_class = StageSkipConfig
                 else:
                     raise SkipConfigError(
-                        f"skip.{name} is not a known skip role; known roles: {', '.join(sorted(classes))} "
+                        f"skip.{name} is not a known skip role{_did_you_mean(name, classes)}; known roles: "
+                        f"{', '.join(sorted(classes))} "
                         "(register a new role with @register_skip, or declare a generic stage with `kind: stage`)"
                     )
             if isinstance(config_class, type) and issubclass(config_class, SkipRoleConfig):

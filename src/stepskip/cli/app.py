@@ -14,6 +14,7 @@ import typer
 from rich.markup import escape
 
 from stepskip._version import __version__
+from stepskip.access import describe_store_access_error, is_store_access_error
 from stepskip.cli import render
 from stepskip.cli.errors import CliError
 from stepskip.config import SkipRoleConfig
@@ -63,8 +64,23 @@ def _errors(fn: F) -> F:
         except (CliError, SkipConfigError) as error:  # a wrong path, option or URL; not a finding about a cache
             render.err.print(f"[bold red]error:[/] {escape(str(error))}")
             raise typer.Exit(2) from None
+        except Exception as error:  # storage that refuses the credentials or does not answer: the user's to fix
+            if not is_store_access_error(error):
+                raise
+            render.err.print(f"[bold red]error:[/] {escape(describe_store_access_error(_named_caches(kwargs), error))}")
+            raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _named_caches(arguments: dict[str, Any]) -> str:
+    """The caches a command was given (its path arguments), URLs first: what a storage error is about."""
+    given: list[str] = []
+    for name in ("dump_dir", "run_dir", "entry", "src", "dst"):
+        value = arguments.get(name)
+        given += [value] if isinstance(value, str) else [v for v in value or () if isinstance(v, str)]
+    urls = [g for g in given if "://" in g]
+    return ", ".join(dict.fromkeys(urls or given)) or "the cache"
 
 
 def storage_options(values: list[str] | None) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any, ClassVar, cast
 import numpy as np
 
 from stepskip._version import __version__
+from stepskip.access import check_writable, describe_store_access_error, is_store_access_error
 from stepskip.calls import CURRENT_CALL, call_prompts
 from stepskip.config import SkipRoleConfig
 from stepskip.entries import (
@@ -255,9 +256,18 @@ class CachedRole(BaseSkip):
     def start(self) -> None:
         """Startup I/O of an enabled role (after :meth:`bind`): a dump dir this process cannot use is
         a :class:`SkipConfigError` now, not a dump failure at every step; stale temporaries go."""
-        check_dump_dir(self.dump_dir, self.config.storage_options, key=f"{self.config.section}.dump_dir",
-                       entry_dir=self.layout.project_dir)
-        self.clean_up(self.store.scan(self.layout.project_dir))
+        where = f"skip.{self.name}"  # a stage role's config class is shared: its section says skip.<stage>
+        key = f"{where}.dump_dir"
+        check_dump_dir(self.dump_dir, self.config.storage_options, key=key, entry_dir=self.layout.project_dir)
+        local = isinstance(self.store, LocalStore)
+        if local and self.action is not SkipAction.REPLAY:
+            check_writable(self.layout.dump_dir, self.layout.project_dir, key=key, fix=f"set {where}.action = replay")
+        try:  # on an object store, the first request: credentials and endpoint are tried here
+            self.clean_up(self.store.scan(self.layout.project_dir))
+        except Exception as err:
+            if local or not is_store_access_error(err):
+                raise
+            raise SkipConfigError(f"{key} = {describe_store_access_error(self.dump_dir, err)}") from err
 
     def clean_up(self, tree: Tree | None) -> None:
         """Remove what interrupted writers left in this role's entries once it is stale (at start-up).

@@ -12,6 +12,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from omegaconf import DictConfig, OmegaConf
 
 import stepskip.config
@@ -23,6 +25,7 @@ from stepskip import (
     SkipManagerConfig,
 )
 from stepskip.config import SkipRoleConfig, StepSet, disable_legacy_flag, select
+from stepskip.index import compress_steps
 
 ROLE_CLASSES = [RolloutSkipConfig, RolloutTqSkipConfig, AsyncRolloutSkipConfig]
 ROLE_NAMES = {RolloutSkipConfig: "rollout", RolloutTqSkipConfig: "rollout_tq", AsyncRolloutSkipConfig: "async_rollout"}
@@ -119,7 +122,7 @@ def test_dump_dir_accepts_paths_and_urls(good: str) -> None:
 @pytest.mark.parametrize(
     "steps",
     [[], [0], [1, 2, 3], [5, 5, 5], (1, 2), ["1-128"], ["10-100:10"], ["all"], "all", ["7"], [1, "3-5", "all"],
-     [" 1 - 4 "], ["ALL"]],
+     [" 1 - 4 "], ["ALL"], 3, 0, "1-6,8,10", "1-5, 8, 10-20:2", ["1-3,7", 9]],
 )
 def test_steps_accepted(steps: Any) -> None:
     cfg = RolloutSkipConfig(steps=steps)
@@ -128,7 +131,7 @@ def test_steps_accepted(steps: Any) -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [[True], [False], [1, True], [-1], [1.0], [1.5], [None], [[1]], [{"a": 1}], 3, None, {"a": 1}, 2.0],
+    [[True], [False], [1, True], [-1], [1.0], [1.5], [None], [[1]], [{"a": 1}], True, -3, None, {"a": 1}, 2.0],
 )
 def test_steps_rejects_non_lists_bools_negatives_and_non_ints(bad: Any) -> None:
     with pytest.raises(SkipConfigError) as info:
@@ -153,6 +156,41 @@ def test_malformed_range_strings_rejected_naming_the_key(bad: str) -> None:
 def test_bare_malformed_string_rejected() -> None:
     with pytest.raises(SkipConfigError, match=r"skip\.rollout\.steps"):
         RolloutSkipConfig(steps="5-1")
+
+
+@pytest.mark.parametrize("bad", ["1,,2", "1-6,8,", ",3", "1-6,x", "1-6;8"])
+def test_comma_strings_with_a_bad_piece_rejected_naming_it(bad: str) -> None:
+    with pytest.raises(SkipConfigError, match=r"skip\.rollout\.steps contains '") as info:
+        RolloutSkipConfig(steps=bad)
+    assert "1-6,8,10" in str(info.value)  # the accepted forms are listed
+
+
+@pytest.mark.parametrize(("steps", "members"), [
+    ("1-6,8,10", {1, 2, 3, 4, 5, 6, 8, 10}),
+    (3, {3}),
+    ("2-10:4,all", set(range(12))),
+    ("  7 ", {7}),
+])
+def test_string_and_single_int_steps_select_those_steps(steps: Any, members: set[int]) -> None:
+    cfg = SkipManagerConfig.from_section({"rollout": {"enable": True, "steps": steps}}).rollout
+    assert {s for s in range(12) if s in cfg.step_set} == members
+    assert {s for s in range(12) if s in cfg.step_set.fast()} == members
+
+
+@given(st.sets(st.integers(min_value=0, max_value=300), min_size=1, max_size=40))
+def test_the_steps_stepskip_ls_prints_parse_back_to_the_same_steps(steps: set[int]) -> None:
+    printed = compress_steps(steps)  # what `stepskip ls` shows, for pasting into skip.<role>.steps
+    parsed = RolloutSkipConfig(steps=printed).step_set
+    assert {s for s in range(302) if s in parsed} == steps
+
+
+def test_hydra_string_override_of_steps() -> None:
+    """verl's yaml gives ``steps: []``; a quoted string from the command line replaces it."""
+    base = OmegaConf.create({"skip": {"rollout": {"enable": False, "steps": []}}})
+    OmegaConf.set_struct(base, True)
+    merged = OmegaConf.merge(base, OmegaConf.from_dotlist(["skip.rollout.enable=true", "skip.rollout.steps=1-6,8"]))
+    cfg = SkipManagerConfig.from_section(merged.skip)
+    assert 6 in cfg.rollout.step_set and 7 not in cfg.rollout.step_set and 8 in cfg.rollout.step_set
 
 
 @pytest.mark.parametrize("cls", ROLE_CLASSES)
@@ -525,6 +563,30 @@ def test_unknown_keys_in_role_rejected_listing_known_keys(role: str) -> None:
     assert "known keys" in msg
     for f in dataclasses.fields(RolloutSkipConfig):
         assert f.name in msg
+
+
+@pytest.mark.parametrize(("typo", "meant"), [("step", "steps"), ("dumpdir", "dump_dir"), ("actoin", "action"),
+                                             ("check_prompt", "check_prompts"), ("enabled", "enable")])
+def test_a_mistyped_key_gets_the_closest_known_one(typo: str, meant: str) -> None:
+    with pytest.raises(SkipConfigError) as info:
+        SkipManagerConfig.from_section({"rollout": {"enable": True, typo: 1}})
+    assert f"'{typo}' (did you mean `{meant}`?)" in str(info.value)
+
+
+def test_a_key_like_no_known_one_gets_no_suggestion() -> None:
+    with pytest.raises(SkipConfigError) as info:
+        SkipManagerConfig.from_section({"rollout": {"zzz": 1}})
+    assert "did you mean" not in str(info.value)
+
+
+def test_a_stage_role_suggests_its_own_keys() -> None:
+    with pytest.raises(SkipConfigError, match=r"skip\.reward has unknown key\(s\) 'rowwise' \(did you mean `row_wise`\?\)"):
+        SkipManagerConfig.from_section({"reward": {"kind": "stage", "rowwise": True}})
+
+
+def test_a_mistyped_role_gets_the_closest_known_one() -> None:
+    with pytest.raises(SkipConfigError, match=r"skip\.rolout is not a known skip role \(did you mean `rollout`\?\)"):
+        SkipManagerConfig.from_section({"rolout": {"enable": True}})
 
 
 def test_step_set_is_not_an_accepted_key() -> None:

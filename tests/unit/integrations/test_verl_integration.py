@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -109,20 +111,36 @@ def test_check_reports_a_process_without_install():
 
 def test_launcher_adds_the_ray_hook_and_the_guard():
     assert launcher.build_overrides(["trainer.total_training_steps=3"]) == [
-        "trainer.total_training_steps=3",
         "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=stepskip.integrations.verl.setup_hook",
         "+skip._stepskip_install_required=true",
+        "trainer.total_training_steps=3",
     ]
 
 
 def test_launcher_chains_a_setup_hook_the_user_gave():
     out = launcher.build_overrides(["+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=my.hook", "a=1"])
     assert out == [
-        "a=1",
         "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=stepskip.integrations.verl.setup_hook",
         "+ray_kwargs.ray_init.runtime_env.env_vars.STEPSKIP_VERL_NEXT_HOOK=my.hook",
         "+skip._stepskip_install_required=true",
+        "a=1",
     ]
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    # Hydra flags after the overrides stay last
+    (["a=1", "--cfg", "job"], ["+H", "+G", "a=1", "--cfg", "job"]),
+    # flags (and their values) before the overrides stay first: Hydra takes one run of overrides
+    (["--config-name", "ppo", "a=1", "~b", "--cfg", "job"], ["--config-name", "ppo", "+H", "+G", "a=1", "~b",
+                                                              "--cfg", "job"]),
+    (["--config-path=/x", "-cn", "ppo", "a=1"], ["--config-path=/x", "-cn", "ppo", "+H", "+G", "a=1"]),
+    # no override of the user's: the added ones come first, before any flag
+    (["--cfg", "job"], ["+H", "+G", "--cfg", "job"]),
+    ([], ["+H", "+G"]),
+])
+def test_launcher_puts_its_overrides_where_hydra_reads_overrides(given, expected):
+    short = {f"+{launcher.HOOK_KEY}={integration.HOOK}": "+H", f"+skip.{integration.GUARD_KEY}=true": "+G"}
+    assert [short.get(a, a) for a in launcher.build_overrides(given)] == expected
 
 
 def test_launcher_flags_leave_out_what_they_name():
@@ -145,7 +163,8 @@ def test_launcher_runs_the_module_as_main_with_the_overrides(tmp_path, monkeypat
         "if __name__ == '__main__':\n"
         "    from stepskip.integrations.verl import is_installed\n"
         "    seen = {'argv': sys.argv, 'installed': is_installed()}\n"
-        "    open(sys.argv[1].split('=', 1)[1], 'w').write(json.dumps(seen))\n"
+        "    out = [a for a in sys.argv if a.startswith('out=')][0]\n"
+        "    open(out.split('=', 1)[1], 'w').write(json.dumps(seen))\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(sys, "argv", list(sys.argv))
@@ -154,8 +173,35 @@ def test_launcher_runs_the_module_as_main_with_the_overrides(tmp_path, monkeypat
     got = json.loads(out.read_text())
     assert got["installed"]
     assert Path(got["argv"][0]).name == "launch_target_mod.py"
-    assert got["argv"][1:] == [f"out={out}", "b=2",
-                               f"+{launcher.HOOK_KEY}=stepskip.integrations.verl.setup_hook"]
+    assert got["argv"][1:] == [f"+{launcher.HOOK_KEY}=stepskip.integrations.verl.setup_hook", f"out={out}", "b=2"]
+
+
+def test_launcher_keeps_hydra_flags_before_and_after_the_overrides(tmp_path):
+    """A real Hydra application run through the launcher as `python -m <module>` runs it: a config chosen
+    with leading flags, the user's overrides, and `--cfg job` last, which prints the composed config."""
+    pytest.importorskip("hydra")
+    (tmp_path / "hydra_app_mod.py").write_text(
+        "import hydra\n"
+        "@hydra.main(config_path=None, config_name=None, version_base=None)\n"
+        "def main(cfg):\n"
+        "    raise SystemExit('--cfg job prints the config and never runs the task')\n"
+        "if __name__ == '__main__':\n"
+        "    main()\n"
+    )
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "app.yaml").write_text("trainer:\n  total_training_steps: 1\nskip: {}\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-m", "stepskip.integrations.verl", "hydra_app_mod", "--config-path", str(tmp_path / "conf"),
+         "--config-name", "app", "trainer.total_training_steps=3", "--cfg", "job"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    from omegaconf import OmegaConf
+
+    printed = OmegaConf.create(done.stdout)
+    assert printed.trainer.total_training_steps == 3
+    assert printed.skip[integration.GUARD_KEY] is True
+    assert printed.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook == integration.HOOK
 
 
 def test_setup_hook_refuses_a_next_hook_that_is_not_a_dotted_name(monkeypatch):

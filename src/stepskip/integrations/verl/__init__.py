@@ -38,6 +38,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+from stepskip._logging import FallbackHandler
 from stepskip.integrations.verl import _rewrap, _served
 from stepskip.integrations.verl._served import SERVED_MODULES
 
@@ -206,7 +207,7 @@ def configure_logging() -> None:
         >>> configure_logging()  # what the launcher, the Ray hook and the STEPSKIP_VERL boot call first
     """
     stepskip_logger = logging.getLogger("stepskip")
-    if any(not isinstance(h, logging.NullHandler) for h in stepskip_logger.handlers):
+    if any(not isinstance(h, (logging.NullHandler, FallbackHandler)) for h in stepskip_logger.handlers):
         return
     if stepskip_logger.level == logging.NOTSET:
         stepskip_logger.setLevel(os.environ.get("STEPSKIP_LOGGING_LEVEL", "INFO"))

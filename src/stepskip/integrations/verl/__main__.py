@@ -38,31 +38,48 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def build_overrides(overrides: list[str], ray_hook: bool = True, guard: bool = True) -> list[str]:
-    """The user's overrides plus what the launcher adds.
+def _first_override(args: list[str]) -> int:
+    """Where the Hydra overrides start in ``args``: the first argument that is not a flag and holds a
+    ``=`` (or is a ``~key`` deletion); 0, before any flag, when there is none.
 
-    A ``worker_process_setup_hook`` the user set is kept: it moves to ``STEPSKIP_VERL_NEXT_HOOK``
-    in the job's environment, which stepskip's hook runs after installing (Ray takes one hook).
+    Hydra reads its overrides as one run of positional arguments: added ones must join the user's
+    run, not follow a flag (``--cfg job``) nor precede the user's leading flags (``--config-name x``).
+    """
+    for i, arg in enumerate(args):
+        if not arg.startswith("-") and ("=" in arg or arg.startswith("~")):
+            return i
+    return 0
+
+
+def build_overrides(overrides: list[str], ray_hook: bool = True, guard: bool = True) -> list[str]:
+    """The user's arguments with what the launcher adds placed just before their first override.
+
+    Hydra flags before or after the overrides (``--config-name ppo_trainer``, ``--cfg job``) keep
+    working, as they do on verl's own command line. A ``worker_process_setup_hook`` the user set is
+    kept: it moves to ``STEPSKIP_VERL_NEXT_HOOK`` in the job's environment, which stepskip's hook
+    runs after installing (Ray takes one hook).
 
     Example:
-        >>> build_overrides(["trainer.total_training_steps=3"])[1:]  # doctest: +NORMALIZE_WHITESPACE
+        >>> build_overrides(["trainer.total_training_steps=3", "--cfg", "job"])  # doctest: +NORMALIZE_WHITESPACE
         ['+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=stepskip.integrations.verl.setup_hook',
-         '+skip._stepskip_install_required=true']
+         '+skip._stepskip_install_required=true', 'trainer.total_training_steps=3', '--cfg', 'job']
     """
-    out: list[str] = []
+    kept: list[str] = []
     user_hook: str | None = None
     for override in overrides:
-        if ray_hook and _key(override) == HOOK_KEY and "=" in override:
+        if ray_hook and _key(override) == HOOK_KEY and "=" in override and not override.startswith("-"):
             user_hook = override.split("=", 1)[1]
             continue
-        out.append(override)
+        kept.append(override)
+    added: list[str] = []
     if ray_hook:
-        out.append(f"+{HOOK_KEY}={HOOK}")
+        added.append(f"+{HOOK_KEY}={HOOK}")
         if user_hook and user_hook != HOOK:
-            out.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{NEXT_HOOK_ENV_VAR}={user_hook}")
-    if guard and not any(_key(o) == f"skip.{GUARD_KEY}" for o in out):
-        out.append(f"+skip.{GUARD_KEY}=true")
-    return out
+            added.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{NEXT_HOOK_ENV_VAR}={user_hook}")
+    if guard and not any(_key(o) == f"skip.{GUARD_KEY}" for o in kept):
+        added.append(f"+skip.{GUARD_KEY}=true")
+    at = _first_override(kept)
+    return [*kept[:at], *added, *kept[at:]]
 
 
 def main(argv: list[str] | None = None) -> None:
