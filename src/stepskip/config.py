@@ -283,21 +283,21 @@ class SkipRoleConfig:
     enable: bool = False
     dump_dir: str = "~/.verl/rollout_dump"
     steps: list[Any] = field(default_factory=list)
-    action: SkipAction = SkipAction.CACHE
+    action: str = SkipAction.CACHE
     format: str = "safe"
     allow_pickle: bool = False
     verify: bool = True
     async_dump: bool = True
     dump_process: bool = True
-    compress: Compress = Compress.AUTO
+    compress: str = Compress.AUTO
     seed: int = 0
     rebind_keys: list[str] = field(default_factory=lambda: ["uid"])
-    check_prompts: CheckPrompts = CheckPrompts.WARN
-    on_mismatch: OnMismatch = OnMismatch.WARN
+    check_prompts: str = CheckPrompts.WARN
+    on_mismatch: str = OnMismatch.WARN
     fingerprint_keys: list[str] = field(default_factory=list)
     storage_options: dict[str, Any] = field(default_factory=dict)
     restore_rng: bool = False
-    match_n: MatchN = MatchN.CYCLE
+    match_n: str = MatchN.CYCLE
     max_decode_bytes: int | None = None
 
     def __post_init__(self) -> None:

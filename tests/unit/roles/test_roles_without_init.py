@@ -255,3 +255,30 @@ def test_a_role_bound_again_writes_hints_of_its_new_run_only(tmp_path):
         assert table is not None, problem
         tables[path.name.split("+")[0]] = table.names.tolist()
     assert tables == {"GBS4_N2_in8_out16": [1], "GBS8_N1_in0_out0": [2]}
+
+
+def omega_conf_to_dataclass(section: Any, dataclass_type: type) -> Any:
+    """What verl's ``verl.utils.config.omega_conf_to_dataclass`` does with a dataclass type: merge the
+    section over the dataclass's structured schema, then build the dataclass from the result."""
+    merged = OmegaConf.merge(OmegaConf.structured(dataclass_type), OmegaConf.create(section))
+    return OmegaConf.to_object(merged)
+
+
+@pytest.mark.parametrize("role_class", [RolloutSkip, AsyncRolloutSkip, RolloutTqSkip])
+def test_config_dataclasses_convert_through_omegaconf_schemas_as_verl_builds_them(tmp_path, role_class):
+    """verl's tests turn ``config.skip.<role>`` into the role's config dataclass through OmegaConf's
+    structured schema, which checks every value against the field's declared type: the options that
+    take names (``action``, ``compress``, ``check_prompts``, ``on_mismatch``, ``match_n``) must accept
+    the names a config holds, and bad values still fail with the key named."""
+    config = verl_config(tmp_path / "dump", action="repeat")
+    section = OmegaConf.merge(config.skip.rollout, {"compress": "zstd", "check_prompts": "error",
+                                                    "on_mismatch": "regenerate", "match_n": "strict"})
+    local = omega_conf_to_dataclass(section, role_class.config_class)
+    assert isinstance(local, role_class.config_class)
+    assert (local.action, local.compress, local.check_prompts, local.on_mismatch, local.match_n) == \
+        ("repeat", "zstd", "error", "regenerate", "strict")
+    role = role_class(local, config)
+    assert role.action.value == "repeat" and role.available_steps() == []
+
+    with pytest.raises(SkipConfigError, match=r"action = 'bogus'.*allowed values: cache, repeat"):
+        omega_conf_to_dataclass(OmegaConf.merge(section, {"action": "bogus"}), role_class.config_class)
