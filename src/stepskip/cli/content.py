@@ -180,26 +180,62 @@ def _get(node: Any, key: str) -> Any:
     return None
 
 
+def _rows(column: Any) -> list[torch.Tensor] | None:
+    """A 2-D column's rows as 1-D tensors (a jagged one's rows have their own lengths), else None."""
+    if not isinstance(column, torch.Tensor):
+        return None
+    if column.is_nested:
+        rows = list(column.unbind())
+        return rows if all(r.dim() == 1 for r in rows) else None
+    return list(column.unbind(0)) if column.dim() == 2 else None
+
+
+def _nonzero_tails(mask: Any, widths: list[int] | None) -> list[int] | None:
+    """Non-zero positions per row of a mask, over each row's last ``widths[row]`` positions (all without
+    ``widths``); None when the mask is no 2-D or jagged column, or a row is shorter than its width."""
+    if isinstance(mask, torch.Tensor) and not mask.is_nested and mask.dim() == 2 and (
+            widths is None or (len(set(widths)) == 1 and len(widths) == mask.shape[0])):
+        width = mask.shape[1] if not widths else widths[0]
+        return (mask[:, mask.shape[1] - width:] != 0).sum(-1).tolist() if width <= mask.shape[1] else None
+    rows = _rows(mask)
+    if rows is None or (widths is not None and len(widths) != len(rows)):
+        return None
+    tails = [r.shape[0] for r in rows] if widths is None else widths
+    if any(w > r.shape[0] for w, r in zip(tails, rows)):
+        return None
+    return [int((r[r.shape[0] - w:] != 0).sum()) for w, r in zip(tails, rows)]
+
+
 def response_lengths(value: Any) -> tuple[str, list[int]] | None:
     """Per-row response lengths and the column they come from, when the value has responses.
 
-    ``response_mask`` (summed), else the response part of ``attention_mask``, else the row lengths
-    of jagged ``responses``.
+    Padding is not a response token: ``response_mask`` (its non-zero positions), else the
+    response part of ``attention_mask`` (its last ``len(response)`` positions), else the row
+    lengths of jagged ``responses``. Dense and jagged columns alike: a V1 entry stores every
+    per-row tensor jagged, padded responses and their mask included.
+
+    Example:
+        >>> from stepskip import Batch
+        >>> b = Batch.from_dict({"responses": torch.tensor([[7, 8, 0], [9, 0, 0]]),
+        ...                      "response_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])})
+        >>> response_lengths(b)
+        ('response_mask', [2, 1])
     """
     tensors, _ = _parts(value)
-    mask = _get(tensors, "response_mask")
-    if isinstance(mask, torch.Tensor) and not mask.is_nested and mask.dim() == 2:
-        return "response_mask", mask.to(torch.int64).sum(-1).tolist()
+    if (lengths := _nonzero_tails(_get(tensors, "response_mask"), None)) is not None:
+        return "response_mask", lengths
     responses = _get(tensors, "responses")
     if not isinstance(responses, torch.Tensor):
         return None
     if responses.is_nested:
-        return "responses", _jagged_lengths(responses)
-    attention = _get(tensors, "attention_mask")
-    if isinstance(attention, torch.Tensor) and not attention.is_nested and responses.dim() == 2:
-        width = responses.size(-1)
-        return "attention_mask", attention[:, -width:].to(torch.int64).sum(-1).tolist()
-    return None
+        widths = _jagged_lengths(responses)
+    elif responses.dim() == 2:
+        widths = [responses.shape[1]] * responses.shape[0]
+    else:
+        return None
+    if (lengths := _nonzero_tails(_get(tensors, "attention_mask"), widths)) is not None:
+        return "attention_mask", lengths
+    return ("responses", widths) if responses.is_nested else None
 
 
 def rewards(value: Any) -> tuple[str, list[float]] | None:
@@ -260,17 +296,21 @@ class SampleRow:
     extra: dict[str, str] = field(default_factory=dict)
 
 
-def _row_tokens(column: Any, row: int, mask: Any, left: bool) -> list[int] | None:
+def _row_tokens(rows: list[torch.Tensor] | None, column: Any, row: int, masks: list[torch.Tensor] | None,
+                left: bool) -> list[int] | None:
+    """One row's token ids without padding: the mask's first (``left``) or last positions select them."""
     if not isinstance(column, torch.Tensor):
         return None
-    if column.is_nested:
-        return column.unbind()[row].reshape(-1).tolist()
-    ids = column[row]
-    if ids.dim() != 1:
-        return ids.reshape(-1).tolist()
-    if isinstance(mask, torch.Tensor) and not mask.is_nested and mask.shape[-1] >= ids.shape[0]:
-        part = mask[row, :ids.shape[0]] if left else mask[row, -ids.shape[0]:]
-        return ids[part.bool()].tolist()
+    if rows is None:  # neither a 2-D nor a jagged column of ids: shown whole
+        part = column.unbind()[row] if column.is_nested else column[row]
+        return part.reshape(-1).tolist()
+    if row >= len(rows):
+        return None
+    ids = rows[row]
+    mask = masks[row] if masks is not None and row < len(masks) else None
+    if mask is not None and mask.shape[0] >= ids.shape[0]:
+        part = mask[:ids.shape[0]] if left else mask[mask.shape[0] - ids.shape[0]:]
+        return ids[part != 0].tolist()
     return ids.tolist()
 
 
@@ -295,7 +335,8 @@ def sample_rows(value: Any, rows: int) -> list[SampleRow]:
     total = row_count(value) or 0
     keys = value.get("keys") if isinstance(value, Mapping) and "tensordict" in value else None
     prompts, responses = _get(tensors, "prompts"), _get(tensors, "responses")
-    attention, response_mask = _get(tensors, "attention_mask"), _get(tensors, "response_mask")
+    prompt_rows, response_rows = _rows(prompts), _rows(responses)
+    attention, response_mask = _rows(_get(tensors, "attention_mask")), _rows(_get(tensors, "response_mask"))
     reward = rewards(value)
     out = []
     for row in range(min(rows, total)):
@@ -306,10 +347,9 @@ def sample_rows(value: Any, rows: int) -> list[SampleRow]:
             sample.id = str(non_tensors["uid"][row])
         elif _get(tensors, "uid") is not None:
             sample.id = str(_non_tensor_row(_get(tensors, "uid"), row))
-        sample.prompt = _row_tokens(prompts, row, attention, left=True)
-        if isinstance(responses, torch.Tensor):
-            mask = response_mask if isinstance(response_mask, torch.Tensor) else attention
-            sample.response = _row_tokens(responses, row, mask, left=False)
+        sample.prompt = _row_tokens(prompt_rows, prompts, row, attention, left=True)
+        sample.response = _row_tokens(response_rows, responses, row,
+                                      response_mask if response_mask is not None else attention, left=False)
         if sample.prompt is None:
             for key in PROMPT_TEXT_KEYS:
                 column = non_tensors.get(key) if key in non_tensors else _get(tensors, key)
