@@ -22,7 +22,7 @@ from stepskip.cli.errors import CliError
 
 __all__ = [
     "FieldInfo", "SampleRow", "Stat", "describe_fields", "response_lengths",
-    "load_tokenizer", "rewards", "row_count", "sample_rows", "value_digest",
+    "load_tokenizer", "recorded_tokenizer", "rewards", "row_count", "sample_rows", "scores_rows", "value_digest",
 ]
 
 #: Per-row reward columns, most specific first; 2-D ones (token level) are summed over the last dimension.
@@ -258,6 +258,21 @@ def rewards(value: Any) -> tuple[str, list[float]] | None:
     return None
 
 
+def scores_rows(value: Any, rows: int) -> tuple[str, list[float]] | None:
+    """The rewards of a stage role's value that scores ``rows`` trajectories: one per row, and no prompts or
+    responses of its own (a value holding trajectories is not a score of another's). Else None.
+
+    Example:
+        >>> scores_rows({"scores": torch.tensor([1.0, 0.5])}, 2)
+        ('scores', [1.0, 0.5])
+    """
+    tensors, _ = _parts(value)
+    if any(_get(tensors, key) is not None for key in ("prompts", "responses", "input_ids")):
+        return None
+    found = rewards(value)
+    return found if found is not None and len(found[1]) == rows else None
+
+
 def statistics(value: Any) -> list[Stat]:
     """Response-length and reward statistics, when the value holds them."""
     out: list[Stat] = []
@@ -388,6 +403,21 @@ def load_tokenizer(path: str) -> Any:
         why = "no such directory" if not os.path.exists(local) else f"{type(err).__name__}: {err}"
         raise CliError(f"--tokenizer {path}: cannot load a Hugging Face tokenizer ({why}); "
                        "pass a local tokenizer or model directory") from None
+
+
+def recorded_tokenizer(fingerprint: Mapping[str, Any] | None) -> Any:
+    """The tokenizer stepskip itself knows for entries with this recorded fingerprint, else None.
+
+    Only the reference pipelines' character tokenizer (``stepskip demo``'s caches): built in code,
+    nothing read from the cache nor from a path it names.
+
+    Example:
+        >>> recorded_tokenizer({"actor_rollout_ref.model.path": "stepskip/tiny-llama-random"}).decode([1, 3, 4])
+        '<s>01'
+    """
+    from stepskip.pipelines.tokenizer import tokenizer_for
+
+    return tokenizer_for(fingerprint)
 
 
 def _short(value: Any, limit: int) -> str:

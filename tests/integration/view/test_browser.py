@@ -241,7 +241,9 @@ MEASURE = """<script>
 setInterval(() => {
   if (document.body.getAttribute("data-ready") !== "1" || !document.getElementById("rows")) return;
   const widths = {};
-  for (const td of document.querySelectorAll("#rows tr:nth-child(2) td")) widths[td.dataset.col] = td.getBoundingClientRect().width;
+  for (const td of document.querySelectorAll("#rows tr:nth-child(2) td")) {
+    widths[td.dataset.col] = td.getBoundingClientRect().width;
+  }
   document.body.setAttribute("data-widths", JSON.stringify(widths));
   document.body.setAttribute("data-table-right", String(document.getElementById("rows").getBoundingClientRect().right));
 }, 50);
