@@ -2,8 +2,14 @@
 
 The first pass generates every step and records the chosen ones; the second replays them (and
 generates the rest). Printed per pipeline: a table of both passes (generated / replayed, rollout
-seconds, step seconds, reward, loss) and a summary — rollout calls avoided, time saved, the
-step-time ratio and whether the replaying pass reproduced the recording pass's losses exactly.
+seconds, step seconds, reward, loss), a summary — rollout calls avoided, time saved, the
+step-time ratio and whether the replaying pass reproduced the recording pass's losses exactly —
+and one recorded trajectory as text. The colocated pipeline records its reward stage
+(``skip.reward``) on the same steps, so the cache holds each trajectory's reward.
+
+``--dump-dir D`` keeps the cache: ``D`` is a dump dir (each pipeline under its own
+``{experiment}_{project}`` directory) that ``stepskip ls D``, ``show`` and ``view D`` open as it is;
+they show its prompts and responses as text (:mod:`stepskip.pipelines.tokenizer`).
 
 Usage::
 
@@ -229,7 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--replay-steps", default="1-4",
                         help='steps recorded in pass 1 and replayed in pass 2: "1-4", "1,3", "all" (default 1-4)')
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    parser.add_argument("--dump-dir", help="record into this (empty) directory and keep it (default: a temp dir)")
+    parser.add_argument("--dump-dir", help="record into this (empty) directory and keep it: a dump dir to open "
+                        "with stepskip ls/view (default: a temp dir)")
     parser.add_argument("--verbose", action="store_true", help="show stepskip's log lines (hits, misses, dumps)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. data.max_response_length=64")
     try:
@@ -279,7 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(f"\ndemo finished in {time.perf_counter() - started:.1f} s: {verdict}")
     if args.dump_dir:
         shown = shlex.quote(str(Path(args.dump_dir).expanduser()))
-        console.print(f"look at the cache: stepskip ls {shown}    stepskip view {shown}", soft_wrap=True)
+        console.print(f"look at the cache: stepskip ls {shown}    stepskip view {shown}", soft_wrap=True,
+                      markup=False, highlight=False)
     if args.json:
         payload = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
