@@ -12,8 +12,20 @@ from stepskip import SkipManager
 from stepskip.tq import KVBatchMeta
 
 
-def trajectory_fields(prompt_ids: list[int], n: int, step: int, fail_sessions: set[int] = frozenset()) -> tuple:
-    """Deterministic trajectories: prompt p, session s -> response of length 1 + (p + s) % 4."""
+#: The width padded trajectories are padded to (prompt and response alike), as a verl agent loop pads them.
+PAD_WIDTH = 6
+
+
+def trajectory_fields(prompt_ids: list[int], n: int, step: int, fail_sessions: set[int] = frozenset(),
+                      padded: str | None = None) -> tuple:
+    """Deterministic trajectories: prompt p, session s -> response of length 1 + (p + s) % 4.
+
+    ``padded`` lays them out as verl's agent loop does: prompts left-padded and responses right-padded
+    to :data:`PAD_WIDTH` with 0, plus ``attention_mask`` over both, and ``response_mask`` when
+    ``padded == "response_mask"`` (``"attention_mask"``: that mask alone).
+    """
+    if padded is not None:
+        return _padded_fields(prompt_ids, n, step, fail_sessions, with_response_mask=padded == "response_mask")
     rows, sessions = [], []
     for p in prompt_ids:
         for s in range(n):
@@ -35,21 +47,39 @@ def trajectory_fields(prompt_ids: list[int], n: int, step: int, fail_sessions: s
     return rows, fields
 
 
+def _padded_fields(prompt_ids: list[int], n: int, step: int, fail_sessions: set[int],
+                   with_response_mask: bool) -> tuple:
+    rows, fields = trajectory_fields(prompt_ids, n, step, fail_sessions)
+    prompts = torch.zeros(len(rows), PAD_WIDTH, dtype=torch.int64)
+    responses = torch.zeros(len(rows), PAD_WIDTH, dtype=torch.int64)
+    attention = torch.zeros(len(rows), 2 * PAD_WIDTH, dtype=torch.int64)
+    for i, (prompt, response) in enumerate(zip(fields["prompts"].unbind(), fields["responses"].unbind())):
+        prompts[i, PAD_WIDTH - len(prompt):] = prompt
+        responses[i, :len(response)] = response
+        attention[i, PAD_WIDTH - len(prompt):PAD_WIDTH + len(response)] = 1
+    padded = TensorDict({"prompts": prompts, "responses": responses, "attention_mask": attention,
+                         "reward": fields["reward"]}, batch_size=[len(rows)])
+    if with_response_mask:
+        padded.set("response_mask", attention[:, PAD_WIDTH:].clone())
+    padded.set("messages", fields.get("messages"))
+    return rows, padded
+
+
 class AgentLoop:
     """Writes each prompt's n trajectories into the queue, then marks the prompt finished."""
 
-    def __init__(self, tq: Any, n: int, fail_sessions: set[int] = frozenset()) -> None:
+    def __init__(self, tq: Any, n: int, fail_sessions: set[int] = frozenset(), padded: str | None = None) -> None:
         self.tq, self.n, self.fail_sessions, self.calls = tq, n, set(fail_sessions), 0
+        self.padded = padded
         self.submitted: list[list[int]] = []  # the prompt ids of each call, in order
 
     def generate(self, uids: list[str], prompt_ids: list[int], step: int, partition_id: str = "train") -> None:
         self.calls += 1
         self.submitted.append(list(prompt_ids))
         for uid, p in zip(uids, prompt_ids):
-            rows, fields = trajectory_fields([p], self.n, step, self.fail_sessions)
+            rows, fields = trajectory_fields([p], self.n, step, self.fail_sessions, self.padded)
             keys = [f"{uid}_{s}_0" for _, s in rows]
-            tags = [{"global_steps": step, "status": "finished", "seq_len": int(fields["responses"][i].numel())}
-                    for i in range(len(keys))]
+            tags = [{"global_steps": step, "status": "finished", "seq_len": (p + s) % 4 + 1} for p, s in rows]
             self.tq.kv_batch_put(keys=keys, fields=fields, tags=tags, partition_id=partition_id)
             self.tq.kv_batch_put(keys=[uid], partition_id=partition_id,
                                  tags=[{"is_prompt": True, "status": "finished", "global_steps": step}])
@@ -78,10 +108,10 @@ class V1Trainer:
     """``_add_batch_to_generate`` split into ``_next_train_batch`` + ``_submit_batch_to_rollout``."""
 
     def __init__(self, config: Any, tq: Any, prompts_per_step: int = 3, n: int = 2, sync_steps: int = 1,
-                 fail_sessions: set[int] = frozenset()) -> None:
+                 fail_sessions: set[int] = frozenset(), padded: str | None = None) -> None:
         self.config, self.tq = config, tq
         self.prompts_per_step, self.n, self.sync_steps = prompts_per_step, n, sync_steps
-        self.agent_loop = AgentLoop(tq, n, fail_sessions)
+        self.agent_loop = AgentLoop(tq, n, fail_sessions, padded)
         self.replay_buffer = ReplayBuffer(tq)
         self.next_prompt = 0
         self.global_steps = 0

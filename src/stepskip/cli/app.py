@@ -366,20 +366,21 @@ def show_command(
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=0, help="Token ids printed per prompt and response "
                                             "without --tokenizer (0: all).")] = 64,
     allow_pickle: AllowPickle = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON: token ids, and text with --tokenizer.")]
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON: token ids, and text when they can be decoded.")]
     = False,
     options: StorageOptions = None,
 ) -> None:
     """Print sample trajectories of an entry: prompt, response and reward.
 
     Padding is removed with the attention and response masks. The tokenizer is loaded offline
-    (local files only).
+    (local files only); without one, entries of stepskip demo are decoded with its own character
+    tokenizer. A step holding no rewards takes them from a stage role of the same step (skip.reward).
 
     [bold]Examples[/]
       stepskip show RUN_DIR/12
       stepskip show RUN_DIR --step 12 --rows 5 --tokenizer /models/Qwen2.5-7B-Instruct
     """
-    from stepskip.cli.content import load_tokenizer, sample_rows
+    from stepskip.cli.content import load_tokenizer, recorded_tokenizer, row_count, sample_rows
     from stepskip.errors import CorruptEntryError, UnreadableEntryError
     from stepskip.index import IssueKind, PickleNotAllowedError
 
@@ -400,13 +401,54 @@ def show_command(
     except CorruptEntryError as error:  # a damaged entry is a finding (exit 1), not a usage error
         render.err.print(f"[bold red]damaged:[/] {escape(str(error))}")
         raise typer.Exit(1) from None
-    tok = load_tokenizer(tokenizer) if tokenizer else None
+    recorded = inner or (step_dir.entries[0] if step_dir.entries else None)
+    tok = load_tokenizer(tokenizer) if tokenizer else recorded_tokenizer(recorded.fingerprint if recorded else None)
     samples = sample_rows(value, rows)
+    if samples and all(s.reward is None for s in samples) and inner is None:
+        _join_stage_rewards(index, step_dir, samples, row_count(value) or 0, allow_pickle, options)
     path = inner.path if inner is not None else step_dir.path
     if as_json:
         render.print_json(render.show_json(path, step_dir.step, samples, tok))
     else:
         render.render_show(path, step_dir.step, samples, tok, max_tokens)
+
+
+def _join_stage_rewards(index: Any, step_dir: Any, samples: list[Any], rows: int, allow_pickle: bool,
+                        options: list[str] | None) -> None:
+    """Rewards for a step that holds none, from a stage role of the same run and step that scores its rows
+    (``skip.reward``), as stepskip view joins them; nothing when no stage role holds one reward per row."""
+    from stepskip.cli.content import scores_rows
+    from stepskip.errors import CacheMissError, UnreadableEntryError
+    from stepskip.index import CacheIndex, is_leftover
+    from stepskip.layout import RUN_DIR, Layout
+
+    parent, _, _ = step_dir.path.rpartition("/")
+    run = parent if RUN_DIR.match(parent.rpartition("/")[2]) else parent.rpartition("/")[0]
+    if not RUN_DIR.match(run.rpartition("/")[2]):
+        return
+    # the run directory is inside the cache whatever was named (a step of it): read through an index of it
+    runs = index if (run == index.root or index.inside(run)) else CacheIndex(run, storage_options(options))
+    for item in sorted(runs.store.list_items(run), key=lambda i: i.name):
+        role = item.name
+        if (item.kind != "dir" or role == step_dir.role or role.startswith(".") or is_leftover(role)
+                or Layout.parse_step(role) is not None):
+            continue
+        path = f"{run}/{role}/{step_dir.step}"
+        stat = runs.store.stat_item(path)
+        if stat is None or stat.kind != "dir":
+            continue
+        other = runs.scan_step(path, step_dir.step, role=role)
+        if not other.valid:
+            continue
+        try:
+            value = runs.read_step(other, allow_pickle)
+        except (CacheMissError, UnreadableEntryError, SkipConfigError):
+            continue
+        if (found := scores_rows(value, rows)) is not None:
+            for sample in samples:
+                sample.reward = found[1][sample.index]
+                sample.extra["reward from"] = f"{role} role ({found[0]})"
+            return
 
 
 @app.command("demo", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},

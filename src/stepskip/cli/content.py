@@ -22,7 +22,7 @@ from stepskip.cli.errors import CliError
 
 __all__ = [
     "FieldInfo", "SampleRow", "Stat", "describe_fields", "response_lengths",
-    "load_tokenizer", "rewards", "row_count", "sample_rows", "value_digest",
+    "load_tokenizer", "recorded_tokenizer", "rewards", "row_count", "sample_rows", "scores_rows", "value_digest",
 ]
 
 #: Per-row reward columns, most specific first; 2-D ones (token level) are summed over the last dimension.
@@ -180,26 +180,62 @@ def _get(node: Any, key: str) -> Any:
     return None
 
 
+def _rows(column: Any) -> list[torch.Tensor] | None:
+    """A 2-D column's rows as 1-D tensors (a jagged one's rows have their own lengths), else None."""
+    if not isinstance(column, torch.Tensor):
+        return None
+    if column.is_nested:
+        rows = list(column.unbind())
+        return rows if all(r.dim() == 1 for r in rows) else None
+    return list(column.unbind(0)) if column.dim() == 2 else None
+
+
+def _nonzero_tails(mask: Any, widths: list[int] | None) -> list[int] | None:
+    """Non-zero positions per row of a mask, over each row's last ``widths[row]`` positions (all without
+    ``widths``); None when the mask is no 2-D or jagged column, or a row is shorter than its width."""
+    if isinstance(mask, torch.Tensor) and not mask.is_nested and mask.dim() == 2 and (
+            widths is None or (len(set(widths)) == 1 and len(widths) == mask.shape[0])):
+        width = mask.shape[1] if not widths else widths[0]
+        return (mask[:, mask.shape[1] - width:] != 0).sum(-1).tolist() if width <= mask.shape[1] else None
+    rows = _rows(mask)
+    if rows is None or (widths is not None and len(widths) != len(rows)):
+        return None
+    tails = [r.shape[0] for r in rows] if widths is None else widths
+    if any(w > r.shape[0] for w, r in zip(tails, rows)):
+        return None
+    return [int((r[r.shape[0] - w:] != 0).sum()) for w, r in zip(tails, rows)]
+
+
 def response_lengths(value: Any) -> tuple[str, list[int]] | None:
     """Per-row response lengths and the column they come from, when the value has responses.
 
-    ``response_mask`` (summed), else the response part of ``attention_mask``, else the row lengths
-    of jagged ``responses``.
+    Padding is not a response token: ``response_mask`` (its non-zero positions), else the
+    response part of ``attention_mask`` (its last ``len(response)`` positions), else the row
+    lengths of jagged ``responses``. Dense and jagged columns alike: a V1 entry stores every
+    per-row tensor jagged, padded responses and their mask included.
+
+    Example:
+        >>> from stepskip import Batch
+        >>> b = Batch.from_dict({"responses": torch.tensor([[7, 8, 0], [9, 0, 0]]),
+        ...                      "response_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])})
+        >>> response_lengths(b)
+        ('response_mask', [2, 1])
     """
     tensors, _ = _parts(value)
-    mask = _get(tensors, "response_mask")
-    if isinstance(mask, torch.Tensor) and not mask.is_nested and mask.dim() == 2:
-        return "response_mask", mask.to(torch.int64).sum(-1).tolist()
+    if (lengths := _nonzero_tails(_get(tensors, "response_mask"), None)) is not None:
+        return "response_mask", lengths
     responses = _get(tensors, "responses")
     if not isinstance(responses, torch.Tensor):
         return None
     if responses.is_nested:
-        return "responses", _jagged_lengths(responses)
-    attention = _get(tensors, "attention_mask")
-    if isinstance(attention, torch.Tensor) and not attention.is_nested and responses.dim() == 2:
-        width = responses.size(-1)
-        return "attention_mask", attention[:, -width:].to(torch.int64).sum(-1).tolist()
-    return None
+        widths = _jagged_lengths(responses)
+    elif responses.dim() == 2:
+        widths = [responses.shape[1]] * responses.shape[0]
+    else:
+        return None
+    if (lengths := _nonzero_tails(_get(tensors, "attention_mask"), widths)) is not None:
+        return "attention_mask", lengths
+    return ("responses", widths) if responses.is_nested else None
 
 
 def rewards(value: Any) -> tuple[str, list[float]] | None:
@@ -220,6 +256,21 @@ def rewards(value: Any) -> tuple[str, list[float]] | None:
             except (TypeError, ValueError):
                 continue
     return None
+
+
+def scores_rows(value: Any, rows: int) -> tuple[str, list[float]] | None:
+    """The rewards of a stage role's value that scores ``rows`` trajectories: one per row, and no prompts or
+    responses of its own (a value holding trajectories is not a score of another's). Else None.
+
+    Example:
+        >>> scores_rows({"scores": torch.tensor([1.0, 0.5])}, 2)
+        ('scores', [1.0, 0.5])
+    """
+    tensors, _ = _parts(value)
+    if any(_get(tensors, key) is not None for key in ("prompts", "responses", "input_ids")):
+        return None
+    found = rewards(value)
+    return found if found is not None and len(found[1]) == rows else None
 
 
 def statistics(value: Any) -> list[Stat]:
@@ -260,17 +311,21 @@ class SampleRow:
     extra: dict[str, str] = field(default_factory=dict)
 
 
-def _row_tokens(column: Any, row: int, mask: Any, left: bool) -> list[int] | None:
+def _row_tokens(rows: list[torch.Tensor] | None, column: Any, row: int, masks: list[torch.Tensor] | None,
+                left: bool) -> list[int] | None:
+    """One row's token ids without padding: the mask's first (``left``) or last positions select them."""
     if not isinstance(column, torch.Tensor):
         return None
-    if column.is_nested:
-        return column.unbind()[row].reshape(-1).tolist()
-    ids = column[row]
-    if ids.dim() != 1:
-        return ids.reshape(-1).tolist()
-    if isinstance(mask, torch.Tensor) and not mask.is_nested and mask.shape[-1] >= ids.shape[0]:
-        part = mask[row, :ids.shape[0]] if left else mask[row, -ids.shape[0]:]
-        return ids[part.bool()].tolist()
+    if rows is None:  # neither a 2-D nor a jagged column of ids: shown whole
+        part = column.unbind()[row] if column.is_nested else column[row]
+        return part.reshape(-1).tolist()
+    if row >= len(rows):
+        return None
+    ids = rows[row]
+    mask = masks[row] if masks is not None and row < len(masks) else None
+    if mask is not None and mask.shape[0] >= ids.shape[0]:
+        part = mask[:ids.shape[0]] if left else mask[mask.shape[0] - ids.shape[0]:]
+        return ids[part != 0].tolist()
     return ids.tolist()
 
 
@@ -295,7 +350,8 @@ def sample_rows(value: Any, rows: int) -> list[SampleRow]:
     total = row_count(value) or 0
     keys = value.get("keys") if isinstance(value, Mapping) and "tensordict" in value else None
     prompts, responses = _get(tensors, "prompts"), _get(tensors, "responses")
-    attention, response_mask = _get(tensors, "attention_mask"), _get(tensors, "response_mask")
+    prompt_rows, response_rows = _rows(prompts), _rows(responses)
+    attention, response_mask = _rows(_get(tensors, "attention_mask")), _rows(_get(tensors, "response_mask"))
     reward = rewards(value)
     out = []
     for row in range(min(rows, total)):
@@ -306,10 +362,9 @@ def sample_rows(value: Any, rows: int) -> list[SampleRow]:
             sample.id = str(non_tensors["uid"][row])
         elif _get(tensors, "uid") is not None:
             sample.id = str(_non_tensor_row(_get(tensors, "uid"), row))
-        sample.prompt = _row_tokens(prompts, row, attention, left=True)
-        if isinstance(responses, torch.Tensor):
-            mask = response_mask if isinstance(response_mask, torch.Tensor) else attention
-            sample.response = _row_tokens(responses, row, mask, left=False)
+        sample.prompt = _row_tokens(prompt_rows, prompts, row, attention, left=True)
+        sample.response = _row_tokens(response_rows, responses, row,
+                                      response_mask if response_mask is not None else attention, left=False)
         if sample.prompt is None:
             for key in PROMPT_TEXT_KEYS:
                 column = non_tensors.get(key) if key in non_tensors else _get(tensors, key)
@@ -348,6 +403,21 @@ def load_tokenizer(path: str) -> Any:
         why = "no such directory" if not os.path.exists(local) else f"{type(err).__name__}: {err}"
         raise CliError(f"--tokenizer {path}: cannot load a Hugging Face tokenizer ({why}); "
                        "pass a local tokenizer or model directory") from None
+
+
+def recorded_tokenizer(fingerprint: Mapping[str, Any] | None) -> Any:
+    """The tokenizer stepskip itself knows for entries with this recorded fingerprint, else None.
+
+    Only the reference pipelines' character tokenizer (``stepskip demo``'s caches): built in code,
+    nothing read from the cache nor from a path it names.
+
+    Example:
+        >>> recorded_tokenizer({"actor_rollout_ref.model.path": "stepskip/tiny-llama-random"}).decode([1, 3, 4])
+        '<s>01'
+    """
+    from stepskip.pipelines.tokenizer import tokenizer_for
+
+    return tokenizer_for(fingerprint)
 
 
 def _short(value: Any, limit: int) -> str:

@@ -10,7 +10,8 @@
 Shared pieces: :mod:`~stepskip.pipelines.policy` (a tiny random-init causal LM from a
 ``transformers`` config), :mod:`~stepskip.pipelines.task` (a verifiable counting task and a seeded
 loader), :mod:`~stepskip.pipelines.grpo` (advantages and the clipped update),
-:mod:`~stepskip.pipelines.runtime` (Hydra configs packaged in ``configs/*.yaml``, step records).
+:mod:`~stepskip.pipelines.runtime` (Hydra configs packaged in ``configs/*.yaml``, step records),
+:mod:`~stepskip.pipelines.tokenizer` (one character per token: their caches read as text).
 Needs the ``pipelines`` extra (transformers, hydra-core, ray).
 """
 

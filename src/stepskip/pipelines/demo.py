@@ -2,8 +2,14 @@
 
 The first pass generates every step and records the chosen ones; the second replays them (and
 generates the rest). Printed per pipeline: a table of both passes (generated / replayed, rollout
-seconds, step seconds, reward, loss) and a summary — rollout calls avoided, time saved, the
-step-time ratio and whether the replaying pass reproduced the recording pass's losses exactly.
+seconds, step seconds, reward, loss), a summary — rollout calls avoided, time saved, the
+step-time ratio and whether the replaying pass reproduced the recording pass's losses exactly —
+and one recorded trajectory as text. The colocated pipeline records its reward stage
+(``skip.reward``) on the same steps, so the cache holds each trajectory's reward.
+
+``--dump-dir D`` keeps the cache: ``D`` is a dump dir (each pipeline under its own
+``{experiment}_{project}`` directory) that ``stepskip ls D``, ``show`` and ``view D`` open as it is;
+they show its prompts and responses as text (:mod:`stepskip.pipelines.tokenizer`).
 
 Usage::
 
@@ -21,6 +27,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import tempfile
 import time
@@ -68,15 +75,34 @@ def _parse_steps(spec: str, total: int) -> list[int]:
     return sorted(steps)
 
 
-def _skip_overrides(pipeline: str, config_steps: list[int], dump_dir: str, batch_size: int) -> list[str]:
-    """The ``skip.<role>`` overrides that record/replay ``config_steps`` (feed indices for fully_async)."""
+def _skip_overrides(pipeline: str, config_steps: list[int], dump_dir: str, batch_size: int,
+                    stages: Sequence[str] = ()) -> list[str]:
+    """The ``skip.<role>`` overrides that record/replay ``config_steps`` (feed indices for fully_async), and the
+    same trainer steps of the config's stage roles (``stages``: the colocated reward), whose entries follow
+    the rollout's ``dump_dir``."""
     role = ROLES[pipeline]
     if pipeline == "fully_async":  # the async role's steps are feed indices: trainer step s eats B samples
         keys = sorted({i for s in config_steps for i in range((s - 1) * batch_size, s * batch_size)})
     else:
         keys = config_steps
-    return [f"skip.{role}.enable=true", f"skip.{role}.dump_dir={dump_dir}", f"skip.{role}.action=cache",
-            f"skip.{role}.steps=[{','.join(str(k) for k in keys)}]"]
+    out = [f"skip.{role}.enable=true", f"skip.{role}.dump_dir={dump_dir}", f"skip.{role}.action=cache",
+           f"skip.{role}.steps=[{','.join(str(k) for k in keys)}]"]
+    for stage in stages:
+        out += [f"skip.{stage}.enable=true", f"skip.{stage}.action=cache",
+                f"skip.{stage}.steps=[{','.join(str(s) for s in config_steps)}]"]
+    return out
+
+
+def stage_roles(config: Any) -> list[str]:
+    """The generic stage roles a pipeline config declares (``skip.<name>.kind: stage``)."""
+    return [str(name) for name, section in config.skip.items() if section.get("kind") == "stage"]
+
+
+def experiment_dir(pipeline: str, config: Any) -> str:
+    """The ``{experiment}_{project}`` directory a pipeline's run records into."""
+    from stepskip.layout import Layout
+
+    return Layout.from_config(str(config.skip[ROLES[pipeline]].dump_dir), config).experiment_dir
 
 
 def run_demo(pipeline: str, steps: int, replay_steps: list[int], dump_dir: str,
@@ -94,7 +120,8 @@ def run_demo(pipeline: str, steps: int, replay_steps: list[int], dump_dir: str,
     probe = load_config(pipeline, base)
     # the caller's overrides come last: they may retarget the cache (skip.<role>.dump_dir=...) or the action
     config = load_config(pipeline, [*base, *_skip_overrides(pipeline, replay_steps, dump_dir,
-                                                             int(probe.data.train_batch_size)), *overrides])
+                                                             int(probe.data.train_batch_size), stage_roles(probe)),
+                                    *overrides])
     run = _runner(pipeline)
     passes = [("record", run(config)), ("replay", run(config))]
     rows = [{"pass": name, "step": r.step, "mode": r.mode, "rollout_s": round(r.rollout_s, 4),
@@ -102,8 +129,7 @@ def run_demo(pipeline: str, steps: int, replay_steps: list[int], dump_dir: str,
             for name, result in passes for r in result.records]
     summary = summarize(passes[0][1], passes[1][1])
     return {"pipeline": pipeline, "steps": rows, "summary": summary,
-            "_runs": passes, "_replay_steps": replay_steps,
-            "_dump_dir": os.path.expanduser(str(config.skip[ROLES[pipeline]].dump_dir))}
+            "_runs": passes, "_replay_steps": replay_steps, "_cache_dir": experiment_dir(pipeline, config)}
 
 
 @contextlib.contextmanager
@@ -118,6 +144,24 @@ def _dump_root(path: str | None) -> Iterator[str]:
     root = Path(path).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     yield str(root)
+
+
+def _check_apart(pipelines: Sequence[str], overrides: Sequence[str]) -> None:
+    """Refuse pipelines that would record into one experiment directory (one dump dir holds them all).
+
+    Raises:
+        ValueError: two pipelines share ``trainer.experiment_name`` and ``trainer.project_name``.
+    """
+    if len(pipelines) < 2:
+        return
+    seen: dict[str, str] = {}
+    for pipeline in pipelines:
+        config = load_config(pipeline, list(overrides))
+        name = f"{config.trainer.experiment_name}_{config.trainer.project_name}"
+        if name in seen:
+            raise ValueError(f"pipelines {seen[name]} and {pipeline} would record into one experiment directory "
+                             f"({name}): drop the trainer.experiment_name override, or run them one at a time")
+        seen[name] = pipeline
 
 
 def _dir_size(path: str) -> tuple[int, int]:
@@ -135,7 +179,7 @@ def _print_result(console: Any, result: dict[str, Any]) -> bool:
     runs = result["_runs"]
     summary = result["summary"]
     replayed = runs[1][1]
-    entries, size = _dir_size(result["_dump_dir"])
+    entries, size = _dir_size(result["_cache_dir"])
     console.print(steps_table(f"{result['pipeline']} (role {ROLES[result['pipeline']]})", runs))
     wanted = set(result["_replay_steps"])
     generated_on_replayed = sorted(s for s in replayed.generated_train_steps if s in wanted)
@@ -148,7 +192,27 @@ def _print_result(console: Any, result: dict[str, Any]) -> bool:
                   f"generation on replayed steps: {generated_on_replayed or 'none'}")
     console.print(f"  validation: {validations} run{'s' * (validations != 1)} in pass 2, all generated    "
                   f"cache: {entries} entr{'y' if entries == 1 else 'ies'}, {size / 1024:.0f} KiB")
+    if (line := _sample_line(result)) is not None:
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     return summary["losses_equal"] and not generated_on_replayed
+
+
+def _sample_line(result: dict[str, Any]) -> str | None:
+    """One recorded trajectory as ``stepskip view`` shows it (text, and the reward when a stage recorded it)."""
+    from stepskip.view.data import ViewError, ViewSource
+
+    role = ROLES[result["pipeline"]]
+    try:
+        source = ViewSource(result["_cache_dir"])
+        listing = source.listing()
+        run = listing["runs"][0]["name"]
+        step = next(s["step"] for r in listing["runs"][0]["roles"] if r["role"] == role for s in r["steps"])
+        row = source.step_page(run, role, step, limit=1)["rows"][0]
+    except (ViewError, IndexError, StopIteration, OSError) as err:  # nothing recorded: nothing to show
+        logging.getLogger(__name__).debug("no recorded trajectory to show: %s", err)
+        return None
+    reward = "" if row.get("reward") is None else f", reward {row['reward']:.3f}"
+    return f"  recorded at step {step}: prompt {row.get('prompt')!r} -> response {row.get('response')!r}{reward}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -171,7 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--replay-steps", default="1-4",
                         help='steps recorded in pass 1 and replayed in pass 2: "1-4", "1,3", "all" (default 1-4)')
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    parser.add_argument("--dump-dir", help="record into this (empty) directory and keep it (default: a temp dir)")
+    parser.add_argument("--dump-dir", help="record into this (empty) directory and keep it: a dump dir to open "
+                        "with stepskip ls/view (default: a temp dir)")
     parser.add_argument("--verbose", action="store_true", help="show stepskip's log lines (hits, misses, dumps)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. data.max_response_length=64")
     try:
@@ -197,6 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     pipelines = list(PIPELINES) if args.all else [args.pipeline]
+    try:
+        _check_apart(pipelines, args.overrides)
+    except ValueError as err:
+        print(f"stepskip demo: {err}")
+        return 2
     results, ok = [], True
     started = time.perf_counter()
     with _dump_root(args.dump_dir) as root, contextlib.ExitStack() as stack:
@@ -206,15 +276,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             console.print("starting Ray for the fully async pipeline ...")
             stack.enter_context(ray_session(2))
-        for pipeline in pipelines:
-            dump_dir = os.path.join(root, pipeline)
+        for pipeline in pipelines:  # one dump dir: each pipeline records under its own experiment directory
             console.print(f"\n[bold]{pipeline}[/bold]: {args.steps} steps; pass 1 records steps "
                           f"{args.replay_steps}, pass 2 replays them")
-            result = run_demo(pipeline, args.steps, replay_steps, dump_dir, args.overrides)
+            result = run_demo(pipeline, args.steps, replay_steps, root, args.overrides)
             ok = _print_result(console, result) and ok
             results.append(result)
     verdict = "replayed steps skipped generation, losses reproduced" if ok else "CHECK FAILED"
     console.print(f"\ndemo finished in {time.perf_counter() - started:.1f} s: {verdict}")
+    if args.dump_dir:
+        shown = shlex.quote(str(Path(args.dump_dir).expanduser()))
+        console.print(f"look at the cache: stepskip ls {shown}    stepskip view {shown}", soft_wrap=True,
+                      markup=False, highlight=False)
     if args.json:
         payload = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")

@@ -219,7 +219,8 @@ class ViewSource:
         root: a dump dir, an experiment or run directory: a local path or a URL (``memory://``, ``s3://``).
         storage_options: fsspec options for a URL.
         allow_pickle: decode verl-written (pickle-based) entries through the allow-list unpickler.
-        tokenizer: a loaded Hugging Face tokenizer (text instead of token ids), or None.
+        tokenizer: a loaded Hugging Face tokenizer (text instead of token ids), or None: then entries of
+            stepskip's reference pipelines (``stepskip demo``) are decoded with their character tokenizer.
 
     Raises:
         NotACacheError: ``root`` holds no cache.
@@ -354,7 +355,7 @@ class ViewSource:
                 return self._steps[key]
         value = self._decode(step_dir)
         shape = self.run(run).shape
-        table = self._to_rows(value, shape.get("response_len") or None)
+        table = self._to_rows(value, shape.get("response_len") or None, self._tokenizer_of(step_dir))
         with self._lock:
             self._steps[key] = table
             while len(self._steps) > CACHED_STEPS:
@@ -380,7 +381,16 @@ class ViewSource:
             raise EntryProblem("unreadable", f"{step_dir.path}: too large or too deep to decode here "
                                f"({type(err).__name__})") from None
 
-    def _to_rows(self, value: Any, response_len: int | None) -> StepRows:
+    def _tokenizer_of(self, step_dir: StepDir) -> Any:
+        """The tokenizer given, else the one stepskip knows for the step's recorded fingerprint (its demo's)."""
+        from stepskip.cli.content import recorded_tokenizer
+
+        if self.tokenizer is not None:
+            return self.tokenizer
+        fingerprints = [e.fingerprint for e in step_dir.entries if e.fingerprint]
+        return recorded_tokenizer(fingerprints[0]) if fingerprints else None
+
+    def _to_rows(self, value: Any, response_len: int | None, tokenizer: Any = None) -> StepRows:
         from stepskip.cli.content import response_lengths, rewards, row_count, sample_rows
 
         total = row_count(value) or 0
@@ -397,8 +407,8 @@ class ViewSource:
                 row["group"] = _group_of(s.id) if keys is not None else s.id
                 if keys is not None:
                     row["key"] = s.id  # the trajectory's queue key (V1)
-            row["prompt"] = self._text(s.prompt) if s.prompt is not None else (s.prompt_text or None)
-            row["response"] = self._text(s.response) if s.response is not None else None
+            row["prompt"] = _text(s.prompt, tokenizer) if s.prompt is not None else (s.prompt_text or None)
+            row["response"] = _text(s.response, tokenizer) if s.response is not None else None
             if s.reward is not None:
                 row["reward"] = s.reward
             if lengths is not None and s.index < len(lengths[1]):
@@ -415,16 +425,6 @@ class ViewSource:
                    if any(c in r and r[c] is not None for r in out)]
         return StepRows(out, columns, response_len or (widest or None),
                         reward[0] if reward else None, lengths[0] if lengths else None)
-
-    def _text(self, ids: list[int]) -> str | list[int]:
-        if self.tokenizer is None:
-            return ids
-        try:
-            text = str(self.tokenizer.decode(ids, skip_special_tokens=False))
-        except Exception as err:  # a tokenizer meeting ids outside its vocabulary: show the ids
-            logger.debug("tokenizer could not decode %d ids: %s", len(ids), err)
-            return ids
-        return text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT] + "…"
 
     def step_page(self, run: str, role: str, step: int | str, offset: int = 0, limit: int = 50,
                   sort: str | None = None, desc: bool = False, filters: Sequence[str] = (),
@@ -489,6 +489,17 @@ class ViewSource:
                       "reward": percentiles([r.get("reward") for r in tb.rows]),
                       "length": percentiles([r.get("length") for r in tb.rows])},
                 "total": len(groups), "offset": offset, "limit": limit, "groups": groups[offset:offset + limit]}
+
+
+def _text(ids: list[int], tokenizer: Any) -> str | list[int]:
+    if tokenizer is None:
+        return ids
+    try:
+        text = str(tokenizer.decode(ids, skip_special_tokens=False))
+    except Exception as err:  # a tokenizer meeting ids outside its vocabulary: show the ids
+        logger.debug("tokenizer could not decode %d ids: %s", len(ids), err)
+        return ids
+    return text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT] + "…"
 
 
 def _fingerprint_digest(fingerprint: Mapping[str, Any]) -> str:

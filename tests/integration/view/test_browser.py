@@ -1,7 +1,8 @@
 """``stepskip view`` and ``stepskip report`` in a real browser (headless Chromium), on a cache recorded by the
 reference colocated pipeline (roles rollout and reward), a copy of it as a second run (one step damaged), a
-120-row step, and verl's own fixture cache (rollout and rollout_tq, pickle-based). The view runs as the real
-console command in a subprocess; screenshots are saved under tests/artifacts/view/."""
+120-row step, a step of the reference V1 pipeline (role rollout_tq: padded responses with their
+response_mask, stored jagged) and verl's own fixture cache (rollout and rollout_tq, pickle-based). The view
+runs as the real console command in a subprocess; screenshots are saved under tests/artifacts/view/."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ RUN = "colocated_stepskip_pipelines/GBS4_N4_in5_out12"
 COPY = "copy_stepskip_pipelines/GBS4_N4_in5_out12"
 BIG = "exp_big/GBS4_N2_in8_out6"
 FX = "fx_verl/GBS4_N2_in8_out6"
+V1 = "v1_stepskip_pipelines/GBS4_N4_in5_out12"
 
 
 class BigLoop:
@@ -61,6 +63,11 @@ def dump(tmp_path_factory) -> Path:
     SkipManager.close()
     SkipManager.reset()
     shutil.copytree(TESTS / "fixtures" / "verl" / "cache" / "fx_verl", root / "fx_verl")
+    from stepskip.pipelines.v1 import run as run_v1
+
+    run_v1(load_config("v1", [*SMALL, "trainer.total_training_steps=1", "trainer.val_before_train=false",
+                              *skip_overrides("rollout_tq", root, [1])]))
+    SkipManager.reset()
     return root
 
 
@@ -96,7 +103,7 @@ def test_runs_roles_and_steps(server, browser):
     page = browser.dom(server)
     assert page.ready()
     sections = {s.attrs["data-run"]: s for s in page.root.find_all("section")}
-    assert set(sections) == {RUN, COPY, BIG, FX}
+    assert set(sections) == {RUN, COPY, BIG, FX, V1}
     run = sections[RUN]
     assert [t.attrs["data-role"] for t in run.find_all("table")] == ["rollout", "reward"]
     steps = run.find("table", data_role="rollout").find_all("tr")[1:]
@@ -212,7 +219,7 @@ def test_the_report_in_a_browser_without_network(dump, browser, truth, tmp_path)
     base = out.as_uri()
     offline = ["--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>"]  # any fetch would fail
     page = browser.dom(base, *offline)
-    assert page.ready() and {s.attrs["data-run"] for s in page.root.find_all("section")} == {RUN, COPY, BIG, FX}
+    assert page.ready() and {s.attrs["data-run"] for s in page.root.find_all("section")} == {RUN, COPY, BIG, FX, V1}
     step = browser.dom(at(base, "step", run=RUN, role="rollout", step=2, filter="lenmax"))
     expected = truth.step_page(RUN, "rollout", 2, filters=["lenmax"])
     assert len(step.table_rows("rows")) == expected["matched"]
@@ -326,3 +333,54 @@ def test_a_server_other_machines_reach_shows_nothing_without_its_token(remote, b
         page = fresh.dom(attempt)
         assert not page.ready() and RUN not in page.html and "<section" not in page.html, attempt
         assert "token" in page.html
+
+
+#: Appended to a copy of a report: once a view is complete, the width of the step table's cells by column,
+#: and how far the table reaches, go into <body> attributes the dumped DOM carries.
+MEASURE = """<script>
+setInterval(() => {
+  if (document.body.getAttribute("data-ready") !== "1" || !document.getElementById("rows")) return;
+  const widths = {};
+  for (const td of document.querySelectorAll("#rows tr:nth-child(2) td")) {
+    widths[td.dataset.col] = td.getBoundingClientRect().width;
+  }
+  document.body.setAttribute("data-widths", JSON.stringify(widths));
+  document.body.setAttribute("data-table-right", String(document.getElementById("rows").getBoundingClientRect().right));
+}, 50);
+</script>"""
+
+
+def test_a_v1_step_counts_response_tokens_and_gives_its_text_room(dump, browser, truth, tmp_path):
+    """The V1 pipeline pads every response to 12 tokens and stores them jagged with their response_mask: the
+    page counts response tokens (not the padding) and its text columns are not squeezed by the long queue
+    keys and tags of V1 rows."""
+    from stepskip.index import CacheIndex
+
+    index = CacheIndex(str(dump / V1))
+    value = index.read_step(next(s for s in index.runs()[0].steps if s.step == 1))
+    masks = value["tensordict"]["response_mask"]
+    assert masks.is_nested and {len(m) for m in masks.unbind()} == {12}  # padded, stored jagged
+    lengths = {str(k): int(m.sum()) for k, m in zip(value["keys"], masks.unbind())}
+    assert min(lengths.values()) < 12  # some responses ended early: padding would show as response tokens
+
+    expected = truth.step_page(V1, "rollout_tq", 1, limit=100)
+    assert expected["length_source"] == "response_mask"
+    assert {r["key"]: r["length"] for r in expected["rows"]} == lengths
+    report = tmp_path / "report.html"
+    done = subprocess.run([sys.executable, "-m", "stepskip", "report", str(dump), "-o", str(report), "--allow-pickle"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    measured = tmp_path / "measured.html"
+    measured.write_text(report.read_text().replace("</body>", MEASURE + "</body>"))
+    url = at(measured.as_uri(), "step", run=V1, role="rollout_tq", step=1)
+    page = browser.dom(url)
+    assert page.ready()
+    rows = page.table_rows("rows")
+    assert {r["key"]: int(r["length"]) for r in rows} == lengths
+    assert "response length: mean" in page.body.text and f"max {max(lengths.values())}" in page.body.text
+    widths = json.loads(page.body.attrs["data-widths"])
+    assert {"key", "group", "prompt", "response", "tags"} <= set(widths)
+    assert widths["response"] >= 240  # room for a line of text, not three token ids
+    assert widths["response"] > max(widths["key"], widths["group"], widths["tags"])
+    assert float(page.body.attrs["data-table-right"]) <= 1280  # the window: nothing pushed out of view
+    browser.screenshot(url, "v1-step")

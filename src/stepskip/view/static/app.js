@@ -120,6 +120,7 @@ function fmt(v, digits = 3) { return v == null ? "–" : (typeof v === "number" 
 function bytes(n) { if (n == null) return "–"; const u = ["B", "KiB", "MiB", "GiB", "TiB"]; let i = 0; while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; } return `${i ? n.toFixed(1) : n} ${u[i]}`; }
 function age(s) { if (s == null) return "–"; if (s < 90) return `${Math.round(s)} s`; if (s < 5400) return `${Math.round(s / 60)} min`; if (s < 172800) return `${Math.round(s / 3600)} h`; return `${Math.round(s / 86400)} d`; }
 function text(v) { if (v == null) return "–"; if (Array.isArray(v)) return "[" + v.join(", ") + "]"; return typeof v === "object" ? JSON.stringify(v) : String(v); }
+function tagLines(v) { return v && typeof v === "object" && !Array.isArray(v) ? Object.entries(v).map(([k, x]) => `${k}: ${text(x)}`).join("\n") : text(v); }
 function problem(body) { return el("div", { class: "error", "data-error-kind": body.kind || "" }, body.error); }
 function done(node) { if (!node || node.isConnected) document.body.setAttribute("data-ready", "1"); }
 
@@ -242,7 +243,7 @@ async function viewStep(p) {
     for (const r of page.rows) {
       table.append(el("tr", { "data-row": r.i }, cols.map(c => {
         const v = r[c], numeric = typeof v === "number";
-        return el("td", { class: numeric ? "num" : (c === "prompt" || c === "response" ? "text" : ""), "data-col": c }, c === "reward" || c === "length" || c === "i" ? fmt(v) : text(v));
+        return el("td", { class: numeric ? "num" : (c === "prompt" || c === "response" ? "text" : ""), "data-col": c }, c === "reward" || c === "length" || c === "i" ? fmt(v) : (c === "tags" ? tagLines(v) : text(v)));
       })));
     }
     const last = Math.min(page.offset + page.limit, page.matched);
