@@ -111,7 +111,7 @@ def test_every_era_of_the_make_script_is_committed_and_holds_what_it_lists():
 
 
 def test_the_corpus_stays_small():
-    sizes = sum(f.stat().st_size for f in GOLDEN.rglob("*") if f.is_file())
+    sizes = sum(f.stat().st_size for f in GOLDEN.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
     assert sizes < 1 << 20
 
 
@@ -437,7 +437,7 @@ def _normalised(name: str, data: bytes) -> tuple[str, bytes]:
         _, _, entries, _, _, _ = _TABLE_HEADER.unpack_from(data)
         start = _TABLE_HEADER.size + 8 * entries
         data = data[:24] + bytes(4) + data[28:start] + bytes(8 * entries) + data[start + 8 * entries:]
-    elif name.endswith((".json", "/meta.json")) and "/data" not in name:
+    elif name.endswith(".json") and "/data" not in name:
         data = _VARYING.sub(rb'\1"*"', data)
         for pattern, replacement in _TOKENS[:2]:
             data = pattern.sub(replacement, data)
@@ -445,11 +445,25 @@ def _normalised(name: str, data: bytes) -> tuple[str, bytes]:
 
 
 def test_todays_writer_writes_the_committed_bytes(tmp_path):
-    """The current era written again: every file the same bytes, but for the fields that vary by run."""
-    era = ERAS[CURRENT]
-    writer.write(tmp_path, list(era.kinds))
+    """The current era written again: every file the same bytes, but for the fields that vary by run.
+
+    Left out where this environment cannot write them as committed: TRL's entries without TRL, and the
+    ``tq_batch.pt`` files (``torch.save`` of a TensorDict) and their ``meta.json`` under other torch or
+    tensordict versions than the corpus was written with; then the descriptions of the rest are compared.
+    """
+    kinds = [kind for kind in ERAS[CURRENT].kinds if kind != "trl" or trl_integration is not None]
+    writer.write(tmp_path, kinds)
     fresh = dict(_normalised(p, b) for p, b in _tree(tmp_path).items())
     committed = dict(_normalised(p, b) for p, b in _tree(GOLDEN / CURRENT).items())
+    left_out = [] if "trl" in kinds else ["cache/grpo_"]
+    if writer.libraries() != expected(CURRENT)["libraries"]:
+        left_out += sorted({p.rsplit("/", 1)[0] + "/" for p in committed if p.endswith("/tq_batch.pt")})
+    if left_out:
+        fresh = {p: b for p, b in fresh.items() if not p.startswith(tuple(left_out))}
+        committed = {p: b for p, b in committed.items() if not p.startswith(tuple(left_out))}
+        described = json.loads(fresh.pop("expected.json"))["entries"]
+        recorded = json.loads(committed.pop("expected.json"))["entries"]
+        assert described == {p: e for p, e in recorded.items() if e["kind"] in kinds}
     assert sorted(fresh) == sorted(committed)
     changed = [p for p in committed if fresh[p] != committed[p]]
     assert not changed, f"today's writer writes other bytes than the committed {CURRENT} era: {changed}"
