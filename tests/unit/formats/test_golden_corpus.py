@@ -143,6 +143,8 @@ def _index_entries(index: CacheIndex, root: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("era", "kind"), cases(*writer.KINDS))
 def test_the_cache_index_reads_every_entry_bit_exact(era, kind):
+    """The index the CLI and the viewer read with finds each entry where its era wrote it, valid, and
+    decodes it to the value recorded."""
     root = GOLDEN / era / "cache"
     index = CacheIndex(str(root))
     found = _index_entries(index, root)
@@ -168,6 +170,7 @@ def _never(*args: Any, **kwargs: Any) -> Any:
 
 @pytest.mark.parametrize(("era", "kind"), cases("rollout", "verl"))
 def test_rollout_replays_every_entry_bit_exact(era, kind, cache_copy):
+    """``action: replay`` serves each recorded step as it was returned (``format: safe`` and ``verl``)."""
     section = {"action": "replay"}
     if kind == "verl":
         section.update(format="verl", allow_pickle=True)
@@ -182,6 +185,7 @@ def test_rollout_replays_every_entry_bit_exact(era, kind, cache_copy):
 
 @pytest.mark.parametrize(("era", "kind"), cases("stage"))
 def test_a_stage_role_replays_its_entry_bit_exact(era, kind, cache_copy):
+    """A generic stage role's TensorDict (dense, jagged, nested and non-tensor entries) comes back whole."""
     section = {"kind": "stage", "action": "replay"}
     SkipManager.init(writer.training_config(str(cache_copy(era)), "stage", "reward", section))
     score = SkipManager.annotate(role="reward")(_never)
@@ -242,6 +246,8 @@ def _trl_replay(dump_dir: str) -> Any:
 
 @pytest.mark.parametrize(("era", "kind"), cases("trl"))
 def test_trl_replays_every_call_bit_exact_with_its_random_state(era, kind, cache_copy):
+    """Each generation call of the step replays its ``(completion_ids, logprobs)`` (older entries: the
+    integration's own packing, unpacked) and leaves the random state the recorded call left."""
     trainer = _trl_replay(str(cache_copy(era)))
     entries = sorted(entries_of(era, kind).items())
     assert len(entries) == len(writer.trl_calls())
@@ -322,8 +328,13 @@ def _metas(root: Path) -> dict[str, dict[str, Any]]:
 
 
 def hint_files() -> list[Any]:
-    return [pytest.param(era, path.relative_to(GOLDEN / era / "cache").as_posix(), id=f"{era}-{path.suffix[1:]}")
-            for era in sorted(ERAS) for path in sorted((GOLDEN / era / "cache").rglob(f"{HINTS_DIR}/*"))]
+    """``(era, path)`` of every hint file of the corpus (one writer's, per experiment)."""
+    out = []
+    for era in sorted(ERAS):
+        for path in sorted((GOLDEN / era / "cache").rglob(f"{HINTS_DIR}/*")):
+            name = path.relative_to(GOLDEN / era / "cache").as_posix()
+            out.append(pytest.param(era, name, id=f"{era}-{name.split('/')[0]}-{path.suffix[1:]}"))
+    return out
 
 
 @pytest.mark.parametrize(("era", "name"), hint_files())
@@ -348,6 +359,7 @@ def test_hint_files_parse_to_what_the_entries_they_describe_record(era, name):
         return
     hints, problem = parse_hints(raw, name)
     assert hints and not problem, problem
+    assert sorted(hints) == sorted({p[len(project) + 1:].split("/")[0] for p in metas})  # every entry its writer wrote
     for step, hint in hints.items():
         if hasattr(hint, "inner"):  # a V1 step: each inner entry, in the recording its manifest names
             where = f"{project}/{step}" + (f"/{hint.recording}" if hint.recording else "")
