@@ -150,8 +150,6 @@ def test_the_cache_index_reads_every_entry_bit_exact(era, kind):
     found = _index_entries(index, root)
     for path, entry in entries_of(era, kind).items():
         record = found.get(path)
-        if kind == "trl" and record is None:
-            pytest.xfail("the cache index does not know the TRL integration's c{call}-r{rank} entries yet")
         assert record is not None, f"{path} is not indexed as an entry"
         assert record.valid, (path, record.state, record.reason)
         assert (record.step, record.inner, record.role) == (entry["step"], entry["inner"], entry["role"])
@@ -278,10 +276,6 @@ def _verify(*args: Any) -> tuple[int, dict[str, Any]]:
     return done.exit_code, json.loads(done.stdout)
 
 
-def _outside_trl(paths: Any) -> list[str]:
-    return [p for p in paths if not p.startswith(f"grpo_{writer.TRL_MODEL}/")]
-
-
 @pytest.mark.parametrize("era", sorted(ERAS))
 def test_stepskip_verify_finds_every_era_clean_and_its_repair_removes_nothing(era, cache_copy):
     """``verify --deep`` decodes every entry and finds nothing wrong; ``--repair`` with no grace period
@@ -289,16 +283,9 @@ def test_stepskip_verify_finds_every_era_clean_and_its_repair_removes_nothing(er
     root = cache_copy(era)
     before = _tree(root)
     code, report = _verify(root, "--deep", "--allow-pickle")
-    problems = [os.path.relpath(p["path"], root) for p in report["problems"]]
-    assert not _outside_trl(problems), report["problems"]
-    unknown = len(entries_of(era, "trl")) if problems else 0  # TRL entries the index does not see (yet)
-    assert report["entries"] == report["decoded"] == len(expected(era)["entries"]) - unknown
+    assert report["problems"] == [] and report["entries"] == report["decoded"] == len(expected(era)["entries"])
     code_after_repair, repaired = _verify(root, "--deep", "--allow-pickle", "--repair", "--grace", "0")
     after = _tree(root)
-    assert {p: after.get(p) for p in _outside_trl(before)} == {p: before[p] for p in _outside_trl(before)}
-    if problems:
-        pytest.xfail(f"the cache index does not know the TRL integration's entries yet ({problems}); "
-                     f"--repair removed {sorted(set(before) - set(after))}")
     assert code == code_after_repair == 0 and report["clean"] and repaired["repaired"] == []
     assert after == before
 
