@@ -1,8 +1,8 @@
 """stepskip: record the rollouts of chosen RL training steps once, replay them on later runs.
 
-The public names below are the whole API (see SPEC §1); everything else is private. They are
-imported on first use, so tools that only read caches (the ``stepskip`` command line) start
-without loading torch.
+The public names below are the whole API, with :mod:`stepskip.cache` for scripts that read caches;
+everything else is private. They are imported on first use, so tools that only read caches (the
+``stepskip`` command line) start without loading torch.
 """
 
 from __future__ import annotations
@@ -37,13 +37,14 @@ _WHERE = {
     "SkipRoleConfig": "stepskip.config",
     "RunIdentity": "stepskip.identity",
     "UnreadableEntryError": "stepskip.errors",
+    "StepskipError": "stepskip.errors",
 }
 
 __all__ = [
     "__version__", "SkipManager", "SkipAction", "BaseSkip", "register_skip", "SKIP_REGISTRY", "SkipManagerConfig",
     "RolloutSkipConfig", "RolloutTqSkipConfig", "AsyncRolloutSkipConfig", "SkipConfigError", "CacheMissError",
     "CorruptEntryError", "RolloutSkip", "RolloutTqSkip", "AsyncRolloutSkip", "parse_async_rollout_sample_step",
-    "Batch", "SkipRoleConfig", "RunIdentity", "UnreadableEntryError",
+    "Batch", "SkipRoleConfig", "RunIdentity", "UnreadableEntryError", "StepskipError",
 ]
 
 
@@ -69,7 +70,13 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         SkipManagerConfig,
         SkipRoleConfig,
     )
-    from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError, UnreadableEntryError
+    from stepskip.errors import (
+        CacheMissError,
+        CorruptEntryError,
+        SkipConfigError,
+        StepskipError,
+        UnreadableEntryError,
+    )
     from stepskip.identity import RunIdentity
     from stepskip.manager import SkipManager
     from stepskip.roles import (

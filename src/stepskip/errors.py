@@ -1,22 +1,33 @@
-"""Typed errors raised by stepskip."""
+"""Typed errors raised by stepskip, all under one root, :class:`StepskipError`.
+
+Each also derives from the built-in exception a caller would reach for (``ValueError`` for a bad
+setting, ``LookupError`` for a missing entry), so code written against verl's errors keeps working.
+Damage (:class:`CorruptEntryError`) is a kind of miss; an entry that is intact but cannot be read
+here (:class:`UnreadableEntryError`) is neither a miss nor a configuration error, except a pickle
+refused because ``allow_pickle`` is false, which is both (:class:`PickleRefusedError`).
+"""
 
 from __future__ import annotations
 
 __all__ = [
-    "SkipConfigError", "CacheMissError", "CorruptEntryError", "TruncatedEntryError", "DecodeLimitError",
+    "StepskipError", "SkipConfigError", "PickleRefusedError", "CacheMissError", "CorruptEntryError", "TruncatedEntryError", "DecodeLimitError",
     "UnreadableEntryError",
     "UnstorableValueError", "FingerprintMismatchError", "PromptMismatchError", "ReplayMissError",
 ]
 
 
-class SkipConfigError(ValueError):
+class StepskipError(Exception):
+    """The root of every error stepskip raises: ``except StepskipError`` catches them all."""
+
+
+class SkipConfigError(StepskipError, ValueError):
     """A ``skip`` configuration value (or an entry the configuration forbids) is not acceptable.
 
     The message names the key, the value given and what is allowed instead.
     """
 
 
-class CacheMissError(LookupError):
+class CacheMissError(StepskipError, LookupError):
     """The cache has no usable entry where the action requires one (``action: replay``)."""
 
 
@@ -40,7 +51,7 @@ class DecodeLimitError(CorruptEntryError):
     """
 
 
-class UnreadableEntryError(SkipConfigError):
+class UnreadableEntryError(StepskipError):
     """An entry's bytes are intact but cannot be decoded here (an unknown format, a refused pickle ...).
 
     Unlike a corrupt entry it is never regenerated over or deleted: the message names the entry,
@@ -48,11 +59,19 @@ class UnreadableEntryError(SkipConfigError):
     """
 
 
+class PickleRefusedError(UnreadableEntryError, SkipConfigError):
+    """A pickle-based entry (as verl writes them) met while ``allow_pickle`` is false.
+
+    A configuration matter as much as an unreadable entry: the message names ``allow_pickle`` and
+    ``stepskip convert``; the entry is left untouched.
+    """
+
+
 class ReplayMissError(CacheMissError, RuntimeError):
     """A step the action must replay has no entry; also a ``RuntimeError``, as verl raises it."""
 
 
-class UnstorableValueError(TypeError):
+class UnstorableValueError(StepskipError, TypeError):
     """A value cannot be written by the chosen storage format; the message names the field."""
 
 

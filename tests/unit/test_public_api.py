@@ -1,4 +1,4 @@
-"""The public namespace is a contract (SPEC §1): code outside this repo imports these names."""
+"""The public namespaces are a contract: code outside this repo imports these names."""
 
 from __future__ import annotations
 
@@ -13,6 +13,16 @@ SPEC_NAMES = {
     "parse_async_rollout_sample_step", "Batch",
     # round 2 (SPEC §6)
     "SkipRoleConfig", "RunIdentity", "UnreadableEntryError",
+    # round 3
+    "StepskipError",
+}
+
+CACHE_NAMES = {
+    "CacheIndex", "EntryRecord", "EntryStatus", "Issue", "IssueKind", "RoleSummary", "RunDir", "StepDir", "StepKind",
+    "NotACacheError", "CliError", "compress_steps", "open_cache",
+    "verify", "verify_runs", "repair", "VerifyReport", "Problem", "RepairResult",
+    "plan_prune", "apply_prune", "PrunePlan",
+    "convert", "convert_cache", "plan_convert", "ConvertReport", "ConvertedEntry",
 }
 
 
@@ -25,9 +35,39 @@ def test_all_lists_exactly_the_public_names():
     assert set(stepskip.__all__) == SPEC_NAMES | {"__version__"}
 
 
+def test_stepskip_cache_exports_exactly_its_names():
+    import stepskip.cache
+
+    assert set(stepskip.cache.__all__) == CACHE_NAMES
+    missing = {name for name in CACHE_NAMES if not hasattr(stepskip.cache, name)}
+    assert not missing
+
+
 def test_error_hierarchy():
+    from stepskip.cache import CliError, NotACacheError
+    from stepskip.errors import (
+        DecodeLimitError,
+        FingerprintMismatchError,
+        PickleRefusedError,
+        PromptMismatchError,
+        ReplayMissError,
+        TruncatedEntryError,
+        UnstorableValueError,
+    )
+
     assert issubclass(stepskip.CorruptEntryError, stepskip.CacheMissError)
     assert issubclass(stepskip.SkipConfigError, ValueError)
+    assert issubclass(stepskip.CacheMissError, LookupError)
+    for error in (stepskip.SkipConfigError, stepskip.CacheMissError, stepskip.CorruptEntryError,
+                  stepskip.UnreadableEntryError, PickleRefusedError, ReplayMissError, TruncatedEntryError,
+                  DecodeLimitError, FingerprintMismatchError, PromptMismatchError, UnstorableValueError, CliError,
+                  NotACacheError):
+        assert issubclass(error, stepskip.StepskipError), error
+    # damage and intact-but-unreadable entries are not configuration errors; a refused pickle is both
+    for error in (stepskip.CorruptEntryError, TruncatedEntryError, DecodeLimitError, stepskip.UnreadableEntryError):
+        assert not issubclass(error, stepskip.SkipConfigError), error
+    assert issubclass(PickleRefusedError, stepskip.UnreadableEntryError)
+    assert issubclass(PickleRefusedError, stepskip.SkipConfigError)
 
 
 def test_skip_actions():

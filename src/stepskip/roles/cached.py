@@ -42,6 +42,7 @@ from stepskip.errors import (
     CacheMissError,
     CorruptEntryError,
     FingerprintMismatchError,
+    PickleRefusedError,
     PromptMismatchError,
     ReplayMissError,
     SkipConfigError,
@@ -1558,7 +1559,7 @@ class CachedRole(BaseSkip):
             spec = format_spec(meta.get("format", self.legacy.name))
             assert spec is not None  # _classify made sure
             if spec.uses_pickle and not self.allow_pickle:
-                raise UnreadableEntryError(
+                raise PickleRefusedError(
                     f"{path} holds a pickle-based entry (format {spec.name!r}, as verl writes it) and "
                     f"skip.{self.name}.allow_pickle is false. Either set skip.{self.name}.allow_pickle=true "
                     "(read through an allow-list unpickler), or convert the cache once with "
