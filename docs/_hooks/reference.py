@@ -133,10 +133,11 @@ def _choices(cls: type, f: dataclasses.Field[Any]) -> list[str]:
         return list(CONFIG_FORMATS)
     if f.name == "kind":
         return ["stage"]
-    annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
-    choice = getattr(policies, annotation, None)
-    if isinstance(choice, type) and issubclass(choice, enum.Enum):
-        return [m.value for m in choice]
+    # a key that takes names defaults to a member of its option's enum (declared str, as OmegaConf
+    # schemas check a config's values against the declared type)
+    default = _default(f)
+    if isinstance(default, policies.Choice):
+        return [m.value for m in type(default)]
     return []
 
 
