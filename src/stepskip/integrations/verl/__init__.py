@@ -38,12 +38,13 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-from stepskip.integrations.verl import _rewrap, _served
+from stepskip.integrations.verl import _engines, _rewrap, _served
+from stepskip.integrations.verl._engines import engine_counts
 from stepskip.integrations.verl._served import SERVED_MODULES
 
 __all__ = [
     "ENV_VAR", "GUARD_KEY", "HOOK", "NEXT_HOOK_ENV_VAR", "SERVED_MODULES", "SERVING_LINE", "VerlSkipNotServedError",
-    "boot_path", "check", "configure_logging", "install", "is_installed", "setup_hook",
+    "boot_path", "check", "configure_logging", "engine_counts", "install", "is_installed", "setup_hook",
 ]
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ def install() -> None:
         if _served.installed_finder() is None:
             sys.meta_path.insert(0, _served.SkipFinder())
         how = "import hook"
+        _engines.patch_loaded()  # verl modules imported before install(): patched now, the others on import
         own = _rewrap.own_skip_modules()
         if own:
             how = _take_over(own)
@@ -175,6 +177,7 @@ def check(raise_error: bool = False) -> list[str]:
     problems += [f"{where} is decorated by verl's own SkipManager" for where in scan.wrappers]
     problems += [f"{where} is bound to verl's own skip object" for where in scan.references
                  if not _is_forwarded(where, verl_objects)]
+    problems += [f"{where} builds inference engines without stepskip's engine gate" for where in _engines.unpatched()]
     if problems and raise_error:
         raise VerlSkipNotServedError(
             "verl's own skip code can run in this process: " + "; ".join(problems)
