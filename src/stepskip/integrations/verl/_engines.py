@@ -48,7 +48,8 @@ logger = logging.getLogger("stepskip.integrations.verl")
 _PATCHED = "__stepskip_engines__"  # set on every function this module put in place of verl's
 
 COUNTER_NAMES = ("engines_started", "engines_skipped", "weight_syncs", "weight_syncs_deferred", "sleeps_skipped",
-                 "refill_prompts_from_cache", "reissued_prompts_from_cache", "reissued_prompts_dropped")
+                 "refill_prompts_from_cache", "refill_prompts_refused", "reissued_prompts_from_cache",
+                 "reissued_prompts_dropped")
 
 
 class Gate:
@@ -497,6 +498,7 @@ def patch_v1_trainer(module: ModuleType) -> None:
             return int(refill_original(self, num_prompts))
 
         def refuse(missing: Any) -> None:
+            GATE.counts["refill_prompts_refused"] += len(missing)
             raise ReplayMissError(
                 f"step {step} is replayed from the cache, and the replay buffer asked for {num_prompts} more "
                 f"prompts (its refill: groups evicted as stale, failed or filtered by algorithm.filter_groups); "

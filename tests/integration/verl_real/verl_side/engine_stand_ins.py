@@ -56,6 +56,8 @@ class EngineState:
 
 
 ENGINE = EngineState()
+#: The engine answers the first prompt of every batch with one response for all its sessions.
+FLAT_FIRST_GROUP = False
 
 
 def reset() -> None:
@@ -270,7 +272,7 @@ class _V1Worker:
     def _generate(self, batch: Any) -> None:
         _generated(batch)
         v1.write_trajectories(batch, self.tokenizer, self.n, self.rng,
-                              partition_id="val" if _is_validation(batch) else "train")
+                              partition_id="val" if _is_validation(batch) else "train", flat_first=FLAT_FIRST_GROUP)
 
 
 def _v1_manager_class() -> Any:

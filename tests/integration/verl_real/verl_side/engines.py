@@ -8,9 +8,10 @@
 Ray (and, for V1, TransferQueue) start once and serve every run.
 
 Spec keys: work, report, trainer, runs: a list of ``{name, skip, steps, total_steps, validate,
-actor_inputs, dapo}`` (``skip``: the role's section; ``steps``: the data has ``4 * steps`` rows;
+actor_inputs, dapo, flat_groups, gen_batch_size}`` (``skip``: the role's section; ``steps``: the data has ``4 * steps`` rows;
 ``total_steps``: ``trainer.total_training_steps``, default ``steps``; ``validate``: validation
-before training; ``dapo``: the DAPO group filter on ``reward``). The report has one entry per run:
+before training; ``dapo``: the DAPO group filter on ``reward``; ``flat_groups``: the engine
+answers each batch's first prompt with equal responses; ``gen_batch_size``: ``data.gen_batch_size``). The report has one entry per run:
 what the engine went through, the gate's counts, the skip stats, the actor's updates, any error.
 """
 
@@ -34,6 +35,8 @@ def overrides_for(work: Path, data: Path, run: dict[str, Any], role: str, manage
     out = [replaced.get(o.split("=", 1)[0], o) for o in base]
     out += [f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class=engine_stand_ins.{manager}",
             "reward.num_workers=0", "trainer.val_only=False", "actor_rollout_ref.rollout.tensor_model_parallel_size=1"]
+    if run.get("gen_batch_size"):
+        out.append(f"+data.gen_batch_size={int(run['gen_batch_size'])}")
     if run.get("dapo"):
         out += ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=reward"]
     return out + common.skip_overrides(role, run.get("skip", {}))
@@ -136,6 +139,7 @@ def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
     try:
         for run_spec in spec["runs"]:
             stand_ins.reset()
+            stand_ins.FLAT_FIRST_GROUP = bool(run_spec.get("flat_groups"))
             stand_ins._Group.made.clear()
             _engines.GATE.reset()
             entry: dict[str, Any] = {"name": run_spec["name"]}

@@ -46,9 +46,12 @@ class StandInAgentLoopManagerTQ:
         self.trajectories += write_trajectories(batch, self.tokenizer, self.n, self.rng)
 
 
-def write_trajectories(batch: Any, tokenizer: Any, n: int, rng: random.Random, partition_id: str = "train") -> int:
+def write_trajectories(batch: Any, tokenizer: Any, n: int, rng: random.Random, partition_id: str = "train",
+                       flat_first: bool = False) -> int:
     """What verl's ``AgentLoopWorkerTQ`` puts in the queue for ``batch``: for every prompt, ``n``
     trajectories under ``{uid}_{session}_0`` with its fields and tags, then the prompt marked finished.
+    With ``flat_first`` every session of the batch's first prompt gets one response (a group whose
+    rewards do not vary: the DAPO filter evicts it).
 
     Returns:
         The number of trajectories written.
@@ -80,9 +83,13 @@ def write_trajectories(batch: Any, tokenizer: Any, n: int, rng: random.Random, p
         prompt_ids = list(ids)[-common.PROMPT_LEN:]
         truth_id = tokenizer.convert_tokens_to_ids(prompt["reward_model"]["ground_truth"])
         keys, fields, tags = [], [], []
+        first: list[int] = []
         for session in range(n):
             length = rng.randint(1, common.RESPONSE_LEN - 1)
             response = [rng.choice(word_ids) for _ in range(length)] + [eos]
+            if flat_first and i == 0:
+                first = first or response
+                response = first
             score = len(response) / common.RESPONSE_LEN + sum(t == truth_id for t in response)
             prompts = torch.tensor(prompt_ids, dtype=torch.int64)
             responses = torch.tensor(response, dtype=torch.int64)
