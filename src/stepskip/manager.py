@@ -464,7 +464,8 @@ class SkipManager:
 
     @classmethod
     def engine_plan(cls, role: str, steps: Iterable[int] | None, *, validation: str | None = None,
-                    config: Any = None, identity: RunIdentity | None = None) -> EnginePlan:
+                    config: Any = None, identity: RunIdentity | None = None,
+                    runtime: dict[str, Any] | None = None) -> EnginePlan:
         """Whether a run whose steps are ``steps`` must start its inference engine, under ``skip.<role>.engines``.
 
         ``auto`` starts none when :meth:`will_replay` holds for every step and nothing else generates
@@ -482,6 +483,7 @@ class SkipManager:
                 engine before it calls :meth:`init` (verl does): its roles are built, asked and closed,
                 and the current run is left as it is. Default: the current run's roles.
             identity: with ``config``, as for :meth:`init`.
+            runtime: with ``config``, the live objects of :meth:`init` (``rank=`` for per-rank entries).
 
         Returns:
             The :class:`~stepskip.engines.EnginePlan`: ``start``, the steps that would generate, and
@@ -498,7 +500,7 @@ class SkipManager:
         """
         if config is None:
             return _plan_engines(cls.skip_instances.get(role), role, steps, validation)
-        _, _, instances, _ = cls._build(config, identity, {})
+        _, _, instances, _ = cls._build(config, identity, dict(runtime or {}))
         try:
             return _plan_engines(instances.get(role), role, steps, validation)
         finally:
@@ -507,14 +509,16 @@ class SkipManager:
 
     @classmethod
     def engines_needed(cls, role: str, steps: Iterable[int] | None, *, validation: str | None = None,
-                       config: Any = None, identity: RunIdentity | None = None) -> bool:
+                       config: Any = None, identity: RunIdentity | None = None,
+                       runtime: dict[str, Any] | None = None) -> bool:
         """``engine_plan(...).start``: True when the run must start its inference engine.
 
         Example:
             >>> SkipManager.engines_needed("rollout", [1, 2, 3])
             True
         """
-        return cls.engine_plan(role, steps, validation=validation, config=config, identity=identity).start
+        return cls.engine_plan(role, steps, validation=validation, config=config, identity=identity,
+                               runtime=runtime).start
 
     @classmethod
     def stats(cls) -> dict[str, float]:
