@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,7 @@ class EngineState:
     dispatches: int = 0
     generated_rows: int = 0
     workers_started: int = 0
+    trained_at: list[float] = field(default_factory=list)  # perf_counter() of every update_actor
 
     def report(self) -> dict[str, Any]:
         return {"replicas_constructed": self.replicas_constructed, "replicas_started": self.replicas_started,
@@ -159,6 +161,10 @@ class _Group:
 
     def init_model(self) -> None:
         self.initialised = True
+
+    def update_actor(self, batch: Any) -> Any:
+        ENGINE.trained_at.append(time.perf_counter())
+        return super().update_actor(batch)  # type: ignore[misc]
 
     def update_weights(self, global_steps: Any = None, mode: str = "naive") -> Any:
         import ray

@@ -18,6 +18,7 @@ what the engine went through, the gate's counts, the skip stats, the actor's upd
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ def overrides_for(work: Path, data: Path, run: dict[str, Any], role: str, manage
     return out + common.skip_overrides(role, run.get("skip", {}))
 
 
-def run_v0(work: Path, data: Path, run: dict[str, Any]) -> Any:
+def run_v0(work: Path, data: Path, run: dict[str, Any], marks: dict[str, float]) -> Any:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.utils import Role
 
@@ -53,6 +54,7 @@ def run_v0(work: Path, data: Path, run: dict[str, Any]) -> Any:
                             resource_pool_manager=stand_ins.StandInResourcePoolManager(),
                             ray_worker_group_cls=stand_ins.StandInWorkerGroup, device_name="cpu")
     trainer.init_workers()
+    marks["built"] = time.perf_counter()
     trainer.fit()
     return trainer
 
@@ -76,7 +78,7 @@ def _v1_trainer_class() -> Any:
     return PPOTrainerSyncOnCPU
 
 
-def run_v1(work: Path, data: Path, run: dict[str, Any]) -> Any:
+def run_v1(work: Path, data: Path, run: dict[str, Any], marks: dict[str, float]) -> Any:
     import transfer_queue as tq
     import verl.trainer.ppo.v1.trainer_base as trainer_base
     from verl.utils.import_utils import load_class_from_fqn
@@ -98,6 +100,7 @@ def run_v1(work: Path, data: Path, run: dict[str, Any]) -> Any:
     manager = manager_class.create(config=config, llm_client=trainer.get_llm_client(),
                                    teacher_client=trainer.get_teacher_client(),
                                    reward_loop_worker_handles=trainer.get_reward_handles())
+    marks["built"] = time.perf_counter()
     trainer.fit(manager)
     return trainer
 
@@ -145,8 +148,9 @@ def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
             entry: dict[str, Any] = {"name": run_spec["name"]}
             report["runs"].append(entry)
             trainer = None
+            marks = {"start": time.perf_counter()}
             try:
-                trainer = (run_v1 if v1 else run_v0)(work / run_spec["name"], data, run_spec)
+                trainer = (run_v1 if v1 else run_v0)(work / run_spec["name"], data, run_spec, marks)
             except BaseException as err:  # reported: some runs are expected to fail
                 entry["error"] = {"type": type(err).__name__, "message": str(err)[:4000],
                                   "mro": [c.__name__ for c in type(err).__mro__],
@@ -162,6 +166,12 @@ def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
                     "actor_updates": len(updates),
                     "checkpoint_manager": type(getattr(trainer, "checkpoint_manager", None)).__name__,
                     "llm_server_manager": type(getattr(trainer, "llm_server_manager", None)).__name__,
+                    "timings": {
+                        "start_up_s": marks.get("built", float("nan")) - marks["start"],
+                        "first_trained_step_s": (stand_ins.ENGINE.trained_at[0] - marks["start"]
+                                                 if stand_ins.ENGINE.trained_at else None),
+                        "run_s": time.perf_counter() - marks["start"],
+                    },
                 })
                 if run_spec.get("actor_inputs"):
                     torch.save(updates, run_spec["actor_inputs"])
