@@ -474,7 +474,7 @@ class _CacheOnlyManager:
 
 @contextlib.contextmanager
 def _manager_swapped(trainer: Any, stand_in: _CacheOnlyManager) -> Iterator[None]:
-    real = trainer.__dict__.get("agent_loop_manager")
+    real = getattr(trainer, "agent_loop_manager", None)
     trainer.agent_loop_manager = stand_in
     try:
         yield
@@ -520,10 +520,8 @@ def patch_v1_trainer(module: ModuleType) -> None:
         dropped: list[str] = []
 
         def drop(missing: Any) -> None:
-            import transfer_queue as tq
-
             uids = [str(u) for u in missing["uid"]]
-            tq.kv_clear(keys=uids, partition_id=partition_id)
+            role.tq_client.kv_clear(keys=uids, partition_id=partition_id)
             dropped.extend(uids)
             logger.warning("stepskip: %d in-flight prompts restored for step %d are not in the cache; the step "
                            "is replayed, so they are dropped from the queue instead of generated", len(uids), step)
@@ -552,19 +550,28 @@ def patch_v1_trainer(module: ModuleType) -> None:
 
 @contextlib.contextmanager
 def _skip_flag_off(config: Any) -> Iterator[None]:
-    from omegaconf import open_dict, read_write
-
+    """``skip.rollout_tq.enable`` reads False inside (verl's warm-up check), True again after."""
     node = select(config, "skip.rollout_tq")
     if node is None or select(node, "enable", False) is not True:
         yield
         return
-    with read_write(node), open_dict(node):
-        node.enable = False
+    _set_enable(node, False)
     try:
         yield
     finally:
+        _set_enable(node, True)
+
+
+def _set_enable(node: Any, value: bool) -> None:
+    from omegaconf import DictConfig, open_dict, read_write
+
+    if isinstance(node, DictConfig):
         with read_write(node), open_dict(node):
-            node.enable = True
+            node.enable = value
+    elif isinstance(node, dict):
+        node["enable"] = value
+    else:
+        node.enable = value
 
 
 #: verl module -> the patch applied when it is imported (or at install() when it already was).
