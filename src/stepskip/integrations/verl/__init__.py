@@ -21,6 +21,13 @@ Every process verl starts must install it; three ways, from the most to the leas
 Each process that installs logs one line, ``stepskip is serving verl's skip roles ...``.
 :func:`check` tells whether verl's own skip code can still run in this process.
 
+``install()`` also gates verl's inference engines (the role's ``engines`` option, see
+:meth:`stepskip.SkipManager.engine_plan`): when the cache serves every step the run will take and
+validation is off, ``LLMServerManager.create`` builds no rollout replica, the agent-loop manager no
+worker and ``CheckpointEngineManager`` nothing, and a call that would need the engine raises
+:class:`~stepskip.errors.EngineNotStartedError`; in the sync trainers a replayed step never syncs
+weights (see :mod:`stepskip.integrations.verl._engines`, and :func:`engine_counts`).
+
 Example:
     >>> from stepskip.integrations import verl as stepskip_verl
     >>> stepskip_verl.install()
@@ -87,7 +94,8 @@ def install() -> None:
     """Serve ``verl.utils.skip`` from stepskip in this process; safe to call any number of times.
 
     Puts a finder first on ``sys.meta_path`` that answers the five skip modules with stepskip's
-    objects. When verl's own skip package was imported before (its decorators have already run),
+    objects, and patches verl's engine-building classes as their modules load (at once for those
+    already loaded), so that a run the cache serves starts no inference engine. When verl's own skip package was imported before (its decorators have already run),
     verl's wrappers are found on the loaded classes and re-wrapped by stepskip, module globals
     bound to verl's ``SkipManager`` and roles are rebound to stepskip's, verl's ``SkipManager``
     forwards any call still reaching it, and the served modules replace verl's in ``sys.modules``.

@@ -150,8 +150,18 @@ GATE = Gate()
 
 
 def engine_counts() -> dict[str, int]:
-    """What the engine gate did in this process: engines started and skipped, weight syncs run and
-    deferred, sleeps skipped, prompts of replayed steps served from the cache or dropped."""
+    """What the engine gate did in this process since it started (or was last reset).
+
+    Returns:
+        ``{name: count}`` for :data:`COUNTER_NAMES`: engines started and not started, weight syncs run
+        and deferred, sleeps skipped, prompts added to replayed steps served from the cache, refused
+        or dropped.
+
+    Example:
+        >>> from stepskip.integrations.verl import engine_counts
+        >>> engine_counts()["engines_started"] >= 0
+        True
+    """
     return dict(GATE.counts)
 
 

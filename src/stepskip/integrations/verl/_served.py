@@ -112,7 +112,7 @@ class SkipFinder(importlib.abc.MetaPathFinder):
         if patch is None:
             return None
         for finder in sys.meta_path:  # the finder verl's own import would have used
-            if finder is self or not hasattr(finder, "find_spec"):
+            if finder is self or type(finder).__name__ == "SkipFinder" or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
