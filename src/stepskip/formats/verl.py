@@ -2,14 +2,15 @@
 
 verl saves a rollout as ``pickle.dump(DataProto)``, whose state is ``(torch.save bytes of the
 TensorDict, non_tensor_batch, meta_info)`` (under ``VERL_DATAPROTO_SERIALIZATION_METHOD=numpy``
-the TensorDict is pickled as numpy arrays of its tensors' bytes instead; both are read). Writing: a pure-Python pickler emits the global
-``verl.protocol.DataProto`` by name, so verl need not be installed, and the TensorDict is saved
-unconsolidated (a consolidated TensorDict with jagged tensors does not load under verl's
-tensordict 0.10). Reading: an allow-list unpickler accepts only the globals such a file
-contains, and rebuilds numpy values itself from exactly the shapes numpy writes (see the
-reader's section below); the TensorDict bytes go through ``torch.load(weights_only=True)``
-after :func:`~stepskip.formats.bounds.check_torch_zip`. Anything else (a pickle reaching for
-``os.system``, a forged dtype, a size the bytes do not back) is refused before it runs.
+the TensorDict is pickled as numpy arrays of its tensors' bytes instead; both are read).
+Writing: a pure-Python pickler emits the global ``verl.protocol.DataProto`` by name, so verl
+need not be installed, and the TensorDict is saved unconsolidated (a consolidated TensorDict
+with jagged tensors does not load under verl's tensordict 0.10). Reading: an allow-list
+unpickler accepts only the globals such a file contains, and rebuilds numpy values itself from
+exactly the shapes numpy writes (see the reader's section below); the TensorDict bytes go
+through ``torch.load(weights_only=True)`` after :func:`~stepskip.formats.bounds.check_torch_zip`.
+Anything else (a pickle reaching for ``os.system``, a forged dtype, a size the bytes do not back)
+is refused before it runs.
 """
 
 from __future__ import annotations

@@ -41,8 +41,10 @@ def v0(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
     base = tmp_path_factory.mktemp("engines-v0")
     dump = base / "dump"
     runs = [
-        {"name": "record", "steps": 3, "skip": section(dump, [1, 2, 3], "cache"), "actor_inputs": str(base / "rec.pt")},
-        {"name": "replay", "steps": 3, "skip": section(dump, [1, 2, 3], "replay"), "actor_inputs": str(base / "rep.pt")},
+        {"name": "record", "steps": 3, "skip": section(dump, [1, 2, 3], "cache"),
+         "actor_inputs": str(base / "rec.pt")},
+        {"name": "replay", "steps": 3, "skip": section(dump, [1, 2, 3], "replay"),
+         "actor_inputs": str(base / "rep.pt")},
         {"name": "one_uncached", "steps": 4, "skip": section(dump, [1, 2, 3, 4], "cache")},
         {"name": "refused", "steps": 5, "skip": section(dump, [1, 2, 3, 4, 5], "cache", engines="skip")},
         {"name": "validate", "steps": 3, "validate": True, "skip": section(dump, [1, 2, 3], "replay")},
@@ -58,8 +60,10 @@ def v1(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
     base = tmp_path_factory.mktemp("engines-v1")
     dump, flat = base / "dump", base / "flat"
     runs = [
-        {"name": "record", "steps": 3, "skip": section(dump, [1, 2, 3], "cache"), "actor_inputs": str(base / "rec.pt")},
-        {"name": "replay", "steps": 3, "skip": section(dump, [1, 2, 3], "replay"), "actor_inputs": str(base / "rep.pt")},
+        {"name": "record", "steps": 3, "skip": section(dump, [1, 2, 3], "cache"),
+         "actor_inputs": str(base / "rec.pt")},
+        {"name": "replay", "steps": 3, "skip": section(dump, [1, 2, 3], "replay"),
+         "actor_inputs": str(base / "rep.pt")},
         {"name": "one_uncached", "steps": 4, "skip": section(dump, [1, 2, 3, 4], "cache")},
         {"name": "record_flat", "steps": 2, "gen_batch_size": 1, "flat_groups": True,
          "skip": section(flat, [1, 2], "cache")},

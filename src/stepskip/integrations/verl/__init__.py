@@ -95,7 +95,8 @@ def install() -> None:
 
     Puts a finder first on ``sys.meta_path`` that answers the five skip modules with stepskip's
     objects, and patches verl's engine-building classes as their modules load (at once for those
-    already loaded), so that a run the cache serves starts no inference engine. When verl's own skip package was imported before (its decorators have already run),
+    already loaded), so that a run the cache serves starts no inference engine. When verl's own
+    skip package was imported before (its decorators have already run),
     verl's wrappers are found on the loaded classes and re-wrapped by stepskip, module globals
     bound to verl's ``SkipManager`` and roles are rebound to stepskip's, verl's ``SkipManager``
     forwards any call still reaching it, and the served modules replace verl's in ``sys.modules``.

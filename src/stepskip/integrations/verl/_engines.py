@@ -424,7 +424,7 @@ def patch_agent_loop(module: ModuleType) -> None:
 
 
 def patch_checkpoint_engine(module: ModuleType) -> None:
-    """``CheckpointEngineManager``: none over a run without engine; syncs deferred, sleeps of asleep replicas skipped."""
+    """``CheckpointEngineManager``: none over a run without engine; syncs deferred, asleep replicas not slept."""
     cls = getattr(module, "CheckpointEngineManager", None)
     if cls is None or _is_patched(cls.__dict__.get("update_weights")):
         return

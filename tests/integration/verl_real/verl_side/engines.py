@@ -8,10 +8,11 @@
 Ray (and, for V1, TransferQueue) start once and serve every run.
 
 Spec keys: work, report, trainer, runs: a list of ``{name, skip, steps, total_steps, validate,
-actor_inputs, dapo, flat_groups, gen_batch_size}`` (``skip``: the role's section; ``steps``: the data has ``4 * steps`` rows;
-``total_steps``: ``trainer.total_training_steps``, default ``steps``; ``validate``: validation
-before training; ``dapo``: the DAPO group filter on ``reward``; ``flat_groups``: the engine
-answers each batch's first prompt with equal responses; ``gen_batch_size``: ``data.gen_batch_size``). The report has one entry per run:
+actor_inputs, dapo, flat_groups, gen_batch_size}`` (``skip``: the role's section; ``steps``: the
+data has ``4 * steps`` rows; ``total_steps``: ``trainer.total_training_steps``, default ``steps``;
+``validate``: validation before training; ``dapo``: the DAPO group filter on ``reward``;
+``flat_groups``: the engine answers each batch's first prompt with equal responses;
+``gen_batch_size``: ``data.gen_batch_size``). The report has one entry per run:
 what the engine went through, the gate's counts, the skip stats, the actor's updates, any error.
 """
 
