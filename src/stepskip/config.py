@@ -20,7 +20,7 @@ import numpy as np
 
 from stepskip.entries import CONFIG_FORMATS
 from stepskip.errors import SkipConfigError
-from stepskip.policies import CheckPrompts, Compress, MatchN, OnMismatch, SkipAction, parse_choice
+from stepskip.policies import CheckPrompts, Compress, Engines, MatchN, OnMismatch, SkipAction, parse_choice
 
 __all__ = [
     "ACTIONS",
@@ -271,6 +271,10 @@ class SkipRoleConfig:
             the live one is ``cycle``-d through, or (``strict``) generated anew.
         max_decode_bytes: the most a decode may allocate for one entry (default: 256 x the entry's
             size on disk + 256 MiB); an entry that asks for more is refused before allocating.
+        engines: whether the trainer starts its inference engine: ``auto`` (none when every step
+            the run takes is served from the cache and nothing else generates), ``start`` (always)
+            or ``skip`` (never; fail at start-up if a step would need one). Honoured by the verl and
+            TRL integrations (see :meth:`SkipManager.engine_plan`).
 
     Example:
         >>> RolloutSkipConfig(enable=True, steps=["1-3"], action="repeat").action
@@ -299,6 +303,7 @@ class SkipRoleConfig:
     restore_rng: bool = False
     match_n: str = MatchN.CYCLE
     max_decode_bytes: int | None = None
+    engines: str = Engines.AUTO
 
     def __post_init__(self) -> None:
         self.validate(self.section)
@@ -329,6 +334,7 @@ class SkipRoleConfig:
         _str_list(f"{where}.fingerprint_keys", self.fingerprint_keys)
         _boolean(f"{where}.restore_rng", self.restore_rng)
         self.match_n = parse_choice(MatchN, self.match_n, f"{where}.match_n")
+        self.engines = parse_choice(Engines, self.engines, f"{where}.engines")
         limit = self.max_decode_bytes
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
             raise SkipConfigError(f"{where}.max_decode_bytes = {limit!r} is not valid; expected a positive int "

@@ -13,6 +13,7 @@ __all__ = [
     "StepskipError", "SkipConfigError", "PickleRefusedError", "CacheMissError", "CorruptEntryError", "TruncatedEntryError", "DecodeLimitError",
     "UnreadableEntryError",
     "UnstorableValueError", "FingerprintMismatchError", "PromptMismatchError", "ReplayMissError",
+    "EngineNotStartedError",
 ]
 
 
@@ -81,3 +82,11 @@ class FingerprintMismatchError(SkipConfigError):
 
 class PromptMismatchError(SkipConfigError):
     """The replayed step saw other prompts than the live call (``check_prompts: error``)."""
+
+
+class EngineNotStartedError(StepskipError, RuntimeError):
+    """A call needs generation but the run started no inference engine (the role's ``engines`` option).
+
+    Raised where the engine would have been used, instead of a hang or an empty result; the message
+    names the step, what needed generation and the option to change.
+    """

@@ -16,9 +16,10 @@ from typing import Any, ClassVar, TypeVar
 
 from stepskip.calls import CURRENT_CALL, BypassTest, CallInfo, PromptsFinder, find_prompts, is_validation
 from stepskip.config import SkipManagerConfig, SkipRoleConfig, disable_legacy_flag, select
+from stepskip.engines import EnginePlan, decide
 from stepskip.errors import CacheMissError, SkipConfigError
 from stepskip.identity import RunIdentity
-from stepskip.policies import SkipAction
+from stepskip.policies import Engines, SkipAction, parse_choice
 from stepskip.roles.base import SKIP_REGISTRY, BaseSkip, RunContext
 from stepskip.worker import default_worker
 
@@ -198,6 +199,19 @@ async def _drive_async(plan: Generator[_Instruction, Any, Any], func: Callable[.
         CURRENT_CALL.reset(token)
 
 
+def _plan_engines(skip: BaseSkip | None, role: str, steps: Iterable[int] | None, validation: str | None) -> EnginePlan:
+    local = getattr(skip, "local_config", None)
+    option = parse_choice(Engines, getattr(local, "engines", Engines.AUTO), f"skip.{role}.engines")
+    planned = None if steps is None else sorted(set(steps))
+    enabled = skip is not None and skip.is_enabled()
+    if planned is None or not enabled or option is Engines.START:
+        generate: list[int] = list(planned or ())
+    else:
+        assert skip is not None
+        generate = [step for step in planned if not skip.would_replay(step)]
+    return decide(role, option, planned=planned, generate=generate, enabled=enabled, validation=validation)
+
+
 class SkipManager:
     """Process-wide registry of skip roles.
 
@@ -242,6 +256,28 @@ class SkipManager:
             SkipConfigError: a bad value, an unknown role under ``skip``, or an identity that is not
                 a :class:`~stepskip.identity.RunIdentity`.
         """
+        skip_config, run_id, instances, identity = cls._build(config, identity, runtime)
+        cls.close()  # only now: a bad new config leaves the previous run untouched
+        if not cls._atexit_registered:  # a run that never calls close() still flushes and summarises
+            atexit.register(cls.close)
+            cls._atexit_registered = True
+        cls.config = skip_config
+        cls.step = -1
+        cls.run_id = run_id
+        cls.identity = identity
+        cls.skip_instances = instances
+        cls._serving = {name: skip for name, skip in instances.items() if skip.is_enabled()}
+        cls._closed = False
+        pages = sys.modules.get("stepskip.formats.pages")
+        if pages is not None:  # released by the last close(): hits keep their pages for reuse again
+            pages.POOL.resume()
+        if cls._serving:
+            logger.info("stepskip run %s: enabled roles %s", run_id[:12], ", ".join(cls._serving))
+
+    @classmethod
+    def _build(cls, config: Any, identity: RunIdentity | None, runtime: dict[str, Any],
+               ) -> tuple[SkipManagerConfig, str, dict[str, BaseSkip], RunIdentity]:
+        """Validate ``config.skip`` and build one bound role per registered name (no state of the manager changes)."""
         import stepskip.roles  # noqa: F401  (registers the built-in roles)
         from stepskip.roles.stage import StageSkip
 
@@ -263,22 +299,7 @@ class SkipManager:
             instance = skip_cls(local, config)
             instance.bind(RunContext(name=name, run_id=run_id, identity=identity, runtime=runtime))
             instances[name] = instance
-        cls.close()  # only now: a bad new config leaves the previous run untouched
-        if not cls._atexit_registered:  # a run that never calls close() still flushes and summarises
-            atexit.register(cls.close)
-            cls._atexit_registered = True
-        cls.config = skip_config
-        cls.step = -1
-        cls.run_id = run_id
-        cls.identity = identity
-        cls.skip_instances = instances
-        cls._serving = {name: skip for name, skip in instances.items() if skip.is_enabled()}
-        cls._closed = False
-        pages = sys.modules.get("stepskip.formats.pages")
-        if pages is not None:  # released by the last close(): hits keep their pages for reuse again
-            pages.POOL.resume()
-        if cls._serving:
-            logger.info("stepskip run %s: enabled roles %s", run_id[:12], ", ".join(cls._serving))
+        return skip_config, run_id, instances, identity
 
     @classmethod
     def set_step(cls, step: int) -> None:
@@ -440,6 +461,64 @@ class SkipManager:
             return False
         steps = list(steps)
         return bool(steps) and all(skip.would_replay(step) for step in steps)
+
+    @classmethod
+    def engine_plan(cls, role: str, steps: Iterable[int] | None, *, validation: str | None = None,
+                    config: Any = None, identity: RunIdentity | None = None,
+                    runtime: dict[str, Any] | None = None) -> EnginePlan:
+        """Whether a run whose steps are ``steps`` must start its inference engine, under ``skip.<role>.engines``.
+
+        ``auto`` starts none when :meth:`will_replay` holds for every step and nothing else generates
+        (``validation`` is None); ``start`` always starts it; ``skip`` never does, and a run that
+        would need it is refused here, at start-up. The integrations call this before they build an
+        engine (vLLM, SGLang ...) and skip the build, and every weight sync, when ``plan.start`` is False.
+
+        Args:
+            role: the role that serves the run's generation (``rollout``, ``rollout_tq`` ...).
+            steps: every step the run will take, or None when the trainer cannot tell in advance
+                (then ``auto`` starts the engine).
+            validation: what generates outside ``steps`` (a validation pass) and how to turn it off,
+                in one sentence for the messages; None when nothing does.
+            config: a training config to read ``skip.<role>`` from, for a trainer that builds its
+                engine before it calls :meth:`init` (verl does): its roles are built, asked and closed,
+                and the current run is left as it is. Default: the current run's roles.
+            identity: with ``config``, as for :meth:`init`.
+            runtime: with ``config``, the live objects of :meth:`init` (``rank=`` for per-rank entries).
+
+        Returns:
+            The :class:`~stepskip.engines.EnginePlan`: ``start``, the steps that would generate, and
+            a sentence saying why, for the log.
+
+        Raises:
+            SkipConfigError: ``engines: skip`` and a step (or the validation) would need generation;
+                or a bad value in ``config``.
+
+        Example:
+            >>> plan = SkipManager.engine_plan("rollout", range(1, 101))
+            >>> plan.start  # no run, so no role serves a step: the engine starts
+            True
+        """
+        if config is None:
+            return _plan_engines(cls.skip_instances.get(role), role, steps, validation)
+        _, _, instances, _ = cls._build(config, identity, dict(runtime or {}))
+        try:
+            return _plan_engines(instances.get(role), role, steps, validation)
+        finally:
+            for instance in instances.values():
+                instance.close()
+
+    @classmethod
+    def engines_needed(cls, role: str, steps: Iterable[int] | None, *, validation: str | None = None,
+                       config: Any = None, identity: RunIdentity | None = None,
+                       runtime: dict[str, Any] | None = None) -> bool:
+        """``engine_plan(...).start``: True when the run must start its inference engine.
+
+        Example:
+            >>> SkipManager.engines_needed("rollout", [1, 2, 3])
+            True
+        """
+        return cls.engine_plan(role, steps, validation=validation, config=config, identity=identity,
+                               runtime=runtime).start
 
     @classmethod
     def stats(cls) -> dict[str, float]:

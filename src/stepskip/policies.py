@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from typing import Any, TypeVar
 
-__all__ = ["SkipAction", "OnMismatch", "CheckPrompts", "Compress", "MatchN", "parse_choice"]
+__all__ = ["SkipAction", "OnMismatch", "CheckPrompts", "Compress", "MatchN", "Engines", "parse_choice"]
 
 _E = TypeVar("_E", bound="Choice")
 
@@ -107,3 +107,16 @@ class Compress(Choice):
     AUTO = "auto"
     NONE = "none"
     ZSTD = "zstd"
+
+
+class Engines(Choice):
+    """``engines``: whether the trainer starts its inference engine (vLLM, SGLang ...) for the run.
+
+    ``AUTO``: start none when every step the run will take is served from the cache and nothing
+    else generates (validation); otherwise start it as usual. ``START``: always start it.
+    ``SKIP``: never start it; a run that would need one fails at start-up, naming the steps.
+    """
+
+    AUTO = "auto"
+    START = "start"
+    SKIP = "skip"

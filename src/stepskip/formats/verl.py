@@ -1,14 +1,16 @@
 """``format: verl``: the pickle files verl 0.9 writes and reads, without verl and without trust.
 
 verl saves a rollout as ``pickle.dump(DataProto)``, whose state is ``(torch.save bytes of the
-TensorDict, non_tensor_batch, meta_info)``. Writing: a pure-Python pickler emits the global
-``verl.protocol.DataProto`` by name, so verl need not be installed, and the TensorDict is saved
-unconsolidated (a consolidated TensorDict with jagged tensors does not load under verl's
-tensordict 0.10). Reading: an allow-list unpickler accepts only the globals such a file
-contains, and rebuilds numpy values itself from exactly the shapes numpy writes (see the
-reader's section below); the TensorDict bytes go through ``torch.load(weights_only=True)``
-after :func:`~stepskip.formats.bounds.check_torch_zip`. Anything else (a pickle reaching for
-``os.system``, a forged dtype, a size the bytes do not back) is refused before it runs.
+TensorDict, non_tensor_batch, meta_info)`` (under ``VERL_DATAPROTO_SERIALIZATION_METHOD=numpy``
+the TensorDict is pickled as numpy arrays of its tensors' bytes instead; both are read).
+Writing: a pure-Python pickler emits the global ``verl.protocol.DataProto`` by name, so verl
+need not be installed, and the TensorDict is saved unconsolidated (a consolidated TensorDict
+with jagged tensors does not load under verl's tensordict 0.10). Reading: an allow-list
+unpickler accepts only the globals such a file contains, and rebuilds numpy values itself from
+exactly the shapes numpy writes (see the reader's section below); the TensorDict bytes go
+through ``torch.load(weights_only=True)`` after :func:`~stepskip.formats.bounds.check_torch_zip`.
+Anything else (a pickle reaching for ``os.system``, a forged dtype, a size the bytes do not back)
+is refused before it runs.
 """
 
 from __future__ import annotations
@@ -213,6 +215,11 @@ def _refuse_ndarray(*args: Any) -> Any:
     raise pickle.UnpicklingError("calling numpy.ndarray directly is refused: numpy never writes it")
 
 
+def _torch_size(dims: Any = ()) -> tuple[int, ...]:
+    """``torch.Size(dims)`` as a pickle names it (verl's numpy serialization): a plain tuple, checked."""
+    return _shape(dims, "torch.Size")
+
+
 _ALLOWED: dict[tuple[str, str], Any] = {
     ("verl.protocol", "DataProto"): _DataProtoStandIn,
     ("numpy", "ndarray"): _NDARRAY,
@@ -223,6 +230,7 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     ("numpy._core.multiarray", "scalar"): _scalar,
     ("numpy.core.numeric", "_frombuffer"): _frombuffer,
     ("numpy._core.numeric", "_frombuffer"): _frombuffer,
+    ("torch", "Size"): _torch_size,
     ("collections", "OrderedDict"): OrderedDict,
     ("builtins", "complex"): complex,
 }
@@ -457,14 +465,77 @@ def loads_dataproto(data: bytes) -> tuple[TensorDictBase | None, dict[str, np.nd
     obj = restricted_loads(data)
     if not isinstance(obj, _DataProtoStandIn) or not isinstance(obj.state, tuple) or len(obj.state) != 3:
         raise pickle.UnpicklingError("the pickle does not hold a verl DataProto")
-    tensor_bytes, non_tensor_batch, meta_info = obj.state
-    if not isinstance(tensor_bytes, bytes) or not isinstance(non_tensor_batch, dict) or not isinstance(meta_info, dict):
-        raise pickle.UnpicklingError("the DataProto state is not (bytes, dict, dict)")
-    check_torch_zip(tensor_bytes, GEN_BATCH_FILE)  # before torch.load: no storage larger than the bytes
-    batch = _weights_only_load(tensor_bytes)
+    tensor_state, non_tensor_batch, meta_info = obj.state
+    if not isinstance(non_tensor_batch, dict) or not isinstance(meta_info, dict):
+        raise pickle.UnpicklingError("the DataProto state is not (batch, dict, dict)")
+    if isinstance(tensor_state, bytes):
+        check_torch_zip(tensor_state, GEN_BATCH_FILE)  # before torch.load: no storage larger than the bytes
+        batch = _weights_only_load(tensor_state)
+    elif tensor_state is None or isinstance(tensor_state, tuple):
+        batch = _numpy_tensordict(tensor_state)
+    else:
+        raise pickle.UnpicklingError("the DataProto batch is neither torch.save bytes nor verl's numpy serialization")
     if batch is not None and not isinstance(batch, TensorDictBase):
         raise pickle.UnpicklingError(f"the DataProto batch is a {type(batch).__qualname__}, not a TensorDict")
     return batch, non_tensor_batch, meta_info
+
+
+# --------------------------------------------------------------------------- VERL_DATAPROTO_SERIALIZATION_METHOD=numpy
+#
+# With that variable set verl pickles the TensorDict as ``(batch_size, device, {field: encoding})``,
+# a dense tensor encoded ``(dtype name, torch.Size, uint8 array of its bytes)`` and a nested one
+# ``(layout name, [encoding of each component])``. Every part came through the allow-list above
+# (the arrays rebuilt from exactly their bytes); here each tensor is made only when its bytes are
+# exactly what its dtype and shape call for, on the CPU whatever device the writer named.
+
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    str(value).removeprefix("torch."): value for value in vars(torch).values() if isinstance(value, torch.dtype)
+}
+_NESTED_LAYOUTS = {"jagged": torch.jagged, "strided": torch.strided}
+
+
+def _numpy_tensor(encoded: Any, what: str) -> torch.Tensor:
+    if not isinstance(encoded, tuple) or len(encoded) != 3:
+        raise pickle.UnpicklingError(f"{what}: a tensor is encoded (dtype, shape, bytes)")
+    name, shape, data = encoded
+    dtype = _TORCH_DTYPES.get(name) if isinstance(name, str) else None
+    if dtype is None:
+        raise pickle.UnpicklingError(f"{what}: {str(name)[:40]!r} is not a torch dtype")
+    shape = _shape(shape, what)
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 1:
+        raise pickle.UnpicklingError(f"{what}: the bytes of a tensor are a 1-D uint8 numpy array")
+    size = torch.empty((), dtype=dtype).element_size()
+    if data.size != math.prod(shape) * size:
+        raise pickle.UnpicklingError(f"{what}: {data.size} bytes for a {name} tensor of shape {shape} "
+                                     f"({math.prod(shape) * size} expected)")
+    return torch.from_numpy(data.copy()).view(dtype).view(shape)
+
+
+def _numpy_tensordict(state: Any) -> TensorDictBase | None:
+    """The TensorDict of a ``gen_batch.dp`` verl wrote under ``VERL_DATAPROTO_SERIALIZATION_METHOD=numpy``."""
+    if state is None:
+        return None
+    from tensordict import TensorDict
+
+    if len(state) != 3:
+        raise pickle.UnpicklingError("verl's numpy serialization of a TensorDict is (batch_size, device, fields)")
+    batch_size, device, fields = state
+    batch_size = _shape(batch_size, "batch_size")
+    if device is not None and not isinstance(device, str):
+        raise pickle.UnpicklingError("the TensorDict's device is not a name")
+    if not isinstance(fields, dict) or not all(isinstance(k, str) for k in fields):
+        raise pickle.UnpicklingError("the TensorDict's fields are not a mapping of names")
+    tensors: dict[str, torch.Tensor] = {}
+    for key, encoded in fields.items():
+        if isinstance(encoded, tuple) and len(encoded) == 2:
+            layout, parts = encoded
+            if layout not in _NESTED_LAYOUTS or not isinstance(parts, list) or not parts:
+                raise pickle.UnpicklingError(f"field {key!r}: a nested tensor is (jagged or strided, [components])")
+            components = [_numpy_tensor(part, f"field {key!r}[{i}]") for i, part in enumerate(parts)]
+            tensors[key] = torch.nested.as_nested_tensor(components, layout=_NESTED_LAYOUTS[layout])
+        else:
+            tensors[key] = _numpy_tensor(encoded, f"field {key!r}")
+    return TensorDict(tensors, batch_size=list(batch_size))
 
 
 _TRUNCATION_SIGNS = ("truncated", "ran out of input", "failed finding central directory", "unexpected eof",

@@ -43,7 +43,7 @@ from stepskip.roles.base import RunContext, register_skip
 from stepskip.roles.cached import CachedRole
 from stepskip.store import EntryState
 
-__all__ = ["StepskipGRPOTrainer", "TrlGenerateConfig", "enable_stepskip"]
+__all__ = ["NoVLLMGeneration", "StepskipGRPOTrainer", "TrlGenerateConfig", "enable_stepskip"]
 
 logger = logging.getLogger(__name__)
 
@@ -193,6 +193,24 @@ class TrlGenerateSkip(CachedRole):
         """The entry of the call being served at ``step`` (the step's directory outside a call)."""
         call = _CALL.get()
         return self.layout.step_dir(step) if call is None else self.entry_dir(step, call.name)
+
+    def _call_names(self, step: int) -> list[str]:
+        """The calls of ``step`` this rank recorded (``c0``, ``c1`` ...; tool-loop turns left out)."""
+        suffix = f"-r{self.rank}"
+        calls = [n[: -len(suffix)] for n in self.store.list_dir(self.layout.step_dir(step), dirs_only=True)
+                 if n.endswith(suffix) and n[:1] == "c" and n[1:-len(suffix)].isdigit()]
+        return sorted(calls, key=lambda n: int(n[1:]))
+
+    def would_replay(self, step: int) -> bool:
+        """True when every call this rank recorded for ``step`` (at least its first) would be served."""
+        for name in self._call_names(step) or ["c0"]:
+            token = _CALL.set(CallRecord(step=step, name=name, rank=self.rank))
+            try:
+                if not super().would_replay(step):
+                    return False
+            finally:
+                _CALL.reset(token)
+        return True
 
     # ------------------------------------------------------------------ the role protocol
 
@@ -408,11 +426,13 @@ class TrainerSkipState:
     Args:
         role: the ``trl_generate`` role serving the trainer's calls.
         calls: the latest calls (at most 10 000), oldest first.
+        engine_plan: whether vLLM was started and why (:class:`StepskipGRPOTrainer` with ``use_vllm``).
     """
 
     role: TrlGenerateSkip
     original: Callable[..., Any]
     calls: deque[CallRecord] = field(default_factory=lambda: deque(maxlen=10_000))
+    engine_plan: Any = None  # the EnginePlan StepskipGRPOTrainer decided vLLM by (None: not asked)
     _step: int = -1
     _main: int = -1
     _turn: int = -1
@@ -579,8 +599,110 @@ def _warn_idle_steps(trainer: Any, role: TrlGenerateSkip) -> None:
             trainer.args.gradient_accumulation_steps)
 
 
+# ---------------------------------------------------------------------- vLLM: started only when the run needs it
+
+
+class NoVLLMGeneration:
+    """What ``trainer.vllm_generation`` is when the run starts no vLLM (``engines``: every step replays).
+
+    No ``vllm.LLM`` is built and no server client connects. Generating, or syncing weights before
+    generating, raises :class:`~stepskip.errors.EngineNotStartedError` naming the step. In server mode
+    the trainer's start-up check of the server's ``logprobs_mode`` (importance-sampling correction)
+    has no server to ask: it is told ``processed_logprobs``, the mode it wants, since no sample of
+    this run comes from a server.
+    """
+
+    def __init__(self, plan: Any, mode: str | None, step: Callable[[], int | None]) -> None:
+        self.plan, self.mode, self._step = plan, mode, step
+        self.vllm_client = _NoServer() if mode == "server" else None
+
+    def sync_weights(self) -> None:
+        raise self.plan.not_started(self._step(), "a weight sync before a vLLM generation (a cache miss)")
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        raise self.plan.not_started(self._step(), "a vLLM generation (a cache miss, or evaluation)")
+
+    @property
+    def llm(self) -> Any:
+        raise self.plan.not_started(self._step(), "the colocated vLLM engine")
+
+
+class _NoServer:
+    def get_server_info(self) -> dict[str, Any]:
+        return {"model_config": {"logprobs_mode": "processed_logprobs"}}
+
+
+def engine_steps(args: Any) -> list[int] | None:
+    """The optimizer steps of a run that generate, or None when ``max_steps`` does not say how many."""
+    max_steps = int(getattr(args, "max_steps", -1) or -1)
+    return generating_steps(args, max_steps) if max_steps > 0 else None
+
+
+def evaluation_need(trainer: Any) -> str | None:
+    """Whether the trainer's evaluation will generate during training, and how to turn it off."""
+    strategy = str(getattr(getattr(trainer.args, "eval_strategy", "no"), "value",
+                           getattr(trainer.args, "eval_strategy", "no")))
+    if strategy == "no" or getattr(trainer, "eval_dataset", None) is None:
+        return None
+    return (f"evaluation generates during training (eval_strategy={strategy!r}); it is never skipped, turn it off "
+            "with eval_strategy='no'")
+
+
+class _VLLMGate:
+    """Decides, where ``GRPOTrainer.__init__`` builds its vLLM backend, whether the run needs it."""
+
+    def __init__(self, trainer: Any, skip: Any, identity: RunIdentity | None) -> None:
+        self.trainer, self.skip, self.identity = trainer, skip, identity
+        self.plan: Any = None
+
+    def build(self, real: Callable[..., Any], **kwargs: Any) -> Any:
+        trainer = self.trainer
+        identity = self.identity or identity_of(trainer)
+        try:
+            plan = SkipManager.engine_plan(ROLE, engine_steps(trainer.args), validation=evaluation_need(trainer),
+                                           config={"skip": {ROLE: self.skip}}, identity=identity,
+                                           runtime={"rank": int(trainer.accelerator.process_index),
+                                                    "world_size": int(trainer.accelerator.num_processes)})
+            error: SkipConfigError | None = None
+            vote = 1 if plan.start else 0
+        except SkipConfigError as err:
+            plan, error, vote = None, err, 2
+        vote = _agree_on_engines(trainer, vote)
+        if vote == 2:
+            raise error or SkipConfigError(f"skip.{ROLE}.engines: another rank cannot run without vLLM; see its error")
+        if vote == 1 and plan is not None and not plan.start:
+            logger.info("stepskip: another rank needs vLLM (its cache does not serve every step): starting it here too")
+        self.plan = plan
+        if vote == 1:
+            logger.info("stepskip: starting vLLM (%s)", plan.reason if plan is not None else "another rank needs it")
+            return real(**kwargs)
+        assert plan is not None  # a vote of 0 is every rank's plan, this one's included
+        logger.info("stepskip: vLLM is not started (%s)", plan.reason)
+        return NoVLLMGeneration(plan, kwargs.get("mode"), lambda: trainer.state.global_step + 1)
+
+
+def _agree_on_engines(trainer: Any, vote: int) -> int:
+    """The highest vote of every rank (0 no engine, 1 start it, 2 an error): one all_reduce on gloo."""
+    if int(trainer.accelerator.num_processes) <= 1:
+        return vote
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([vote], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_gloo_group())
+    return int(flag.item())
+
+
 class StepskipGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` with stepskip on: ``StepskipGRPOTrainer(*grpo_args, skip={...}, **grpo_kwargs)``.
+
+    With ``use_vllm=True`` (colocate or server mode) it decides, where ``GRPOTrainer`` builds its vLLM
+    backend, whether the run needs one (the role's ``engines`` option, see
+    :meth:`stepskip.SkipManager.engine_plan`): when the cache serves every step the run will take
+    (``max_steps`` must be set for it to know them) and evaluation does not generate during
+    training, no ``vllm.LLM`` is built and no server client connects
+    (``trainer.vllm_generation`` is a :class:`NoVLLMGeneration`). Replayed steps never move weights
+    to vLLM either way. Several ranks agree: vLLM starts on all of them or on none.
 
     Args:
         skip: the ``trl_generate`` role's section (see :func:`enable_stepskip`).
@@ -592,5 +714,14 @@ class StepskipGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args: Any, skip: Any, identity: RunIdentity | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        enable_stepskip(self, skip=skip, identity=identity)
+        import trl.trainer.grpo_trainer as grpo_module
+
+        gate = _VLLMGate(self, skip, identity)
+        real = grpo_module.VLLMGeneration
+        grpo_module.VLLMGeneration = functools.partial(gate.build, real)  # type: ignore[misc,assignment]
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            grpo_module.VLLMGeneration = real  # type: ignore[misc]
+        state = enable_stepskip(self, skip=skip, identity=identity)
+        state.engine_plan = gate.plan

@@ -406,7 +406,10 @@ class CachedRole(BaseSkip):
     def would_replay(self, step: int) -> bool:
         if step not in self._step_lookup:
             return False
-        load_step = self.resolve_load_step(step)
+        if self.action is SkipAction.MATCH:  # looks prompts up, not steps: a run taking the recorded
+            load_step = step if self._present(step) else -1  # steps again finds them in the step's entry
+        else:
+            load_step = self.resolve_load_step(step)
         return load_step != -1 and all(self._servable(p.meta or {}) for p in self._probes(load_step))
 
     def _servable(self, meta: dict[str, Any]) -> bool:

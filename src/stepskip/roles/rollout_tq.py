@@ -105,6 +105,7 @@ class RolloutTqSkip(RolloutSkip):
         self._indexed: dict[str, list[str]] = {}  # step directory -> its inner entries in the prompt index
         self._inner_metas: dict[int, dict[int, dict[str, Any]]] = {}  # step -> inner -> meta written (for hints)
         self._hinted_steps: dict[str, Any] = {}  # step directory -> the StepHint it was indexed from, until validated
+        self._replayed: set[int] = set()  # steps whose submit phase the cache served whole
 
     def clean_up(self, tree: Tree | None) -> None:
         super().clean_up(tree)
@@ -476,6 +477,8 @@ class RolloutTqSkip(RolloutSkip):
                                   for _ in new_prompt_uids])
         seconds = time.perf_counter() - start
         self.stats.add(hits=1, load_seconds=seconds, bytes_read=nbytes, saved_seconds=saved)
+        with self._lock:
+            self._replayed.add(step)
         logger.info("%s hit: step %d replayed from step %d at %s: %d trajectories for %d prompts x %d "
                     "(%d bytes, %.3fs)",
                     self.name, step, load_step, self.step_dump_dir(load_step), len(new_keys),
@@ -499,38 +502,18 @@ class RolloutTqSkip(RolloutSkip):
         Raises:
             SkipConfigError: the batch has no rows or no ``uid`` column.
         """
-        from stepskip.fidelity import prompt_row_digests
         from stepskip.matching import select_batch_rows
 
-        try:
-            digests = prompt_row_digests(prompts, self.rebind_keys)
-            uids = [str(u) for u in prompts["uid"]]
-        except (KeyError, TypeError, ValueError) as err:
-            raise SkipConfigError(f"skip.{self.name}.action = 'match' needs the batch of _next_train_batch with one "
-                                  f"row per prompt and a 'uid' column: {err}") from err
         start = time.perf_counter()
-        index = self._match_index()
-        strict = self.config.match_n is MatchN.STRICT
-        n = self.layout.n
-        while True:  # each round validates the hinted steps it chose: the hinted set shrinks, so it ends
-            wanted: dict[str, list[int]] = {}  # inner entry -> live rows it serves
-            missing: list[int] = []
-            for row, digest in enumerate(digests):
-                where = index.groups.get(digest)
-                if where is None or (strict and len(where[1]) != n):
-                    missing.append(row)
-                else:
-                    wanted.setdefault(where[0], []).append(row)
-            hinted = sorted({_step_dir_of(path) for path in wanted} & set(self._hinted_steps))
-            if not hinted:
-                break
-            self._validate_step_hints(index, hinted)
-        found, nbytes, saved, sources = self._inject_found(step, wanted, digests, uids, index, partition_id)
+        digests, found, nbytes, saved, sources = self._inject_by_prompt(step, prompts, partition_id)
         missing = [row for row in range(len(digests)) if row not in found]
         replayed = len(found)
         self.stats.add(rows_replayed=replayed, rows_generated=len(missing), bytes_read=nbytes,
                        load_seconds=time.perf_counter() - start if found else 0.0, saved_seconds=saved,
                        hits=0 if missing else 1, misses=1 if missing else 0)
+        if not missing:
+            with self._lock:
+                self._replayed.add(step)
         if found:
             origin = ", ".join(f"{count} from {self._short(path)}" for path, count in sorted(sources.items()))
             logger.info("%s match: step %d injected %d of %d prompts (%s); %d prompts submitted to rollout",
@@ -538,6 +521,77 @@ class RolloutTqSkip(RolloutSkip):
         if not missing:
             return None
         self.begin_recording(step, prompts)
+        return prompts if not found else select_batch_rows(prompts, missing)
+
+    def _inject_by_prompt(self, step: int, prompts: Any, partition_id: str
+                          ) -> tuple[list[str], set[int], int, float, dict[str, int]]:
+        """Inject the recorded group of every prompt of ``prompts`` the cache holds, under its live uid.
+
+        Returns:
+            The prompts' digests, the rows injected, the bytes read, the generation seconds saved and
+            how many rows each step directory served.
+
+        Raises:
+            SkipConfigError: the batch has no rows or no ``uid`` column.
+        """
+        from stepskip.fidelity import prompt_row_digests
+
+        try:
+            digests = prompt_row_digests(prompts, self.rebind_keys)
+            uids = [str(u) for u in prompts["uid"]]
+        except (KeyError, TypeError, ValueError) as err:
+            raise SkipConfigError(f"skip.{self.name}: prompts are looked up in the cache from the batch of "
+                                  f"_next_train_batch, with one row per prompt and a 'uid' column: {err}") from err
+        index = self._match_index()
+        strict = self.config.match_n is MatchN.STRICT
+        n = self.layout.n
+        while True:  # each round validates the hinted steps it chose: the hinted set shrinks, so it ends
+            wanted: dict[str, list[int]] = {}  # inner entry -> live rows it serves
+            for row, digest in enumerate(digests):
+                where = index.groups.get(digest)
+                if where is not None and not (strict and len(where[1]) != n):
+                    wanted.setdefault(where[0], []).append(row)
+            hinted = sorted({_step_dir_of(path) for path in wanted} & set(self._hinted_steps))
+            if not hinted:
+                break
+            self._validate_step_hints(index, hinted)
+        found, nbytes, saved, sources = self._inject_found(step, wanted, digests, uids, index, partition_id)
+        return digests, found, nbytes, saved, sources
+
+    def was_replayed(self, step: int) -> bool:
+        """True when the submit phase of ``step`` was served from the cache whole (nothing was generated)."""
+        with self._lock:
+            return step in self._replayed
+
+    def inject_extra(self, step: int, prompts: Any, partition_id: str = "train") -> Any:
+        """Serve prompts added to a replayed step from the cache, by prompt: never generated.
+
+        verl adds prompts to a step outside its submit phase: the replay buffer's refill (groups
+        evicted as stale, failed or filtered) and, after a resume, the re-issued in-flight prompts.
+        On a step the cache replays they must not reach the engine: each prompt whose group was
+        recorded (at any step, as ``action: match`` finds it) is injected under its live uid.
+
+        Args:
+            step: the replayed step.
+            prompts: the batch verl would submit (one row per prompt, a ``uid`` column).
+            partition_id: the queue partition.
+
+        Returns:
+            The prompts the cache does not hold (None when it held them all): the caller decides
+            what happens to them; they are never generated here.
+        """
+        from stepskip.matching import select_batch_rows
+
+        start = time.perf_counter()
+        digests, found, nbytes, saved, sources = self._inject_by_prompt(step, prompts, partition_id)
+        missing = [row for row in range(len(digests)) if row not in found]
+        self.stats.add(rows_replayed=len(found), bytes_read=nbytes, saved_seconds=saved,
+                       load_seconds=time.perf_counter() - start if found else 0.0)
+        origin = ", ".join(f"{count} from {self._short(path)}" for path, count in sorted(sources.items())) or "none"
+        logger.info("%s: %d prompts added to replayed step %d: %d served from the cache (%s), %d not recorded",
+                    self.name, len(digests), step, len(found), origin, len(missing))
+        if not missing:
+            return None
         return prompts if not found else select_batch_rows(prompts, missing)
 
     def _inject_found(self, step: int, wanted: dict[str, list[int]], digests: list[str], uids: list[str],

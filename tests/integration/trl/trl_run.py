@@ -57,6 +57,41 @@ def build_dataset(size: int = 32):
     return Dataset.from_dict({"prompt": prompts})
 
 
+class StandInVLLMGeneration:
+    """Stands in for TRL's ``VLLMGeneration`` (vLLM does not run on this machine): counts how often it is
+    built, how often weights are moved into it and how often it generates; it "generates" random words."""
+
+    counts = {"constructed": 0, "weight_syncs": 0, "generations": 0}
+
+    def __init__(self, **kwargs):
+        import random
+
+        StandInVLLMGeneration.counts["constructed"] += 1
+        self.mode = kwargs.get("mode")
+        self.max_completion_length = kwargs.get("max_completion_length") or 8
+        vocab = kwargs["processing_class"].get_vocab()
+        self.word_ids = [vocab[w] for w in WORDS]
+        self.eos = kwargs["processing_class"].eos_token_id
+        self.rng = random.Random(11)
+        self.vllm_client = self
+
+    def get_server_info(self):
+        return {"model_config": {"logprobs_mode": "processed_logprobs"}}
+
+    def sync_weights(self):
+        StandInVLLMGeneration.counts["weight_syncs"] += 1
+
+    def generate(self, prompts, images, num_generations, profiler=None):
+        StandInVLLMGeneration.counts["generations"] += 1
+        completions, logprobs = [], []
+        for _ in prompts:
+            length = self.rng.randint(1, self.max_completion_length - 1)
+            ids = [self.rng.choice(self.word_ids) for _ in range(length)] + [self.eos]
+            completions.append(ids)
+            logprobs.append([[-1.0 - 0.01 * t] for t in ids])
+        return prompts, completions, logprobs, None
+
+
 def count_blue(completions, **kwargs):
     return [float(text.split().count("blue")) + 0.1 * len(text.split()) for text in completions]
 
@@ -71,7 +106,17 @@ def main(spec_path: str, out_path: str) -> None:
         spec = json.load(f)
     generated = []
 
-    class CountingTrainer(GRPOTrainer):
+    base = GRPOTrainer
+    if spec.get("vllm"):
+        import trl.trainer.grpo_trainer as grpo_module
+
+        grpo_module.VLLMGeneration = StandInVLLMGeneration
+    if spec.get("stepskip_trainer"):
+        from stepskip.integrations.trl import StepskipGRPOTrainer
+
+        base = StepskipGRPOTrainer
+
+    class CountingTrainer(base):
         """A user's own subclass: counts the generation calls that really ran."""
 
         def _generate_single_turn(self, *args, **kwargs):
@@ -82,27 +127,38 @@ def main(spec_path: str, out_path: str) -> None:
                     max_completion_length=8, max_steps=4, logging_steps=1, report_to=[], save_strategy="no",
                     learning_rate=5e-3, seed=7, temperature=1.0, dataloader_num_workers=0, disable_tqdm=True,
                     per_device_eval_batch_size=4, bf16=False)
+    if spec.get("vllm"):
+        defaults.update(use_vllm=True, vllm_mode=spec["vllm"])
     defaults.update(spec.get("args", {}))
     tokenizer = build_tokenizer()
     dataset = build_dataset()
     model = build_model(tokenizer, spec.get("hidden_size", 32))
-    trainer = CountingTrainer(model=model, args=GRPOConfig(**defaults), reward_funcs=count_blue,
-                              train_dataset=dataset, eval_dataset=dataset.select(range(4)),
-                              processing_class=tokenizer)
+    extra = {"skip": spec["skip"]} if spec.get("stepskip_trainer") else {}
+    error = None
+    try:
+        trainer = CountingTrainer(model=model, args=GRPOConfig(**defaults), reward_funcs=count_blue,
+                                  train_dataset=dataset, eval_dataset=dataset.select(range(4)),
+                                  processing_class=tokenizer, **extra)
+    except Exception as err:  # reported to the test (a refused start-up)
+        error = {"type": type(err).__name__, "message": str(err), "mro": [c.__name__ for c in type(err).__mro__]}
+        with open(out_path, "w") as f:
+            json.dump({"error": error, "vllm": StandInVLLMGeneration.counts, "init_failed": True}, f)
+        return
     seen_logs = []
-    if spec.get("skip") is not None:
+    if spec.get("skip") is not None and not spec.get("stepskip_trainer"):
         from transformers import TrainerCallback
 
         from stepskip.integrations.trl import enable_stepskip
 
         enable_stepskip(trainer, skip=spec["skip"])
+    if spec.get("skip") is not None:
+        from transformers import TrainerCallback
 
         class Seen(TrainerCallback):
             def on_log(self, args, state, control, logs=None, **kwargs):
                 seen_logs.append(dict(logs or {}))
 
         trainer.add_callback(Seen())
-    error = None
     start = time.perf_counter()
     try:
         trainer.train()
@@ -124,6 +180,9 @@ def main(spec_path: str, out_path: str) -> None:
         "seen_logs": seen_logs,
         "error": error,
         "train_seconds": seconds,
+        "vllm": StandInVLLMGeneration.counts,
+        "vllm_backend": type(getattr(trainer, "vllm_generation", None)).__name__,
+        "engine_plan": getattr(getattr(state, "engine_plan", None), "reason", None),
         "rank": int(trainer.accelerator.process_index),
     }
     rank = int(trainer.accelerator.process_index)

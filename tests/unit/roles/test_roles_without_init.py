@@ -272,11 +272,12 @@ def test_config_dataclasses_convert_through_omegaconf_schemas_as_verl_builds_the
     the names a config holds, and bad values still fail with the key named."""
     config = verl_config(tmp_path / "dump", action="repeat")
     section = OmegaConf.merge(config.skip.rollout, {"compress": "zstd", "check_prompts": "error",
-                                                    "on_mismatch": "regenerate", "match_n": "strict"})
+                                                    "on_mismatch": "regenerate", "match_n": "strict",
+                                                    "engines": "start"})
     local = omega_conf_to_dataclass(section, role_class.config_class)
     assert isinstance(local, role_class.config_class)
-    assert (local.action, local.compress, local.check_prompts, local.on_mismatch, local.match_n) == \
-        ("repeat", "zstd", "error", "regenerate", "strict")
+    assert (local.action, local.compress, local.check_prompts, local.on_mismatch, local.match_n, local.engines) == \
+        ("repeat", "zstd", "error", "regenerate", "strict", "start")
     role = role_class(local, config)
     assert role.action.value == "repeat" and role.available_steps() == []
 

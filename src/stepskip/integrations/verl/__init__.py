@@ -21,6 +21,13 @@ Every process verl starts must install it; three ways, from the most to the leas
 Each process that installs logs one line, ``stepskip is serving verl's skip roles ...``.
 :func:`check` tells whether verl's own skip code can still run in this process.
 
+``install()`` also gates verl's inference engines (the role's ``engines`` option, see
+:meth:`stepskip.SkipManager.engine_plan`): when the cache serves every step the run will take and
+validation is off, ``LLMServerManager.create`` builds no rollout replica, the agent-loop manager no
+worker and ``CheckpointEngineManager`` nothing, and a call that would need the engine raises
+:class:`~stepskip.errors.EngineNotStartedError`; in the sync trainers a replayed step never syncs
+weights (see :mod:`stepskip.integrations.verl._engines`, and :func:`engine_counts`).
+
 Example:
     >>> from stepskip.integrations import verl as stepskip_verl
     >>> stepskip_verl.install()
@@ -39,12 +46,13 @@ from pathlib import Path
 from types import ModuleType
 
 from stepskip._logging import FallbackHandler
-from stepskip.integrations.verl import _rewrap, _served
+from stepskip.integrations.verl import _engines, _rewrap, _served
+from stepskip.integrations.verl._engines import engine_counts
 from stepskip.integrations.verl._served import SERVED_MODULES
 
 __all__ = [
     "ENV_VAR", "GUARD_KEY", "HOOK", "NEXT_HOOK_ENV_VAR", "SERVED_MODULES", "SERVING_LINE", "VerlSkipNotServedError",
-    "boot_path", "check", "configure_logging", "install", "is_installed", "setup_hook",
+    "boot_path", "check", "configure_logging", "engine_counts", "install", "is_installed", "setup_hook",
 ]
 
 logger = logging.getLogger(__name__)
@@ -87,7 +95,9 @@ def install() -> None:
     """Serve ``verl.utils.skip`` from stepskip in this process; safe to call any number of times.
 
     Puts a finder first on ``sys.meta_path`` that answers the five skip modules with stepskip's
-    objects. When verl's own skip package was imported before (its decorators have already run),
+    objects, and patches verl's engine-building classes as their modules load (at once for those
+    already loaded), so that a run the cache serves starts no inference engine. When verl's own
+    skip package was imported before (its decorators have already run),
     verl's wrappers are found on the loaded classes and re-wrapped by stepskip, module globals
     bound to verl's ``SkipManager`` and roles are rebound to stepskip's, verl's ``SkipManager``
     forwards any call still reaching it, and the served modules replace verl's in ``sys.modules``.
@@ -105,6 +115,7 @@ def install() -> None:
         if _served.installed_finder() is None:
             sys.meta_path.insert(0, _served.SkipFinder())
         how = "import hook"
+        _engines.patch_loaded()  # verl modules imported before install(): patched now, the others on import
         own = _rewrap.own_skip_modules()
         if own:
             how = _take_over(own)
@@ -176,6 +187,7 @@ def check(raise_error: bool = False) -> list[str]:
     problems += [f"{where} is decorated by verl's own SkipManager" for where in scan.wrappers]
     problems += [f"{where} is bound to verl's own skip object" for where in scan.references
                  if not _is_forwarded(where, verl_objects)]
+    problems += [f"{where} builds inference engines without stepskip's engine gate" for where in _engines.unpatched()]
     if problems and raise_error:
         raise VerlSkipNotServedError(
             "verl's own skip code can run in this process: " + "; ".join(problems)

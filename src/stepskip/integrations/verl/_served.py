@@ -74,8 +74,27 @@ class _Loader(importlib.abc.Loader):
         populate(module)
 
 
+class _PatchingLoader(importlib.abc.Loader):
+    """verl's own loader of a module, followed by the patch stepskip applies to it once it has run."""
+
+    def __init__(self, loader: Any, patch: Any) -> None:
+        self._loader, self._patch = loader, patch
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)  # type: ignore[no-any-return]
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._patch(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, is_package ... as verl's loader answers them
+        return getattr(self._loader, name)
+
+
 class SkipFinder(importlib.abc.MetaPathFinder):
-    """Serves the five ``verl.utils.skip`` modules ahead of verl's files; every other name passes by.
+    """Serves the five ``verl.utils.skip`` modules ahead of verl's files; every other name passes by,
+    except the few verl modules whose classes build inference engines: those load from verl's files
+    as always, then get stepskip's engine patches (:mod:`stepskip.integrations.verl._engines`).
 
     ``verl`` and ``verl.utils`` are still verl's own: only the skip package is replaced, so the
     served modules need verl installed exactly when verl's would.
@@ -83,9 +102,24 @@ class SkipFinder(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in SERVED_NAMES:
+        if fullname in SERVED_NAMES:
+            return _spec(fullname)
+        if not fullname.startswith("verl."):
             return None
-        return _spec(fullname)
+        from stepskip.integrations.verl._engines import PATCHES
+
+        patch = PATCHES.get(fullname)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:  # the finder verl's own import would have used
+            if finder is self or type(finder).__name__ == "SkipFinder" or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader, patch)
+                return spec
+        return None
 
 
 _LOADER = _Loader()

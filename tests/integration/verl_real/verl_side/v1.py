@@ -42,66 +42,85 @@ class StandInAgentLoopManagerTQ:
         self.trajectories = 0
 
     def generate_sequences(self, batch: Any) -> None:
-        import torch
-        import transfer_queue as tq
-        from tensordict import NonTensorData, NonTensorStack
-        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
-
         self.calls += 1
-        word_ids = self.tokenizer.convert_tokens_to_ids(common.WORDS)
-        eos = self.tokenizer.eos_token_id
-        for i in range(len(batch)):
-            prompt: dict[str, Any] = {}
-            for key, value in batch.items():
-                if isinstance(value, torch.Tensor):
-                    prompt[key] = value[i]
-                elif isinstance(value, NonTensorStack):
-                    prompt[key] = value[i].data
-                elif isinstance(value, NonTensorData):
-                    prompt[key] = value.data
-            prompt.setdefault("agent_name", "single_turn_agent")
-            uid = prompt["uid"]
-            tq.kv_put(key=uid, partition_id="train", tag={"status": "running"})
-            ids = self.tokenizer.apply_chat_template(list(prompt["raw_prompt"]), add_generation_prompt=True,
-                                                     tokenize=True)
-            if hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            prompt_ids = list(ids)[-common.PROMPT_LEN:]
-            truth_id = self.tokenizer.convert_tokens_to_ids(prompt["reward_model"]["ground_truth"])
-            keys, fields, tags = [], [], []
-            for session in range(self.n):
-                length = self.rng.randint(1, common.RESPONSE_LEN - 1)
-                response = [self.rng.choice(word_ids) for _ in range(length)] + [eos]
-                score = len(response) / common.RESPONSE_LEN + sum(t == truth_id for t in response)
-                prompts = torch.tensor(prompt_ids, dtype=torch.int64)
-                responses = torch.tensor(response, dtype=torch.int64)
-                rm_scores = torch.zeros(len(response), dtype=torch.float32)
-                rm_scores[-1] = score
-                input_ids = torch.cat([prompts, responses])
-                step = prompt["global_steps"]
-                field = {
-                    "prompts": prompts, "responses": responses,
-                    "response_mask": torch.ones(len(response), dtype=torch.int64), "rm_scores": rm_scores,
-                    # the inference server's log-probs (rollout.calculate_log_probs is on in verl's config)
-                    "rollout_log_probs": common.fake_log_probs(responses),
-                    "num_turns": 2,
-                    "metrics": {"generate_sequences": 0.01, "tool_calls": 0.0, "compute_score": 0.0,
-                                "num_preempted": 0},
-                    "extra_fields": {"min_global_steps": step, "max_global_steps": step},
-                    **prompt, "session_id": session,
-                }
-                field["loss_mask"] = field["response_mask"]
-                field["input_ids"] = input_ids
-                field["position_ids"] = torch.arange(len(input_ids), dtype=torch.int64)
-                field["multi_modal_inputs"] = {}
-                keys.append(f"{uid}_{session}_0")
-                fields.append(field)
-                tags.append({"status": "success", "prompt_len": len(prompt_ids), "response_len": len(response),
-                             "seq_len": len(prompt_ids) + len(response), "global_steps": step,
-                             "min_global_steps": step, "max_global_steps": step})
-            tq.kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), tags=tags, partition_id="train")
-            self.trajectories += len(keys)
-            tq.kv_put(key=uid, partition_id="train", tag={"status": "finished"})
+        self.trajectories += write_trajectories(batch, self.tokenizer, self.n, self.rng)
+
+
+def write_trajectories(batch: Any, tokenizer: Any, n: int, rng: random.Random, partition_id: str = "train",
+                       flat_first: bool = False) -> int:
+    """What verl's ``AgentLoopWorkerTQ`` puts in the queue for ``batch``: for every prompt, ``n``
+    trajectories under ``{uid}_{session}_0`` with its fields and tags, then the prompt marked finished.
+    With ``flat_first`` every session of the batch's first prompt gets one response (a group whose
+    rewards do not vary: the DAPO filter evicts it).
+
+    Returns:
+        The number of trajectories written.
+    """
+    import torch
+    import transfer_queue as tq
+    from tensordict import NonTensorData, NonTensorStack
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    written = 0
+    word_ids = tokenizer.convert_tokens_to_ids(common.WORDS)
+    eos = tokenizer.eos_token_id
+    for i in range(len(batch)):
+        prompt: dict[str, Any] = {}
+        for key, value in batch.items():
+            if isinstance(value, torch.Tensor):
+                prompt[key] = value[i]
+            elif isinstance(value, NonTensorStack):
+                prompt[key] = value[i].data
+            elif isinstance(value, NonTensorData):
+                prompt[key] = value.data
+        prompt.pop("validate", None)
+        prompt.setdefault("agent_name", "single_turn_agent")
+        uid = prompt["uid"]
+        tq.kv_put(key=uid, partition_id=partition_id, tag={"status": "running"})
+        ids = tokenizer.apply_chat_template(list(prompt["raw_prompt"]), add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        prompt_ids = list(ids)[-common.PROMPT_LEN:]
+        truth_id = tokenizer.convert_tokens_to_ids(prompt["reward_model"]["ground_truth"])
+        keys, fields, tags = [], [], []
+        first: list[int] = []
+        for session in range(n):
+            length = rng.randint(1, common.RESPONSE_LEN - 1)
+            response = [rng.choice(word_ids) for _ in range(length)] + [eos]
+            if flat_first and i == 0:
+                first = first or response
+                response = first
+            score = len(response) / common.RESPONSE_LEN + sum(t == truth_id for t in response)
+            prompts = torch.tensor(prompt_ids, dtype=torch.int64)
+            responses = torch.tensor(response, dtype=torch.int64)
+            rm_scores = torch.zeros(len(response), dtype=torch.float32)
+            rm_scores[-1] = score
+            input_ids = torch.cat([prompts, responses])
+            step = prompt["global_steps"]
+            field = {
+                "prompts": prompts, "responses": responses,
+                "response_mask": torch.ones(len(response), dtype=torch.int64), "rm_scores": rm_scores,
+                # the inference server's log-probs (rollout.calculate_log_probs is on in verl's config)
+                "rollout_log_probs": common.fake_log_probs(responses),
+                "num_turns": 2,
+                "metrics": {"generate_sequences": 0.01, "tool_calls": 0.0, "compute_score": 0.0,
+                            "num_preempted": 0},
+                "extra_fields": {"min_global_steps": step, "max_global_steps": step},
+                **prompt, "session_id": session,
+            }
+            field["loss_mask"] = field["response_mask"]
+            field["input_ids"] = input_ids
+            field["position_ids"] = torch.arange(len(input_ids), dtype=torch.int64)
+            field["multi_modal_inputs"] = {}
+            keys.append(f"{uid}_{session}_0")
+            fields.append(field)
+            tags.append({"status": "success", "prompt_len": len(prompt_ids), "response_len": len(response),
+                         "seq_len": len(prompt_ids) + len(response), "global_steps": step,
+                         "min_global_steps": step, "max_global_steps": step})
+        tq.kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), tags=tags, partition_id=partition_id)
+        written += len(keys)
+        tq.kv_put(key=uid, partition_id=partition_id, tag={"status": "finished"})
+    return written
 
 
 class StandInV1ActorWorkerGroup:

@@ -1,0 +1,36 @@
+"""The bookkeeping of benchmarks/bench_replay_run.py: what it reads from the engine scenario's report.
+Nothing here runs verl or looks at a timing (the scenario itself is tested by the engine tests)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_replay_run", ROOT / "benchmarks" / "bench_replay_run.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def scenario_run(replicas: int, syncs: list[int], start: float) -> dict:
+    return {"engine": {"replicas_constructed": replicas, "workers_started": replicas, "weight_syncs": syncs,
+                       "dispatches": len(syncs)},
+            "timings": {"start_up_s": start, "first_trained_step_s": start + 1, "run_s": start + 2}}
+
+
+def test_summary_counts_engine_parts_and_syncs_and_the_table_puts_runs_side_by_side(bench):
+    record, replay = bench.summary(scenario_run(1, [0, 1, 2], 2.0)), bench.summary(scenario_run(0, [], 1.0))
+    assert (record["replicas_built"], record["weight_syncs"], record["generations"]) == (1, 3, 3)
+    assert (replay["replicas_built"], replay["weight_syncs"], replay["first_trained_step_s"]) == (0, 0, 2.0)
+    text = bench.table("v0", record, replay)
+    assert "weight_syncs" in text and "0.50" in text  # start-up: replay 1.0 s / record 2.0 s

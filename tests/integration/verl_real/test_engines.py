@@ -1,0 +1,190 @@
+"""A run the cache serves builds no inference engine and syncs no weight, in verl 0.9.1's real trainers.
+
+Runs in verl's own environment (tensordict 0.10), one process per trainer (``verl_side/engines.py``)
+holding several runs: ``RayPPOTrainer(...).init_workers()`` + ``fit()`` (V0) and
+``PPOTrainerSync(config).init()`` + the agent-loop manager built as ``main_ppo`` builds it +
+``fit(manager)`` (V1), over Ray (and TransferQueue for V1). Everything of verl runs for real:
+``LLMServerManager.create``, ``AgentLoopManager(TQ).create``, ``CheckpointEngineManager`` with its
+naive backend, ``RewardLoopManager``, the replay buffer and the whole step. Stand-ins only for what
+needs GPUs or an inference server (``verl_side/engine_stand_ins.py``): the rollout replica (the
+vLLM server: it counts constructions and sleeps), the actor worker group (a weight push wakes the
+engine with the step's weights), the agent-loop worker class (it generates only on an awake engine,
+else the run fails), the resource pools.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from verl_real_support import (
+    assert_same_actor_inputs,
+    assert_same_actor_rows,
+    load_tensors,
+    needs_verl_env,
+    ok,
+    role_stats,
+    run_scenario,
+)
+
+pytestmark = [pytest.mark.heavy, needs_verl_env]
+
+
+def section(dump: Path, steps: list[int], action: str, **extra: object) -> dict:
+    return {"enable": True, "dump_dir": str(dump), "steps": steps, "action": action, **extra}
+
+
+@pytest.fixture(scope="module")
+def v0(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+    """Record 3 steps, replay them, add an uncached 4th step, ask for a 5th under engines: skip, validate."""
+    base = tmp_path_factory.mktemp("engines-v0")
+    dump = base / "dump"
+    runs = [
+        {"name": "record", "steps": 3, "skip": section(dump, [1, 2, 3], "cache"),
+         "actor_inputs": str(base / "rec.pt")},
+        {"name": "replay", "steps": 3, "skip": section(dump, [1, 2, 3], "replay"),
+         "actor_inputs": str(base / "rep.pt")},
+        {"name": "one_uncached", "steps": 4, "skip": section(dump, [1, 2, 3, 4], "cache")},
+        {"name": "refused", "steps": 5, "skip": section(dump, [1, 2, 3, 4, 5], "cache", engines="skip")},
+        {"name": "validate", "steps": 3, "validate": True, "skip": section(dump, [1, 2, 3], "replay")},
+    ]
+    report = ok(run_scenario("engines", {"trainer": "v0", "runs": runs}, base / "run"))
+    assert report["impl"] == "stepskip"
+    return base, {run["name"]: run for run in report["runs"]}
+
+
+@pytest.fixture(scope="module")
+def v1(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+    """V1: record, replay, one uncached step; then a DAPO replay of a recording made without the filter."""
+    base = tmp_path_factory.mktemp("engines-v1")
+    dump, flat = base / "dump", base / "flat"
+    runs = [
+        {"name": "record", "steps": 3, "skip": section(dump, [1, 2, 3], "cache"),
+         "actor_inputs": str(base / "rec.pt")},
+        {"name": "replay", "steps": 3, "skip": section(dump, [1, 2, 3], "replay"),
+         "actor_inputs": str(base / "rep.pt")},
+        {"name": "one_uncached", "steps": 4, "skip": section(dump, [1, 2, 3, 4], "cache")},
+        {"name": "record_flat", "steps": 2, "gen_batch_size": 1, "flat_groups": True,
+         "skip": section(flat, [1, 2], "cache")},
+        {"name": "refill", "steps": 2, "gen_batch_size": 1, "dapo": True, "skip": section(flat, [1, 2], "replay")},
+    ]
+    report = ok(run_scenario("engines", {"trainer": "v1", "runs": runs}, base / "run"))
+    assert report["impl"] == "stepskip"
+    return base, {run["name"]: run for run in report["runs"]}
+
+
+def no_error(run: dict) -> dict:
+    assert "error" not in run, run["error"]
+    return run
+
+
+def assert_recorded_with_the_engine(run: dict, steps: int) -> None:
+    engine = no_error(run)["engine"]
+    assert engine["replicas_constructed"] == 1 and engine["replicas_started"] == 1
+    assert run["llm_server_manager"] == "LLMServerManager" and run["checkpoint_manager"] == "CheckpointEngineManager"
+    # every step generated once, on an engine holding the weights of the step before (synced just in time)
+    assert [(g["step"], g["weights"]) for g in engine["generations"]] == [(s, s - 1) for s in range(1, steps + 1)]
+    assert engine["weight_syncs"] == list(range(steps))
+
+
+def assert_no_engine(run: dict) -> None:
+    engine = run["engine"]
+    assert engine["replicas_constructed"] == 0 and engine["replicas_started"] == 0 and engine["workers_started"] == 0
+    assert engine["weight_syncs"] == [] and engine["sleeps"] == 0 and engine["dispatches"] == 0
+    assert run["gate"]["engines_skipped"] == 1 and run["gate"]["engines_started"] == 0
+    assert run["plan_start"] is False
+
+
+# --------------------------------------------------------------------------- V0: RayPPOTrainer
+
+
+def test_v0_record_run_starts_the_engine_and_generates_every_step(v0):
+    _, runs = v0
+    assert_recorded_with_the_engine(runs["record"], 3)
+    assert role_stats(runs["record"], "rollout")["misses"] == 3
+
+
+def test_v0_replay_only_run_builds_no_engine_syncs_no_weights_and_trains_the_recording(v0):
+    base, runs = v0
+    run = no_error(runs["replay"])
+    assert_no_engine(run)
+    assert run["llm_server_manager"] == "NoEngineServerManager"
+    assert run["checkpoint_manager"] == "NoEngineCheckpointManager"
+    assert role_stats(run, "rollout")["hits"] == 3 and run["actor_updates"] == 3
+    recorded, replayed = load_tensors(base / "rec.pt"), load_tensors(base / "rep.pt")
+    assert_same_actor_inputs(recorded, replayed)
+    assert any(update["advantages"].abs().sum() > 0 for update in replayed)
+
+
+def test_v0_one_uncached_step_starts_the_engine_and_generates_exactly_that_step(v0):
+    _, runs = v0
+    run = no_error(runs["one_uncached"])
+    engine = run["engine"]
+    assert engine["replicas_constructed"] == 1
+    # steps 1-3 replayed: no weight moved and the replicas stayed asleep; step 4 saw step 3's weights
+    assert [(g["step"], g["weights"]) for g in engine["generations"]] == [(4, 3)]
+    assert engine["weight_syncs"] == [3]
+    assert run["gate"]["sleeps_skipped"] == 3
+    stats = role_stats(run, "rollout")
+    assert (stats["hits"], stats["misses"]) == (3, 1) and run["actor_updates"] == 4
+
+
+def test_v0_engines_skip_refuses_at_start_up_naming_the_uncached_step(v0):
+    _, runs = v0
+    run = runs["refused"]
+    error = run["error"]
+    assert error["type"] == "SkipConfigError"
+    assert "skip.rollout.engines = skip" in error["message"] and "not served from the cache: 5" in error["message"]
+    assert run["engine"]["replicas_constructed"] == 0 and run["actor_updates"] == 0
+
+
+def test_v0_validation_starts_the_engine_under_auto_and_is_not_skipped(v0):
+    _, runs = v0
+    run = no_error(runs["validate"])
+    engine = run["engine"]
+    assert run["plan_start"] is True and engine["replicas_constructed"] == 1
+    assert [g["validate"] for g in engine["generations"]] == [True]  # validation only: the steps replayed
+    assert role_stats(run, "rollout")["hits"] == 3
+
+
+# --------------------------------------------------------------------------- V1: PPOTrainerSync
+
+
+def test_v1_record_run_starts_the_engine_and_generates_every_step(v1):
+    _, runs = v1
+    assert_recorded_with_the_engine(runs["record"], 3)
+
+
+def test_v1_replay_only_run_builds_no_engine_syncs_no_weights_and_trains_the_recording(v1):
+    base, runs = v1
+    run = no_error(runs["replay"])
+    assert_no_engine(run)
+    assert role_stats(run, "rollout_tq")["hits"] == 3 and run["actor_updates"] == 3
+    assert_same_actor_rows(load_tensors(base / "rec.pt"), load_tensors(base / "rep.pt"))
+
+
+def test_v1_one_uncached_step_starts_the_engine_and_generates_exactly_that_step(v1):
+    _, runs = v1
+    run = no_error(runs["one_uncached"])
+    engine = run["engine"]
+    assert engine["replicas_constructed"] == 1
+    assert [(g["step"], g["weights"]) for g in engine["generations"]] == [(4, 3)]
+    assert engine["weight_syncs"] == [3]
+    assert run["actor_updates"] == 4
+
+
+def test_v1_refill_of_a_replayed_step_never_reaches_an_engine(v1):
+    """The DAPO filter evicts a replayed group (the recording ran without it): the replay buffer's
+    refill fires on the replayed step; its prompts were not recorded for that step, so the run stops
+    with an error naming the step, instead of generating (or waiting forever for an engine)."""
+    _, runs = v1
+    no_error(runs["record_flat"])
+    run = runs["refill"]
+    assert run["error"]["type"] == "ReplayMissError", run.get("error")
+    message = run["error"]["message"]
+    assert "step 1 is replayed from the cache" in message and "refill" in message
+    # at least the flat group the engine made (others may tie by chance): each evicted group asks for two
+    asked = re.search(r"asked for (\d+) more prompts", message)
+    assert asked and int(asked[1]) == run["gate"]["refill_prompts_refused"] >= 2
+    assert_no_engine(run)
