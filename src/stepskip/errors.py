@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = [
     "SkipConfigError", "CacheMissError", "CorruptEntryError", "TruncatedEntryError", "DecodeLimitError",
     "UnreadableEntryError",
-    "UnstorableValueError", "FingerprintMismatchError", "PromptMismatchError", "ReplayMissError",
+    "UnstorableValueError", "FingerprintMismatchError", "PromptMismatchError", "ReplayMissError", "DriftError",
 ]
 
 
@@ -62,3 +62,11 @@ class FingerprintMismatchError(SkipConfigError):
 
 class PromptMismatchError(SkipConfigError):
     """The replayed step saw other prompts than the live call (``check_prompts: error``)."""
+
+
+class DriftError(RuntimeError):
+    """Under ``action: compare`` with ``on_drift: error``, a step's live result drifted from its recording.
+
+    The message names the role, the step, the field that drifted most and its figure; the drift
+    record was written beside the entry before it was raised.
+    """

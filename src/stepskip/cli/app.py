@@ -173,7 +173,7 @@ def info_command(
     """Show entries: meta.json, fields, statistics, generation seconds, fingerprint.
 
     Fields are listed with dtype, shape and bytes; response-length and reward statistics when the
-    entry holds them. A V1 (rollout_tq) step directory is shown whole, its inner entries merged as
+    entry holds them; the drift record when action: compare compared the step. A V1 (rollout_tq) step directory is shown whole, its inner entries merged as
     they are replayed. Exit code 1 when an entry is damaged.
 
     [bold]Examples[/]
@@ -357,7 +357,7 @@ def show_command(
     """Print sample trajectories of an entry: prompt, response and reward.
 
     Padding is removed with the attention and response masks. The tokenizer is loaded offline
-    (local files only).
+    (local files only). A step that action: compare compared shows its drift record first.
 
     [bold]Examples[/]
       stepskip show RUN_DIR/12
@@ -384,13 +384,16 @@ def show_command(
     except CorruptEntryError as error:  # a damaged entry is a finding (exit 1), not a usage error
         render.err.print(f"[bold red]damaged:[/] {escape(str(error))}")
         raise typer.Exit(1) from None
+    from stepskip.cli.describe import drift_of
+
     tok = load_tokenizer(tokenizer) if tokenizer else None
     samples = sample_rows(value, rows)
     path = inner.path if inner is not None else step_dir.path
+    drift = drift_of(index, step_dir)
     if as_json:
-        render.print_json(render.show_json(path, step_dir.step, samples, tok))
+        render.print_json(render.show_json(path, step_dir.step, samples, tok, drift))
     else:
-        render.render_show(path, step_dir.step, samples, tok, max_tokens)
+        render.render_show(path, step_dir.step, samples, tok, max_tokens, drift)
 
 
 @app.command("demo", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
@@ -420,4 +423,12 @@ def _register_view_commands() -> None:
     app.command("report")(_errors(report_command))
 
 
+def _register_rerun_command() -> None:
+    """``stepskip rerun`` lives in stepskip.cli.rerun."""
+    from stepskip.cli.rerun import rerun_command
+
+    app.command("rerun")(_errors(rerun_command))
+
+
 _register_view_commands()
+_register_rerun_command()
