@@ -226,13 +226,16 @@ function driftPanel(records) {
         el("td", { class: "num" }, fmt(num(f.first_row))), el("td", {}, f.note == null ? "" : text(f.note))));
       box.append(t);
     }
-    const worst = fields.find(f => f.name === r.worst_field);
-    const examples = worst && Array.isArray(worst.examples) ? worst.examples : [];
-    for (const ex of examples) {
-      if (!ex || typeof ex !== "object") continue;
-      box.append(el("div", { class: "side", "data-example-row": text(ex.row) },
-        el("div", { class: "group" }, el("strong", {}, `row ${text(ex.row)} · recorded`), el("div", { class: "text" }, text(ex.recorded))),
-        el("div", { class: "group" }, el("strong", {}, `row ${text(ex.row)} · live`), el("div", { class: "text" }, text(ex.live)))));
+    // the divergent rows of the worst field and of the lowest token field (the responses, usually)
+    const tokens = fields.filter(f => f.kind === "tokens" && num(f.match) != null).sort((a, b) => a.match - b.match)[0];
+    const shown = [fields.find(f => f.name === r.worst_field), tokens].filter((f, i, all) => f && all.indexOf(f) === i);
+    for (const f of shown) {
+      for (const ex of Array.isArray(f.examples) ? f.examples : []) {
+        if (!ex || typeof ex !== "object") continue;
+        box.append(el("div", { class: "side", "data-example-row": text(ex.row), "data-field": text(f.name) },
+          el("div", { class: "group" }, el("strong", {}, `${text(f.name)} · row ${text(ex.row)} · recorded`), el("div", { class: "text" }, text(ex.recorded))),
+          el("div", { class: "group" }, el("strong", {}, `${text(f.name)} · row ${text(ex.row)} · live`), el("div", { class: "text" }, text(ex.live)))));
+      }
     }
   }
   return box;
