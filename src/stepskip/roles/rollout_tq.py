@@ -580,13 +580,20 @@ class RolloutTqSkip(RolloutSkip):
         if compared is None or partition != "train":
             return
         keys = [str(k) for k in sampled.keys]
-        live = self.tq_client.kv_batch_get(keys=keys, partition_id=partition)
         joined = [(i, compared.rows[k]) for i, k in enumerate(keys) if k in compared.rows]
-        recorded_part = select_rows(compared.recorded.value, [r for _, r in joined])
-        live_part = live if len(joined) == len(keys) else select_rows(live, [i for i, _ in joined])
-        if joined and self.config.train_on is TrainOn.RECORDED:
-            self.tq_client.kv_batch_put(keys=[keys[i] for i, _ in joined], fields=recorded_part,
-                                        partition_id=partition)
+        try:
+            live = self.tq_client.kv_batch_get(keys=keys, partition_id=partition)
+            recorded_part = select_rows(compared.recorded.value, [r for _, r in joined])
+            live_part = live if len(joined) == len(keys) else select_rows(live, [i for i, _ in joined])
+            if joined and self.config.train_on is TrainOn.RECORDED:
+                self.tq_client.kv_batch_put(keys=[keys[i] for i, _ in joined], fields=recorded_part,
+                                            partition_id=partition)
+        except Exception as err:  # a report: the trainer goes on with what it sampled
+            with self._lock:
+                self._compared.pop(step, None)
+            logger.error("%s compare: step %d not compared: the sampled trajectories could not be read back or "
+                         "replaced in the queue: %s: %s", self.name, step, type(err).__name__, err)
+            return
         with self._lock:
             compared.parts.append((recorded_part, live_part))
             compared.unjoined += len(keys) - len(joined)
