@@ -606,9 +606,7 @@ class CachedRole(BaseSkip):
 
         Raises:
             UnreadableEntryError: the entry is intact but cannot be read here (it is never recorded over).
-            PromptMismatchError: the prompts differ and ``check_prompts`` is ``error``.
         """
-        prompts = call_prompts(args, kwargs)
         path = self.step_dump_dir(step)
         probe = self._probe_settled(path)
         if probe.state is EntryState.UNREADABLE:
@@ -625,7 +623,7 @@ class CachedRole(BaseSkip):
                 logger.info("%s compare: step %d not compared (%s)", self.name, step, err)
             else:
                 self.stats.add(load_seconds=seconds, bytes_read=nbytes)
-                return Recorded(path, value, meta, nbytes, seconds, self._prompts_equal(step, path, meta, prompts))
+                return Recorded(path, value, meta, nbytes, seconds)
         self.stats.add(misses=1)
         if probe.state is EntryState.MISSING:
             logger.info("%s compare: step %d has no entry under %s; generating and recording it", self.name, step,
@@ -654,11 +652,16 @@ class CachedRole(BaseSkip):
         """Compare the live result of ``step`` with its recording, report the drift, and return the result
         ``train_on`` names (the recorded one with the live identity columns, or the live one).
 
+        The prompts are compared with the recorded digest now, after the call, as they were when it was
+        recorded (a stage may add columns to its prompts: verl's agent loop adds ``priority``).
+
         Raises:
             DriftError: a field drifted and ``on_drift`` is ``error``.
+            PromptMismatchError: the prompts differ and ``check_prompts`` is ``error``.
         """
         from stepskip.compare import compare_values
 
+        recorded.prompts_equal = self._prompts_equal(step, recorded.path, recorded.meta, prompts)
         drift = compare_values(recorded.value, live, self.tolerance, exclude=self.rebind_keys,
                                prompts_equal=recorded.prompts_equal)
         self.drift_log.report(self, step, drift, recorded)

@@ -24,7 +24,6 @@ of the batch's prompts and submits only the others.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import threading
@@ -45,8 +44,7 @@ from stepskip.manifest import (
     remove_stale_recordings,
     resolve_step,
 )
-from stepskip.drift import Recorded
-from stepskip.policies import MatchN, SkipAction, TrainOn
+from stepskip.policies import MatchN, SkipAction
 from stepskip.resolve import EXACT_ACTIONS, load_candidates, remap_v1
 from stepskip.roles.base import register_skip
 from stepskip.roles.cached import _HINTED_FROM, ROW_WISE_ACTIONS, _prompt_digest, _seconds, _step_of
@@ -104,7 +102,7 @@ class RolloutTqSkip(RolloutSkip):
         self._indexed: dict[str, list[str]] = {}  # step directory -> its inner entries in the prompt index
         self._inner_metas: dict[int, dict[int, dict[str, Any]]] = {}  # step -> inner -> meta written (for hints)
         self._hinted_steps: dict[str, Any] = {}  # step directory -> the StepHint it was indexed from, until validated
-        self._compared: dict[int, _ComparedStep] = {}  # step -> its recording, joined on the live uids (compare)
+        self._compared: dict[int, Any] = {}  # step -> its recording joined on the live prompts (tq_compare.Compared)
 
     def clean_up(self, tree: Tree | None) -> None:
         super().clean_up(tree)
@@ -484,129 +482,28 @@ class RolloutTqSkip(RolloutSkip):
     # ------------------------------------------------------------------ action: compare
 
     def compare_submit(self, step: int, prompts: Any) -> None:
-        """The submit phase of ``action: compare``: the batch is submitted to rollout either way. A complete
-        recorded step is read and its trajectories joined on the live prompt uids, as a replay would
-        put them in the queue, to be compared as the live ones are sampled (:meth:`compare_sample`); a
-        step without one (or with a damaged one: counted and reported) is recorded as under ``cache``.
+        """The submit phase of ``action: compare``: the batch goes to rollout either way; a complete recorded
+        step is read and joined on the live prompts, to be compared as its trajectories are sampled; a
+        step without one (or with a damaged one: counted and reported) is recorded as under ``cache``
+        (see :func:`stepskip.roles.tq_compare.submit`).
 
         Raises:
             UnreadableEntryError: an inner entry is intact but cannot be read here (never recorded over).
         """
-        probed = self._probed(step)
-        for path, probe in probed:
-            if probe.state is EntryState.UNREADABLE:
-                raise self._unreadable(probe.reason)
-        damage: tuple[str, str] | None = None
-        if _complete(probed):
-            try:
-                compared = self._read_compared(step, prompts)
-            except CorruptEntryError as err:  # counted by the read
-                damage = (self.step_dump_dir(step), str(err))
-            except CacheMissError as err:
-                logger.info("%s compare: step %d not compared (%s)", self.name, step, err)
-            else:
-                with self._lock:
-                    for earlier in [s for s in self._compared if s != step][:-1]:  # steps never sampled whole
-                        del self._compared[earlier]
-                    self._compared[step] = compared
-                return
-        for path, probe in probed:
-            if probe.state is EntryState.DAMAGED:
-                self._report_corrupt(step, path, probe.reason)
-                damage = damage or (path, probe.reason)
-        if damage is not None:
-            self.drift_log.damaged(self, step, *damage)
-        self.stats.add(misses=1)
-        self.begin_recording(step, prompts)
+        from stepskip.roles import tq_compare
 
-    def _read_compared(self, step: int, prompts: Any) -> _ComparedStep:
-        """The recorded step's trajectories and the recorded row each live trajectory key is compared with."""
-        from stepskip.tq.rows import concat_rows, num_rows, payload_problem
-
-        where = self._step_root(step)
-        start = time.perf_counter()
-        parts: list[Any] = []
-        keys: list[str] = []
-        tags: list[dict[str, Any]] = []
-        digests: list[Any] = []
-        nbytes, first_meta = 0, dict[str, Any]()
-        for inner in range(self.parameter_sync_step):
-            path = f"{where.root}/{inner}"
-            payload, meta, _, size = self._read_entry(path, step, -1)
-            recorded = meta.get("row_prompts")
-            problem = payload_problem(payload, recorded if isinstance(recorded, list) else None)
-            if problem is not None:
-                self._report_corrupt(step, path, problem)
-                raise CorruptEntryError(f"{self.name}: step {step} at {path} is damaged: {problem}")
-            first_meta = first_meta or dict(meta)
-            parts.append(payload["tensordict"])
-            keys.extend(str(k) for k in payload["keys"])
-            tags.extend(payload["tags"])
-            digests.extend(recorded if isinstance(recorded, list) else [None] * len(payload["keys"]))
-            nbytes += size
-        try:
-            data = concat_rows(parts)
-            if num_rows(data) != len(keys):
-                raise ValueError(f"{num_rows(data)} rows for {len(keys)} keys")
-            rows = _join_on_prompts(keys, digests, self._uid_prompts_of(prompts), self.layout.n)
-            if rows is None:  # no prompt digests recorded (verl wrote it): joined as a replay puts them
-                plan = remap_v1(keys, tags, [str(u) for u in prompts["uid"]], self.layout.n, step)
-                rows = dict(zip(plan.keys, plan.rows))
-        except Exception as err:  # crafted or damaged inner entries
-            reason = f"step {step}'s inner entries cannot be joined on the live uids ({type(err).__name__}: {err})"
-            self._report_corrupt(step, self.step_dump_dir(step), reason)
-            raise CorruptEntryError(f"{self.name}: {reason}") from err
-        seconds = time.perf_counter() - start
-        self.stats.add(load_seconds=seconds, bytes_read=nbytes)
-        path = self.step_dump_dir(step)
-        recorded_step = Recorded(path, data, dict(first_meta), nbytes, seconds,
-                                 self._prompts_equal(step, path, first_meta, prompts))
-        return _ComparedStep(recorded_step, rows)
+        tq_compare.submit(self, step, prompts)
 
     def compare_sample(self, step: int, sampled: Any) -> None:
-        """The sample phase of ``action: compare``: join the sampled live trajectories with the recorded ones
-        by key; under ``train_on: recorded`` put the recorded fields into the queue under the live keys
-        (the trainer reads those); once the step's last sample is in, compare and report.
+        """The sample phase of ``action: compare``: compare the sampled trajectories with the recorded ones and,
+        under ``train_on: recorded``, put the recorded fields in the queue (see :func:`stepskip.roles.tq_compare.sample`).
 
         Raises:
             DriftError: a field drifted and ``on_drift`` is ``error``.
         """
-        from stepskip.compare import compare_values
-        from stepskip.tq.rows import concat_rows, select_rows
+        from stepskip.roles import tq_compare
 
-        partition = getattr(sampled, "partition_id", None)
-        with self._lock:
-            compared = self._compared.get(step)
-        if compared is None or partition != "train":
-            return
-        keys = [str(k) for k in sampled.keys]
-        joined = [(i, compared.rows[k]) for i, k in enumerate(keys) if k in compared.rows]
-        try:
-            live = self.tq_client.kv_batch_get(keys=keys, partition_id=partition)
-            recorded_part = select_rows(compared.recorded.value, [r for _, r in joined])
-            live_part = live if len(joined) == len(keys) else select_rows(live, [i for i, _ in joined])
-            if joined and self.config.train_on is TrainOn.RECORDED:
-                self.tq_client.kv_batch_put(keys=[keys[i] for i, _ in joined], fields=recorded_part,
-                                            partition_id=partition)
-        except Exception as err:  # a report: the trainer goes on with what it sampled
-            with self._lock:
-                self._compared.pop(step, None)
-            logger.error("%s compare: step %d not compared: the sampled trajectories could not be read back or "
-                         "replaced in the queue: %s: %s", self.name, step, type(err).__name__, err)
-            return
-        with self._lock:
-            compared.parts.append((recorded_part, live_part))
-            compared.unjoined += len(keys) - len(joined)
-            compared.samples += 1
-            if compared.samples < self.parameter_sync_step:
-                return
-            del self._compared[step]
-        if compared.unjoined:
-            logger.warning("%s compare: step %d: %d sampled trajectories have keys no recorded trajectory maps to; "
-                           "they are not compared", self.name, step, compared.unjoined)
-        drift = compare_values(concat_rows([p[0] for p in compared.parts]), concat_rows([p[1] for p in compared.parts]),
-                               self.tolerance, exclude=self.rebind_keys, prompts_equal=compared.recorded.prompts_equal)
-        self.drift_log.report(self, step, drift, compared.recorded)
+        tq_compare.sample(self, step, sampled)
 
     # ------------------------------------------------------------------ action: match
 
@@ -858,51 +755,6 @@ class RolloutTqSkip(RolloutSkip):
 
     def _resolve_load_step_v1(self, step: int) -> int:
         return self.resolve_load_step(step)
-
-
-@dataclasses.dataclass
-class _ComparedStep:
-    """A recorded V1 step under ``action: compare``: read at submit, compared once its samples are in.
-
-    Args:
-        recorded: the step's trajectories (``value``: one TensorDict) and what else was read.
-        rows: live trajectory key (``{uid}_{session}_0``) -> the recorded row a replay would put under it.
-        parts: ``(recorded rows, live rows)`` of each sample call so far, joined by key.
-        unjoined: live trajectories sampled whose key no recorded row maps to.
-        samples: sample calls so far.
-    """
-
-    recorded: Recorded
-    rows: dict[str, int]
-    parts: list[tuple[Any, Any]] = dataclasses.field(default_factory=list)
-    unjoined: int = 0
-    samples: int = 0
-
-
-def _join_on_prompts(keys: list[str], digests: list[Any], uid_prompts: dict[str, str], n: int
-                     ) -> dict[str, int] | None:
-    """Live trajectory key (``{uid}_{session}_0``) -> the recorded row of the same prompt and session.
-
-    Recorded trajectories are grouped by the digest of their prompt (``row_prompts``), live prompts
-    found by theirs; a session the recording lacks takes the group's rows in turn, as a replay does.
-    None when the recording or the live batch carries no prompt digests.
-    """
-    if not uid_prompts or len(digests) != len(keys) or not any(digests):
-        return None
-    groups: dict[str, dict[str, int]] = {}
-    for row, (key, digest) in enumerate(zip(keys, digests)):
-        if isinstance(digest, str):
-            parts = key.split("_")
-            groups.setdefault(digest, {}).setdefault(parts[1] if len(parts) > 1 else str(row), row)
-    rows: dict[str, int] = {}
-    for uid, digest in uid_prompts.items():
-        group = groups.get(digest)
-        if not group:
-            continue
-        ordered = list(group.values())
-        for session in range(max(n, len(group))):
-            rows[f"{uid}_{session}_0"] = group.get(str(session), ordered[session % len(ordered)])
-    return rows
 
 
 def _add_step_hint(doc: Any, name: str, recording: str | None, metas: list[dict[str, Any]]) -> bool:

@@ -248,3 +248,23 @@ def test_stage_roles_compare_their_output(tmp_path):
     recorded = make_rollout_batch(ROWS, 16, 24, n=4).batch["responses"].float().mean(dim=1) / 1000
     assert not r["passed"] and torch.equal(out["scores"], recorded)  # train_on: recorded
     assert (run_path(tmp_path) / "reward" / ".stepskip-drift" / "1.json").is_file()
+
+
+class Annotating(Loop):
+    """Adds a column to its prompts in place, as verl's agent loop adds ``priority``."""
+
+    @SkipManager.annotate(role="rollout")
+    def generate_sequences(self, prompts: Batch) -> Batch:
+        prompts.non_tensor_batch["priority"] = np.arange(len(prompts))
+        return self._generate(prompts)
+
+
+def test_prompts_a_call_annotates_are_compared_as_they_were_recorded(tmp_path):
+    SkipManager.init(training_config(tmp_path, steps=[1]))
+    SkipManager.set_step(1)
+    Annotating().generate_sequences(prompts())
+    SkipManager.init(training_config(tmp_path, steps=[1], action="compare"))
+    SkipManager.set_step(1)
+    Annotating().generate_sequences(prompts("live"))
+    [r] = SkipManager.drift("rollout")
+    assert r["prompts_equal"] is True and r["passed"] is True
