@@ -335,7 +335,8 @@ def _widen(rows: _Rows, height: int, width: int) -> tuple[torch.Tensor, torch.Te
         data = data.to(torch.int8)
     pad_rows, pad_cols = height - data.shape[0], width - data.shape[1]
     if pad_rows or pad_cols:
-        data = torch.nn.functional.pad(data.to(torch.float64 if rows.floating else torch.int64), (0, pad_cols, 0, pad_rows))
+        wide = data.to(torch.float64 if rows.floating else torch.int64)
+        data = torch.nn.functional.pad(wide, (0, pad_cols, 0, pad_rows))
         valid = torch.nn.functional.pad(valid, (0, pad_cols, 0, pad_rows), value=False)
     return data, valid
 
@@ -434,7 +435,8 @@ def _compare_values(name: str, recorded: Any, live: Any, tolerance: Tolerance) -
     match = sum(equal) / height if height else 1.0
     first_row = next((i for i, same in enumerate(equal) if not same), None)
     note = f"{len(a)} recorded rows, {len(b)} live" if len(a) != len(b) else None
-    examples = [{"row": i, "recorded": _short(a[i]) if i < len(a) else None, "live": _short(b[i]) if i < len(b) else None}
+    examples = [{"row": i, "recorded": _short(a[i]) if i < len(a) else None,
+                 "live": _short(b[i]) if i < len(b) else None}
                 for i, same in enumerate(equal) if not same][:MAX_EXAMPLES]
     return FieldDrift(name=name, kind=_VALUES, match=match, passed=match >= tolerance.min_match, rows=height,
                       first_row=first_row, note=note, examples=examples)

@@ -173,8 +173,9 @@ def info_command(
     """Show entries: meta.json, fields, statistics, generation seconds, fingerprint.
 
     Fields are listed with dtype, shape and bytes; response-length and reward statistics when the
-    entry holds them; the drift record when action: compare compared the step. A V1 (rollout_tq) step directory is shown whole, its inner entries merged as
-    they are replayed. Exit code 1 when an entry is damaged.
+    entry holds them; the drift record when action: compare compared the step. A V1 (rollout_tq)
+    step directory is shown whole, its inner entries merged as they are replayed. Exit code 1 when
+    an entry is damaged.
 
     [bold]Examples[/]
       stepskip info ~/.verl/rollout_dump/exp_proj/GBS64_N8_in512_out1024/12

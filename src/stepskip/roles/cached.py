@@ -27,8 +27,8 @@ import numpy as np
 
 from stepskip._version import __version__
 from stepskip.calls import CURRENT_CALL, call_prompts
-from stepskip.drift import DriftLog, Recorded
 from stepskip.config import SkipRoleConfig
+from stepskip.drift import DriftLog, Recorded
 from stepskip.entries import (
     FileBytes,
     FormatSpec,

@@ -496,7 +496,8 @@ class RolloutTqSkip(RolloutSkip):
 
     def compare_sample(self, step: int, sampled: Any) -> None:
         """The sample phase of ``action: compare``: compare the sampled trajectories with the recorded ones and,
-        under ``train_on: recorded``, put the recorded fields in the queue (see :func:`stepskip.roles.tq_compare.sample`).
+        under ``train_on: recorded``, put the recorded fields in the queue (see
+        :func:`stepskip.roles.tq_compare.sample`).
 
         Raises:
             DriftError: a field drifted and ``on_drift`` is ``error``.

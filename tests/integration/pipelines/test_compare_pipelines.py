@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from pipeline_helpers import SMALL, skip_overrides
@@ -16,7 +17,7 @@ from stepskip.pipelines.runtime import load_config
 from stepskip.pipelines.v1 import V1Trainer
 from stepskip.tq import InProcessTQClient
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "unit" / "cli"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "cli"))
 from cli_run import stepskip  # noqa: E402
 
 

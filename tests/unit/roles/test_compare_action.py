@@ -268,3 +268,35 @@ def test_prompts_a_call_annotates_are_compared_as_they_were_recorded(tmp_path):
     Annotating().generate_sequences(prompts("live"))
     [r] = SkipManager.drift("rollout")
     assert r["prompts_equal"] is True and r["passed"] is True
+
+
+class Rollouter:
+    """The fully async rollouter's per-sample call (the step is the feed index in the sample's uid)."""
+
+    def __init__(self, shift: int = 0) -> None:
+        self.shift = shift
+
+    @SkipManager.annotate(role="async_rollout")
+    async def generate_sequences_single(self, prompts: Batch) -> Batch:
+        out = make_rollout_batch(1, 8, 8, n=1)
+        out.batch["responses"] += self.shift
+        return out
+
+
+def test_async_rollout_compares_each_sample(tmp_path):
+    def sample(index: int) -> Batch:
+        return Batch.from_dict(tensors={"input_ids": torch.tensor([[index, 1, 2]])},
+                               non_tensors={"uid": [f"uid_sample_0_{index}"]})
+
+    async def feed(rollouter: Rollouter) -> None:
+        await asyncio.gather(*(rollouter.generate_sequences_single(sample(i)) for i in range(4)))
+
+    SkipManager.init(training_config(tmp_path, role="async_rollout", steps=["0-3"]))
+    asyncio.run(feed(Rollouter()))
+    SkipManager.flush()
+    SkipManager.init(training_config(tmp_path, role="async_rollout", steps=["0-3"], action="compare"))
+    asyncio.run(feed(Rollouter(shift=1)))
+    records = sorted(SkipManager.drift("async_rollout"), key=lambda r: r["step"])
+    assert [(r["step"], r["passed"], r["worst_field"]) for r in records] == [(i, False, "responses") for i in range(4)]
+    assert SkipManager.stats()["skip/async_rollout/compared"] == 4
+    assert sorted(p.name for p in (run_path(tmp_path) / ".stepskip-drift").iterdir()) == [f"{i}.json" for i in range(4)]
