@@ -64,10 +64,12 @@ class CallInfo:
     Args:
         prompts: the call's prompts, as the decorator's ``prompts=`` finder located them.
         generation_seconds: how long the decorated function ran (set for ``prepare_data`` on a miss).
+        function: the decorated function (set for ``prepare_data`` on a miss: which argument is ``self``).
     """
 
     prompts: Any = None
     generation_seconds: float | None = None
+    function: Callable[..., Any] | None = None
 
 
 #: Set by the decorators around the role hooks, so that the hooks keep verl's signatures.

@@ -20,7 +20,17 @@ import numpy as np
 
 from stepskip.entries import CONFIG_FORMATS
 from stepskip.errors import SkipConfigError
-from stepskip.policies import CheckPrompts, Compress, Engines, MatchN, OnMismatch, SkipAction, parse_choice
+from stepskip.policies import (
+    CheckPrompts,
+    Compress,
+    Engines,
+    MatchN,
+    OnDrift,
+    OnMismatch,
+    SkipAction,
+    TrainOn,
+    parse_choice,
+)
 
 __all__ = [
     "ACTIONS",
@@ -231,6 +241,15 @@ def _boolean(key: str, value: Any) -> None:
         raise SkipConfigError(f"{key} = {value!r} ({type(value).__name__}) is not valid; allowed values: true, false")
 
 
+def _number(key: str, value: Any, low: float, high: float | None) -> float:
+    """``value`` as a float in ``[low, high]`` (no upper bound when ``high`` is None)."""
+    allowed = f"a number from {low:g} to {high:g}" if high is not None else f"a number >= {low:g}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+            or not low <= value <= (high if high is not None else float("inf")):
+        raise SkipConfigError(f"{key} = {value!r} is not valid; expected {allowed}")
+    return float(value)
+
+
 def _str_list(key: str, value: Any) -> None:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise SkipConfigError(f"{key} = {value!r} is not valid; expected a list of strings")
@@ -249,7 +268,9 @@ class SkipRoleConfig:
         action: ``cache`` (exact step, else generate and dump), ``repeat`` (nearest available step),
             ``random`` (a seeded random available step), ``replay`` (exact step or
             :class:`CacheMissError`), ``record`` (always generate and overwrite), ``match`` (replay
-            each prompt group from whichever step recorded it; generate only the groups never recorded).
+            each prompt group from whichever step recorded it; generate only the groups never recorded),
+            ``compare`` (run the call live and read the step's entry, compare them and report the drift;
+            a step without an entry is generated and recorded as under ``cache``).
         format: ``safe`` (safetensors + JSON, no pickle) or ``verl`` (verl 0.9's pickle files).
         allow_pickle: allow reading pickle-based entries, through an allow-list unpickler.
         verify: check file checksums when loading.
@@ -275,6 +296,16 @@ class SkipRoleConfig:
             the run takes is served from the cache and nothing else generates), ``start`` (always)
             or ``skip`` (never; fail at start-up if a step would need one). Honoured by the verl and
             TRL integrations (see :meth:`SkipManager.engine_plan`).
+        train_on: under ``action: compare``, what the call returns: the ``recorded`` result (the run
+            stays aligned with the recording) or the ``live`` one.
+        compare_min_match: under ``action: compare``, the least share a field must match for the step
+            to pass: token match over the valid positions for integer tensors, the share of elements
+            within ``rtol``/``atol`` for float tensors, the share of equal rows for other columns.
+        rtol: relative tolerance of float tensors under ``action: compare`` (``|live - recorded| <=
+            atol + rtol * |recorded|``).
+        atol: absolute tolerance of float tensors under ``action: compare``.
+        on_drift: under ``action: compare``, a step that drifted (a field below ``compare_min_match``)
+            is a ``warn``-ing, or an ``error`` that stops the run naming the step and the field.
 
     Example:
         >>> RolloutSkipConfig(enable=True, steps=["1-3"], action="repeat").action
@@ -304,6 +335,11 @@ class SkipRoleConfig:
     match_n: str = MatchN.CYCLE
     max_decode_bytes: int | None = None
     engines: str = Engines.AUTO
+    train_on: str = TrainOn.RECORDED
+    compare_min_match: float = 0.9
+    rtol: float = 1e-5
+    atol: float = 1e-8
+    on_drift: str = OnDrift.WARN
 
     def __post_init__(self) -> None:
         self.validate(self.section)
@@ -339,6 +375,11 @@ class SkipRoleConfig:
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
             raise SkipConfigError(f"{where}.max_decode_bytes = {limit!r} is not valid; expected a positive int "
                                   "(bytes) or null for the default bound")
+        self.train_on = parse_choice(TrainOn, self.train_on, f"{where}.train_on")
+        self.on_drift = parse_choice(OnDrift, self.on_drift, f"{where}.on_drift")
+        self.compare_min_match = _number(f"{where}.compare_min_match", self.compare_min_match, 0.0, 1.0)
+        self.rtol = _number(f"{where}.rtol", self.rtol, 0.0, None)
+        self.atol = _number(f"{where}.atol", self.atol, 0.0, None)
         if not isinstance(self.storage_options, Mapping) or not all(isinstance(k, str) for k in self.storage_options):
             raise SkipConfigError(
                 f"{where}.storage_options = {self.storage_options!r} is not valid; expected a mapping of "
@@ -406,18 +447,23 @@ class StageSkipConfig(SkipRoleConfig):
         kind: ``stage``: declares the section a generic stage role under a name no registered role has.
         row_wise: the stage maps each input row to one output row (a reward, a log-prob ...), so
             ``action: match`` may replay it prompt group by prompt group.
+        record_inputs: store the call's arguments (those after a method's ``self``, positional and
+            keyword, in the safe format) beside its result, so that ``stepskip rerun`` can call a
+            function on them offline and compare it with the recorded result.
     """
 
     section: ClassVar[str] = "skip.<stage>"
 
     kind: str = "stage"
     row_wise: bool = False
+    record_inputs: bool = False
 
     def validate(self, where: str) -> None:
         super().validate(where)
         if self.kind != "stage":
             raise SkipConfigError(f"{where}.kind = {self.kind!r} is not valid; allowed values: stage")
         _boolean(f"{where}.row_wise", self.row_wise)
+        _boolean(f"{where}.record_inputs", self.record_inputs)
         if self.action == SkipAction.MATCH and not self.row_wise:
             raise SkipConfigError(
                 f"{where}.action = 'match' replays prompt groups row by row; declare the stage row-wise with "

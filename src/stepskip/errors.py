@@ -10,10 +10,9 @@ refused because ``allow_pickle`` is false, which is both (:class:`PickleRefusedE
 from __future__ import annotations
 
 __all__ = [
-    "StepskipError", "SkipConfigError", "PickleRefusedError", "CacheMissError", "CorruptEntryError", "TruncatedEntryError", "DecodeLimitError",
-    "UnreadableEntryError",
-    "UnstorableValueError", "FingerprintMismatchError", "PromptMismatchError", "ReplayMissError",
-    "EngineNotStartedError",
+    "StepskipError", "SkipConfigError", "PickleRefusedError", "CacheMissError", "CorruptEntryError",
+    "TruncatedEntryError", "DecodeLimitError", "UnreadableEntryError", "UnstorableValueError",
+    "FingerprintMismatchError", "PromptMismatchError", "ReplayMissError", "EngineNotStartedError", "DriftError",
 ]
 
 
@@ -89,4 +88,12 @@ class EngineNotStartedError(StepskipError, RuntimeError):
 
     Raised where the engine would have been used, instead of a hang or an empty result; the message
     names the step, what needed generation and the option to change.
+    """
+
+
+class DriftError(StepskipError, RuntimeError):
+    """Under ``action: compare`` with ``on_drift: error``, a step's live result drifted from its recording.
+
+    The message names the role, the step, the field that drifted most and its figure; the drift
+    record was written beside the entry before it was raised.
     """

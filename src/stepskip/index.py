@@ -12,6 +12,8 @@ A dump dir holds ``{experiment}_{project}/GBS{gbs}_N{n}_in{p}_out{r}/`` run dire
   of the step and rank (``c{call}t{turn}-r{rank}/`` for a tool loop's turns), each an entry of its
   own (:meth:`stepskip.layout.Layout.call_dir`);
 * ``.tmp-*`` / ``.trash-*``: leftovers of interrupted writes and replacements, never entries.
+* ``.tmp-*`` / ``.trash-*``: leftovers of interrupted writes and replacements, never entries;
+* ``.stepskip-drift/``: the drift records of ``action: compare`` (:mod:`stepskip.drift`), beside the steps.
 
 The prompt hints the roles keep beside the run directories (``{experiment}/.stepskip-index/``,
 :mod:`stepskip.hints`) are no run directory: the index neither lists nor removes them.
@@ -41,6 +43,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from stepskip.drift import DRIFT_DIR
 from stepskip.entries import FORMATS, format_spec, legacy_format, unsupported_format_message
 from stepskip.errors import (
     CacheMissError,
@@ -728,6 +731,8 @@ class CacheIndex:
         for item in sorted(self.store.list_items(path), key=lambda i: i.name):
             full = f"{path}/{item.name}"
             step = Layout.parse_step(item.name)
+            if item.name == DRIFT_DIR and item.kind == "dir":
+                continue  # reports beside the steps, not entries
             if item.kind == "link":
                 run.links.append(full)  # a linked step, role or leftover is never entered nor removed
             elif is_leftover(item.name) and item.kind in ("dir", "file"):
@@ -755,7 +760,8 @@ class CacheIndex:
         run.leftovers += leftovers
         run.links += sorted(f"{path}/{c.name}" for c in children if c.kind == "link")
         run.others += sorted(f"{path}/{c.name}" for c in children if f"{path}/{c.name}" not in leftovers
-                             and c.kind != "link" and (Layout.parse_step(c.name) is None or c.kind != "dir"))
+                             and c.kind != "link" and (Layout.parse_step(c.name) is None or c.kind != "dir")
+                             and not (c.name == DRIFT_DIR and c.kind == "dir"))
 
     def scan_step(self, path: str, step: int, role: str | None = None) -> StepDir:
         """One step directory: a flat entry, a V1 step with inner entries (those of the recording its

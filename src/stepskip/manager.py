@@ -61,6 +61,10 @@ class _Hooks:
         """The plan of ``action: match`` for this kind of call."""
         return _match_plan(self, func)
 
+    def compare(self, func: Callable[..., Any]) -> Generator[_Instruction, Any, Any]:
+        """The plan of ``action: compare`` for this kind of call."""
+        return _compare_plan(self, func)
+
 
 class _SubmitHooks(_Hooks):
     """The V1 submit phase: the cached result is an injection into the queue, the miss a submission."""
@@ -78,6 +82,9 @@ class _SubmitHooks(_Hooks):
 
     def match(self, func: Callable[..., Any]) -> Generator[_Instruction, Any, Any]:
         return _submit_match_plan(self, func)
+
+    def compare(self, func: Callable[..., Any]) -> Generator[_Instruction, Any, Any]:
+        return _submit_compare_plan(self, func)
 
 
 def _with_prompts(args: tuple[Any, ...], kwargs: dict[str, Any], prompts: Any
@@ -127,24 +134,53 @@ def _submit_match_plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_In
     return (yield ("call", (subset,), {}))
 
 
-def _plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_Instruction, Any, Any]:
-    """The one decision path of a call on an eligible step (sync, async and the V1 submit phase alike)."""
-    if hooks.skip.action is SkipAction.MATCH:
-        return (yield from hooks.match(func))
-    if (yield ("io", *hooks.cached(func))):
-        try:
-            return (yield ("io", *hooks.load(func)))
-        except CacheMissError:
-            if hooks.skip.action is SkipAction.REPLAY:
-                raise
-            # corrupt or vanished entry: already logged and counted by the role; regenerate it
+def _compare_plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_Instruction, Any, Any]:
+    """``action: compare``: read the step's entry, run the call live, compare them; the role returns the
+    recorded result or the live one (``train_on``). Nothing to compare with: recorded as under ``cache``."""
+    skip = hooks.skip
+    recorded = yield ("io", skip.compare_read, (hooks.step, func, *hooks.args), hooks.kwargs)
     start = time.perf_counter()
-    result = yield ("call",)
-    token = CURRENT_CALL.set(CallInfo(hooks.prompts, time.perf_counter() - start))
+    live = yield ("call",)
+    if recorded is None:
+        yield from _record(hooks, func, live, time.perf_counter() - start)
+        return live
+    return (yield ("io", skip.compare_result, (hooks.step, recorded, live, hooks.prompts), {}))
+
+
+def _submit_compare_plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_Instruction, Any, Any]:
+    """``action: compare`` in the V1 submit phase: the batch is always submitted to rollout; a step with a
+    recorded entry is compared as its trajectories are sampled, one without is recorded."""
+    yield ("io", hooks.skip.compare_submit, (hooks.step, hooks.prompts), {})
+    return (yield ("call",))
+
+
+def _record(hooks: _Hooks, func: Callable[..., Any], result: Any, seconds: float
+            ) -> Generator[_Instruction, Any, None]:
+    """Record the result of a call that ran (the role's ``prepare_data``), telling it how long the call took."""
+    token = CURRENT_CALL.set(CallInfo(hooks.prompts, seconds, func))
     try:
         yield ("io", *hooks.record(result))
     finally:
         CURRENT_CALL.reset(token)
+
+
+def _plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_Instruction, Any, Any]:
+    """The one decision path of a call on an eligible step (sync, async and the V1 submit phase alike)."""
+    action = hooks.skip.action
+    if action is SkipAction.MATCH:
+        return (yield from hooks.match(func))
+    if action is SkipAction.COMPARE:
+        return (yield from hooks.compare(func))
+    if (yield ("io", *hooks.cached(func))):
+        try:
+            return (yield ("io", *hooks.load(func)))
+        except CacheMissError:
+            if action is SkipAction.REPLAY:
+                raise
+            # corrupt or vanished entry: already logged and counted by the role; regenerate it
+    start = time.perf_counter()
+    result = yield ("call",)
+    yield from _record(hooks, func, result, time.perf_counter() - start)
     return result
 
 
@@ -444,6 +480,8 @@ class SkipManager:
                 sampled = result[0] if isinstance(result, tuple) else result
                 if skip.should_save(step, getattr(sampled, "partition_id", None)):  # type: ignore[attr-defined]
                     skip.save_sample(step, sampled)  # type: ignore[attr-defined]
+                elif skip.action is SkipAction.COMPARE:
+                    skip.compare_sample(step, sampled)  # type: ignore[attr-defined]
                 return result
 
             return sample_wrapper  # type: ignore[return-value]
@@ -521,11 +559,38 @@ class SkipManager:
                                runtime=runtime).start
 
     @classmethod
+    def drift(cls, role: str) -> list[dict[str, Any]]:
+        """The drift records of ``role`` under ``action: compare``: one per compared step, oldest first.
+
+        Each record holds ``step``, ``prompts_equal``, ``token_match`` (the batch-mean token match of
+        the lowest token field; None without token fields), ``worst_field`` with ``worst_match`` (its
+        figure) and ``worst_delta`` (its largest ``|live - recorded|``), ``first_row``, ``passed`` and
+        per-field figures; a step whose entry was damaged has ``damaged: True`` and ``reason``. The
+        same record is written beside the entry (see :mod:`stepskip.drift`).
+
+        Raises:
+            SkipConfigError: no role of that name in this run.
+
+        Example:
+            >>> SkipManager.drift("rollout")
+            []
+        """
+        skip = cls.skip_instances.get(role)
+        if skip is None:
+            if not cls.skip_instances:
+                return []
+            raise SkipConfigError(f"SkipManager.drift: no role {role!r} in this run; known roles: "
+                                  f"{', '.join(sorted(cls.skip_instances))}")
+        log = getattr(skip, "drift_log", None)
+        return log.records() if log is not None else []
+
+    @classmethod
     def stats(cls) -> dict[str, float]:
         """Counters of every enabled role as ``{"skip/{role}/{name}": value}``, ready for a metrics logger.
 
         Names: hits, misses, dumps, dump_failures, corrupt, load_seconds, dump_seconds,
-        bytes_read, bytes_written, saved_seconds. Roles that are off are left out.
+        bytes_read, bytes_written, saved_seconds, rows_replayed, rows_generated; under ``action: compare``
+        also compared, drifted and token_match (the last compared step's). Roles that are off are left out.
         """
         out: dict[str, float] = {}
         for name, skip in cls._serving.items():

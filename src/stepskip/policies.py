@@ -8,7 +8,8 @@ from __future__ import annotations
 import enum
 from typing import Any, TypeVar
 
-__all__ = ["SkipAction", "OnMismatch", "CheckPrompts", "Compress", "MatchN", "Engines", "parse_choice"]
+__all__ = ["SkipAction", "OnMismatch", "CheckPrompts", "Compress", "MatchN", "Engines", "TrainOn", "OnDrift",
+           "parse_choice"]
 
 _E = TypeVar("_E", bound="Choice")
 
@@ -51,7 +52,9 @@ class SkipAction(Choice):
     available step. ``RANDOM``: load a seeded random available step. ``REPLAY``: load the exact
     step or raise :class:`~stepskip.CacheMissError`. ``RECORD``: always generate and overwrite.
     ``MATCH``: replay each prompt group's recorded responses, whichever step recorded them, and
-    generate only the groups never recorded. ``EMPTY``: reserved, as in verl.
+    generate only the groups never recorded. ``COMPARE``: run the call live *and* read the step's
+    entry, compare the two and report the drift; return the recorded result or the live one
+    (``train_on``). ``EMPTY``: reserved, as in verl.
 
     Example:
         >>> SkipAction.parse("repeat") is SkipAction.REPEAT
@@ -65,6 +68,7 @@ class SkipAction(Choice):
     REPLAY = "replay"
     RECORD = "record"
     MATCH = "match"
+    COMPARE = "compare"
 
     @classmethod
     def parse(cls, value: Any, key: str | None = None) -> SkipAction:
@@ -120,3 +124,17 @@ class Engines(Choice):
     AUTO = "auto"
     START = "start"
     SKIP = "skip"
+class TrainOn(Choice):
+    """``train_on``: under ``action: compare``, the call returns the ``recorded`` result (the run stays
+    aligned with the recording) or the ``live`` one."""
+
+    RECORDED = "recorded"
+    LIVE = "live"
+
+
+class OnDrift(Choice):
+    """``on_drift``: under ``action: compare``, a step whose live result drifted from its recording is a
+    warning (``warn``) or stops the run (``error``)."""
+
+    WARN = "warn"
+    ERROR = "error"

@@ -13,14 +13,17 @@ from typing import Any
 
 from stepskip.policies import SkipAction
 
-__all__ = ["load_candidates", "resolve_load_step", "V1Remap", "remap_v1"]
+__all__ = ["EXACT_ACTIONS", "load_candidates", "resolve_load_step", "V1Remap", "remap_v1"]
+
+#: The actions that load a call's own step or nothing (no listing needed to choose one).
+EXACT_ACTIONS = frozenset({SkipAction.CACHE, SkipAction.REPLAY, SkipAction.COMPARE})
 
 
 def load_candidates(action: SkipAction, step: int, listed: Iterable[int], seed: int = 0) -> Iterator[int]:
     """The steps ``action`` would load for a call at ``step``, best first, among ``listed`` steps.
 
     The caller validates candidates in order and takes the first valid one; an invalid candidate
-    only costs the next one. ``cache``/``replay``: ``step`` alone. ``repeat`` (seed §2.3):
+    only costs the next one. ``cache``/``replay``/``compare``: ``step`` alone. ``repeat`` (seed §2.3):
     ``step``, then the smaller steps downwards, then the larger ones upwards. ``random``: steps
     drawn reproducibly from ``seed`` and ``step`` without replacement (when every listed step is
     valid, the first draw is uniform over them). ``record``, ``empty`` and ``match`` (which looks
@@ -32,7 +35,7 @@ def load_candidates(action: SkipAction, step: int, listed: Iterable[int], seed: 
     """
     if action in (SkipAction.RECORD, SkipAction.EMPTY, SkipAction.MATCH):
         return
-    if action in (SkipAction.CACHE, SkipAction.REPLAY):
+    if action in EXACT_ACTIONS:
         yield step
         return
     steps = sorted(set(listed))

@@ -47,6 +47,7 @@ def test_error_hierarchy():
     from stepskip.cache import CliError, NotACacheError
     from stepskip.errors import (
         DecodeLimitError,
+        DriftError,
         EngineNotStartedError,
         FingerprintMismatchError,
         PickleRefusedError,
@@ -61,7 +62,7 @@ def test_error_hierarchy():
     assert issubclass(stepskip.CacheMissError, LookupError)
     for error in (stepskip.SkipConfigError, stepskip.CacheMissError, stepskip.CorruptEntryError,
                   stepskip.UnreadableEntryError, PickleRefusedError, ReplayMissError, TruncatedEntryError,
-                  DecodeLimitError, EngineNotStartedError, FingerprintMismatchError, PromptMismatchError, UnstorableValueError, CliError,
+                  DecodeLimitError, DriftError, EngineNotStartedError, FingerprintMismatchError, PromptMismatchError, UnstorableValueError, CliError,
                   NotACacheError):
         assert issubclass(error, stepskip.StepskipError), error
     # damage and intact-but-unreadable entries are not configuration errors; a refused pickle is both

@@ -189,8 +189,9 @@ def info_command(
     """Show entries: meta.json, fields, statistics, generation seconds, fingerprint.
 
     Fields are listed with dtype, shape and bytes; response-length and reward statistics when the
-    entry holds them. A V1 (rollout_tq) step directory is shown whole, its inner entries merged as
-    they are replayed. Exit code 1 when an entry is damaged.
+    entry holds them; the drift record when action: compare compared the step. A V1 (rollout_tq)
+    step directory is shown whole, its inner entries merged as they are replayed. Exit code 1 when
+    an entry is damaged.
 
     [bold]Examples[/]
       stepskip info ~/.verl/rollout_dump/exp_proj/GBS64_N8_in512_out1024/12
@@ -375,6 +376,7 @@ def show_command(
     Padding is removed with the attention and response masks. The tokenizer is loaded offline
     (local files only); without one, entries of stepskip demo are decoded with its own character
     tokenizer. A step holding no rewards takes them from a stage role of the same step (skip.reward).
+    A step that action: compare compared shows its drift record first.
 
     [bold]Examples[/]
       stepskip show RUN_DIR/12
@@ -401,16 +403,19 @@ def show_command(
     except CorruptEntryError as error:  # a damaged entry is a finding (exit 1), not a usage error
         render.err.print(f"[bold red]damaged:[/] {escape(str(error))}")
         raise typer.Exit(1) from None
+    from stepskip.cli.describe import drift_of
+
     recorded = inner or (step_dir.entries[0] if step_dir.entries else None)
     tok = load_tokenizer(tokenizer) if tokenizer else recorded_tokenizer(recorded.fingerprint if recorded else None)
     samples = sample_rows(value, rows)
     if samples and all(s.reward is None for s in samples) and inner is None:
         _join_stage_rewards(index, step_dir, samples, row_count(value) or 0, allow_pickle, options)
     path = inner.path if inner is not None else step_dir.path
+    drift = drift_of(index, step_dir)
     if as_json:
-        render.print_json(render.show_json(path, step_dir.step, samples, tok))
+        render.print_json(render.show_json(path, step_dir.step, samples, tok, drift))
     else:
-        render.render_show(path, step_dir.step, samples, tok, max_tokens)
+        render.render_show(path, step_dir.step, samples, tok, max_tokens, drift)
 
 
 def _join_stage_rewards(index: Any, step_dir: Any, samples: list[Any], rows: int, allow_pickle: bool,
@@ -478,4 +483,12 @@ def _register_view_commands() -> None:
     app.command("report")(_errors(report_command))
 
 
+def _register_rerun_command() -> None:
+    """``stepskip rerun`` lives in stepskip.cli.rerun."""
+    from stepskip.cli.rerun import rerun_command
+
+    app.command("rerun")(_errors(rerun_command))
+
+
 _register_view_commands()
+_register_rerun_command()

@@ -32,6 +32,7 @@ class EntryInfo:
         stats: response-length and reward statistics, when decoded and present.
         meta_info: the batch's ``meta_info``, when it has one.
         note: why the content was not decoded (a pickle without ``--allow-pickle``, damage).
+        drift: the drift records ``action: compare`` wrote beside the step (see :mod:`stepskip.drift`).
     """
 
     path: str
@@ -46,6 +47,7 @@ class EntryInfo:
     stats: list[Stat] = field(default_factory=list)
     meta_info: dict[str, Any] | None = None
     note: str | None = None
+    drift: list[dict[str, Any]] = field(default_factory=list)
 
 
 def describe_entry(index: CacheIndex, step: int | None = None, allow_pickle: bool = False) -> EntryInfo:
@@ -74,6 +76,7 @@ def describe_entry(index: CacheIndex, step: int | None = None, allow_pickle: boo
     info = EntryInfo(path=inner.path if inner is not None else step_dir.path, step=step_dir.step,
                      role=step_dir.role, kind=_kind(step_dir, inner),
                      entries=list(entries), meta=meta, issues=issues)
+    info.drift = drift_of(index, step_dir)
     if issues:
         info.note = "content not decoded: the entry is not valid (see issues)"
         return info
@@ -85,6 +88,11 @@ def _kind(step_dir: StepDir, inner: EntryRecord | None) -> str:
     if inner is None:
         return step_dir.kind.value
     return "call" if inner.call is not None else "v1-inner"
+def drift_of(index: CacheIndex, step_dir: StepDir) -> list[dict[str, Any]]:
+    """The drift records written beside a step by ``action: compare`` (empty when it was never compared)."""
+    from stepskip.drift import drift_records
+
+    return drift_records(index.store, step_dir.path)
 
 
 def _decode_into(index: CacheIndex, info: EntryInfo, step_dir: StepDir, inner: EntryRecord | None,

@@ -203,6 +203,11 @@ def render_info(info: EntryInfo) -> None:
     for key in ("run_id", "prompt_digest", "parameter_sync_step", "converted_from"):
         if meta.get(key) is not None and not (key == "run_id" and v1):
             pairs.append((key.replace("_", " "), str(meta[key])))
+    inputs = meta.get("inputs")
+    if isinstance(inputs, dict):
+        keywords = ", ".join(map(str, inputs.get("kwargs") or [])) or "none"
+        pairs.append(("inputs", f"{inputs.get('args')} positional, keyword: {keywords} (stepskip rerun can call a "
+                                "function on them)"))
     width = max(len(key) for key, _ in pairs)
     for key, value in pairs:
         out.print(f"[bold]{key:<{width}}[/]  {escape(value)}")
@@ -249,10 +254,58 @@ def render_info(info: EntryInfo) -> None:
         for key, value in info.meta_info.items():
             text = repr(value)
             out.print(f"  {escape(str(key))} = {escape(text if len(text) < 200 else text[:200] + '…')}")
+    render_drift(info.drift, info.entries)
     for issue in info.issues:
         out.print(f"[red]{issue.kind.value}[/]: {escape(issue.path)}: {escape(issue.detail)}")
     if info.note:
         out.print(f"[yellow]{escape(info.note)}[/]")
+
+
+def _figure(value: Any) -> float | None:
+    """A number of a drift record (a record is a file someone else may have written: anything else is None)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def drift_line(record: dict[str, Any]) -> str:
+    """One drift record in a line: verdict, token match, worst field and its figures (rich markup)."""
+    if record.get("damaged"):
+        return f"[red]not compared[/]: the entry was damaged ({escape(str(record.get('reason', '')))})"
+    verdict = ("[green]matches[/]" if record.get("passed") is True else "[yellow]saw other prompts than[/]"
+               if record.get("prompts_equal") is False else "[bold red]drifted from[/]")
+    parts = [f"step {escape(str(record.get('step')))} {verdict} its recording"]
+    token_match, worst_match = _figure(record.get("token_match")), _figure(record.get("worst_match"))
+    worst_delta, first_row = _figure(record.get("worst_delta")), _figure(record.get("first_row"))
+    if token_match is not None:
+        parts.append(f"token match {token_match:.4g}")
+    if record.get("worst_field") is not None:
+        worst = f"worst field {escape(repr(str(record['worst_field'])))}"
+        if worst_match is not None:
+            worst += f" {worst_match:.4g}"
+        if worst_delta is not None:
+            worst += f", max |delta| {worst_delta:.4g}"
+        if first_row is not None:
+            worst += f", first row {int(first_row)}"
+        parts.append(worst)
+    if isinstance(record.get("prompts_equal"), bool):
+        parts.append(f"prompts {'equal' if record['prompts_equal'] else 'differ'}")
+    parts.append(f"train_on {escape(str(record.get('train_on', '?')))}")
+    return "; ".join(parts)
+
+
+def render_drift(records: list[dict[str, Any]], entries: list[EntryRecord]) -> None:
+    """The drift records of a step (``action: compare``), each noted when made against an earlier recording."""
+    if not records:
+        return
+    runs = {e.run_id for e in entries}
+    out.print("[bold]drift[/] (action: compare)")
+    for record in records:
+        entry = record.get("entry")
+        entry = entry if isinstance(entry, dict) else {}
+        stale = entry.get("run_id") is not None and runs and entry.get("run_id") not in runs
+        compared = _figure(record.get("compared_unix"))
+        when = human_time(compared) if compared is not None else "?"
+        out.print(f"  {drift_line(record)}; compared {when}" + (" [yellow](against an earlier recording of this "
+                                                                  "step)[/]" if stale else ""))
 
 
 # --------------------------------------------------------------------------- verify
@@ -372,17 +425,21 @@ def _tokens(ids: list[int] | None, tokenizer: Any, limit: int) -> str:
     return "[" + ", ".join(map(str, shown)) + "]" + more
 
 
-def show_json(path: str, step: int, samples: list[SampleRow], tokenizer: Any) -> dict[str, Any]:
+def show_json(path: str, step: int, samples: list[SampleRow], tokenizer: Any,
+              drift: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     rows = [plain(s) for s in samples]
     if tokenizer is not None:
         for row, s in zip(rows, samples):
             row["prompt_decoded"] = None if s.prompt is None else tokenizer.decode(s.prompt)
             row["response_decoded"] = None if s.response is None else tokenizer.decode(s.response)
-    return {"path": path, "step": step, "rows": rows}
+    return {"path": path, "step": step, "rows": rows, "drift": drift or []}
 
 
-def render_show(path: str, step: int, samples: list[SampleRow], tokenizer: Any, max_tokens: int) -> None:
+def render_show(path: str, step: int, samples: list[SampleRow], tokenizer: Any, max_tokens: int,
+                drift: list[dict[str, Any]] | None = None) -> None:
     out.print(f"[bold]{escape(path)}[/]  step {step}, showing {plural(len(samples), 'row')}")
+    for record in drift or []:
+        out.print(f"drift (action: compare): {drift_line(record)}")
     for s in samples:
         head = f"[bold]row {s.index}[/]"
         if s.id is not None:

@@ -40,7 +40,7 @@ from stepskip.pipelines.runtime import (
 )
 from stepskip.pipelines.task import CountTask
 
-__all__ = ["AgentLoopWorker", "AgentLoopManager", "RewardManager", "ColocatedTrainer", "main"]
+__all__ = ["AgentLoopWorker", "AgentLoopManager", "RewardManager", "ColocatedTrainer", "main", "score_rollout"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,12 +121,29 @@ class RewardManager:
             A Batch with ``scores`` ``[rows]`` and ``token_level_scores`` ``[rows, T]``.
         """
         self.calls.append((int(batch.meta_info.get("global_steps", 0)), bool(batch.meta_info.get("validate"))))
-        tensors = batch.tensors
-        scores = self.task.score(tensors["prompts"], tensors["responses"], tensors["response_mask"])
-        token_level = torch.zeros(tensors["responses"].shape, dtype=torch.float32)
-        last = (tensors["response_mask"].sum(dim=1) - 1).clamp_min(0)
-        token_level[torch.arange(len(scores)), last] = scores
-        return Batch.from_dict(tensors={"scores": scores, "token_level_scores": token_level})
+        return score_rollout(batch, self.task)
+
+
+def score_rollout(batch: Batch, task: CountTask | None = None) -> Batch:
+    """The reward stage's computation on its own: what ``RewardManager.compute_reward`` returns for ``batch``.
+
+    With ``skip.reward.record_inputs: true`` a recorded reward stage can be re-run offline with it:
+    ``stepskip rerun DUMP_DIR --stage reward --fn stepskip.pipelines.colocated:score_rollout``.
+
+    Args:
+        batch: a rollout batch (``prompts``, ``responses``, ``response_mask``).
+        task: the task scoring it (default: the pipelines' counting task, ``CountTask()``).
+
+    Returns:
+        A Batch with ``scores`` ``[rows]`` and ``token_level_scores`` ``[rows, T]``.
+    """
+    task = task or CountTask()
+    tensors = batch.tensors
+    scores = task.score(tensors["prompts"], tensors["responses"], tensors["response_mask"])
+    token_level = torch.zeros(tensors["responses"].shape, dtype=torch.float32)
+    last = (tensors["response_mask"].sum(dim=1) - 1).clamp_min(0)
+    token_level[torch.arange(len(scores)), last] = scores
+    return Batch.from_dict(tensors={"scores": scores, "token_level_scores": token_level})
 
 
 class ColocatedTrainer:

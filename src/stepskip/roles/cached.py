@@ -30,6 +30,7 @@ from stepskip._version import __version__
 from stepskip.access import check_writable, describe_store_access_error, is_store_access_error
 from stepskip.calls import CURRENT_CALL, call_prompts
 from stepskip.config import SkipRoleConfig
+from stepskip.drift import DriftLog, Recorded
 from stepskip.entries import (
     FileBytes,
     FormatSpec,
@@ -51,10 +52,11 @@ from stepskip.errors import (
 )
 from stepskip.identity import RunIdentity, fingerprint_diff, fingerprint_of
 from stepskip.layout import RUN_DIR, Layout, is_url, safe_component
-from stepskip.policies import CheckPrompts, MatchN, OnMismatch, SkipAction
-from stepskip.resolve import load_candidates
+from stepskip.policies import CheckPrompts, MatchN, OnMismatch, SkipAction, TrainOn
+from stepskip.resolve import EXACT_ACTIONS, load_candidates
 from stepskip.roles.base import BaseSkip, RunContext
-from stepskip.stats import RoleStats
+from stepskip.stage_inputs import encode_entry
+from stepskip.stats import COMPARE_STAT_NAMES, RoleStats
 from stepskip.store import EntryState, LocalStore, Probe, Tree, check_dump_dir, open_store, settled
 from stepskip.worker import default_worker
 
@@ -62,7 +64,8 @@ __all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS", "VERL_LAYOUT_ROLES"]
 
 logger = logging.getLogger(__name__)
 
-ALL_ACTIONS = [SkipAction.CACHE, SkipAction.REPEAT, SkipAction.RANDOM, SkipAction.REPLAY, SkipAction.RECORD]
+ALL_ACTIONS = [SkipAction.CACHE, SkipAction.REPEAT, SkipAction.RANDOM, SkipAction.REPLAY, SkipAction.RECORD,
+               SkipAction.COMPARE]
 #: Roles whose output rows map one to one onto their prompt rows also replay by prompt (``match``).
 ROW_WISE_ACTIONS = [*ALL_ACTIONS, SkipAction.MATCH]
 
@@ -150,7 +153,8 @@ class CachedRole(BaseSkip):
         self.rebind_keys = list(config.rebind_keys)
         self.check_prompts = config.check_prompts
         self.on_mismatch = config.on_mismatch
-        self.stats = RoleStats()
+        self.stats = RoleStats(COMPARE_STAT_NAMES if self.action is SkipAction.COMPARE else ())
+        self.drift_log = DriftLog()  # the records of action: compare (SkipManager.drift)
         self.fingerprint: dict[str, Any] = {}
         self._codec: Any = None
         self._layout: Layout | None = None
@@ -397,14 +401,14 @@ class CachedRole(BaseSkip):
         drawn reproducibly from ``seed`` and ``step``. ``record``: never loads. Re-resolved on
         every call; only the candidates tried are validated.
         """
-        listed = () if self.action in (SkipAction.CACHE, SkipAction.REPLAY) else self.listed_steps()
+        listed = () if self.action in EXACT_ACTIONS else self.listed_steps()
         for candidate in load_candidates(self.action, step, listed, self.seed):
             if self._present(candidate):
                 return candidate
         return -1
 
     def would_replay(self, step: int) -> bool:
-        if step not in self._step_lookup:
+        if step not in self._step_lookup or self.action is SkipAction.COMPARE:  # compare always runs the call
             return False
         if self.action is SkipAction.MATCH:  # looks prompts up, not steps: a run taking the recorded
             load_step = step if self._present(step) else -1  # steps again finds them in the step's entry
@@ -623,8 +627,116 @@ class CachedRole(BaseSkip):
             return self._entry_meta(step, seconds, prompt_digest=digest, row_prompts=row_prompts, **rng)
 
         prepared = self._snapshot(step, path, result, copy=self.async_dump, meta=meta)
+        if prepared is not None and getattr(self.config, "record_inputs", False):
+            prepared = self._with_inputs(step, prepared, args, kwargs)
         if prepared is not None:
             self._submit_write(path, step, *prepared)
+
+    def _with_inputs(self, step: int, prepared: tuple[Any, dict[str, Any]], args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """The snapshot of a result with its call's arguments beside it (``record_inputs``); the result alone,
+        with a warning naming the argument, when they cannot be stored safely."""
+        from stepskip.stage_inputs import WithInputs, call_arguments, freeze_inputs, inputs_meta
+
+        info = CURRENT_CALL.get()
+        positional, keyword, owner = call_arguments(info.function if info is not None else None, args, kwargs)
+        frozen, meta = prepared
+        try:
+            inputs = freeze_inputs(positional, keyword, copy=self.async_dump)
+        except Exception as err:  # the dump boundary: the result is still recorded
+            logger.warning("%s: step %d is recorded without its inputs (record_inputs): %s: %s", self.name, step,
+                           type(err).__name__, err)
+            return prepared
+        meta["inputs"] = inputs_meta(positional, keyword, owner)
+        return WithInputs(frozen, inputs), meta
+
+    # ------------------------------------------------------------------ action: compare
+
+    @property
+    def tolerance(self) -> Any:
+        """What ``action: compare`` requires of a live result (``rtol``, ``atol``, ``compare_min_match``)."""
+        from stepskip.compare import Tolerance
+
+        return Tolerance(rtol=self.config.rtol, atol=self.config.atol, min_match=self.config.compare_min_match)
+
+    def compare_read(self, step: int, func: Callable[..., Any] | None = None, *args: Any, **kwargs: Any
+                     ) -> Recorded | None:
+        """Read the entry of ``step`` for ``action: compare``, before the call runs live.
+
+        Returns:
+            What was read; None when there is nothing to compare with: no entry, a damaged one (counted
+            and reported), or one of other settings under ``on_mismatch: regenerate``. The live result
+            is then recorded, as under ``cache``.
+
+        Raises:
+            UnreadableEntryError: the entry is intact but cannot be read here (it is never recorded over).
+        """
+        path = self.step_dump_dir(step)
+        probe = self._probe_settled(path)
+        if probe.state is EntryState.UNREADABLE:
+            raise self._unreadable(probe.reason)
+        if probe.state is EntryState.DAMAGED:
+            self._report_corrupt(step, path, probe.reason)
+            self.drift_log.damaged(self, step, path, probe.reason)
+        elif probe.state is EntryState.PRESENT:
+            try:
+                value, meta, seconds, nbytes = self._read_entry(path, step, -1)  # prompts: compared below
+            except CorruptEntryError as err:  # counted by the read
+                self.drift_log.damaged(self, step, path, str(err))
+            except CacheMissError as err:  # removed meanwhile, or recorded with settings to regenerate
+                logger.info("%s compare: step %d not compared (%s)", self.name, step, err)
+            else:
+                self.stats.add(load_seconds=seconds, bytes_read=nbytes)
+                return Recorded(path, value, meta, nbytes, seconds)
+        self.stats.add(misses=1)
+        if probe.state is EntryState.MISSING:
+            logger.info("%s compare: step %d has no entry under %s; generating and recording it", self.name, step,
+                        self.project_dump_dir)
+        return None
+
+    def _prompts_equal(self, step: int, path: str, meta: dict[str, Any], prompts: Any) -> bool | None:
+        """Whether the live prompts are those the entry recorded (None: not known, or ``check_prompts: off``)."""
+        recorded = meta.get("prompt_digest")
+        if self.check_prompts is CheckPrompts.OFF or prompts is None or not recorded:
+            return None
+        from stepskip.fidelity import DIGEST_PREFIX
+
+        if not str(recorded).startswith(DIGEST_PREFIX):
+            return None  # an earlier digest scheme: not comparable
+        digest = _prompt_digest(prompts, self.rebind_keys)
+        if digest is None:
+            return None
+        if digest != recorded and self.check_prompts is CheckPrompts.ERROR:
+            raise PromptMismatchError(f"{self.name}: step {step} was recorded for other prompts than this call's "
+                                      f"(entry {path}); action: compare cannot judge the live result "
+                                      f"(skip.{self.name}.check_prompts = error)")
+        return digest == recorded
+
+    def compare_result(self, step: int, recorded: Recorded, live: Any, prompts: Any) -> Any:
+        """Compare the live result of ``step`` with its recording, report the drift, and return the result
+        ``train_on`` names (the recorded one with the live identity columns, or the live one).
+
+        The prompts are compared with the recorded digest now, after the call, as they were when it was
+        recorded (a stage may add columns to its prompts: verl's agent loop adds ``priority``).
+
+        Raises:
+            DriftError: a field drifted and ``on_drift`` is ``error``.
+            PromptMismatchError: the prompts differ and ``check_prompts`` is ``error``.
+        """
+        from stepskip.compare import compare_values
+
+        recorded.prompts_equal = self._prompts_equal(step, recorded.path, recorded.meta, prompts)
+        drift = compare_values(recorded.value, live, self.tolerance, exclude=self.rebind_keys,
+                               prompts_equal=recorded.prompts_equal)
+        self.drift_log.report(self, step, drift, recorded)
+        if self.config.train_on is TrainOn.LIVE:
+            return live
+        try:
+            self.restore_rng(recorded.meta, step, recorded.path)
+        except CorruptEntryError:  # counted: the live result (and the live random state) go on
+            return live
+        self._rebind(recorded.value, prompts)
+        return recorded.value
 
     def capture_rng(self) -> dict[str, Any]:
         """``{"rng_state": ...}`` for an entry's meta when ``restore_rng`` is on (else empty); called
@@ -1434,7 +1546,7 @@ class CachedRole(BaseSkip):
         """Encode and write one entry; False after counting a failure (the dump boundary)."""
         start = time.perf_counter()
         try:
-            files = self.format.encode(frozen)
+            files = encode_entry(self.format, frozen)
             written = self.store.write_entry(path, files, meta)
         except Exception as err:  # the dump boundary: no storage error may stop the training run
             self._dump_failed(step, path, err)

@@ -45,7 +45,7 @@ from stepskip.manifest import (
     resolve_step,
 )
 from stepskip.policies import MatchN, SkipAction
-from stepskip.resolve import load_candidates, remap_v1
+from stepskip.resolve import EXACT_ACTIONS, load_candidates, remap_v1
 from stepskip.roles.base import register_skip
 from stepskip.roles.cached import _HINTED_FROM, ROW_WISE_ACTIONS, _prompt_digest, _seconds, _step_of
 from stepskip.roles.rollout import RolloutSkip
@@ -106,6 +106,7 @@ class RolloutTqSkip(RolloutSkip):
         self._inner_metas: dict[int, dict[int, dict[str, Any]]] = {}  # step -> inner -> meta written (for hints)
         self._hinted_steps: dict[str, Any] = {}  # step directory -> the StepHint it was indexed from, until validated
         self._replayed: set[int] = set()  # steps whose submit phase the cache served whole
+        self._compared: dict[int, Any] = {}  # step -> its recording joined on the live prompts (tq_compare.Compared)
 
     def clean_up(self, tree: Tree | None) -> None:
         super().clean_up(tree)
@@ -174,7 +175,7 @@ class RolloutTqSkip(RolloutSkip):
     def _resolve_root(self, step: int) -> tuple[int, StepRoot | None]:
         """:meth:`resolve_load_step` and the root it validated: the step's inner entries are then read
         from the recording that was probed, its manifest not read again."""
-        listed = () if self.action in (SkipAction.CACHE, SkipAction.REPLAY) else self.listed_steps()
+        listed = () if self.action in EXACT_ACTIONS else self.listed_steps()
         for candidate in load_candidates(self.action, step, listed, self.seed):
             where = self._step_root(candidate)
             if _complete(self._probed(candidate, where)):
@@ -483,6 +484,33 @@ class RolloutTqSkip(RolloutSkip):
                     "(%d bytes, %.3fs)",
                     self.name, step, load_step, self.step_dump_dir(load_step), len(new_keys),
                     len(new_prompt_uids), sessions, nbytes, seconds)
+
+    # ------------------------------------------------------------------ action: compare
+
+    def compare_submit(self, step: int, prompts: Any) -> None:
+        """The submit phase of ``action: compare``: the batch goes to rollout either way; a complete recorded
+        step is read and joined on the live prompts, to be compared as its trajectories are sampled; a
+        step without one (or with a damaged one: counted and reported) is recorded as under ``cache``
+        (see :func:`stepskip.roles.tq_compare.submit`).
+
+        Raises:
+            UnreadableEntryError: an inner entry is intact but cannot be read here (never recorded over).
+        """
+        from stepskip.roles import tq_compare
+
+        tq_compare.submit(self, step, prompts)
+
+    def compare_sample(self, step: int, sampled: Any) -> None:
+        """The sample phase of ``action: compare``: compare the sampled trajectories with the recorded ones and,
+        under ``train_on: recorded``, put the recorded fields in the queue (see
+        :func:`stepskip.roles.tq_compare.sample`).
+
+        Raises:
+            DriftError: a field drifted and ``on_drift`` is ``error``.
+        """
+        from stepskip.roles import tq_compare
+
+        tq_compare.sample(self, step, sampled)
 
     # ------------------------------------------------------------------ action: match
 

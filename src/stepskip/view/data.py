@@ -234,6 +234,7 @@ class ViewSource:
         self._lock = threading.Lock()
         self._steps: OrderedDict[tuple[str, str, int], StepRows] = OrderedDict()
         self._runs: dict[str, RunDir] = {}
+        self._drift_names: dict[str, frozenset[str]] = {}  # directory of steps -> names of its drift records
         self.refresh()
 
     def refresh(self) -> None:
@@ -242,6 +243,7 @@ class ViewSource:
         with self._lock:
             self._runs = runs
             self._steps.clear()
+            self._drift_names = {}
 
     # ----------------------------------------------------------------- names -> listed things
 
@@ -309,7 +311,28 @@ class ViewSource:
                       for e in entries if e.call is not None],
             "valid": step.valid,
             "issues": [f"{i.kind.value}: {i.detail}" for i in step.issues()],
+            "compared": self._compared(step),
         }
+
+    def _compared(self, step: StepDir) -> bool:
+        """Whether ``action: compare`` wrote a drift record beside the step (one listing per directory of steps)."""
+        from stepskip.drift import DRIFT_DIR
+
+        parent, _, name = step.path.rstrip("/").rpartition("/")
+        names = self._drift_names.get(parent)
+        if names is None:
+            names = self._drift_names[parent] = frozenset(self.index.store.list_dir(f"{parent}/{DRIFT_DIR}"))
+        return f"{name}.json" in names or any(n.startswith(f"{name}-") and n.endswith(".json") for n in names)
+
+    def drift(self, run: str, role: str, step: int | str) -> list[dict[str, Any]]:
+        """The drift records ``action: compare`` wrote beside a step (empty when it was never compared).
+
+        Raises:
+            ViewNotFound: no such run, role or step.
+        """
+        from stepskip.drift import drift_records
+
+        return drift_records(self.index.store, self.step_dir(run, role, step).path)
 
     # ----------------------------------------------------------------- one step
 
@@ -436,6 +459,8 @@ class ViewSource:
             sort, desc: the column to sort by.
             filters: ``reward0`` (reward exactly 0), ``lenmax`` (response length at the maximum).
             q: text a row's prompt, response or group must contain (case-insensitive).
+
+        The page carries the step's drift records (``drift``) when ``action: compare`` compared it.
         """
         table = self.rows(run, role, step)
         chosen = query_rows(table.rows, sort, desc, filters, q, table.max_length)
@@ -444,7 +469,7 @@ class ViewSource:
         return {"run": run, "role": role, "step": int(step), "total": len(table.rows), "matched": len(chosen),
                 "offset": offset, "limit": limit, "rows": chosen[offset:offset + limit], "columns": table.columns,
                 "max_length": table.max_length, "reward_source": table.reward_source,
-                "length_source": table.length_source}
+                "length_source": table.length_source, "drift": self.drift(run, role, step)}
 
     def step_stats(self, run: str, role: str, step: int | str) -> dict[str, Any]:
         """Reward and response-length distributions of a step (histograms and percentiles)."""

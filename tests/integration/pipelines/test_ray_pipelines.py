@@ -56,6 +56,24 @@ def test_fully_async_record_then_replay(tq, tmp_path):
     assert replayed.losses == recorded.losses
 
 
+def test_fully_async_compare(tq, tmp_path):
+    """``action: compare`` on the Rollouter's per-sample calls: the same policy matches every sample's
+    recording; another policy seed drifts. The records lie beside the entries (the role runs in the actor)."""
+    import json
+
+    run_async(load_config("fully_async", [*SMALL, *skip_overrides("async_rollout", tmp_path, feed_indices([1]))]))
+    compare = skip_overrides("async_rollout", tmp_path, feed_indices([1]), action="compare")
+    same = run_async(load_config("fully_async", [*SMALL, *compare]))
+    stats = same.skip_stats
+    assert stats["skip/async_rollout/compared"] == BATCH and stats["skip/async_rollout/drifted"] == 0
+    assert stats["skip/async_rollout/token_match"] == 1.0
+    other = run_async(load_config("fully_async", [*SMALL, *compare, "actor_rollout_ref.model.init_seed=1"]))
+    assert other.skip_stats["skip/async_rollout/drifted"] > 0
+    records = project_dir(tmp_path, "fully_async", gbs=1) / ".stepskip-drift"
+    written = [json.loads((records / f"{i}.json").read_text()) for i in feed_indices([1])]
+    assert [r["step"] for r in written] == feed_indices([1]) and not all(r["passed"] for r in written)
+
+
 def test_v1_on_the_real_transfer_queue(tq, tmp_path):
     skip = skip_overrides("rollout_tq", tmp_path, [1, 2])
     overrides = [*SMALL, "trainer.v1.trainer_mode=separate_async", *skip]

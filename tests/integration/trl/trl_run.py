@@ -177,6 +177,7 @@ def main(spec_path: str, out_path: str) -> None:
         "generated_steps": generated,
         "calls": [vars(c) for c in state.calls] if state is not None else [],
         "stats": SkipManager.stats(),
+        "drift": SkipManager.drift("trl_generate") if spec.get("skip") is not None else [],
         "seen_logs": seen_logs,
         "error": error,
         "train_seconds": seconds,

@@ -103,6 +103,22 @@ def test_replay_run_feeds_the_actor_the_recorded_step(recorded, tmp_path, fmt, c
         assert second[0]["uid"] and second[0]["uid"] != first[0]["uid"]
 
 
+def test_compare_generates_live_and_feeds_the_actor_the_recording(recorded, tmp_path):
+    """``action: compare``: every step generates live (the stand-in's responses are random: they drift) and
+    is compared; under ``train_on: recorded`` the actor receives exactly what the recording fed it."""
+    base, _ = recorded("safe", True)
+    report = ok(run_scenario("ray_ppo", {
+        "skip": skip_section(base / "dump", "compare", "safe"), "carry_uid": True,
+        "actor_inputs": str(tmp_path / "actor.pt"),
+    }, tmp_path / "run"))
+    stats = role_stats(report, "rollout")
+    assert report["generation_calls"] == 3 and stats["compared"] == 3 and stats["dumps"] == 0
+    assert_same_actor_inputs(load_tensors(base / "actor.pt"), load_tensors(tmp_path / "actor.pt"))
+    drift = sorted((base / "dump").glob("*/*/.stepskip-drift/*.json"))
+    assert [p.stem for p in drift] == ["1", "2", "3"]
+    assert stats["drifted"] > 0  # the live responses were others: the actor saw the recording all the same
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_without_rebind_keys_the_replay_hits_verls_union_assertion(recorded, tmp_path, fmt):
     base, _ = recorded(fmt, True)

@@ -66,6 +66,18 @@ def test_stepskip_records_and_replays_the_v1_trainer(tmp_path):
     assert any(float(row.abs().sum()) > 0 for update in second for row in update["advantages"])
 
 
+def test_compare_generates_live_and_feeds_the_actor_the_recorded_rows(tmp_path):
+    """``action: compare`` on the V1 trainer: every step is submitted to rollout live and its sampled
+    trajectories compared with the recording; under ``train_on: recorded`` the actor reads the recorded rows."""
+    record(tmp_path, "stepskip", "safe")
+    compared = ok(run_scenario("v1", {"skip": section(tmp_path / "dump", "compare", "safe"),
+                                      "actor_inputs": str(tmp_path / "compare.pt")}, tmp_path / "compare"))
+    stats = role_stats(compared, "rollout_tq")
+    assert compared["generation_calls"] == 3 and stats["compared"] == 3 and stats["dumps"] == 0
+    assert stats["drifted"] > 0  # the live trajectories were others: the actor read the recorded ones
+    assert_same_actor_rows(load_tensors(tmp_path / "record.pt"), load_tensors(tmp_path / "compare.pt"))
+
+
 def test_what_verls_own_skip_records_stepskip_replays(tmp_path):
     record(tmp_path, "verl", None)
     replayed = run_scenario("v1", {"skip": section(tmp_path / "dump", "replay", "verl"),

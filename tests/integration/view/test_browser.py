@@ -53,6 +53,11 @@ def dump(tmp_path_factory) -> Path:
     ColocatedTrainer(load_config("colocated", [*SMALL, *skip])).fit()
     SkipManager.reset()
     shutil.copytree(root / "colocated_stepskip_pipelines", root / "copy_stepskip_pipelines")
+    # step 1 of the run compared with a live rollout of another policy: its drift record lies beside it
+    ColocatedTrainer(load_config("colocated", [*SMALL, "trainer.total_training_steps=1",
+                                               "actor_rollout_ref.model.init_seed=7",
+                                               *skip_overrides("rollout", root, [1], action="compare")])).fit()
+    SkipManager.reset()
     data = root / COPY / "3" / "data.safetensors"
     data.write_bytes(data.read_bytes()[:40])  # damaged: truncated
     config = base_config(root, "exp", "big")
@@ -194,6 +199,30 @@ def test_two_steps_and_two_runs_side_by_side(server, browser, truth):
     for node in runs.root.find("div", id="groups").find_all("div", **{"class": "side"}):
         a, b = node.find_all("div", **{"class": "group"})
         assert a.text.split("·")[0] == b.text.split("·")[0]  # the same GRPO group on both sides
+
+
+def test_a_compared_step_shows_its_drift_record_beside_the_recorded_data(server, browser, truth):
+    url = at(server, "step", run=RUN, role="rollout", step=1)
+    page = browser.dom(url)
+    assert page.ready()
+    [record] = truth.step_page(RUN, "rollout", 1)["drift"]
+    panel = page.root.find("section", id="drift")
+    verdict = panel.find("div", data_passed="1" if record["passed"] else "0")
+    assert f"step 1 {'matches' if record['passed'] else 'drifted from'} its recording" in verdict.text
+    assert f"worst field {record['worst_field']}" in verdict.text
+    fields = [tr.attrs["data-field"] for tr in panel.find("table").find_all("tr")[1:]]
+    assert fields == list(record["fields"])
+    worst = record["fields"][record["worst_field"]]
+    sides = panel.find_all("div", **{"class": "side"})
+    shown = [s for s in sides if s.attrs["data-field"] == record["worst_field"]]
+    assert len(shown) == len(worst["examples"]) > 0  # divergent rows, recorded and live side by side
+    assert "recorded" in shown[0].text and "live" in shown[0].text
+    if record["token_match"] is not None and record["token_match"] < 1:  # and those of the tokens that differ
+        assert any(s.attrs["data-field"] == "responses" for s in sides)
+    assert page.table_rows("rows")  # the recorded rows are still there, below it
+    runs = browser.dom(server)
+    assert "compared" in runs.root.find("section", data_run=RUN).find("tr", data_step="1").text
+    browser.screenshot(url, "drift")
 
 
 def test_verl_fixture_v1_entries_and_a_damaged_step(server, browser, truth):

@@ -273,11 +273,12 @@ def test_config_dataclasses_convert_through_omegaconf_schemas_as_verl_builds_the
     config = verl_config(tmp_path / "dump", action="repeat")
     section = OmegaConf.merge(config.skip.rollout, {"compress": "zstd", "check_prompts": "error",
                                                     "on_mismatch": "regenerate", "match_n": "strict",
-                                                    "engines": "start"})
+                                                    "engines": "start", "train_on": "live", "on_drift": "error"})
     local = omega_conf_to_dataclass(section, role_class.config_class)
     assert isinstance(local, role_class.config_class)
-    assert (local.action, local.compress, local.check_prompts, local.on_mismatch, local.match_n, local.engines) == \
-        ("repeat", "zstd", "error", "regenerate", "strict", "start")
+    assert (local.action, local.compress, local.check_prompts, local.on_mismatch, local.match_n, local.engines,
+            local.train_on, local.on_drift) == ("repeat", "zstd", "error", "regenerate", "strict", "start", "live",
+                                                "error")
     role = role_class(local, config)
     assert role.action.value == "repeat" and role.available_steps() == []
 

@@ -165,7 +165,7 @@ async function viewRuns() {
       const t = el("table", { class: "steps", "data-role": role.role },
         el("tr", {}, ["step", "kind", "rows", "format", "size", "age", "generation s", "fingerprint", "written by", "status", ""].map(h => el("th", {}, h))));
       for (const s of role.steps) {
-        const status = s.valid ? "ok" : s.issues.join("; ");
+        const status = (s.valid ? "ok" : s.issues.join("; ")) + (s.compared ? " · compared" : "");
         const other = role.steps.find(x => x.step > s.step && x.valid);
         t.append(el("tr", { "data-step": s.step, class: s.valid ? "" : "bad" },
           el("td", { class: "num" }, link(String(s.step), hashFor("step", { run: run.name, role: role.role, step: s.step }))),
@@ -202,6 +202,46 @@ function statsLine(name, s) {
   return el("span", { class: "pill" }, `${name}: mean ${fmt(s.mean)} · p10 ${fmt(s.p10)} · p50 ${fmt(s.p50)} · p90 ${fmt(s.p90)} · min ${fmt(s.min)} · max ${fmt(s.max)}`);
 }
 
+// A compared step's drift record (action: compare): verdict, figures per field, and divergent rows of the worst
+// field, recorded and live side by side. Every value is the record's own: written as text, numbers checked.
+function num(v) { return typeof v === "number" && isFinite(v) ? v : null; }
+function driftPanel(records) {
+  const box = el("section", { id: "drift", class: "drift" }, el("h3", {}, "drift (action: compare)"));
+  for (const r of records) {
+    if (!r || typeof r !== "object") continue;
+    if (r.damaged) { box.append(el("div", { class: "error" }, `not compared: the entry was damaged (${text(r.reason)})`)); continue; }
+    const verdict = r.passed === true ? "matches its recording" : (r.prompts_equal === false ? "saw other prompts than its recording" : "drifted from its recording");
+    box.append(el("div", { class: "controls", "data-passed": r.passed === true ? "1" : "0" },
+      el("strong", { class: r.passed === true ? "" : "bad" }, `step ${text(r.step)} ${verdict}`),
+      el("span", { class: "pill" }, `token match ${fmt(num(r.token_match), 4)}`),
+      el("span", { class: "pill" }, `worst field ${text(r.worst_field)} · ${fmt(num(r.worst_match), 4)} · max |Δ| ${fmt(num(r.worst_delta), 4)}`),
+      el("span", { class: "pill" }, `first row ${fmt(num(r.first_row))}`),
+      el("span", { class: "pill" }, `prompts ${r.prompts_equal === true ? "equal" : (r.prompts_equal === false ? "differ" : "–")}`),
+      el("span", { class: "muted" }, `min match ${fmt(num(r.min_match))} · rtol ${text(r.rtol)} · atol ${text(r.atol)} · train_on ${text(r.train_on)}`)));
+    const fields = r.fields && typeof r.fields === "object" ? Object.values(r.fields).filter(f => f && typeof f === "object") : [];
+    if (fields.length) {
+      const t = el("table", { class: "drift-fields" }, el("tr", {}, ["field", "kind", "match", "max |Δ|", "mean |Δ|", "first row", "note"].map(h => el("th", {}, h))));
+      for (const f of fields) t.append(el("tr", { class: f.passed === false ? "bad" : "", "data-field": text(f.name) },
+        el("td", {}, text(f.name)), el("td", {}, text(f.kind)), el("td", { class: "num" }, fmt(num(f.match), 4)),
+        el("td", { class: "num" }, fmt(num(f.max_delta), 4)), el("td", { class: "num" }, fmt(num(f.mean_delta), 4)),
+        el("td", { class: "num" }, fmt(num(f.first_row))), el("td", {}, f.note == null ? "" : text(f.note))));
+      box.append(t);
+    }
+    // the divergent rows of the worst field and of the lowest token field (the responses, usually)
+    const tokens = fields.filter(f => f.kind === "tokens" && num(f.match) != null).sort((a, b) => a.match - b.match)[0];
+    const shown = [fields.find(f => f.name === r.worst_field), tokens].filter((f, i, all) => f && all.indexOf(f) === i);
+    for (const f of shown) {
+      for (const ex of Array.isArray(f.examples) ? f.examples : []) {
+        if (!ex || typeof ex !== "object") continue;
+        box.append(el("div", { class: "side", "data-example-row": text(ex.row), "data-field": text(f.name) },
+          el("div", { class: "group" }, el("strong", {}, `${text(f.name)} · row ${text(ex.row)} · recorded`), el("div", { class: "text" }, text(ex.recorded))),
+          el("div", { class: "group" }, el("strong", {}, `${text(f.name)} · row ${text(ex.row)} · live`), el("div", { class: "text" }, text(ex.live)))));
+      }
+    }
+  }
+  return box;
+}
+
 async function viewStep(p) {
   const app = el("div", {});
   const other = el("input", { id: "cmp-step2", size: 4, value: String(+p.step + 1) });
@@ -218,6 +258,8 @@ async function viewStep(p) {
     histChart("length-hist", "Response length", stats.length.histogram)));
   const state = { sort: p.sort || "", desc: p.desc || "", q: p.q || "", filter: p.filter ? [].concat(p.filter) : [], offset: +(p.offset || 0) };
   const holder = el("div", {});
+  const driftBox = el("div", {});
+  app.append(driftBox);
   const box = (name, label) => {
     const c = el("input", { type: "checkbox", id: "f-" + name });
     c.checked = state.filter.includes(name);
@@ -233,6 +275,7 @@ async function viewStep(p) {
     document.body.removeAttribute("data-ready");
     const page = await api("step", Object.assign({ run: p.run, role: p.role, step: p.step, limit: PAGE }, state));
     if (page.error) { holder.replaceChildren(problem(page)); done(holder); return; }
+    if (Array.isArray(page.drift) && page.drift.length && !driftBox.firstChild) driftBox.append(driftPanel(page.drift));
     const cols = ["i"].concat(page.columns);
     const head = el("tr", {}, cols.map(c => {
       const label = c === "length" ? "response length" : (c === "group" ? "group (uid)" : (c === "key" ? "trajectory key" : c));
