@@ -321,7 +321,7 @@ def test_a_site_that_rebinds_its_name_to_this_machine_reads_nothing(server, brow
     data = fresh.dom(f"http://attacker.example:{port}/api/runs", *REBOUND)
     assert RUN not in data.html and FX not in data.html and "answers only to" in data.html
     control = fresh.dom(f"http://localhost:{port}/", *REBOUND)
-    assert control.ready() and {s.attrs["data-run"] for s in control.root.find_all("section")} == {RUN, COPY, BIG, FX}
+    assert control.ready() and {s.attrs["data-run"] for s in control.root.find_all("section")} == {RUN, COPY, BIG, FX, V1}
 
 
 @pytest.fixture(scope="module")
@@ -345,7 +345,7 @@ def test_a_server_other_machines_reach_opens_from_its_printed_url(remote, browse
     assert url.startswith("http://127.0.0.1:") and "token" in note and "0.0.0.0" in note
     fresh = Browser(browser.binary, tmp_path / "profile")
     page = fresh.dom(url)
-    assert page.ready() and {s.attrs["data-run"] for s in page.root.find_all("section")} == {RUN, COPY, BIG, FX}
+    assert page.ready() and {s.attrs["data-run"] for s in page.root.find_all("section")} == {RUN, COPY, BIG, FX, V1}
     assert blocked(page) == [], page.console
     step = fresh.dom(at(url, "step", run=RUN, role="rollout", step=2))
     assert step.ready() and len(step.table_rows("rows")) == truth.step_page(RUN, "rollout", 2)["total"]
