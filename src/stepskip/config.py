@@ -20,7 +20,7 @@ import numpy as np
 
 from stepskip.entries import CONFIG_FORMATS
 from stepskip.errors import SkipConfigError
-from stepskip.policies import CheckPrompts, Compress, MatchN, OnMismatch, SkipAction, parse_choice
+from stepskip.policies import CheckPrompts, Compress, LogMetrics, MatchN, OnMismatch, SkipAction, parse_choice
 
 __all__ = [
     "ACTIONS",
@@ -36,6 +36,9 @@ __all__ = [
 
 #: The actions a role config accepts (``empty`` is reserved, as in verl).
 ACTIONS = tuple(a.value for a in SkipAction if a is not SkipAction.EMPTY)
+
+#: The most trajectories ``log_samples`` sends per step (a tracker table is not a cache browser).
+MAX_LOG_SAMPLES = 256
 
 _MISSING = object()
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*(?::\s*(\d+)\s*)?$")
@@ -271,6 +274,13 @@ class SkipRoleConfig:
             the live one is ``cycle``-d through, or (``strict``) generated anew.
         max_decode_bytes: the most a decode may allocate for one entry (default: 256 x the entry's
             size on disk + 256 MiB); an entry that asks for more is refused before allocating.
+        log_metrics: which of the role's counters the trainer's experiment tracker receives with each
+            step's metrics (verl's ``Tracking``, TRL's ``report_to``): ``short`` (hits, misses,
+            saved_seconds, dump_failures, corrupt and, under ``action: compare``, the comparison
+            figures), ``full`` (every counter) or ``off``.
+        log_samples: how many trajectories of each recorded or replayed step to send to the tracker
+            (prompt, response, reward, source step, replayed or generated): a table where the backend
+            takes tables (W&B, MLflow), text elsewhere; 0 (the default) sends none.
 
     Example:
         >>> RolloutSkipConfig(enable=True, steps=["1-3"], action="repeat").action
@@ -299,6 +309,8 @@ class SkipRoleConfig:
     restore_rng: bool = False
     match_n: str = MatchN.CYCLE
     max_decode_bytes: int | None = None
+    log_metrics: str = LogMetrics.SHORT
+    log_samples: int = 0
 
     def __post_init__(self) -> None:
         self.validate(self.section)
@@ -333,6 +345,11 @@ class SkipRoleConfig:
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
             raise SkipConfigError(f"{where}.max_decode_bytes = {limit!r} is not valid; expected a positive int "
                                   "(bytes) or null for the default bound")
+        self.log_metrics = parse_choice(LogMetrics, self.log_metrics, f"{where}.log_metrics")
+        samples = self.log_samples
+        if isinstance(samples, bool) or not isinstance(samples, int) or not 0 <= samples <= MAX_LOG_SAMPLES:
+            raise SkipConfigError(f"{where}.log_samples = {samples!r} is not valid; expected an int from 0 (none) "
+                                  f"to {MAX_LOG_SAMPLES} (trajectories of each recorded or replayed step)")
         if not isinstance(self.storage_options, Mapping) or not all(isinstance(k, str) for k in self.storage_options):
             raise SkipConfigError(
                 f"{where}.storage_options = {self.storage_options!r} is not valid; expected a mapping of "

@@ -18,7 +18,9 @@ Every process verl starts must install it; three ways, from the most to the leas
 * the environment: ``STEPSKIP_VERL=1`` with :func:`boot_path` on ``PYTHONPATH`` installs at
   interpreter start (no file is written anywhere; see :data:`ENV_VAR`).
 
-Each process that installs logs one line, ``stepskip is serving verl's skip roles ...``.
+Each process that installs logs one line, ``stepskip is serving verl's skip roles ...``. It also wraps
+``verl.utils.tracking.Tracking.log``: each step's metrics carry the step's skip metrics to every backend
+of ``trainer.logger``, and ``log_samples`` sends sampled trajectories (``docs/watching.md``).
 :func:`check` tells whether verl's own skip code can still run in this process.
 
 Example:
@@ -40,6 +42,7 @@ from types import ModuleType
 
 from stepskip._logging import FallbackHandler
 from stepskip.integrations.verl import _rewrap, _served
+from stepskip.integrations.verl import _tracking
 from stepskip.integrations.verl._served import SERVED_MODULES
 
 __all__ = [
@@ -104,6 +107,7 @@ def install() -> None:
     with _lock:
         if _served.installed_finder() is None:
             sys.meta_path.insert(0, _served.SkipFinder())
+        _tracking.install()  # each step's skip metrics and samples reach verl's Tracking backends
         how = "import hook"
         own = _rewrap.own_skip_modules()
         if own:
