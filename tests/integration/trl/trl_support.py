@@ -22,11 +22,11 @@ RUN_TIMEOUT = 900  # a hang guard only: a run takes ~15 s
 
 
 def run_trl(workdir: Path, skip: dict[str, Any] | None, ranks: int = 1, args: dict[str, Any] | None = None,
-            evaluate: bool = False, name: str = "run") -> Any:
+            evaluate: bool = False, name: str = "run", env: dict[str, str] | None = None) -> Any:
     """One training run; returns its result (a list, one per rank, when ``ranks > 1``) and its stderr."""
     workdir.mkdir(parents=True, exist_ok=True)
     spec = {"output_dir": str(workdir / f"{name}-out"), "skip": skip, "args": args or {}, "eval": evaluate,
-            "destroy": ranks > 1}
+            "destroy": ranks > 1, "env": env or {}}
     spec_path, out = workdir / f"{name}.spec.json", workdir / f"{name}.json"
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "HF_HUB_OFFLINE": "1",
