@@ -21,8 +21,6 @@ import common
 
 
 def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
-    import os
-
     import torch
     from verl.experimental.agent_loop.agent_loop import AgentLoopManager
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
@@ -35,10 +33,7 @@ def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
     data = common.write_dataset(work / "data" / "train.parquet", rows=batch * steps)
     overrides = common.base_overrides(work, data, steps=steps, batch=batch, n=n)
     overrides += common.skip_overrides("rollout", spec.get("skip", {}))
-    if spec.get("logger"):
-        overrides = [o for o in overrides if not o.startswith("trainer.logger=")]
-        overrides.append(f"trainer.logger=[{','.join(spec['logger'])}]")
-    os.environ.update(spec.get("env", {}))
+    overrides = common.tracking_overrides(overrides, spec)
     config = common.compose_config("ppo_trainer", overrides)
 
     logged: list[dict[str, Any]] = []
