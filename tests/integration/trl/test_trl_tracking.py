@@ -52,7 +52,8 @@ def test_log_metrics_off_leaves_the_log_lines_alone(recording, tmp_path):
 
 @pytest.fixture(scope="module")
 def tracked(recording, tmp_path_factory):
-    """The recording replayed with report_to=[tensorboard, wandb, mlflow], log_metrics: full, log_samples: 2."""
+    """The recording (steps 1-3) replayed with step 4 listed too (generated and recorded), report_to=[tensorboard,
+    wandb, mlflow], log_metrics: full, log_samples: 2."""
     cache, _ = recording
     work = tmp_path_factory.mktemp("trl-tracked")
     (work / "wb").mkdir()
@@ -63,10 +64,10 @@ def tracked(recording, tmp_path_factory):
         "MLFLOW_TRACKING_URI": (work / "mlruns").as_uri(), "MLFLOW_ALLOW_FILE_STORE": "true",
         "MLFLOW_EXPERIMENT_NAME": "trl",
     }
-    skip = skip_section(copy_cache(cache, work), log_metrics="full", log_samples=2)
+    skip = skip_section(copy_cache(cache, work), steps=[1, 2, 3, 4], log_metrics="full", log_samples=2)
     result, _ = run_trl(work, skip, args={"report_to": ["tensorboard", "wandb", "mlflow"]}, env=env, name="tracked")
     assert result["error"] is None
-    assert [c["hit"] for c in result["calls"]] == [True, True, True, False]
+    assert [(c["hit"], c["eligible"]) for c in result["calls"]] == [(True, True)] * 3 + [(False, True)]
     return work, result
 
 
@@ -78,7 +79,8 @@ def reward_of(text: str) -> float:
 
 def check_samples(rows: list[dict], step: int) -> None:
     assert len(rows) == 2
-    assert {(r["step"], r["origin"], r["source_step"]) for r in rows} == {(step, "replayed", step)}
+    origin = "generated" if step == 4 else "replayed"
+    assert {(r["step"], r["origin"], r["source_step"]) for r in rows} == {(step, origin, step)}
     for row in rows:
         assert row["prompt"] and not row["prompt"].startswith("[")  # decoded by the trainer's tokenizer
         assert row["reward"] == pytest.approx(reward_of(row["response"]))
@@ -89,10 +91,12 @@ def test_tensorboard_gets_the_full_set_and_the_samples_as_text(tracked):
     scalars = tensorboard_scalars(work / "tb", f"train/{ROLE}/")
     assert dict(scalars[f"train/{ROLE}/hits"]) == TOTALS
     assert dict(scalars[f"train/{ROLE}/rows_replayed"])[4] == 3.0 * ROWS
+    assert dict(scalars[f"train/{ROLE}/rows_generated"]) == {1: 0.0, 2: 0.0, 3: 0.0, 4: 1.0 * ROWS}
     assert f"train/{ROLE}/bytes_read" in scalars  # log_metrics: full
     texts = dict(tensorboard_texts(work / "tb")[f"{ROLE}/samples"])
-    assert sorted(texts) == [1, 2, 3]
-    assert all(f"step {s}, replayed from step {s}" in texts[s] and "reward" in texts[s] for s in texts)
+    assert sorted(texts) == [1, 2, 3, 4]
+    assert all(f"step {s}, replayed from step {s}" in texts[s] and "reward" in texts[s] for s in (1, 2, 3))
+    assert "step 4, generated" in texts[4]
 
 
 def test_wandb_run_gets_the_metrics_and_a_samples_table_per_step(tracked):
@@ -103,7 +107,7 @@ def test_wandb_run_gets_the_metrics_and_a_samples_table_per_step(tracked):
     assert dict(hits) == TOTALS
     tables = [row for row in history if f"{ROLE}/samples" in row]
     # the table joined the line TRL's W&B callback logged for that step
-    assert [row["train/global_step"] for row in tables] == [1, 2, 3]
+    assert [row["train/global_step"] for row in tables] == [1, 2, 3, 4]
     for row in tables:
         check_samples(wandb_table(run, row[f"{ROLE}/samples"]), row["train/global_step"])
 
@@ -113,6 +117,6 @@ def test_mlflow_run_gets_the_metrics_and_sample_tables(tracked):
     client, run_id = mlflow_run((work / "mlruns").as_uri(), "trl")
     assert dict(mlflow_metric(client, run_id, f"{ROLE}/hits")) == TOTALS
     tables = mlflow_tables(client, run_id, "stepskip/samples/trl_generate", work / "mlflow-download")
-    assert sorted(tables) == [f"step_{s:06d}.json" for s in (1, 2, 3)]
-    for step in (1, 2, 3):
+    assert sorted(tables) == [f"step_{s:06d}.json" for s in (1, 2, 3, 4)]
+    for step in (1, 2, 3, 4):
         check_samples(tables[f"step_{step:06d}.json"], step)
