@@ -20,6 +20,7 @@ import functools
 import importlib.abc
 import importlib.machinery
 import logging
+import operator
 import sys
 import weakref
 from collections.abc import Sequence
@@ -65,31 +66,38 @@ def patch(module: ModuleType) -> bool:
 def _wrap(log: Any) -> Any:
     @functools.wraps(log)
     def tracking_log(self: Any, data: Any, step: Any, *args: Any, **kwargs: Any) -> Any:
-        extra = _metrics(self, step)
+        number = _step_number(step)
+        extra = _metrics(self, number)
         result = log(self, {**data, **extra} if extra and isinstance(data, dict) else data, step, *args, **kwargs)
-        backends = kwargs.get("backend", args[0] if args else None)
-        _send_samples(self, step, backends, sys._getframe(1))
+        if number is not None:
+            _send_samples(self, number, kwargs.get("backend", args[0] if args else None), sys._getframe(1))
         return result
 
     setattr(tracking_log, MARKER, True)
     return tracking_log
 
 
-def _metrics(tracking: Any, step: Any) -> dict[str, float]:
+def _step_number(step: Any) -> int | None:
+    """The step as an int (numpy integers too); None for a step that is not an integer."""
+    try:
+        return operator.index(step)
+    except TypeError:
+        return None
+
+
+def _metrics(tracking: Any, step: int | None) -> dict[str, float]:
     try:
         feed = _feeds.get(tracking)
         if feed is None:
             feed = _feeds[tracking] = tracker.StepMetrics()
-        return feed.collect(step if isinstance(step, int) else None)
+        return feed.collect(step)
     except Exception as err:  # a metrics problem never stops training
         _say_once("metrics", "stepskip: skip metrics left out of verl's tracking: %s: %s", type(err).__name__, err)
         return {}
 
 
-def _send_samples(tracking: Any, step: Any, backends: Sequence[str] | None, caller: Any) -> None:
+def _send_samples(tracking: Any, step: int, backends: Sequence[str] | None, caller: Any) -> None:
     """Send the waiting samples of steps up to ``step`` to each backend of this ``Tracking``."""
-    if not isinstance(step, int):
-        return
     samples = tracker.take_samples(step)
     if not samples:
         return
