@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_PIN)
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,hydra,tq,s3,pipelines,trl,docs]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,hydra,tq,s3,pipelines,trl,docs,trackers]"
 	touch $(STAMP)
 
 # What importing verl's trainers (RayPPOTrainer, the V1 PPOTrainerSync, the fully async
@@ -37,8 +37,11 @@ $(STAMP): pyproject.toml constraints.txt
 # goes in without its deps (it would pull ray[default]'s dashboard stack), which are listed here.
 VERL_PINS := tests/integration/verl_real/verl-pins.txt
 VERL_TRAINER_DEPS := torchdata==0.11.0 hydra-core==1.3.8 codetiming==1.4.0 datasets==5.2.0 pillow==13.0.0 \
-	peft==0.21.2 accelerate==1.15.0 cachetools==8.0.2 uvicorn==0.54.0 fastapi==0.165.0 aiohttp==3.14.5 \
+	peft==0.21.2 accelerate==1.15.0 cachetools==7.3.3 uvicorn==0.54.0 fastapi==0.165.0 aiohttp==3.14.5 \
 	pandas==3.1.1 pyarrow==26.0.1 pyzmq==27.3.0 msgspec==0.23.0 psutil==7.2.2 prometheus_client==0.26.0
+# The tracker backends verl's `trainer.logger` drives in the tracking tests (verl itself requires wandb
+# and tensorboard); mlflow-skinny holds cachetools below 8, hence cachetools 7 above.
+VERL_TRACKER_DEPS := tensorboard==2.21.0 wandb==0.31.0 mlflow-skinny==3.18.0
 # stepskip's own runtime deps (stepskip itself is put on PYTHONPATH by the tests, not installed),
 # and the test runner for the unit suite's tensordict-0.10 leg.
 VERL_STEPSKIP_DEPS := safetensors==0.8.0 xxhash==4.1.0 zstandard==0.25.0 typer==0.29.2 rich==15.0.0 \
@@ -57,11 +60,12 @@ $(VERL_STAMP): $(VERL_PINS) Makefile
 	$(VERL_VENV)/bin/pip install --quiet --no-deps verl==0.9.1 tensordict==0.10.0
 	$(VERL_VENV)/bin/pip install --quiet numpy packaging cloudpickle importlib_metadata orjson \
 		"pyvers>=0.1.0,<0.2.0" ray==2.60.0 omegaconf==2.3.1 "transformers>=5.5.3,<5.11,!=5.6.0"
-	$(VERL_VENV)/bin/pip install --quiet -c $(VERL_PINS) $(VERL_TRAINER_DEPS) $(VERL_STEPSKIP_DEPS)
+	$(VERL_VENV)/bin/pip install --quiet -c $(VERL_PINS) $(VERL_TRAINER_DEPS) $(VERL_TRACKER_DEPS) $(VERL_STEPSKIP_DEPS)
 	$(VERL_VENV)/bin/pip install --quiet --no-deps transferqueue==0.1.11
 	$(VERL_VENV)/bin/python -c "from verl.protocol import DataProto"
 	$(VERL_VENV)/bin/python -c "import verl.trainer.ppo.ray_trainer, verl.trainer.ppo.v1.trainer_sync, \
-		verl.experimental.fully_async_policy.fully_async_rollouter, transfer_queue, hydra, xxhash, zstandard"
+		verl.experimental.fully_async_policy.fully_async_rollouter, transfer_queue, hydra, xxhash, zstandard, \
+		tensorboard, wandb, mlflow"
 	touch $(VERL_STAMP)
 
 venv: $(STAMP)

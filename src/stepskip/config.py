@@ -24,6 +24,7 @@ from stepskip.policies import (
     CheckPrompts,
     Compress,
     Engines,
+    LogMetrics,
     MatchN,
     OnDrift,
     OnMismatch,
@@ -46,6 +47,9 @@ __all__ = [
 
 #: The actions a role config accepts (``empty`` is reserved, as in verl).
 ACTIONS = tuple(a.value for a in SkipAction if a is not SkipAction.EMPTY)
+
+#: The most trajectories ``log_samples`` sends per step (a tracker table is not a cache browser).
+MAX_LOG_SAMPLES = 256
 
 _MISSING = object()
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*(?::\s*(\d+)\s*)?$")
@@ -306,6 +310,13 @@ class SkipRoleConfig:
         atol: absolute tolerance of float tensors under ``action: compare``.
         on_drift: under ``action: compare``, a step that drifted (a field below ``compare_min_match``)
             is a ``warn``-ing, or an ``error`` that stops the run naming the step and the field.
+        log_metrics: which of the role's counters the trainer's experiment tracker receives with each
+            step's metrics (verl's ``Tracking``, TRL's ``report_to``): ``short`` (hits, misses,
+            saved_seconds, dump_failures, corrupt and, under ``action: compare``, the comparison
+            figures), ``full`` (every counter) or ``off``.
+        log_samples: how many trajectories of each recorded or replayed step to send to the tracker
+            (prompt, response, reward, source step, replayed or generated): a table where the backend
+            takes tables (W&B, MLflow), text elsewhere; 0 (the default) sends none.
 
     Example:
         >>> RolloutSkipConfig(enable=True, steps=["1-3"], action="repeat").action
@@ -340,6 +351,8 @@ class SkipRoleConfig:
     rtol: float = 1e-5
     atol: float = 1e-8
     on_drift: str = OnDrift.WARN
+    log_metrics: str = LogMetrics.SHORT
+    log_samples: int = 0
 
     def __post_init__(self) -> None:
         self.validate(self.section)
@@ -380,6 +393,11 @@ class SkipRoleConfig:
         self.compare_min_match = _number(f"{where}.compare_min_match", self.compare_min_match, 0.0, 1.0)
         self.rtol = _number(f"{where}.rtol", self.rtol, 0.0, None)
         self.atol = _number(f"{where}.atol", self.atol, 0.0, None)
+        self.log_metrics = parse_choice(LogMetrics, self.log_metrics, f"{where}.log_metrics")
+        samples = self.log_samples
+        if isinstance(samples, bool) or not isinstance(samples, int) or not 0 <= samples <= MAX_LOG_SAMPLES:
+            raise SkipConfigError(f"{where}.log_samples = {samples!r} is not valid; expected an int from 0 (none) "
+                                  f"to {MAX_LOG_SAMPLES} (trajectories of each recorded or replayed step)")
         if not isinstance(self.storage_options, Mapping) or not all(isinstance(k, str) for k in self.storage_options):
             raise SkipConfigError(
                 f"{where}.storage_options = {self.storage_options!r} is not valid; expected a mapping of "

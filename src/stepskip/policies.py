@@ -9,7 +9,7 @@ import enum
 from typing import Any, TypeVar
 
 __all__ = ["SkipAction", "OnMismatch", "CheckPrompts", "Compress", "MatchN", "Engines", "TrainOn", "OnDrift",
-           "parse_choice"]
+           "LogMetrics", "parse_choice"]
 
 _E = TypeVar("_E", bound="Choice")
 
@@ -103,6 +103,16 @@ class MatchN(Choice):
 
     CYCLE = "cycle"
     STRICT = "strict"
+
+
+class LogMetrics(Choice):
+    """``log_metrics``: which of the role's counters a trainer's tracker receives: ``short`` (hits,
+    misses, saved_seconds, dump_failures, corrupt and the comparison figures), ``full`` (every counter
+    of ``SkipManager.stats()``) or ``off``."""
+
+    SHORT = "short"
+    FULL = "full"
+    OFF = "off"
 
 
 class Compress(Choice):

@@ -26,6 +26,7 @@ import contextvars
 import functools
 import logging
 import os
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,17 @@ from stepskip.policies import SkipAction
 from stepskip.roles.base import RunContext, register_skip
 from stepskip.roles.cached import CachedRole
 from stepskip.store import EntryState
+from stepskip.tracker import (
+    StepSamples,
+    add_rewards,
+    decoder,
+    log_mlflow,
+    log_wandb,
+    offer_samples,
+    samples_text,
+    select_metrics,
+    take_samples,
+)
 
 __all__ = ["NoVLLMGeneration", "StepskipGRPOTrainer", "TrlGenerateConfig", "enable_stepskip"]
 
@@ -87,6 +99,7 @@ class _Loaded:
     seconds: float
     nbytes: int
     rng: Any
+    source: int = -1  # the step whose entry it is
 
 
 @dataclass
@@ -273,8 +286,10 @@ class TrlGenerateSkip(CachedRole):
         from stepskip.calls import call_prompts
 
         path = self.step_dump_dir(load_step)
-        value, meta, seconds, nbytes = self.load_entry(load_step, step, prompts=call_prompts(args, kwargs))
-        return _Loaded(_unpack_generation(value, path), meta, seconds, nbytes, self._recorded_rng(meta, step, path))
+        prompts = call_prompts(args, kwargs)
+        value, meta, seconds, nbytes = self.load_entry(load_step, step, prompts=prompts)
+        return _Loaded(_unpack_generation(value, path), meta, seconds, nbytes, self._recorded_rng(meta, step, path),
+                       load_step)
 
     def _recorded_rng(self, meta: dict[str, Any], step: int, path: str) -> Any:
         if not self.config.restore_rng:
@@ -336,13 +351,28 @@ class TrlGenerateSkip(CachedRole):
         from stepskip.roles.cached import _seconds
 
         self.stats.add(hits=1, load_seconds=loaded.seconds, bytes_read=loaded.nbytes,
-                       saved_seconds=_seconds(loaded.meta.get("generation_seconds")))
+                       saved_seconds=_seconds(loaded.meta.get("generation_seconds")),
+                       rows_replayed=_completion_rows(loaded.value))
+        offer_samples(self, step, loaded.source if loaded.source >= 0 else step, loaded.value,
+                      _prompts_of_call(*args, **kwargs), replayed=True)
         call = _CALL.get()
         if call is not None:
             call.hit = True
         logger.info("%s hit: step %d replayed from %s (%d bytes, %.3fs)", self.name, step, path, loaded.nbytes,
                     loaded.seconds)
         return loaded.value
+
+    def prepare_data(self, step: int, result: Any, *args: Any, **kwargs: Any) -> None:
+        """Record a generated call (:meth:`CachedRole.prepare_data`), its rows counted in ``rows_generated``."""
+        self.stats.add(rows_generated=_completion_rows(result))
+        super().prepare_data(step, result, *args, **kwargs)
+
+
+def _completion_rows(value: Any) -> int:
+    """The number of completions in a call's ``(completion_ids, logprobs)``; 0 for anything else."""
+    if isinstance(value, (tuple, list)) and value and isinstance(value[0], (list, tuple)):
+        return len(value[0])
+    return 0
 
 
 # ---------------------------------------------------------------------- the trainer side
@@ -408,15 +438,111 @@ def identity_of(trainer: Any) -> RunIdentity:
 
 
 class StepskipCallback(TrainerCallback):
-    """Adds the enabled roles' ``skip/*`` counters to every TRL log and flushes pending dumps at the end."""
+    """Puts stepskip into what TRL's reporters (``report_to``) receive, and flushes pending dumps at the end.
+
+    Every log line gets the enabled roles' ``skip/{role}/{name}`` counters, run totals, as each role's
+    ``log_metrics`` chooses (``short`` by default: hits, misses, saved_seconds, dump_failures,
+    corrupt). With ``log_samples``, the main process sends the sampled trajectories of the steps
+    logged: a table to W&B and MLflow, text to TensorBoard, the ``stepskip`` logger when none of them
+    reports.
+
+    Args:
+        trainer: the trainer whose TensorBoard writer takes the samples' text (held weakly).
+    """
+
+    def __init__(self, trainer: Any = None) -> None:
+        self._trainer = weakref.ref(trainer) if trainer is not None else None
+        self._failed = False
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if logs is not None:
-            logs.update(SkipManager.stats())
+            logs.update(select_metrics(SkipManager.stats()))
+        samples = take_samples(state.global_step)
+        if samples and state.is_world_process_zero:
+            try:
+                self._send(samples, args, kwargs.get("processing_class"))
+            except Exception as err:  # a tracker that refuses the samples never stops training
+                if not self._failed:
+                    self._failed = True
+                    logger.warning("stepskip: could not send rollout samples to the trackers: %s: %s",
+                                   type(err).__name__, err)
+
+    def _send(self, samples: list[StepSamples], args: Any, processing_class: Any) -> None:
+        trainer = self._trainer() if self._trainer is not None else None
+        decode = decoder(processing_class if processing_class is not None
+                         else getattr(trainer, "processing_class", None))
+        report_to = set(getattr(args, "report_to", None) or [])
+        sent = False
+        if "wandb" in report_to:
+            import wandb
+
+            if wandb.run is not None:
+                for each in samples:  # joins the line TRL's W&B callback commits next
+                    log_wandb(wandb, each, decode, commit=False)
+                sent = True
+        if "mlflow" in report_to:
+            import mlflow
+
+            if mlflow.active_run() is not None:
+                for each in samples:
+                    log_mlflow(each, decode)
+                sent = True
+        writer = _tensorboard_writer(trainer) if "tensorboard" in report_to else None
+        if writer is not None:
+            for each in samples:
+                writer.add_text(each.key, samples_text(each, decode, indent="    "), each.step)
+            sent = True
+        if not sent:
+            for each in samples:
+                logger.info("%s", samples_text(each, decode))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not SkipManager.flush(timeout=600):
             logger.warning("stepskip: background dumps still running at the end of training")
+
+
+def _tensorboard_writer(trainer: Any) -> Any:
+    """The ``SummaryWriter`` of the trainer's TensorBoard reporting callback, once it made one."""
+    handler = getattr(trainer, "callback_handler", None)
+    for callback in getattr(handler, "callbacks", ()):
+        writer = getattr(callback, "tb_writer", None)
+        if writer is not None and hasattr(writer, "add_text"):
+            return writer
+    return None
+
+
+def _wrap_rewards(trainer: Any) -> None:
+    """Give the sampled trajectories of each step their rewards: GRPOTrainer computes them after the call."""
+    calculate = getattr(trainer, "_calculate_rewards", None)
+    if calculate is None:
+        return
+
+    @functools.wraps(calculate)
+    def calculate_rewards(*args: Any, **kwargs: Any) -> Any:
+        per_function = calculate(*args, **kwargs)
+        prompts = kwargs.get("prompts", args[1] if len(args) > 1 else None)
+        try:
+            model = trainer.model
+            if prompts is not None and model is not None and model.training:  # evaluation is never sampled
+                add_rewards(ROLE, _local_rewards(trainer, per_function, len(prompts)))
+        except Exception as err:  # the samples go without rewards; training goes on
+            logger.debug("stepskip: no rewards for the samples: %s: %s", type(err).__name__, err)
+        return per_function
+
+    trainer._calculate_rewards = calculate_rewards
+
+
+def _local_rewards(trainer: Any, per_function: Any, rows: int) -> list[float]:
+    """This process's rows of the gathered ``(rows, functions)`` rewards, weighted and summed as TRL does
+    (NaN where no function scored the row)."""
+    import torch
+
+    start = int(trainer.accelerator.process_index) * rows
+    local = per_function[start:start + rows].detach().float().cpu()
+    weights = trainer.reward_weights.detach().float().cpu()
+    total = (local * weights.unsqueeze(0)).nansum(dim=1)
+    total[torch.isnan(local).all(dim=1)] = float("nan")
+    return [float(value) for value in total.tolist()]
 
 
 @dataclass
@@ -546,7 +672,10 @@ def enable_stepskip(trainer: GRPOTrainer, skip: Any, *, identity: RunIdentity | 
     trainer._generate_single_turn = generate_single_turn  # type: ignore[method-assign]
     if not isinstance(previous, TrainerSkipState):
         _wrap_tool_loop(trainer)
-        trainer.callback_handler.callbacks.insert(0, StepskipCallback())  # before the reporters: they see skip/*
+        trainer.callback_handler.callbacks.insert(0, StepskipCallback(trainer))  # before the reporters: they see skip/*
+    if role.config.log_samples and not getattr(trainer, "_stepskip_rewards_wrapped", False):
+        _wrap_rewards(trainer)
+        trainer._stepskip_rewards_wrapped = True  # type: ignore[attr-defined]
     if getattr(trainer, "rollout_func", None) is not None:
         state.say_once("the trainer has a custom rollout_func (it generates without _generate_single_turn)")
     _warn_idle_steps(trainer, role)

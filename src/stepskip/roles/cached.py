@@ -52,12 +52,14 @@ from stepskip.errors import (
 )
 from stepskip.identity import RunIdentity, fingerprint_diff, fingerprint_of
 from stepskip.layout import RUN_DIR, Layout, is_url, safe_component
+from stepskip.matching import batch_rows
 from stepskip.policies import CheckPrompts, MatchN, OnMismatch, SkipAction, TrainOn
 from stepskip.resolve import EXACT_ACTIONS, load_candidates
 from stepskip.roles.base import BaseSkip, RunContext
 from stepskip.stage_inputs import encode_entry
 from stepskip.stats import COMPARE_STAT_NAMES, RoleStats
 from stepskip.store import EntryState, LocalStore, Probe, Tree, check_dump_dir, open_store, settled
+from stepskip.tracker import offer_samples
 from stepskip.worker import default_worker
 
 __all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS", "VERL_LAYOUT_ROLES"]
@@ -602,7 +604,9 @@ class CachedRole(BaseSkip):
             raise
         self._rebind(value, prompts)
         saved = _seconds(meta.get("generation_seconds"))
-        self.stats.add(hits=1, load_seconds=seconds, bytes_read=nbytes, saved_seconds=saved)
+        self.stats.add(hits=1, load_seconds=seconds, bytes_read=nbytes, saved_seconds=saved,
+                       rows_replayed=_row_count(value))
+        offer_samples(self, step, load_step, value, prompts, replayed=True)
         logger.info("%s hit: step %d replayed from step %d at %s (%d bytes, %.3fs)",
                     self.name, step, load_step, self.step_dump_dir(load_step), nbytes, seconds)
         return value
@@ -617,6 +621,8 @@ class CachedRole(BaseSkip):
         info = CURRENT_CALL.get()
         seconds = info.generation_seconds if info is not None else None
         prompts = call_prompts(args, kwargs)
+        self.stats.add(rows_generated=_row_count(result))
+        offer_samples(self, step, step, result, prompts, replayed=False)
 
         def meta() -> dict[str, Any]:
             from stepskip.fidelity import shared_object_digests
@@ -780,8 +786,6 @@ class CachedRole(BaseSkip):
         if not self.row_wise or prompts is None:
             return None
         from stepskip.fidelity import prompt_row_digests
-        from stepskip.matching import batch_rows
-
         rows = batch_rows(result)
         if rows < 0 or batch_rows(prompts) != rows:
             return None  # not row-aligned with its prompts: this entry cannot serve prompt groups
@@ -1981,6 +1985,15 @@ def _step_names(names: list[str]) -> frozenset[str]:
 def _step_of(meta: dict[str, Any]) -> int:
     step = meta.get("global_steps")
     return step if isinstance(step, int) and not isinstance(step, bool) else -1
+
+
+def _row_count(value: Any) -> int:
+    """The rows of a call's result, for the counters: 0 for a value without rows, or one that cannot say
+    (reading it is the snapshot's job, which reports what is wrong with it)."""
+    try:
+        return max(batch_rows(value), 0)
+    except Exception:
+        return 0
 
 
 def _seconds(value: Any) -> float:

@@ -4,7 +4,8 @@ Everything is built locally (nothing downloaded): a 2-layer ``LlamaConfig`` mode
 WordLevel tokenizer wrapped in ``PreTrainedTokenizerFast``, a 32-prompt dataset and a reward that
 counts one word. Run as ``python trl_run.py SPEC.json OUT.json`` (or under ``torchrun``); SPEC holds
 ``skip`` (the role's section, or null for plain TRL), ``args`` (GRPOConfig overrides), ``eval``
-(evaluate after training), ``hidden_size`` and ``destroy`` (destroy the process group at the end, the
+(evaluate after training), ``env`` (variables set before the trainer is built: where its
+``report_to`` trackers write), ``hidden_size`` and ``destroy`` (destroy the process group at the end, the
 trainer released first: see the comment there).
 OUT (per rank: ``OUT.rank{r}.json``) gets the log history, how many
 times generation really ran, the calls as the integration saw them and the skip stats.
@@ -104,6 +105,7 @@ def main(spec_path: str, out_path: str) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     with open(spec_path) as f:
         spec = json.load(f)
+    os.environ.update(spec.get("env", {}))
     generated = []
 
     base = GRPOTrainer

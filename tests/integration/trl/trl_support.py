@@ -22,15 +22,16 @@ RUN_TIMEOUT = 900  # a hang guard only: a run takes ~15 s
 
 
 def run_trl(workdir: Path, skip: dict[str, Any] | None, ranks: int = 1, args: dict[str, Any] | None = None,
-            evaluate: bool = False, name: str = "run", **spec_keys: Any) -> Any:
+            evaluate: bool = False, name: str = "run", env: dict[str, str] | None = None, **spec_keys: Any) -> Any:
     """One training run; returns its result (a list, one per rank, when ``ranks > 1``) and its stderr.
 
-    ``spec_keys``: more of ``trl_run.py``'s spec (``vllm``: the stand-in vLLM backend's mode;
-    ``stepskip_trainer``: build ``StepskipGRPOTrainer`` instead of calling ``enable_stepskip``).
+    ``env``: environment variables the run sets for itself; ``spec_keys``: more of ``trl_run.py``'s spec
+    (``vllm``: the stand-in vLLM backend's mode; ``stepskip_trainer``: build ``StepskipGRPOTrainer`` instead
+    of calling ``enable_stepskip``).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     spec = {"output_dir": str(workdir / f"{name}-out"), "skip": skip, "args": args or {}, "eval": evaluate,
-            "destroy": ranks > 1, **spec_keys}
+            "destroy": ranks > 1, "env": env or {}, **spec_keys}
     spec_path, out = workdir / f"{name}.spec.json", workdir / f"{name}.json"
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "HF_HUB_OFFLINE": "1",

@@ -16,6 +16,8 @@ between stepskip and verl's own skip through ``format: verl``.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from verl_real_support import (
     assert_same_actor_rows,
@@ -56,9 +58,15 @@ def test_stepskip_records_and_replays_the_v1_trainer(tmp_path):
     steps = sorted({int(f.split("/")[-3]) for f in recorded["dump_files"] if f.endswith("meta.json")})
     assert steps == STEPS
 
+    metrics = tmp_path / "metrics.jsonl"  # verl's file logger: what every Tracking backend received
     replayed = ok(run_scenario("v1", {"skip": section(tmp_path / "dump", "replay", "safe"),
-                                      "actor_inputs": str(tmp_path / "replay.pt")}, tmp_path / "replay"))
+                                      "actor_inputs": str(tmp_path / "replay.pt"), "logger": ["console", "file"],
+                                      "env": {"VERL_FILE_LOGGER_PATH": str(metrics)}}, tmp_path / "replay"))
     stats = role_stats(replayed, "rollout_tq")
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    per_step = [(line["step"], line["data"]["skip/rollout_tq/hits"], line["data"]["skip/rollout_tq/misses"])
+                for line in lines if "skip/rollout_tq/hits" in line["data"]]
+    assert per_step == [(step, 1, 0) for step in STEPS]  # each step's own hit, through verl's Tracking
     assert replayed["generation_calls"] == 0 and replayed["generated_trajectories"] == 0
     assert (stats["hits"], stats["misses"], stats["dumps"]) == (3, 0, 0)
     first, second = load_tensors(tmp_path / "record.pt"), load_tensors(tmp_path / "replay.pt")

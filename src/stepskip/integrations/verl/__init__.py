@@ -18,7 +18,9 @@ Every process verl starts must install it; three ways, from the most to the leas
 * the environment: ``STEPSKIP_VERL=1`` with :func:`boot_path` on ``PYTHONPATH`` installs at
   interpreter start (no file is written anywhere; see :data:`ENV_VAR`).
 
-Each process that installs logs one line, ``stepskip is serving verl's skip roles ...``.
+Each process that installs logs one line, ``stepskip is serving verl's skip roles ...``. It also wraps
+``verl.utils.tracking.Tracking.log``: each step's metrics carry the step's skip metrics to every backend
+of ``trainer.logger``, and ``log_samples`` sends sampled trajectories (``docs/watching.md``).
 :func:`check` tells whether verl's own skip code can still run in this process.
 
 ``install()`` also gates verl's inference engines (the role's ``engines`` option, see
@@ -46,7 +48,7 @@ from pathlib import Path
 from types import ModuleType
 
 from stepskip._logging import FallbackHandler
-from stepskip.integrations.verl import _engines, _rewrap, _served
+from stepskip.integrations.verl import _engines, _rewrap, _served, _tracking
 from stepskip.integrations.verl._engines import engine_counts
 from stepskip.integrations.verl._served import SERVED_MODULES
 
@@ -114,6 +116,7 @@ def install() -> None:
     with _lock:
         if _served.installed_finder() is None:
             sys.meta_path.insert(0, _served.SkipFinder())
+        _tracking.install()  # each step's skip metrics and samples reach verl's Tracking backends
         how = "import hook"
         _engines.patch_loaded()  # verl modules imported before install(): patched now, the others on import
         own = _rewrap.own_skip_modules()

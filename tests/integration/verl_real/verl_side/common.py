@@ -151,6 +151,16 @@ def skip_overrides(role: str, skip: dict[str, Any]) -> list[str]:
     return out
 
 
+def tracking_overrides(overrides: list[str], spec: dict[str, Any]) -> list[str]:
+    """``overrides`` with ``trainer.logger`` set to the spec's ``logger`` backends (when given), and the
+    spec's ``env`` (where those backends write) set in this process."""
+    if spec.get("logger"):
+        overrides = [o for o in overrides if not o.startswith("trainer.logger=")]
+        overrides.append(f"trainer.logger=[{','.join(spec['logger'])}]")
+    os.environ.update(spec.get("env", {}))
+    return overrides
+
+
 def _hydra_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

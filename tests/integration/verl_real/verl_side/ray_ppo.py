@@ -8,7 +8,8 @@ handles, the actor worker group, the checkpoint and resource-pool managers.
 
 Spec keys: work, report, impl ("stepskip" | "verl"), steps, skip (the ``skip.rollout`` section),
 carry_uid (the colocated reward-model output shape), actor_inputs (where to save what the actor
-was given).
+was given), logger (``trainer.logger``'s backends, default console) and env (variables set before
+the trainer starts: where the backends write).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
     data = common.write_dataset(work / "data" / "train.parquet", rows=batch * steps)
     overrides = common.base_overrides(work, data, steps=steps, batch=batch, n=n)
     overrides += common.skip_overrides("rollout", spec.get("skip", {}))
+    overrides = common.tracking_overrides(overrides, spec)
     config = common.compose_config("ppo_trainer", overrides)
 
     logged: list[dict[str, Any]] = []

@@ -13,7 +13,8 @@ writes), the actor worker group (reads ``input_ids`` from the queue and writes l
 its ``reward_loop_worker_handles``, not None, so rewards come from the agent loop as with
 streaming reward workers), the checkpoint and resource-pool managers.
 
-Spec keys: work, report, impl, steps, skip (the ``skip.rollout_tq`` section), actor_inputs.
+Spec keys: work, report, impl, steps, skip (the ``skip.rollout_tq`` section), actor_inputs, logger and
+env (as ``ray_ppo``'s).
 """
 
 from __future__ import annotations
@@ -206,6 +207,7 @@ def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
     overrides += ["transfer_queue.enable=True", "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
                   "transfer_queue.backend.SimpleStorage.total_storage_size=1000"]
     overrides += common.skip_overrides("rollout_tq", spec.get("skip", {}))
+    overrides = common.tracking_overrides(overrides, spec)
     config = common.compose_config("ppo_trainer", overrides)
     report["impl"] = common.skip_impl_in_use()
 
