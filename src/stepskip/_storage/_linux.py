@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from stepskip._env import env_bytes
-from stepskip._storage.base import Allocator, BadFile
+from stepskip._storage.base import Allocator, BadFile, DirItem
 from stepskip._storage.meta import META_FILE, TMP_PREFIX
 from stepskip.entries import FileBytes
 
@@ -647,3 +647,11 @@ def open_below(base: str, parts: list[str], create: bool = False) -> int:
         fd = child
     return fd
 
+
+
+def dir_item(name: str, st: os.stat_result) -> DirItem:
+    """What a status says of ``name`` (links reported as links)."""
+    mode = st.st_mode
+    kind = ("link" if stat.S_ISLNK(mode) else "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode)
+            else "other")
+    return DirItem(name, kind, st.st_size if kind == "file" else 0, st.st_mtime)

@@ -14,7 +14,7 @@ import enum
 import itertools
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,9 +123,10 @@ class Tree:
 
     An object store lists a whole prefix in one request per 1,000 objects, so a start-up clean-up
     that decides from a tree which entries may hold leftovers costs a bounded number of requests
-    per 1,000 objects instead of a look at every entry (:meth:`~stepskip._storage.entries.EntryStore.remove_leftovers`). Paths
-    are given as the caller spells them (the ``root`` the tree was listed for, then ``/``-joined
-    names): a path not at or below ``root`` has nothing in the tree.
+    per 1,000 objects instead of a look at every entry
+    (:meth:`~stepskip._storage.entries.EntryStore.remove_leftovers`). Paths are given as the caller
+    spells them (the ``root`` the tree was listed for, then ``/``-joined names): a path not at or
+    below ``root`` has nothing in the tree.
 
     Args:
         root: the listed directory.
@@ -436,9 +437,9 @@ class Backend(ABC):
 
     # ------------------------------------------------------------------ deleting
 
-    @abstractmethod
     def delete(self, path: str) -> None:
-        """Delete one file (not a directory); a missing one is fine."""
+        """Delete one file (a data object being retired); a missing one is fine."""
+        self.remove(path)
 
     @abstractmethod
     def remove(self, path: str) -> None:

@@ -16,18 +16,38 @@ read for exactly their recorded size; deletions stay inside the entry being repl
 from __future__ import annotations
 
 import errno
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, cast
 
 from stepskip._storage import objects
 from stepskip._storage.base import (
-    Allocator, Backend, BadFile, Capabilities, DirItem, EntryState, NotAnEntry, PinnedEntry, Probe, Raced, Staging,
+    Allocator,
+    Backend,
+    BadFile,
+    Capabilities,
+    DirItem,
+    EntryState,
+    NotAnEntry,
+    PinnedEntry,
+    Probe,
+    Raced,
+    Staging,
     Tree,
 )
 from stepskip._storage.meta import (
-    GRACE_SECONDS, META_FILE, STALE_SECONDS, TMP_PREFIX, TRASH_PREFIX, checksum, contiguous, files_problem,
-    meta_bytes, nbytes, parse_meta, stored_name, valid_name,
+    GRACE_SECONDS,
+    META_FILE,
+    STALE_SECONDS,
+    TMP_PREFIX,
+    TRASH_PREFIX,
+    checksum,
+    contiguous,
+    files_problem,
+    meta_bytes,
+    nbytes,
+    parse_meta,
+    stored_name,
+    valid_name,
 )
 from stepskip.entries import FileBytes
 from stepskip.errors import CacheMissError, CorruptEntryError
@@ -463,7 +483,7 @@ class EntryStore:
         if listed is not None:
             listed.extend(seen)
         removed: list[str] = []
-        now = time.time()
+        now = self.clock()
         for name in seen:
             if name.startswith((TMP_PREFIX, TRASH_PREFIX)):
                 where = f"{path.rstrip('/')}/{name}"

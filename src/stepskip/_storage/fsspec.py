@@ -15,10 +15,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from stepskip._storage.base import (
-    Allocator, Backend, BadFile, Capabilities, DirItem, NotAnEntry, PinnedEntry, Tree,
-)
-from stepskip._storage.meta import MANIFEST_FILE, META_FILE, META_MAX_BYTES
+from stepskip._storage.base import Backend, Capabilities, DirItem, Tree
+from stepskip._storage.meta import MANIFEST_FILE, META_FILE
+from stepskip._storage.objects import ObjectBackend
 from stepskip.entries import FileBytes
 from stepskip.errors import SkipConfigError
 
@@ -27,7 +26,7 @@ __all__ = ["FsspecBackend"]
 logger = logging.getLogger(__name__)
 
 
-class FsspecBackend(Backend):
+class FsspecBackend(ObjectBackend):
     """Bytes on an fsspec filesystem (see the module).
 
     Args:
@@ -72,80 +71,21 @@ class FsspecBackend(Backend):
         """``path`` as the filesystem names it (its protocol stripped)."""
         return str(self.fs._strip_protocol(path))
 
-    # ------------------------------------------------------------------ reading bytes
+    # ------------------------------------------------------------------ bytes
 
-    def read_bounded(self, path: str, limit: int) -> bytes:
-        """At most ``limit + 1`` bytes of the object at ``path``: one ranged read, so an object larger
-        than its bound is never fetched whole (the caller sees it is too large).
-
-        Raises:
-            FileNotFoundError, IsADirectoryError, NotADirectoryError: no object there.
-            OSError: the read failed (an empty object whose byte range a server refuses reads as b"").
-        """
-        p = self.key(path)
-        try:
-            return bytes(self.fs.cat_file(p, start=0, end=limit + 1))
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            raise
-        except OSError:
-            try:
-                empty = self.fs.size(p) == 0
-            except OSError:
-                empty = False
-            if empty:  # some servers refuse a byte range of an empty object
-                return b""
-            raise
-
-    def read_exact(self, path: str, size: int) -> bytes:
-        """An object's bytes, at most ``size + 1`` fetched; raises FileNotFoundError / BadFile."""
-        p = self.key(path)
-        name = p.rsplit("/", 1)[-1]
-        try:
-            if size == 0:
-                actual = int(self.fs.size(p))
-                if actual:
-                    raise BadFile(f"{name} has {actual} bytes, {META_FILE} says 0")
-                return b""
-            data = bytes(self.fs.cat_file(p, start=0, end=size + 1))
-        except IsADirectoryError:
-            raise BadFile(f"{name} is not a file") from None
-        except MemoryError:
-            raise BadFile(f"{name} ({size} bytes) does not fit in memory") from None
-        if len(data) != size:
-            raise BadFile(f"{name} has {'more than ' if len(data) > size else ''}{len(data)} bytes, "
-                          f"{META_FILE} says {size}")
-        return data
-
-    def read_whole(self, path: str) -> bytes:
-        """A whole object (a verl entry's file, which ``meta.json`` gives no size)."""
-        try:
+    def get(self, path: str, end: int | None = None) -> bytes:
+        if end is None:
             return bytes(self.fs.cat_file(self.key(path)))
-        except IsADirectoryError as err:
-            raise FileNotFoundError(path) from err
+        return bytes(self.fs.cat_file(self.key(path), start=0, end=end))
+
+    def size(self, path: str) -> int:
+        return int(self.fs.size(self.key(path)))
 
     def is_file(self, path: str) -> bool:
         try:
             return bool(self.fs.isfile(self.key(path)))
         except OSError:
             return False
-
-    def open_entry(self, path: str) -> FsspecEntry:
-        return FsspecEntry(self, path)
-
-    def read_file(self, path: str, limit: int) -> bytes | None:
-        try:
-            data = self.read_bounded(path, limit)
-        except (FileNotFoundError, NotADirectoryError):
-            if self.is_dir(path):
-                raise BadFile(f"{path} is a directory, not a file") from None
-            return None
-        except IsADirectoryError:
-            raise BadFile(f"{path} is a directory, not a file") from None
-        except OSError as err:
-            raise BadFile(f"cannot read {path}: {err}") from err
-        if len(data) > limit:
-            raise BadFile(f"{path} is more than the {limit} bytes it may have")
-        return data
 
     # ------------------------------------------------------------------ looking
 
@@ -155,31 +95,20 @@ class FsspecBackend(Backend):
         except OSError:
             return False
 
-    def names(self, path: str, dirs_only: bool = False) -> list[str]:
+    def _ls(self, path: str) -> list[Mapping[str, Any]]:
         root = self.key(path).rstrip("/")
         try:
-            entries = self.fs.ls(root, detail=True)
+            return [i for i in self.fs.ls(root, detail=True) if str(i.get("name", "")).rstrip("/") != root]
         except (FileNotFoundError, NotADirectoryError):
             return []
-        names = set()
-        for e in entries:
-            full = str(e.get("name", "")).rstrip("/")
-            if full == root or (dirs_only and e.get("type") != "directory"):
-                continue
-            names.add(full.rsplit("/", 1)[-1])
-        return sorted(names)
+
+    def names(self, path: str, dirs_only: bool = False) -> list[str]:
+        return sorted({_name(i) for i in self._ls(path) if not dirs_only or i.get("type") == "directory"})
 
     def items(self, path: str) -> list[DirItem]:
-        root = self.key(path).rstrip("/")
-        try:
-            infos = self.fs.ls(root, detail=True)
-        except (FileNotFoundError, NotADirectoryError):
-            return []
         items: dict[str, DirItem] = {}
-        for info in infos:
-            if str(info.get("name", "")).rstrip("/") != root:
-                item = _item(info)
-                items.setdefault(item.name, item)
+        for info in self._ls(path):
+            items.setdefault(_name(info), _item(info))
         return [items[n] for n in sorted(items)]
 
     def stat(self, path: str) -> DirItem | None:
@@ -290,56 +219,12 @@ class FsspecBackend(Backend):
         return True
 
 
-class FsspecEntry(PinnedEntry):
-    """The version of an entry its ``meta.json`` names: read once, and again only after a failed read."""
-
-    def __init__(self, backend: FsspecBackend, path: str, raw: bytes | None = None) -> None:
-        self.backend, self.path, self.raw = backend, path, raw
-        self.fresh: bytes | None = None
-
-    def _meta(self) -> bytes:
-        try:
-            return self.backend.read_bounded(f"{self.path}/{META_FILE}", META_MAX_BYTES)
-        except (IsADirectoryError, NotADirectoryError) as err:
-            raise FileNotFoundError(self.backend.key(f"{self.path}/{META_FILE}")) from err
-
-    def read_meta(self) -> tuple[bytes, tuple[int, ...] | None]:
-        if self.raw is None:
-            self.raw = self._meta()
-        return self.raw, None
-
-    def read(self, name: str, size: int | None, allocator: Allocator | None = None) -> bytes:
-        path = f"{self.path}/{name}"
-        return self.backend.read_whole(path) if size is None else self.backend.read_exact(path, size)
-
-    def check(self, name: str, size: int) -> None:
-        try:
-            actual = int(self.backend.fs.size(self.backend.key(f"{self.path}/{name}")))
-        except IsADirectoryError:
-            raise BadFile(f"{name} is not a file") from None
-        if actual != size:
-            raise BadFile(f"{name} has {actual} bytes, {META_FILE} says {size}")
-
-    def has_file(self, name: str) -> bool:
-        return self.backend.is_file(f"{self.path}/{name}")
-
-    def absent(self) -> str:
-        return f"{self.path} is a file, not an entry directory" if self.backend.is_file(self.path) else ""
-
-    def replaced(self) -> bool:
-        # a reader holding an older meta.json than the store's reads the current version instead
-        try:
-            self.fresh = self._meta()
-        except FileNotFoundError:
-            raise NotAnEntry(f"{self.path} was removed") from None
-        return self.fresh != self.raw
-
-    def reopen(self) -> FsspecEntry:
-        return FsspecEntry(self.backend, self.path, self.fresh)
+def _name(info: Mapping[str, Any]) -> str:
+    return str(info.get("name", "")).rstrip("/").rsplit("/", 1)[-1]
 
 
 def _item(info: Mapping[str, Any]) -> DirItem:
-    name = str(info.get("name", "")).rstrip("/").rsplit("/", 1)[-1]
+    name = _name(info)
     kind = {"directory": "dir", "file": "file"}.get(str(info.get("type")), "other")
     size = info.get("size") if kind == "file" else 0
     return DirItem(name, kind, size if isinstance(size, int) else 0, _info_time(info))

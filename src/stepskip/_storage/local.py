@@ -17,13 +17,10 @@ import stat
 from collections.abc import Mapping
 from typing import Any, cast
 
-from stepskip._storage import _linux
-from stepskip._storage._linux import (
-    NotFollowed, fsync_dir, lstat_at, open_below, read_at, read_at_stat, regular_size, remove_at, write_unsynced,
-)
-from stepskip._storage._staging import LocalBatch, LocalStaging, publish_rename, retire_at
-from stepskip._storage.base import Allocator, Backend, BadFile, Capabilities, DirItem, NotAnEntry, PinnedEntry, Raced, token
-from stepskip._storage.meta import META_FILE, META_MAX_BYTES, TMP_PREFIX, TRASH_PREFIX, valid_name
+from stepskip._storage._linux import NotFollowed, dir_item, lstat_at, open_below, read_at, remove_at
+from stepskip._storage._localfs import LocalBatch, LocalEntry, LocalStaging, publish_dir_at, put_at, retire_at
+from stepskip._storage.base import Backend, BadFile, Capabilities, DirItem, NotAnEntry
+from stepskip._storage.meta import TMP_PREFIX, TRASH_PREFIX, valid_name
 from stepskip.entries import FileBytes
 
 __all__ = ["LocalBackend", "local_path"]
@@ -142,7 +139,7 @@ class LocalBackend(Backend):
         try:
             with os.scandir(fd) as it:
                 names = [e.name for e in it]
-            return [_item(n, st) for n in names if (st := lstat_at(fd, n)) is not None]
+            return [dir_item(n, st) for n in names if (st := lstat_at(fd, n)) is not None]
         except OSError:
             return []
         finally:
@@ -152,7 +149,7 @@ class LocalBackend(Backend):
         full = self.absolute(path).rstrip("/") or "/"
         if self.root is not None and full == self.root.rstrip("/"):
             try:  # the root is configuration the user gave: it is looked at as it is
-                return _item(os.path.basename(full), os.stat(full))
+                return dir_item(os.path.basename(full), os.stat(full))
             except OSError:
                 return None
         parent, name = os.path.split(full)
@@ -162,16 +159,9 @@ class LocalBackend(Backend):
             return None
         try:
             st = lstat_at(fd, name)
-            return None if st is None else _item(name, st)
+            return None if st is None else dir_item(name, st)
         finally:
             os.close(fd)
-
-    def is_dir(self, path: str) -> bool:
-        try:
-            os.close(self.open_dir(path))
-        except OSError:
-            return False
-        return True
 
     def dir_version(self, path: str) -> tuple[int, ...] | None:
         """``(device, inode, mtime in ns, ctime in ns)`` of the directory ``path``: it changes whenever a
@@ -219,17 +209,9 @@ class LocalBackend(Backend):
     def put_file(self, path: str, data: FileBytes) -> None:
         parent, name = self.place(path)
         parent_fd = self.open_dir(parent, create=True)
-        tmp = f"{TMP_PREFIX}{name}-{token()}"
         try:
-            fd = write_unsynced(parent_fd, tmp, data)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
-            fsync_dir(parent_fd)  # the rename itself durable, as for an entry
+            put_at(parent_fd, name, data)
         finally:
-            remove_at(parent_fd, tmp)  # gone already when renamed
             os.close(parent_fd)
 
     def stage(self, path: str) -> LocalStaging:
@@ -257,26 +239,11 @@ class LocalBackend(Backend):
             raise OSError(errno.EINVAL, f"{staging} is not a {TMP_PREFIX} directory beside {path}", path)
         parent_fd = self.open_dir(parent)
         try:
-            tmp_fd = os.open(tmp, _linux.O_DIR, dir_fd=parent_fd)
-            try:
-                os.fsync(tmp_fd)  # the entries' own renames into it are durable before it is published
-            finally:
-                os.close(tmp_fd)
-            publish_rename(parent_fd, tmp, name, path, overwrite=True)
-            fsync_dir(parent_fd)
+            publish_dir_at(parent_fd, tmp, name, path)
         finally:
             os.close(parent_fd)
 
     # ------------------------------------------------------------------ deleting
-
-    def delete(self, path: str) -> None:
-        parent_fd, name = self._confined(path)
-        try:
-            os.unlink(name, dir_fd=parent_fd)
-        except FileNotFoundError:
-            pass
-        finally:
-            os.close(parent_fd)
 
     def remove(self, path: str) -> None:
         try:
@@ -306,56 +273,3 @@ class LocalBackend(Backend):
             return True
         finally:
             os.close(parent_fd)
-
-
-class LocalEntry(PinnedEntry):
-    """An entry's directory, open: its files are opened relative to it, so all belong to one version."""
-
-    def __init__(self, backend: LocalBackend, path: str, fd: int) -> None:
-        self.backend, self.path, self.fd = backend, path, fd
-
-    def read_meta(self) -> tuple[bytes, tuple[int, ...] | None]:
-        raw, st = read_at_stat(self.fd, META_FILE, None, META_MAX_BYTES)
-        return cast(bytes, raw), self._stamp(st)
-
-    def _stamp(self, st: os.stat_result) -> tuple[int, ...]:
-        # a writer replaces an entry by renaming a new directory (a new inode) into place
-        directory = os.fstat(self.fd)
-        return (directory.st_dev, directory.st_ino, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-    def meta_stamp(self) -> tuple[int, ...] | None:
-        st = lstat_at(self.fd, META_FILE)
-        return None if st is None or not stat.S_ISREG(st.st_mode) else self._stamp(st)
-
-    def read(self, name: str, size: int | None, allocator: Allocator | None = None) -> bytes | memoryview:
-        return read_at(self.fd, name, size, None, allocator)
-
-    def check(self, name: str, size: int) -> None:
-        regular_size(self.fd, name, size)
-
-    def has_file(self, name: str) -> bool:
-        st = lstat_at(self.fd, name)
-        return st is not None and stat.S_ISREG(st.st_mode)
-
-    def absent(self) -> str:
-        if not self.backend.same_dir(self.fd, self.path):
-            raise Raced()
-        return ""
-
-    def replaced(self) -> bool:
-        return not self.backend.same_dir(self.fd, self.path)
-
-    def reopen(self) -> LocalEntry:
-        return self.backend.open_entry(self.path)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def _item(name: str, st: os.stat_result) -> DirItem:
-    mode = st.st_mode
-    kind = ("link" if stat.S_ISLNK(mode) else "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode)
-            else "other")
-    return DirItem(name, kind, st.st_size if kind == "file" else 0, st.st_mtime)

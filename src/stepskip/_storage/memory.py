@@ -26,7 +26,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from stepskip._storage.base import (
-    Allocator, Backend, BadFile, Capabilities, DirItem, NotAnEntry, PinnedEntry, Raced, Staging, token,
+    Allocator,
+    Backend,
+    BadFile,
+    Capabilities,
+    DirItem,
+    NotAnEntry,
+    PinnedEntry,
+    Raced,
+    Staging,
+    token,
 )
 from stepskip._storage.meta import META_FILE, META_MAX_BYTES, TMP_PREFIX, valid_name
 from stepskip.entries import FileBytes
@@ -91,8 +100,13 @@ class MemoryBackend(Backend):
         return cls(url, _tree=_SHARED)
 
     def _node(self, path: str) -> _Dir | _File | None:
+        """What is at ``path``; None when nothing is (or the path goes through a file, or has '..')."""
+        try:
+            parts = _parts(path)
+        except OSError:
+            return None
         node: _Dir | _File = self._tree.top
-        for part in _parts(path):
+        for part in parts:
             if not isinstance(node, _Dir) or part not in node.children:
                 return None
             node = node.children[part]
@@ -125,26 +139,15 @@ class MemoryBackend(Backend):
 
     def items(self, path: str) -> list[DirItem]:
         with self._tree.lock:
-            try:
-                node = self._dir(path)
-            except OSError:
-                return []
-            return [_item(name, child) for name, child in node.children.items()]
+            node = self._node(path)
+            return [_item(name, child) for name, child in node.children.items()] if isinstance(node, _Dir) else []
 
     def stat(self, path: str) -> DirItem | None:
-        with self._tree.lock:
-            try:
-                node = self._node(path)
-            except OSError:
-                return None
-            return None if node is None else _item((_parts(path) or [""])[-1], node)
+        node = self._node(path)
+        return None if node is None else _item(path.rstrip("/").rsplit("/", 1)[-1], node)
 
     def dir_version(self, path: str) -> tuple[int, ...] | None:
-        with self._tree.lock:
-            try:
-                node = self._node(path)
-            except OSError:
-                return None
+        node = self._node(path)
         return (0, node.ino, node.changed_ns, node.changed_ns) if isinstance(node, _Dir) else None
 
     # ------------------------------------------------------------------ reading
@@ -158,11 +161,7 @@ class MemoryBackend(Backend):
                 raise NotAnEntry(f"{path} is a file, not a directory", damaged=isinstance(node, _File)) from err
 
     def read_file(self, path: str, limit: int) -> bytes | None:
-        with self._tree.lock:
-            try:
-                node = self._node(path)
-            except OSError:
-                return None
+        node = self._node(path)
         if isinstance(node, _Dir):
             raise BadFile(f"{path} is a directory, not a file")
         if node is not None and len(node.data) > limit:
@@ -205,26 +204,15 @@ class MemoryBackend(Backend):
             raise OSError(errno.EPERM, "refusing to delete the root", path)
         return self._dir("/" + "/".join(parts[:-1])), parts[-1]
 
-    def delete(self, path: str) -> None:
-        with self._tree.lock:
-            parent, name = self._confined(path)
-            if isinstance(parent.children.get(name), _File):
-                parent.set(name, None)
-
     def remove(self, path: str) -> None:
-        with self._tree.lock:
-            try:
-                parent, name = self._confined(path)
-            except (FileNotFoundError, NotADirectoryError):
-                return
-            parent.set(name, None)
+        self.retire(path)
 
     def retire(self, path: str) -> bool:
         with self._tree.lock:
             try:
                 parent, name = self._confined(path)
             except (FileNotFoundError, NotADirectoryError):
-                return False
+                return False  # below a file or nothing: nothing to remove
             found = name in parent.children
             parent.set(name, None)
             return found
@@ -276,11 +264,7 @@ class MemoryEntry(PinnedEntry):
         return ""
 
     def replaced(self) -> bool:
-        with self.backend._tree.lock:
-            try:
-                return self.backend._node(self.path) is not self.node
-            except OSError:
-                return True
+        return self.backend._node(self.path) is not self.node
 
     def reopen(self) -> MemoryEntry:
         return self.backend.open_entry(self.path)

@@ -1,4 +1,4 @@
-"""Committing entries where no directory can be published atomically (object stores).
+"""Entries where no directory can be published atomically (object stores): how they are committed and read.
 
 A commit is: write each data object under a name unique to this write (``data.<token>.safetensors``),
 then ``meta.json``, one atomic PUT that names exactly those objects. A reader follows ``meta.json``,
@@ -8,6 +8,10 @@ the new ``meta.json`` lists them as ``retired`` with the time, and a later write
 the old ``meta.json`` still finds them. Objects no ``meta.json`` names (a crashed writer's) are
 removed once stale. Only objects named as a writer here names them are ever deleted, and only
 inside their entry.
+
+A version of an entry is the ``meta.json`` read (:class:`ObjectEntry`): a read that fails reads it
+again, to tell damage from a writer's replacement. Every read is bounded: an object is fetched by a
+byte range one past its expected size, so one larger than it should be is never fetched whole.
 """
 
 from __future__ import annotations
@@ -17,17 +21,30 @@ import logging
 import re
 import time
 import uuid
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from stepskip._storage.base import DirItem, EntryState, Tree
-from stepskip._storage.meta import META_FILE, checksum, contiguous, meta_bytes, nbytes, stored_name, valid_name
+from stepskip._storage.base import Allocator, Backend, BadFile, DirItem, EntryState, NotAnEntry, PinnedEntry, Tree
+from stepskip._storage.meta import (
+    META_FILE,
+    META_MAX_BYTES,
+    checksum,
+    contiguous,
+    meta_bytes,
+    nbytes,
+    stored_name,
+    valid_name,
+)
 from stepskip.entries import FileBytes
 
 if TYPE_CHECKING:
     from stepskip._storage.entries import EntryStore
 
-__all__ = ["write_entry", "remove_leftovers", "may_hold_leftovers", "wall_time"]
+__all__ = [
+    "ObjectBackend", "ObjectEntry", "write_entry", "remove_leftovers", "may_hold_leftovers", "wall_time",
+    "read_bounded", "read_exact",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +58,142 @@ _clock = time.time
 def wall_time() -> float:
     """The time object stores judge grace periods and staleness by (``time.time``, unless a test moved it)."""
     return _clock()
+
+
+class ObjectBackend(Backend):
+    """A backend of objects, read whole or by a byte range from their start: entries on it are pinned by
+    their ``meta.json`` (:class:`ObjectEntry`); its subclass supplies :meth:`get`, :meth:`size` and
+    :meth:`is_file` besides :class:`~stepskip._storage.base.Backend`'s primitives."""
+
+    @abstractmethod
+    def get(self, path: str, end: int | None = None) -> bytes:
+        """The object at ``path``: its bytes up to ``end`` (exclusive), all of them without ``end``.
+
+        Raises:
+            FileNotFoundError, IsADirectoryError, NotADirectoryError: no object there.
+            OSError: the read failed.
+        """
+
+    @abstractmethod
+    def size(self, path: str) -> int:
+        """The size of the object at ``path`` (errors as :meth:`get`)."""
+
+    @abstractmethod
+    def is_file(self, path: str) -> bool:
+        """Whether an object is at ``path`` (never raises)."""
+
+    def open_entry(self, path: str) -> ObjectEntry:
+        return ObjectEntry(self, path)
+
+    def read_file(self, path: str, limit: int) -> bytes | None:
+        try:
+            data = read_bounded(self, path, limit)
+        except (FileNotFoundError, NotADirectoryError):
+            if self.is_dir(path):
+                raise BadFile(f"{path} is a directory, not a file") from None
+            return None
+        except IsADirectoryError:
+            raise BadFile(f"{path} is a directory, not a file") from None
+        except OSError as err:
+            raise BadFile(f"cannot read {path}: {err}") from err
+        if len(data) > limit:
+            raise BadFile(f"{path} is more than the {limit} bytes it may have")
+        return data
+
+
+def read_bounded(backend: ObjectBackend, path: str, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of the object at ``path``: one ranged read, so an object larger than its
+    bound is never fetched whole (the caller sees it is too large).
+
+    Raises:
+        FileNotFoundError, IsADirectoryError, NotADirectoryError: no object there.
+        OSError: the read failed (an empty object whose byte range a server refuses reads as b"").
+    """
+    try:
+        return backend.get(path, limit + 1)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise
+    except OSError:
+        try:
+            empty = backend.size(path) == 0
+        except OSError:
+            empty = False
+        if empty:  # some servers refuse a byte range of an empty object
+            return b""
+        raise
+
+
+def read_exact(backend: ObjectBackend, path: str, size: int) -> bytes:
+    """An object's bytes, at most ``size + 1`` fetched; raises FileNotFoundError / BadFile."""
+    name = path.rsplit("/", 1)[-1]
+    try:
+        if size == 0:
+            actual = backend.size(path)
+            if actual:
+                raise BadFile(f"{name} has {actual} bytes, {META_FILE} says 0")
+            return b""
+        data = backend.get(path, size + 1)
+    except IsADirectoryError:
+        raise BadFile(f"{name} is not a file") from None
+    except MemoryError:
+        raise BadFile(f"{name} ({size} bytes) does not fit in memory") from None
+    if len(data) != size:
+        raise BadFile(f"{name} has {'more than ' if len(data) > size else ''}{len(data)} bytes, "
+                      f"{META_FILE} says {size}")
+    return data
+
+
+class ObjectEntry(PinnedEntry):
+    """The version of an entry its ``meta.json`` names: read once, and again only after a failed read."""
+
+    def __init__(self, backend: ObjectBackend, path: str, raw: bytes | None = None) -> None:
+        self.backend, self.path, self.raw = backend, path, raw
+        self.fresh: bytes | None = None
+
+    def _meta(self) -> bytes:
+        try:
+            return read_bounded(self.backend, f"{self.path}/{META_FILE}", META_MAX_BYTES)
+        except (IsADirectoryError, NotADirectoryError) as err:
+            raise FileNotFoundError(f"{self.path}/{META_FILE}") from err
+
+    def read_meta(self) -> tuple[bytes, tuple[int, ...] | None]:
+        if self.raw is None:
+            self.raw = self._meta()
+        return self.raw, None
+
+    def read(self, name: str, size: int | None, allocator: Allocator | None = None) -> bytes:
+        path = f"{self.path}/{name}"
+        if size is not None:
+            return read_exact(self.backend, path, size)
+        try:
+            return self.backend.get(path)
+        except IsADirectoryError as err:
+            raise FileNotFoundError(path) from err
+
+    def check(self, name: str, size: int) -> None:
+        try:
+            actual = self.backend.size(f"{self.path}/{name}")
+        except IsADirectoryError:
+            raise BadFile(f"{name} is not a file") from None
+        if actual != size:
+            raise BadFile(f"{name} has {actual} bytes, {META_FILE} says {size}")
+
+    def has_file(self, name: str) -> bool:
+        return self.backend.is_file(f"{self.path}/{name}")
+
+    def absent(self) -> str:
+        return f"{self.path} is a file, not an entry directory" if self.backend.is_file(self.path) else ""
+
+    def replaced(self) -> bool:
+        # a reader holding an older meta.json than the store's reads the current version instead
+        try:
+            self.fresh = self._meta()
+        except FileNotFoundError:
+            raise NotAnEntry(f"{self.path} was removed") from None
+        return self.fresh != self.raw
+
+    def reopen(self) -> ObjectEntry:
+        return ObjectEntry(self.backend, self.path, self.fresh)
 
 
 def write_entry(store: EntryStore, path: str, files: Mapping[str, FileBytes], meta: Mapping[str, Any],

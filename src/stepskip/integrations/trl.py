@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from stepskip._storage import EntryState
 from stepskip.config import SkipRoleConfig
 from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
 from stepskip.identity import RunIdentity
@@ -41,7 +42,6 @@ from stepskip.manager import SkipManager
 from stepskip.policies import SkipAction
 from stepskip.roles.base import RunContext, register_skip
 from stepskip.roles.cached import CachedRole
-from stepskip.store import EntryState
 
 __all__ = ["StepskipGRPOTrainer", "enable_stepskip"]
 

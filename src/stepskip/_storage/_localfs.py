@@ -7,23 +7,87 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Any, Protocol
+import stat
+from typing import Any, Protocol, cast
 
 from stepskip._storage import _linux
-from stepskip._storage._linux import O_DIR, Syncs, exchange, fsync_all, fsync_dir, remove_at, sync_held, write_unsynced
-from stepskip._storage.base import Batch, Staging, token
-from stepskip._storage.meta import TMP_PREFIX, TRASH_PREFIX
+from stepskip._storage._linux import (
+    O_DIR,
+    Syncs,
+    exchange,
+    fsync_all,
+    fsync_dir,
+    lstat_at,
+    read_at,
+    read_at_stat,
+    regular_size,
+    remove_at,
+    sync_held,
+    write_unsynced,
+)
+from stepskip._storage.base import Allocator, Batch, PinnedEntry, Raced, Staging, token
+from stepskip._storage.meta import META_FILE, META_MAX_BYTES, TMP_PREFIX, TRASH_PREFIX
 from stepskip.entries import FileBytes
 
-__all__ = ["LocalStaging", "LocalBatch", "publish_rename", "retire_at"]
+__all__ = ["LocalEntry", "LocalStaging", "LocalBatch", "publish_rename", "publish_dir_at", "put_at", "retire_at"]
 
 
 class Directories(Protocol):
-    """What a batch needs of its backend: where an entry goes, and its parent opened."""
+    """What these need of the local backend: where an entry goes, its directory opened, an entry pinned."""
 
     def place(self, path: str) -> tuple[str, str]: ...
 
     def open_dir(self, path: str, create: bool = False) -> int: ...
+
+    def same_dir(self, dir_fd: int, path: str) -> bool: ...
+
+    def open_entry(self, path: str) -> LocalEntry: ...
+
+
+class LocalEntry(PinnedEntry):
+    """An entry's directory, open: its files are opened relative to it, so all belong to one version."""
+
+    def __init__(self, backend: Directories, path: str, fd: int) -> None:
+        self.backend, self.path, self.fd = backend, path, fd
+
+    def read_meta(self) -> tuple[bytes, tuple[int, ...] | None]:
+        raw, st = read_at_stat(self.fd, META_FILE, None, META_MAX_BYTES)
+        return cast(bytes, raw), self._stamp(st)
+
+    def _stamp(self, st: os.stat_result) -> tuple[int, ...]:
+        # a writer replaces an entry by renaming a new directory (a new inode) into place
+        directory = os.fstat(self.fd)
+        return (directory.st_dev, directory.st_ino, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def meta_stamp(self) -> tuple[int, ...] | None:
+        st = lstat_at(self.fd, META_FILE)
+        return None if st is None or not stat.S_ISREG(st.st_mode) else self._stamp(st)
+
+    def read(self, name: str, size: int | None, allocator: Allocator | None = None) -> bytes | memoryview:
+        return read_at(self.fd, name, size, None, allocator)
+
+    def check(self, name: str, size: int) -> None:
+        regular_size(self.fd, name, size)
+
+    def has_file(self, name: str) -> bool:
+        st = lstat_at(self.fd, name)
+        return st is not None and stat.S_ISREG(st.st_mode)
+
+    def absent(self) -> str:
+        if not self.backend.same_dir(self.fd, self.path):
+            raise Raced()
+        return ""
+
+    def replaced(self) -> bool:
+        return not self.backend.same_dir(self.fd, self.path)
+
+    def reopen(self) -> LocalEntry:
+        return self.backend.open_entry(self.path)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class LocalStaging(Staging):
@@ -187,3 +251,31 @@ def retire_at(parent_fd: int, name: str) -> None:
     except FileNotFoundError:
         return
     remove_at(parent_fd, trash)
+
+
+def put_at(parent_fd: int, name: str, data: FileBytes) -> None:
+    """Write the file ``name`` in ``parent_fd`` so that readers see the old bytes or the new ones: a
+    synced temporary renamed over it, the rename itself made durable as an entry's is."""
+    tmp = f"{TMP_PREFIX}{name}-{token()}"
+    try:
+        fd = write_unsynced(parent_fd, tmp, data)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+        fsync_dir(parent_fd)
+    finally:
+        remove_at(parent_fd, tmp)  # gone already when renamed
+
+
+def publish_dir_at(parent_fd: int, tmp: str, name: str, path: str) -> None:
+    """Publish the staged directory ``tmp`` (complete entries) as ``name`` in ``parent_fd``, replacing what
+    was there: the entries' own renames into it are made durable first, the publishing after."""
+    tmp_fd = os.open(tmp, O_DIR, dir_fd=parent_fd)
+    try:
+        os.fsync(tmp_fd)
+    finally:
+        os.close(tmp_fd)
+    publish_rename(parent_fd, tmp, name, path, overwrite=True)
+    fsync_dir(parent_fd)
