@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from stepskip._storage import _linux
 from stepskip._storage._linux import (
@@ -18,7 +18,6 @@ from stepskip._storage._linux import (
     fsync_all,
     fsync_dir,
     lstat_at,
-    read_at,
     read_at_stat,
     regular_size,
     remove_at,
@@ -52,7 +51,9 @@ class LocalEntry(PinnedEntry):
 
     def read_meta(self) -> tuple[bytes, tuple[int, ...] | None]:
         raw, st = read_at_stat(self.fd, META_FILE, None, META_MAX_BYTES)
-        return cast(bytes, raw), self._stamp(st)
+        directory = os.fstat(self.fd)  # a writer replaces an entry by renaming a new directory into place
+        stamp = (directory.st_dev, directory.st_ino, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        return raw, stamp  # type: ignore[return-value]  # no allocator: bytes
 
     def _stamp(self, st: os.stat_result) -> tuple[int, ...]:
         # a writer replaces an entry by renaming a new directory (a new inode) into place
@@ -64,7 +65,7 @@ class LocalEntry(PinnedEntry):
         return None if st is None or not stat.S_ISREG(st.st_mode) else self._stamp(st)
 
     def read(self, name: str, size: int | None, allocator: Allocator | None = None) -> bytes | memoryview:
-        return read_at(self.fd, name, size, None, allocator)
+        return read_at_stat(self.fd, name, size, None, allocator)[0]
 
     def check(self, name: str, size: int) -> None:
         regular_size(self.fd, name, size)

@@ -97,7 +97,7 @@ class Probe:
     meta: dict[str, Any] | None = None
     reason: str = ""
     stamp: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
-    files: Mapping[str, bytes] | None = field(default=None, compare=False, repr=False)
+    files: Mapping[str, bytes | memoryview] | None = field(default=None, compare=False, repr=False)
     path: str | None = field(default=None, compare=False, repr=False)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from stepskip._storage import objects
 from stepskip._storage.base import (
@@ -300,8 +300,7 @@ class EntryStore:
             listed = meta["files"]
             if not read and keep and 0 < sum(info["bytes"] for info in listed.values()) <= keep:
                 # a small entry read whole, through this version: no second look
-                files = {name: cast(bytes, entry.read(stored_name(name, info), info["bytes"]))
-                         for name, info in listed.items()}
+                files = {name: entry.read(stored_name(name, info), info["bytes"]) for name, info in listed.items()}
                 return Probe(EntryState.PRESENT, meta, stamp=stamp, files=files, path=entry.path), {}
             for name, info in listed.items():
                 if name not in wanted:
@@ -577,7 +576,7 @@ def _check_files(meta: Mapping[str, Any], names: list[str] | None) -> list[str]:
     return wanted
 
 
-def _from_kept(meta: dict[str, Any], kept: Mapping[str, bytes], names: list[str] | None,
+def _from_kept(meta: dict[str, Any], kept: Mapping[str, bytes | memoryview], names: list[str] | None,
                verify: bool) -> dict[str, bytes | memoryview] | None:
     """The files ``names`` chose, from those a probe kept (every listed file, its size checked then),
     each checked against its checksum with ``verify``; None when one is not listed or does not match

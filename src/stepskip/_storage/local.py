@@ -180,12 +180,10 @@ class LocalBackend(Backend):
     # ------------------------------------------------------------------ reading
 
     def open_entry(self, path: str) -> LocalEntry:
-        try:
-            return LocalEntry(self, path, self.open_dir(path))
+        try:  # a missing directory's FileNotFoundError goes through as it is: a miss
+            return LocalEntry(self, path, open_below(*self._split(path)))
         except NotFollowed as err:
             raise NotAnEntry(err.message, damaged=err.last) from None
-        except FileNotFoundError:
-            raise
         except NotADirectoryError as err:  # the dump dir itself lies below a file
             raise NotAnEntry(str(err)) from None
 

@@ -76,7 +76,7 @@ def backend_class(url: str) -> type[Backend]:
         >>> backend_class("/tmp/dump").__name__, backend_class("s3://bucket/dump").__name__
         ('LocalBackend', 'FsspecBackend')
     """
-    scheme = url.partition("://")[0].lower() if "://" in url else "file"
+    scheme = url.partition("://")[0] if "://" in url else "file"
     return _BACKENDS.get(scheme, FsspecBackend)
 
 

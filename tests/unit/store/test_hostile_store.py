@@ -613,16 +613,17 @@ def test_entry_replaced_between_meta_and_data_reads_the_new_version(local: Local
 
     path = entry_of(local)
     local.store.write_entry(path, {"a.bin": b"1" * 10}, {"global_steps": 3, "v": 1})
-    real = _localfs.read_at
+    real = _localfs.read_at_stat
     swaps = []
 
-    def racing(dir_fd: int, name: str, expected: int | None, limit: int | None = None, allocator: Any = None) -> bytes:
+    def racing(dir_fd: int, name: str, expected: int | None, limit: int | None = None,
+               allocator: Any = None) -> tuple[bytes, Any]:
         if name == "a.bin" and not swaps:
             swaps.append(1)
             EntryStore(LocalBackend()).write_entry(path, {"a.bin": b"2" * 20}, {"global_steps": 3, "v": 2})
         return real(dir_fd, name, expected, limit, allocator)
 
-    monkeypatch.setattr(_localfs, "read_at", racing)
+    monkeypatch.setattr(_localfs, "read_at_stat", racing)
     meta, files = local.store.read_entry(path)
     assert swaps and meta["v"] == 2 and files == {"a.bin": b"2" * 20}
 
@@ -825,14 +826,15 @@ def test_the_chooser_sees_the_version_that_is_read(local: Local, monkeypatch: py
 
     path = entry_of(local)
     local.store.write_entry(path, {"a.bin": b"1" * 10}, {"global_steps": 3, "v": 1})
-    real = _localfs.read_at
+    real = _localfs.read_at_stat
     seen: list[int] = []
 
-    def racing(dir_fd: int, name: str, expected: int | None, limit: int | None = None, allocator: Any = None) -> bytes:
+    def racing(dir_fd: int, name: str, expected: int | None, limit: int | None = None,
+               allocator: Any = None) -> tuple[bytes, Any]:
         if name == "a.bin" and len(seen) == 1:
             EntryStore(LocalBackend()).write_entry(path, {"a.bin": b"2" * 20}, {"global_steps": 3, "v": 2})
         return real(dir_fd, name, expected, limit, allocator)
 
-    monkeypatch.setattr(_localfs, "read_at", racing)
+    monkeypatch.setattr(_localfs, "read_at_stat", racing)
     meta, files = local.store.read_entry(path, names=lambda m: seen.append(m["v"]) or ["a.bin"])
     assert seen == [1, 2] and meta["v"] == 2 and files == {"a.bin": b"2" * 20}

@@ -208,10 +208,12 @@ def _miss_then_hit(dump_dir, rows, width, looks):
 def test_a_small_hit_through_the_decorator_opens_its_entry_once(tmp_path, monkeypatch):
     """A one-sample entry: the probe that decides the hit reads it whole, and the hit is served
     from that read (one open of the entry's directory, one read of each file)."""
+    from stepskip._storage import local
+
     opened: list[str] = []
-    real_open = LocalBackend.open_dir
-    monkeypatch.setattr(LocalBackend, "open_dir", lambda self, path, *a, **k: opened.append(path)
-                        or real_open(self, path, *a, **k))
+    real_open = local.open_below  # every directory the local backend opens, an entry's or another
+    monkeypatch.setattr(local, "open_below", lambda base, parts, *a: opened.append("/".join([base, *parts]))
+                        or real_open(base, parts, *a))
     result, out = _miss_then_hit(tmp_path, 1, 8, opened)
     assert len(opened) == 1 and opened[0].startswith(str(tmp_path)), opened  # the probe's; the read used it
     for key in result.batch.keys():
