@@ -1,6 +1,11 @@
-"""Writing local entries: each built in a hidden ``.tmp-`` directory beside its place, synced, then
-renamed into place (swapped with the entry it replaces where the kernel can, so readers never see a
-gap); and batches of small entries whose durability is bought together.
+"""Local entries through open directories: the fd-level half of :mod:`stepskip._storage.local`.
+
+- reading: an entry's directory is opened once and its files relative to it (:class:`LocalEntry`),
+  so all belong to one version;
+- writing: each entry is built in a hidden ``.tmp-`` directory beside its place, synced, then
+  renamed into place, swapped with the entry it replaces where the kernel can, so readers never see
+  a gap (:class:`LocalStaging`); batches of small entries buy their durability together
+  (:class:`LocalBatch`).
 """
 
 from __future__ import annotations
@@ -51,9 +56,7 @@ class LocalEntry(PinnedEntry):
 
     def read_meta(self) -> tuple[bytes, tuple[int, ...] | None]:
         raw, st = read_at_stat(self.fd, META_FILE, None, META_MAX_BYTES)
-        directory = os.fstat(self.fd)  # a writer replaces an entry by renaming a new directory into place
-        stamp = (directory.st_dev, directory.st_ino, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        return raw, stamp  # type: ignore[return-value]  # no allocator: bytes
+        return raw, self._stamp(st)  # type: ignore[return-value]  # read without an allocator: bytes
 
     def _stamp(self, st: os.stat_result) -> tuple[int, ...]:
         # a writer replaces an entry by renaming a new directory (a new inode) into place
