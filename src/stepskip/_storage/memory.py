@@ -1,11 +1,9 @@
 """The in-memory backend: a tree of directories and files in this process, for tests.
 
-It behaves as the local backend does where it matters to entries: an entry is staged in a hidden
-``.tmp-`` directory beside its place and published by swapping the directory in whole; a pinned
-entry holds the directory it opened, so a replacement under a read is seen as one; directories
-have versions. ``MemoryBackend()`` holds a tree of its own; backends opened by URL
-(:meth:`MemoryBackend.from_url`, once :func:`~stepskip._storage.registry.register_backend` gave
-them a scheme) share one tree per process.
+As the local backend: an entry is staged in a hidden ``.tmp-`` directory beside its place and swapped
+in whole; a pinned entry holds the directory it opened; directories have versions. Each
+``MemoryBackend()`` has a tree of its own; those opened by URL (a scheme given by
+:func:`~stepskip._storage.registry.register_backend`) share one per process.
 
 Example:
     >>> from stepskip._storage import EntryStore
@@ -64,13 +62,7 @@ class _Dir:
         self.changed_ns = time.time_ns()
 
 
-class _Tree:
-    def __init__(self) -> None:
-        self.top = _Dir()
-        self.lock = threading.RLock()
-
-
-_SHARED = _Tree()  # the tree of every backend opened by URL
+_SHARED = (_Dir(), threading.RLock())  # the tree of every backend opened by URL, and its lock
 
 
 def _parts(path: str) -> list[str]:
@@ -83,21 +75,17 @@ def _parts(path: str) -> list[str]:
 
 
 class MemoryBackend(Backend):
-    """Entries in memory (see the module).
-
-    Args:
-        root: the dump dir; :meth:`remove` refuses anything outside it.
-    """
+    """Entries in memory (see the module). ``root``: the dump dir, outside which nothing is removed."""
 
     capabilities = Capabilities(atomic_dir_publish=True, version_stamps=True, dir_versions=True)
 
-    def __init__(self, root: str | None = None, *, _tree: _Tree | None = None) -> None:
+    def __init__(self, root: str | None = None, *, _shared: bool = False) -> None:
         self.root = root.rstrip("/") if root is not None else None
-        self._tree = _Tree() if _tree is None else _tree
+        self._top, self._lock = _SHARED if _shared else (_Dir(), threading.RLock())
 
     @classmethod
     def from_url(cls, url: str, storage_options: Mapping[str, Any]) -> MemoryBackend:
-        return cls(url, _tree=_SHARED)
+        return cls(url, _shared=True)
 
     def _node(self, path: str) -> _Dir | _File | None:
         """What is at ``path``; None when nothing is (or the path goes through a file, or has '..')."""
@@ -105,7 +93,7 @@ class MemoryBackend(Backend):
             parts = _parts(path)
         except OSError:
             return None
-        node: _Dir | _File = self._tree.top
+        node: _Dir | _File = self._top
         for part in parts:
             if not isinstance(node, _Dir) or part not in node.children:
                 return None
@@ -113,7 +101,7 @@ class MemoryBackend(Backend):
         return node
 
     def _dir(self, path: str, create: bool = False) -> _Dir:
-        node = self._tree.top
+        node = self._top
         for part in _parts(path):
             child = node.children.get(part)
             if child is None and create:
@@ -138,7 +126,7 @@ class MemoryBackend(Backend):
         return [item.name for item in self.items(path) if not dirs_only or item.kind == "dir"]
 
     def items(self, path: str) -> list[DirItem]:
-        with self._tree.lock:
+        with self._lock:
             node = self._node(path)
             return [_item(name, child) for name, child in node.children.items()] if isinstance(node, _Dir) else []
 
@@ -153,7 +141,7 @@ class MemoryBackend(Backend):
     # ------------------------------------------------------------------ reading
 
     def open_entry(self, path: str) -> MemoryEntry:
-        with self._tree.lock:
+        with self._lock:
             try:
                 return MemoryEntry(self, path, self._dir(path))
             except NotADirectoryError as err:
@@ -171,19 +159,19 @@ class MemoryBackend(Backend):
     # ------------------------------------------------------------------ writing
 
     def put_file(self, path: str, data: FileBytes) -> None:
-        with self._tree.lock:
+        with self._lock:
             parent, name = self._place(path)
             if isinstance(parent.children.get(name), _Dir):
                 raise IsADirectoryError(errno.EISDIR, "a directory is there", path)
             parent.set(name, _File(bytes(data)))
 
     def stage(self, path: str) -> MemoryStaging:
-        with self._tree.lock:
+        with self._lock:
             parent, name = self._place(path)
             return MemoryStaging(self, path, parent, name)
 
     def publish_dir(self, staging: str, path: str) -> None:
-        with self._tree.lock:
+        with self._lock:
             parent, name = self._place(path, create=False)
             tmp_parent, tmp = self._place(staging, create=False)
             node = parent.children.get(tmp)
@@ -208,7 +196,7 @@ class MemoryBackend(Backend):
         self.retire(path)
 
     def retire(self, path: str) -> bool:
-        with self._tree.lock:
+        with self._lock:
             try:
                 parent, name = self._confined(path)
             except (FileNotFoundError, NotADirectoryError):
@@ -287,7 +275,7 @@ class MemoryStaging(Staging):
         """Memory is as durable as it gets."""
 
     def publish(self, overwrite: bool) -> bool:
-        with self.backend._tree.lock:
+        with self.backend._lock:
             if self.name in self.parent.children and not overwrite:
                 return False
             self.parent.set(self.tmp, None)
@@ -296,7 +284,7 @@ class MemoryStaging(Staging):
             return True
 
     def discard(self) -> None:
-        with self.backend._tree.lock:
+        with self.backend._lock:
             if not self.done and self.parent.children.get(self.tmp) is self.node:
                 self.parent.set(self.tmp, None)
             self.done = True
