@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 
 from stepskip import SkipManager
+from stepskip._storage import EntryStore, LocalBackend
 from stepskip.formats import get_format
-from stepskip.store import LocalStore
 from stepskip.testing import make_rollout_batch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +108,7 @@ def load_child(kind: str, path: str) -> None:
     """In a fresh process: reset the peak RSS, load once, report peak extra bytes."""
     if kind == "verl":
         _install_verl_stand_in()
-    store = LocalStore()
+    store = EntryStore(LocalBackend())
     fmt = get_format("safe")
     if kind == "verl":
         warm(path)
@@ -166,7 +166,7 @@ def verl_own_code(path: str, repeat: int) -> dict | None:
 def bench_size(name: str, rows: int, prompt: int, response: int, repeat: int, workdir: str) -> list[dict]:
     batch = make_rollout_batch(rows, prompt, response, n=8, seed=0)
     in_memory = sum(t.numel() * t.element_size() for t in batch.batch.values())
-    store = LocalStore()
+    store = EntryStore(LocalBackend())
     results = []
 
     # verl 0.9 (re-enacted): pickle.dump of a DataProto, synchronous

@@ -220,7 +220,7 @@ class Loop:
 
 def quiet_disk() -> None:
     """Write back what earlier parts (and the inputs file) left dirty, before a part is timed, for both
-    sides: with more than ``stepskip.store.SYNCFS_MAX_DIRTY_BYTES`` dirty in the system, stepskip's
+    sides: with more than ``stepskip._storage._linux.SYNCFS_MAX_DIRTY_BYTES`` dirty in the system, stepskip's
     batched small-entry commits keep one ``fsync`` per file instead of one ``syncfs`` (so as never to
     wait for another program's writeback), and which part ran before would decide which path is
     timed. (The async part also times that path, with another program's data dirty on purpose.)"""

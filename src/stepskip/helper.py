@@ -7,7 +7,7 @@ slowed from 0.26 ms to 0.5-1.8 ms each while the worker had work (benchmarks/res
 batches of small entries are written by :data:`HELPER_PROCESSES` helper processes, children
 started as ``sys.executable -c ...`` (nothing of the training script runs there) that encode and
 publish them with the same code, :func:`write_small_entries`, through their own
-:class:`~stepskip.store.LocalStore` of the same root. A batch's entries are dealt out between
+:class:`~stepskip._storage.EntryStore` of the same root. A batch's entries are dealt out between
 them, so the kernel's part (creating each entry's directory and files) runs on several cores too.
 Their results (the bytes written, or each entry's error) come back to the dump worker, which
 counts and logs them as its own.
@@ -89,7 +89,7 @@ def write_small_entries(store: Any, codec: Any, items: Iterable[Item]) -> list[i
     """Encode ``items`` one by one and publish them with the store's batched fsyncs.
 
     Args:
-        store: a store with ``write_entries`` (:meth:`~stepskip.store.LocalStore.write_entries`).
+        store: a store with ``write_entries`` (:meth:`~stepskip._storage.EntryStore.write_entries`).
         codec: the format whose ``encode`` turns a snapshot into the entry's files.
         items: ``(path, snapshot, meta)`` of each entry, in order; taken one by one as the store
             asks for the next entry (always to the end).
@@ -500,8 +500,8 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 def _serve(requests: int, results: int, header: Any, stores: dict[str, Any], codecs: dict[tuple[str, str], Any]
            ) -> None:
     """Write one batch: its entries are read as the store asks for them; its results sent at the end."""
+    from stepskip._storage import open_store
     from stepskip.formats import get_format
-    from stepskip.store import LocalStore
 
     _, root, format_name, compress, count = header
     slots: list[bool] = []  # per entry: written here, or left to the parent (not sent, or not rebuilt here)
@@ -526,7 +526,7 @@ def _serve(requests: int, results: int, header: Any, stores: dict[str, Any], cod
 
     try:
         if root not in stores:
-            stores[root] = LocalStore(root)
+            stores[root] = open_store(root)
         if (format_name, compress) not in codecs:
             codecs[format_name, compress] = get_format(format_name, compress=compress)
         store, codec = stores[root], codecs[format_name, compress]
@@ -547,7 +547,7 @@ def _serve(requests: int, results: int, header: Any, stores: dict[str, Any], cod
 
 def _warm_up(codec: Any) -> None:
     """Encode a small value once: the codec's lazy imports happen now, not during the first batch."""
-    import stepskip.store  # noqa: F401
+    import stepskip._storage  # noqa: F401
 
     codec.encode(codec.freeze({"tokens": torch.zeros(1, 8, dtype=torch.int64), "text": np.array(["x"], dtype=object)},
                               copy=False))

@@ -87,7 +87,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from stepskip.store import META_MAX_BYTES, _is_number, _load_json
+from stepskip._storage.meta import META_MAX_BYTES, is_number, load_json
 
 __all__ = ["HINTS_DIR", "HINTS_MAX_BYTES", "HINTS_ROLL_BYTES", "HINTS_VERSION", "Hint", "HintDocument", "StepHint",
            "TABLE_MAGIC", "TABLE_MAX_BYTES", "TABLE_ROLL_BYTES", "TABLE_SUFFIX", "TABLE_VERSION", "DigestTable",
@@ -111,7 +111,7 @@ _MAX_DIGEST = 256
 _TOKEN = re.compile(r"[0-9a-f]{16}(?:-[0-9]{1,6})?")
 _ENTRY = re.compile(r"[0-9]{1,19}")
 _RECORDING = re.compile(r"rec-[0-9a-f]{12}")
-#: Inner entries a V1 step's hint may list (``stepskip.store.MAX_INNER_ENTRIES``).
+#: Inner entries a V1 step's hint may list (``stepskip._storage.meta.MAX_INNER_ENTRIES``).
 _MAX_INNER = 4096
 
 #: Digest tables (see the module docstring): their name's suffix, magic and version.
@@ -281,7 +281,7 @@ class HintDocument:
         False (nothing added) when it records no row digests or identity to hint."""
         digests = meta.get("row_prompts")
         created = meta.get("created_unix")
-        if (not _ENTRY.fullmatch(name) or not isinstance(digests, list) or not _is_number(created)
+        if (not _ENTRY.fullmatch(name) or not isinstance(digests, list) or not is_number(created)
                 or not all(isinstance(d, str) and len(d) <= _MAX_DIGEST for d in digests)
                 or len(digests) > _MAX_ENTRY_ROWS):
             self.remove(name)
@@ -300,7 +300,7 @@ class HintDocument:
         for meta in metas:
             digests = meta.get("row_prompts")
             created = meta.get("created_unix")
-            if (not isinstance(digests, list) or not _is_number(created) or len(digests) > _MAX_ENTRY_ROWS
+            if (not isinstance(digests, list) or not is_number(created) or len(digests) > _MAX_ENTRY_ROWS
                     or not all(d is None or (isinstance(d, str) and len(d) <= _MAX_DIGEST) for d in digests)):
                 inner = []
                 break
@@ -348,7 +348,7 @@ def _parse_step(name: str, info: dict[str, Any], step: int, document: str) -> tu
             return None, 0
         run_id, created = part.get("run_id"), part.get("created_unix")
         parsed = _parse_rows(part.get("rows"))
-        if (run_id is not None and type(run_id) is not str) or not _is_number(created) or parsed is None:
+        if (run_id is not None and type(run_id) is not str) or not is_number(created) or parsed is None:
             return None, 0
         hints.append(Hint(step, run_id, float(created), parsed[0], document))  # type: ignore[arg-type]
         total += parsed[1]
@@ -365,7 +365,7 @@ def parse_hints(raw: bytes, document: str,
     is left of its budget).
     """
     max_rows = min(max_rows, _MAX_ROWS)
-    body, problem = _load_json(raw, HINTS_MAX_BYTES, document)
+    body, problem = load_json(raw, HINTS_MAX_BYTES, document)
     if problem:
         return {}, problem
     if not isinstance(body, dict) or body.get("stepskip_hints") != HINTS_VERSION:
@@ -394,7 +394,7 @@ def parse_hints(raw: bytes, document: str,
         else:
             run_id, created = info.get("run_id"), info.get("created_unix")
             parsed = _parse_rows(info.get("rows"))
-            if (run_id is not None and type(run_id) is not str) or not _is_number(created):
+            if (run_id is not None and type(run_id) is not str) or not is_number(created):
                 return {}, f"{document}: entry {name} has an ill-typed run_id or created_unix"
             if parsed is None:
                 return {}, f"{document}: entry {name} has a malformed row list, or more than {_MAX_ENTRY_ROWS} rows"
@@ -428,7 +428,7 @@ def identity_key(meta: Mapping[str, Any]) -> int | None:
     """The 64-bit key of the identity of the entry version ``meta`` describes (its ``run_id`` and
     ``created_unix``, as :func:`same_version` compares them); None when it carries none."""
     run_id, created = meta.get("run_id"), meta.get("created_unix")
-    if not isinstance(created, (int, float)) or not _is_number(created) or (run_id is not None
+    if not isinstance(created, (int, float)) or not is_number(created) or (run_id is not None
                                                                            and not isinstance(run_id, str)):
         return None
     return xxhash.xxh3_64_intdigest(f"{run_id}\0{float(created)!r}".encode("utf-8", "surrogatepass"))

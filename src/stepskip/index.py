@@ -18,7 +18,7 @@ A dump dir holds ``{experiment}_{project}/GBS{gbs}_N{n}_in{p}_out{r}/`` run dire
 The prompt hints the roles keep beside the run directories (``{experiment}/.stepskip-index/``,
 :mod:`stepskip.hints`) are no run directory: the index neither lists nor removes them.
 
-Everything is read through the store abstraction (:func:`stepskip.store.open_store`), so local
+Everything is read through the store abstraction (:func:`stepskip._storage.open_store`), so local
 paths, ``memory://`` and ``s3://`` caches are indexed alike. A cache is data someone else may
 have written, so the index never follows a symbolic link (a linked run, stage, step or data file
 is reported, not entered), accepts only file names in ``meta.json`` that are single path
@@ -43,6 +43,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from stepskip._storage import META_FILE, TMP_PREFIX, TRASH_PREFIX, DirItem, EntryState, open_store
 from stepskip.drift import DRIFT_DIR
 from stepskip.entries import FORMATS, format_spec, legacy_format, unsupported_format_message
 from stepskip.errors import (
@@ -54,7 +55,6 @@ from stepskip.errors import (
 )
 from stepskip.layout import RUN_DIR, Layout, is_url
 from stepskip.manifest import MANIFEST_FILE, StepManifest, StepRoot, is_recording, resolve_step
-from stepskip.store import META_FILE, TMP_PREFIX, TRASH_PREFIX, DirItem, EntryState, open_store
 
 __all__ = [
     "CacheIndex", "EntryRecord", "EntryStatus", "Issue", "IssueKind", "NotACacheError", "PickleNotAllowedError",

@@ -84,7 +84,7 @@ class Layout:
     @classmethod
     def for_identity(cls, dump_dir: str, identity: RunIdentity, subdir: str | None = None) -> Layout:
         """The paths of a run with ``identity`` under ``dump_dir`` (``~`` expanded, ``file://`` and
-        ``local://`` dropped: local files behind a URL are plain paths, one LocalStore)."""
+        ``local://`` dropped: local files behind a URL are plain paths, one local backend)."""
         for prefix in ("file://", "local://"):
             if dump_dir.startswith(prefix):
                 dump_dir = dump_dir[len(prefix):]

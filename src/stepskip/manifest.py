@@ -1,7 +1,7 @@
 """Step manifests: how a V1 step recorded on an object store is committed whole.
 
 A ``rollout_tq`` step is several inner entries (one per sample call). On a local disk the step is
-built in a hidden directory and published with one rename (:meth:`stepskip.store.LocalStore.publish_dir`);
+built in a hidden directory and published with one rename (:meth:`stepskip._storage.entries.EntryStore.publish_dir`);
 object stores have no directory rename, so there a step is committed by a manifest::
 
     {step}/rec-{token}/{inner}/meta.json ...   the inner entries of one recording (one recorder)
@@ -41,20 +41,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepskip.errors import CorruptEntryError, UnreadableEntryError
-from stepskip.store import (
+from stepskip._storage.base import EntryState, Tree
+from stepskip._storage.meta import (
     GRACE_SECONDS,
     MANIFEST_FILE,
     MAX_INNER_ENTRIES,
     STALE_SECONDS,
-    EntryState,
-    Tree,
-    _bounded_int,
-    _is_number,
-    _load_json,
-    _show,
-    may_hold_leftovers,
+    bounded_int,
+    is_number,
+    load_json,
+    show,
 )
+from stepskip._storage.objects import may_hold_leftovers
+from stepskip.errors import CorruptEntryError, UnreadableEntryError
 
 __all__ = [
     "MANIFEST_FILE", "MANIFEST_MAX_BYTES", "MANIFEST_VERSION", "RECORDING_PREFIX", "StepManifest", "StepRoot",
@@ -144,7 +143,7 @@ class StepManifest:
 
 def _time(value: object) -> bool:
     """A time a manifest may hold: a finite number >= 0 (a huge int is refused unconverted: no overflow)."""
-    return _is_number(value) and value >= 0  # type: ignore[operator]  # _is_number made sure it is a number
+    return is_number(value) and value >= 0  # type: ignore[operator]  # is_number made sure it is a number
 
 
 def parse_manifest(raw: bytes) -> StepManifest:
@@ -169,35 +168,35 @@ def parse_manifest(raw: bytes) -> StepManifest:
 
 
 def _parse_manifest(raw: bytes) -> StepManifest:
-    body, reason = _load_json(raw, MANIFEST_MAX_BYTES, MANIFEST_FILE)
+    body, reason = load_json(raw, MANIFEST_MAX_BYTES, MANIFEST_FILE)
     if reason:
         raise CorruptEntryError(reason)
     if not isinstance(body, dict):
         raise CorruptEntryError(f"{MANIFEST_FILE} is not a JSON object")
     version = body.get("stepskip_manifest")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise CorruptEntryError(f"{MANIFEST_FILE}: stepskip_manifest is {_show(version)}, expected {MANIFEST_VERSION}")
+        raise CorruptEntryError(f"{MANIFEST_FILE}: stepskip_manifest is {show(version)}, expected {MANIFEST_VERSION}")
     if version > MANIFEST_VERSION:
         raise UnreadableEntryError(f"{MANIFEST_FILE} has version {version}; this stepskip reads version "
                                    f"{MANIFEST_VERSION}: upgrade stepskip to read this step (it was left untouched)")
     recording = body.get("recording")
     if not is_recording(recording):
-        raise CorruptEntryError(f"{MANIFEST_FILE}: recording is {_show(recording)}, expected "
+        raise CorruptEntryError(f"{MANIFEST_FILE}: recording is {show(recording)}, expected "
                                 f"{RECORDING_PREFIX} and 12 hex digits")
     inner: Any = body.get("inner_entries")
-    problem = _bounded_int({"inner_entries": inner}, "inner_entries", 1, MAX_INNER_ENTRIES, file=MANIFEST_FILE)
+    problem = bounded_int({"inner_entries": inner}, "inner_entries", 1, MAX_INNER_ENTRIES, file=MANIFEST_FILE)
     if problem is not None:  # absent is None here: refused like any other value that is not an int
         raise CorruptEntryError(problem)
     run_id = body.get("run_id")
     if run_id is not None and (not isinstance(run_id, str) or len(run_id) > _MAX_RUN_ID):
-        raise CorruptEntryError(f"{MANIFEST_FILE}: run_id is {_show(run_id)}, expected a string or null")
+        raise CorruptEntryError(f"{MANIFEST_FILE}: run_id is {show(run_id)}, expected a string or null")
     created = body.get("created_unix")
     if created is not None and not _time(created):
-        raise CorruptEntryError(f"{MANIFEST_FILE}: created_unix is {_show(created)}, expected a number >= 0 or null")
+        raise CorruptEntryError(f"{MANIFEST_FILE}: created_unix is {show(created)}, expected a number >= 0 or null")
     retired = body.get("retired", {})
     if (not isinstance(retired, dict) or len(retired) > _MAX_RETIRED
             or not all(is_recording(k) and _time(v) for k, v in retired.items())):
-        raise CorruptEntryError(f"{MANIFEST_FILE}: retired is {_show(retired)}, expected at most {_MAX_RETIRED} "
+        raise CorruptEntryError(f"{MANIFEST_FILE}: retired is {show(retired)}, expected at most {_MAX_RETIRED} "
                                 "recording names with times")
     return StepManifest(str(recording), inner, run_id, None if created is None else float(created),
                         {str(k): float(v) for k, v in retired.items() if k != recording})
@@ -334,11 +333,11 @@ def may_need_clean_up(store: Any, tree: Tree, step_dir: str, older_than: float =
     was written less than ``min(grace, older_than)`` seconds ago (it is kept for the grace period
     after its replacement, or until stale when nothing names it, both later than its last write); an
     inner entry may hold a leftover only when its objects come from more than one write
-    (:func:`stepskip.store.may_hold_leftovers`). Only a lone recording under a manifest that names
+    (:func:`stepskip._storage.objects.may_hold_leftovers`). Only a lone recording under a manifest that names
     another (a damaged step) is kept on this account, which is what keeping when in doubt means.
 
     Example:
-        >>> from stepskip.store import DirItem
+        >>> from stepskip._storage import DirItem
         >>> item = DirItem("meta.json", "file", 9, 100.0)
         >>> tree = Tree("s3://b/run", {"1/step.json": item, "1/rec-0123456789ab/0/meta.json": item})
         >>> may_need_clean_up(None, tree, "s3://b/run/1", now=200.0)

@@ -158,8 +158,8 @@ class V1Trainer:
 def rewrite_inner_entry(path: str, change: Any) -> None:
     """Rewrite the V1 inner entry at ``path`` with ``change(payload)`` applied to its decoded payload,
     its meta.json fields (row_prompts, ...) kept and its checksums valid: a crafted entry."""
+    from stepskip._storage import open_store
     from stepskip.formats import get_format
-    from stepskip.store import open_store
 
     store = open_store(path.rsplit("/", 1)[0])
     meta, files = store.read_entry(path)

@@ -117,6 +117,18 @@ class PagePool:
         weakref.finalize(flat, self._give, buffer).atexit = False
         return flat.reshape(shape)
 
+    def buffer(self, size: int) -> memoryview | None:
+        """``size`` writable bytes in recycled pages for a file read whole (the storage layer's allocator,
+        :data:`stepskip._storage.Allocator`); None below :attr:`min_bytes` (ordinary bytes are cheaper).
+
+        Example:
+            >>> POOL.buffer(16) is None, len(POOL.buffer(POOL.min_bytes))
+            (True, 4194304)
+        """
+        if size < self.min_bytes:
+            return None
+        return self.array((size,), np.uint8).data  # the memoryview holds the array, and so the pages
+
     def empty(self, shape: tuple[int, ...] | list[int] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised CPU tensor (its storage is not resizable when it comes from the pool)."""
         if math.prod(shape) * dtype.itemsize < self.min_bytes or self.keep <= 0 or self.released:

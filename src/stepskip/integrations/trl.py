@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from stepskip._storage import EntryState
 from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
 from stepskip.identity import RunIdentity
 from stepskip.integrations._trl_config import TrlGenerateConfig
@@ -42,7 +43,6 @@ from stepskip.manager import SkipManager
 from stepskip.policies import SkipAction
 from stepskip.roles.base import RunContext, register_skip
 from stepskip.roles.cached import CachedRole
-from stepskip.store import EntryState
 from stepskip.tracker import (
     StepSamples,
     add_rewards,

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, cast
 
 import numpy as np
 
+from stepskip._storage import EntryState, Probe, Tree, check_dump_dir, open_store, settled
 from stepskip._version import __version__
 from stepskip.access import check_writable, describe_store_access_error, is_store_access_error
 from stepskip.calls import CURRENT_CALL, call_prompts
@@ -58,7 +59,6 @@ from stepskip.resolve import EXACT_ACTIONS, load_candidates
 from stepskip.roles.base import BaseSkip, RunContext
 from stepskip.stage_inputs import encode_entry
 from stepskip.stats import COMPARE_STAT_NAMES, RoleStats
-from stepskip.store import EntryState, LocalStore, Probe, Tree, check_dump_dir, open_store, settled
 from stepskip.tracker import offer_samples
 from stepskip.worker import default_worker
 
@@ -110,6 +110,14 @@ def _prompt_digest(prompts: Any, exclude: Iterable[str]) -> str | None:
     from stepskip.fidelity import prompt_digest  # hashes tensors: torch loads with the first dump
 
     return prompt_digest(prompts, exclude)
+
+
+def _recycled(size: int) -> memoryview | None:
+    """Recycled pages for a big file of an entry read whole (a fresh buffer of its size would fault in
+    every page); the page pool is imported only where a decoder that reads buffers asks for it."""
+    from stepskip.formats.pages import POOL
+
+    return POOL.buffer(size)
 
 
 def _forget_dumps_after_fork() -> None:
@@ -266,7 +274,7 @@ class CachedRole(BaseSkip):
         where = f"skip.{self.name}"  # a stage role's config class is shared: its section says skip.<stage>
         key = f"{where}.dump_dir"
         check_dump_dir(self.dump_dir, self.config.storage_options, key=key, entry_dir=self.layout.project_dir)
-        local = isinstance(self.store, LocalStore)
+        local = self.store.capabilities.local_files
         if local and self.action is not SkipAction.REPLAY:
             check_writable(self.layout.dump_dir, self.layout.project_dir, key=key, fix=f"set {where}.action = replay")
         try:  # on an object store, the first request: credentials and endpoint are tried here
@@ -280,12 +288,14 @@ class CachedRole(BaseSkip):
         """Remove what interrupted writers left in this role's entries once it is stale (at start-up).
 
         Args:
-            tree: one recursive listing of the run directory on object stores (:meth:`~stepskip.store.
-                FsspecStore.scan`), from which only the entries that may hold a leftover are looked
-                at: a bounded number of requests whatever the number of entries; None locally.
+            tree: one recursive listing of the run directory where the store lists a tree cheaply
+                (:meth:`~stepskip._storage.EntryStore.scan`: object stores), from which only the entries
+                that may hold a leftover are looked at: a bounded number of requests whatever the number
+                of entries; None locally.
         """
         path = self.layout.project_dir
-        if tree is None and self.action in _LISTING_ACTIONS and isinstance(self.store, LocalStore):
+        can = self.store.capabilities
+        if tree is None and self.action in _LISTING_ACTIONS and can.dir_versions and can.atomic_dir_publish:
             # the run directory's listing is kept for the first call, which lists it otherwise (10,000
             # names: a few milliseconds), under the rules of a reused listing (see listed_steps)
             version, listed_at, listed_mono = self.store.dir_version(path), time.time_ns(), _monotonic()
@@ -341,7 +351,7 @@ class CachedRole(BaseSkip):
 
         On local disk the parsed listing is reused while all of these hold: the directory's version
         (device, inode, mtime and ctime) is what it was, that mtime was already
-        :data:`~stepskip.store.SETTLED_NS` old when it was listed, this role has written no entry
+        :data:`~stepskip._storage.SETTLED_NS` old when it was listed, this role has written no entry
         since, and the listing is less than :data:`LISTING_MAX_AGE` seconds old. A call then costs
         a ``stat``, not a listing, whatever the number of entries. The last two rules bound what
         directory times cannot tell: a FUSE mount with fixed directory times, an NFS client whose
@@ -433,7 +443,7 @@ class CachedRole(BaseSkip):
 
     def _probe(self, path: str, keep: int = 0) -> Probe:
         """Probe and classify the entry at ``path`` (a present entry this role cannot use is unreadable);
-        ``keep``: as :meth:`~stepskip.store.LocalStore.probe`'s."""
+        ``keep``: as :meth:`~stepskip._storage.EntryStore.probe`'s."""
         if self._pending:
             self._await_pending(path)
         return self._classify(path, self.store.probe(path, self.legacy.files, keep))
@@ -1476,7 +1486,7 @@ class CachedRole(BaseSkip):
             nbytes = _small_size(frozen)
             # consecutive small dumps are committed together (fsyncs batched) where the store can, unless a
             # subclass writes its own way
-            batches = nbytes is not None and hasattr(self.store, "write_entries") \
+            batches = nbytes is not None and self.store.capabilities.batched_fsync \
                 and type(self)._write is CachedRole._write
             group = self._write_batch if batches else None
             default_worker().submit(dump, nbytes=nbytes, group=group)
@@ -1498,7 +1508,7 @@ class CachedRole(BaseSkip):
 
         The store publishes each entry atomically and makes it durable before it counts as
         written, as :meth:`_write` does, with the fsyncs of the whole batch issued together; a
-        failure is counted for its own entry alone. Only dumps to a store with ``write_entries`` come
+        failure is counted for its own entry alone. Only dumps to a store that batches fsyncs come
         here. On a local store the batch goes to the helper processes once ready
         (:mod:`stepskip.helper`: encoding there leaves this process's GIL to the caller), else it is
         written on this thread.
@@ -1509,7 +1519,7 @@ class CachedRole(BaseSkip):
             start = time.perf_counter()
             items = [(dump.path, dump.frozen, dump.meta) for dump in dumps]
             sent: list[int | Exception | None] = [None] * len(items)
-            if self.config.dump_process and helper_enabled() and type(self.store) is LocalStore \
+            if self.config.dump_process and helper_enabled() and self.store.capabilities.local_files \
                     and self.store.root is not None and self.format_spec.name == "safe":
                 try:
                     sent = write_with_helpers(self.store.root, self.format_spec.name, str(self.config.compress),
@@ -1690,7 +1700,8 @@ class CachedRole(BaseSkip):
         try:  # one version of the entry, even while a writer replaces it
             # big files in recycled pages, for the format that reads buffers (the unpicklers read bytes)
             meta, files = self.store.read_entry(path, self.legacy.files, files_of, self.verify,
-                                                pooled=lambda: not chosen[0].uses_pickle, probe=probe)
+                                                allocator=lambda size: None if chosen[0].uses_pickle
+                                                else _recycled(size), probe=probe)
         except CorruptEntryError:
             raise
         except CacheMissError as err:

@@ -31,6 +31,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from stepskip._storage import TMP_PREFIX, EntryState, Probe, Tree
 from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 from stepskip.layout import Layout
@@ -49,7 +50,6 @@ from stepskip.resolve import EXACT_ACTIONS, load_candidates, remap_v1
 from stepskip.roles.base import register_skip
 from stepskip.roles.cached import _HINTED_FROM, ROW_WISE_ACTIONS, _prompt_digest, _seconds, _step_of
 from stepskip.roles.rollout import RolloutSkip
-from stepskip.store import TMP_PREFIX, EntryState, Probe, Tree
 
 if TYPE_CHECKING:
     from stepskip.tq import TQClient  # stepskip.tq imports torch: only for type checkers
@@ -294,7 +294,7 @@ class RolloutTqSkip(RolloutSkip):
         """Start a fresh staging directory for ``step`` (caller holds ``_lock``)."""
         self._written.pop(step, None)
         self._failed.discard(step)
-        if self.store.publishes_dirs:
+        if self.store.capabilities.atomic_dir_publish:
             self._staging[step] = f"{self.project_dump_dir}/{TMP_PREFIX}{int(step)}-{uuid.uuid4().hex[:12]}"
         else:  # object stores: a recording of its own, committed by the step's manifest
             self._staging[step] = f"{self.step_dump_dir(step)}/{new_recording()}"
@@ -383,7 +383,7 @@ class RolloutTqSkip(RolloutSkip):
                 for path in indexed:
                     self._index.forget(path)
         try:
-            if self.store.publishes_dirs:
+            if self.store.capabilities.atomic_dir_publish:
                 self.store.publish_dir(staging, target)
             else:  # the manifest, written last, commits the recording (stepskip.manifest)
                 publish_manifest(self.store, target, staging.rsplit("/", 1)[-1], self.parameter_sync_step,
@@ -400,7 +400,7 @@ class RolloutTqSkip(RolloutSkip):
         with self._lock:
             metas = self._inner_metas.pop(step, {})
         if sorted(metas) == list(range(self.parameter_sync_step)):  # the hint of the step as published
-            recording = None if self.store.publishes_dirs else staging.rsplit("/", 1)[-1]
+            recording = None if self.store.capabilities.atomic_dir_publish else staging.rsplit("/", 1)[-1]
             ordered = [metas[i] for i in range(self.parameter_sync_step)]
             self._add_hints([(str(step), functools.partial(_add_step_hint, name=str(step), recording=recording,
                                                            metas=ordered))])

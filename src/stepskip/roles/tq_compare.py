@@ -23,7 +23,7 @@ from stepskip.errors import CacheMissError, CorruptEntryError
 from stepskip.policies import TrainOn
 from stepskip.resolve import remap_v1
 from stepskip.roles.rollout_tq import _complete
-from stepskip.store import EntryState
+from stepskip._storage import EntryState
 
 if TYPE_CHECKING:
     from stepskip.roles.rollout_tq import RolloutTqSkip

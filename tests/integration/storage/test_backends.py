@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from stepskip import Batch, CorruptEntryError, SkipManager
-from stepskip.store import GRACE_SECONDS, META_FILE, EntryState, FsspecStore, open_store
+from stepskip._storage import GRACE_SECONDS, META_FILE, EntryState, FsspecBackend, open_store
 from stepskip.tq import InProcessTQClient
 
 
@@ -58,7 +58,7 @@ def test_overwrite_leaves_one_entry_and_no_stray_objects(backend):
     readers that still hold the old meta.json, until a later writer finds their grace period over."""
     store = open_store(backend.dump_dir, backend.storage_options)
     now = [1_000_000.0]
-    if isinstance(store, FsspecStore):
+    if isinstance(store.backend, FsspecBackend):
         store.clock = lambda: now[0]
     store.write_entry(entry(backend), files_for(1), {"global_steps": 1})
     first = _objects(store, entry(backend)) - {META_FILE}
@@ -66,7 +66,7 @@ def test_overwrite_leaves_one_entry_and_no_stray_objects(backend):
     probe = store.probe(entry(backend))
     assert store.read_files(entry(backend), probe.meta, ["data.safetensors", "data.json"], verify=True) == files_for(2)
     second = _objects(store, entry(backend))
-    if isinstance(store, FsspecStore):
+    if isinstance(store.backend, FsspecBackend):
         assert set(store.list_dir(entry(backend))) == second | first  # still readable by an old reader
         assert set(probe.meta["retired"]) == first
         now[0] += GRACE_SECONDS
@@ -88,7 +88,7 @@ def test_damage_is_detected(backend):
     probe = store.probe(entry(backend))
     obj = probe.meta["files"]["data.safetensors"].get("object", "data.safetensors")
     path = f"{entry(backend)}/{obj}"
-    raw = bytearray(store._read(path))
+    raw = bytearray(_get(store, path))
     raw[100] ^= 0xFF
     _put(store, path, bytes(raw))
     with pytest.raises(CorruptEntryError, match="checksum"):
@@ -103,11 +103,18 @@ def test_damage_is_detected(backend):
 
 
 def _put(store, path, data):
-    if hasattr(store, "fs"):
-        store.fs.pipe_file(store._p(path), data)
+    if isinstance(store.backend, FsspecBackend):
+        store.backend.fs.pipe_file(store.backend.key(path), data)
     else:
         with open(path.removeprefix("local://"), "wb") as fh:
             fh.write(data)
+
+
+def _get(store, path):
+    if isinstance(store.backend, FsspecBackend):
+        return bytes(store.backend.fs.cat_file(store.backend.key(path)))
+    with open(path.removeprefix("local://"), "rb") as fh:
+        return fh.read()
 
 
 def test_concurrent_writers_never_mix_files(backend):

@@ -17,10 +17,10 @@ import pytest
 import torch
 from v1_harness import V1Trainer
 
-import stepskip.store as store_module
 from stepskip import Batch, SkipManager
+from stepskip._storage import STALE_SECONDS, EntryState, open_store
+from stepskip._storage import objects as store_module
 from stepskip.manifest import MANIFEST_FILE
-from stepskip.store import STALE_SECONDS, EntryState, open_store
 from stepskip.tq import InProcessTQClient
 
 LATER = 2 * STALE_SECONDS
@@ -65,16 +65,16 @@ def rollout_cache(s3: Any, count: int) -> tuple[str, str, list[str]]:
     rollout.generate_sequences(prompts([1, 2]))
     SkipManager.reset()
     first = run.removeprefix("s3://") + "/0"
-    objects = {key.rsplit("/", 1)[-1]: store.fs.cat_file(key) for key in store.fs.find(first)}
+    objects = {key.rsplit("/", 1)[-1]: store.backend.fs.cat_file(key) for key in store.backend.fs.find(first)}
     meta = json.loads(objects.pop("meta.json"))
     copies: dict[str, bytes] = {}
     for step in range(1, count):
         target = f"{run.removeprefix('s3://')}/{2 * step}"
         copies.update({f"{target}/{name}": data for name, data in objects.items()})
         copies[f"{target}/meta.json"] = json.dumps(dict(meta, global_steps=2 * step)).encode()
-    store.fs.pipe(copies)
+    store.backend.fs.pipe(copies)
     orphan = f"{run}/0/data.deadbeef0000.json"
-    store.fs.pipe_file(store._p(orphan), b"a crashed writer's object")
+    store.backend.fs.pipe_file(store.backend.key(orphan), b"a crashed writer's object")
     return dump_dir, run, sorted([orphan, *(f"{run}/1/{o}" for o in old)])
 
 
@@ -95,7 +95,7 @@ def test_init_costs_the_same_requests_at_10_and_200_entries(counting_s3, monkeyp
             monkeypatch.setattr(store_module, "_clock", lambda: store_module.time.time() + LATER)
         counts[count] = init_requests(counting_s3, rollout_config(dump_dir, counting_s3.options))
         store = open_store(dump_dir, counting_s3.options)
-        assert all(store.fs.exists(store._p(p)) is not leftovers_stale for p in leftovers)
+        assert all(store.backend.fs.exists(store.backend.key(p)) is not leftovers_stale for p in leftovers)
         for step in (0, 1, 2 * (count - 1)):
             assert store.probe(f"{run}/{step}").state is EntryState.PRESENT
         SkipManager.reset()
@@ -119,9 +119,9 @@ def v1_cache(s3: Any, count: int) -> tuple[str, str]:
     SkipManager.reset()
     store = open_store(dump_dir, s3.options)
     first = run.removeprefix("s3://") + "/1"
-    objects = {key[len(first) + 1:]: store.fs.cat_file(key) for key in store.fs.find(first)}
+    objects = {key[len(first) + 1:]: store.backend.fs.cat_file(key) for key in store.backend.fs.find(first)}
     assert MANIFEST_FILE in objects
-    store.fs.pipe({f"{run.removeprefix('s3://')}/{step}/{rel}": data
+    store.backend.fs.pipe({f"{run.removeprefix('s3://')}/{step}/{rel}": data
                    for step in range(2, count + 1) for rel, data in objects.items()})
     return dump_dir, run
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from stepskip import CacheMissError, CorruptEntryError
-from stepskip.store import EntryState, open_store
+from stepskip._storage import EntryState, open_store
 
 pytestmark = pytest.mark.heavy
 

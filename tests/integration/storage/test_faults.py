@@ -14,7 +14,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.registry import register_implementation
 
 from stepskip import Batch, SkipManager
-from stepskip.store import EntryState, LocalStore, open_store
+from stepskip._storage import EntryState, EntryStore, LocalBackend, open_store
 
 pytestmark = pytest.mark.heavy
 
@@ -102,7 +102,7 @@ def test_full_object_store_keeps_training_and_leaves_nothing_named():
 def _write_same_entry(path: str, writer: int, start) -> None:
     start.wait()
     data = {"data.safetensors": bytes([writer]) * 200_000, "data.json": f'{{"writer": {writer}}}'.encode()}
-    LocalStore().write_entry(path, data, {"global_steps": 1, "writer": writer})
+    EntryStore(LocalBackend()).write_entry(path, data, {"global_steps": 1, "writer": writer})
 
 
 def test_processes_writing_one_entry_leave_exactly_one_complete_entry(tmp_path):
@@ -117,7 +117,7 @@ def test_processes_writing_one_entry_leave_exactly_one_complete_entry(tmp_path):
         for p in procs:
             p.join(300)
         assert [p.exitcode for p in procs] == [0] * 5
-        store = LocalStore()
+        store = EntryStore(LocalBackend())
         probe = store.probe(path)
         assert probe.state is EntryState.PRESENT
         writer = probe.meta["writer"]

@@ -8,14 +8,14 @@ import json
 import pytest
 
 from stepskip import CacheMissError, CorruptEntryError
-from stepskip.store import META_FILE, EntryState, FsspecStore, checksum, open_store
+from stepskip._storage import META_FILE, EntryState, FsspecBackend, checksum, open_store
 
 FILES = {"data.safetensors": b"\x07" * 5000, "data.json": b'{"writer": 1}'}
 
 
 def put(store, path: str, data: bytes) -> None:
-    if isinstance(store, FsspecStore):
-        store.fs.pipe_file(store._p(path), data)
+    if isinstance(store.backend, FsspecBackend):
+        store.backend.fs.pipe_file(store.backend.key(path), data)
     else:
         import os
 
@@ -26,7 +26,10 @@ def put(store, path: str, data: bytes) -> None:
 
 
 def get(store, path: str) -> bytes:
-    return bytes(store._read(path))
+    if isinstance(store.backend, FsspecBackend):
+        return bytes(store.backend.fs.cat_file(store.backend.key(path)))
+    with open(path.removeprefix("local://"), "rb") as fh:
+        return fh.read()
 
 
 @pytest.fixture
@@ -80,7 +83,7 @@ def test_object_names_leaving_the_entry_are_damage_and_never_deleted(cache):
 
 def test_a_foreign_file_named_by_a_valid_meta_is_never_deleted(cache):
     store, _, entry = cache
-    if not isinstance(store, FsspecStore):
+    if not isinstance(store.backend, FsspecBackend):
         pytest.skip("a local entry is replaced as a whole directory")
     store.grace_seconds = 0  # replaced objects would go at once: only stepskip's own may
     put(store, f"{entry}/README", b"notes")

@@ -26,6 +26,7 @@ import pytest
 from v1_harness import trajectory_fields
 
 from stepskip import CorruptEntryError, UnreadableEntryError
+from stepskip._storage import STALE_SECONDS, open_store
 from stepskip.cli.verify import repair, verify_runs
 from stepskip.identity import RunIdentity
 from stepskip.index import CacheIndex, IssueKind, StepKind
@@ -39,7 +40,6 @@ from stepskip.manifest import (
 )
 from stepskip.roles.base import RunContext
 from stepskip.roles.rollout_tq import RolloutTqSkip
-from stepskip.store import STALE_SECONDS, open_store
 from stepskip.tq import InProcessTQClient, KVBatchMeta
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "cli"))  # the in-process CLI runner
@@ -230,7 +230,7 @@ def test_a_recording_removed_while_it_was_written_is_never_published(object_stor
         store.remove(f"{where}/{idle}")
     else:
         (data,) = [n for n in store.list_dir(f"{where}/{idle}/0") if n.endswith(".json") and n != "meta.json"]
-        store.fs.rm(f"{store._p(where)}/{idle}/0/{data}")
+        store.backend.fs.rm(f"{store.backend.key(where)}/{idle}/0/{data}")
     late.sample(1, [2, 3], 20)  # the last inner entry: the step would be published now
     assert late.role.stats["dump_failures"] == 1
     assert read_manifest(store, where) == good
@@ -474,16 +474,17 @@ def test_start_up_clean_up_reads_a_manifest_only_where_the_listing_shows_a_possi
     Recorder(object_store)  # binding starts the role: its clean-up
     assert reads == [] and cleaned == [where.rsplit("/", 1)[0]]  # the run directory's own clean-up alone
     orphan = f"{where}/{recording}/0/data.deadbeef0000.json"  # a crashed writer's object, nothing names it
-    store.fs.pipe_file(store._p(orphan), b"orphan")
+    store.backend.fs.pipe_file(store.backend.key(orphan), b"orphan")
     reads.clear()
     cleaned.clear()
     late = Recorder(object_store)
-    assert reads == [] and store.fs.exists(store._p(orphan))  # written just now: not stale, not looked at
+    # written just now: not stale, not looked at
+    assert reads == [] and store.backend.fs.exists(store.backend.key(orphan))
     late.role.store.clock = lambda: time.time() + 2 * STALE_SECONDS
     late.role.start()
     assert reads == [f"{where}/{MANIFEST_FILE}"]
     assert cleaned[-1:] == [f"{where}/{recording}"] and where not in cleaned  # the run directory's own is before
-    assert not store.fs.exists(store._p(orphan))
+    assert not store.backend.fs.exists(store.backend.key(orphan))
     assert replayed_markers(object_store) == {10}
 
 
@@ -592,9 +593,9 @@ def test_a_manifest_step_copied_to_local_disk_is_read_there_and_a_linked_manifes
 
 
 def test_local_small_files_are_read_bounded_and_written_whole(tmp_path):
-    from stepskip.store import LocalStore
+    from stepskip._storage import EntryStore, LocalBackend
 
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     assert store.read_small(str(tmp_path / "absent.json"), 10) is None
     store.put_small(str(tmp_path / "a" / "x.json"), b"12345")
     store.put_small(str(tmp_path / "a" / "x.json"), b"678")

@@ -16,16 +16,16 @@ from cli_caches import SAFE_RUN
 from tensordict import TensorDict
 
 from stepskip import Batch
+from stepskip._storage import EntryStore, LocalBackend
 from stepskip.cli.convert import convert_cache
 from stepskip.cli.scan import open_index
 from stepskip.formats.safe import SafeFormat
-from stepskip.store import LocalStore
 
 
 def _rewrite(entry_dir: str, files: dict[str, bytes]) -> None:
     with open(os.path.join(entry_dir, "meta.json")) as fh:
         meta = {k: v for k, v in json.load(fh).items() if k != "files"}
-    LocalStore().write_entry(entry_dir, files, meta)
+    EntryStore(LocalBackend()).write_entry(entry_dir, files, meta)
 
 
 def test_convert_reports_invalid_entries_and_converts_the_rest(copy_cache, tmp_path):

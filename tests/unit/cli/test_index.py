@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from stepskip import Batch
+from stepskip._storage import open_store
 from stepskip.errors import CorruptEntryError, UnreadableEntryError
 from stepskip.formats import get_format
 from stepskip.index import CacheIndex, EntryStatus, IssueKind, NotACacheError, PickleNotAllowedError, StepKind
-from stepskip.store import open_store
 
 RUN = "exp_proj/GBS4_N2_in8_out6"
 
@@ -118,7 +118,7 @@ def test_damage_and_undecodable_entries_are_told_apart(root):
 
 def _put(index: CacheIndex, path: str, data: bytes) -> None:
     if index.is_url:
-        index.store.fs.pipe_file(index.store._p(path), data)
+        index.store.backend.fs.pipe_file(index.store.backend.key(path), data)
     else:
         with open(path, "wb") as fh:
             fh.write(data)

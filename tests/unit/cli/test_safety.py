@@ -14,8 +14,8 @@ import pytest
 from cli_caches import SAFE_RUN, V1_RUN
 from cli_run import stepskip
 
+from stepskip._storage import checksum
 from stepskip.index import CacheIndex, NotACacheError
-from stepskip.store import checksum
 
 
 def tree_digest(root: Path) -> dict[str, str]:

@@ -120,7 +120,7 @@ def test_repair_keeps_intact_entries_it_cannot_decode(copy_cache, capsys):
     tree = b'{"format": "safe", "version": 1, "root": {"kind": "no-such-node"}}'
     (odd / "data.json").write_bytes(tree)  # checksums recomputed below: the bytes are intact, just not decodable
     meta6 = json.loads((odd / "meta.json").read_text())
-    from stepskip.store import checksum
+    from stepskip._storage import checksum
 
     meta6["files"]["data.json"] = dict(files["data.json"], bytes=len(tree), checksum=checksum(tree))
     (odd / "meta.json").write_text(json.dumps(meta6))

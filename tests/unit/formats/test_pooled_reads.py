@@ -20,10 +20,10 @@ from skip_configs import training_config
 from tensordict import NonTensorData, TensorDict
 
 from stepskip import Batch, CorruptEntryError, SkipManager
+from stepskip._storage import EntryStore, LocalBackend
 from stepskip.formats import pages
 from stepskip.formats.safe import SafeFormat
 from stepskip.formats.st_read import load_view
-from stepskip.store import LocalStore
 from stepskip.testing import make_rollout_batch
 
 
@@ -204,12 +204,12 @@ def test_damaged_bytes_load_or_raise_only_corrupt_entry(data):
     assert sum(t.numel() * t.element_size() for t in out.values()) <= cut
 
 
-def test_a_local_read_asked_for_pooled_pages_returns_them_checked(tmp_path, monkeypatch):
+def test_a_local_read_given_the_page_pool_as_allocator_returns_pooled_pages_checked(tmp_path, monkeypatch):
     monkeypatch.setattr(pages.POOL, "min_bytes", 1024)
-    store = LocalStore()
+    store = EntryStore(LocalBackend())
     path = str(tmp_path / "e")
     store.write_entry(path, {"big": bytes(range(256)) * 64, "small": b"abc"}, {"global_steps": 1})
-    _, files = store.read_entry(path, pooled=True)
+    _, files = store.read_entry(path, allocator=pages.POOL.buffer)
     assert isinstance(files["big"], memoryview) and bytes(files["big"]) == bytes(range(256)) * 64
     assert files["small"] == b"abc" and isinstance(files["small"], bytes)
     _, plain = store.read_entry(path)
@@ -217,7 +217,7 @@ def test_a_local_read_asked_for_pooled_pages_returns_them_checked(tmp_path, monk
     with open(tmp_path / "e" / "big", "r+b") as fh:  # same size, other bytes: the checksum still tells
         fh.write(b"\xff")
     with pytest.raises(CorruptEntryError, match="checksum"):
-        store.read_entry(path, pooled=True)
+        store.read_entry(path, allocator=pages.POOL.buffer)
 
 
 class Loop:

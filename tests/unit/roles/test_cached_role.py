@@ -26,9 +26,9 @@ from stepskip import (
     UnreadableEntryError,
     register_skip,
 )
+from stepskip._storage import TMP_PREFIX, checksum
 from stepskip.errors import ReplayMissError
 from stepskip.roles import RunContext
-from stepskip.store import TMP_PREFIX, checksum
 
 
 def batch(value: float, rows: int = 2) -> Batch:

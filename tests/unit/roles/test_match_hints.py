@@ -29,11 +29,11 @@ from skip_configs import training_config
 import stepskip.hints as hints_module
 import stepskip.roles.cached as cached_module
 from stepskip import Batch, SkipManager
+from stepskip._storage import EntryStore
 from stepskip.cli.verify import verify_runs
 from stepskip.fidelity import prompt_row_digests
 from stepskip.hints import HINTS_DIR, DigestTable, identity_key, parse_table, table_of
 from stepskip.index import CacheIndex
-from stepskip.store import FsspecStore, LocalStore
 
 N = 2
 RUN = "exp_proj/GBS4_N2_in8_out6"
@@ -88,10 +88,9 @@ class Reads:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.paths: list[str] = []
-        for cls in (LocalStore, FsspecStore):
-            for method in ("probe", "read_entry"):
-                original = getattr(cls, method)
-                monkeypatch.setattr(cls, method, self._counted(original))
+        for method in ("probe", "read_entry"):
+            original = getattr(EntryStore, method)
+            monkeypatch.setattr(EntryStore, method, self._counted(original))
 
     def _counted(self, original: Any) -> Any:
         def counted(store: Any, path: str, *args: Any, **kwargs: Any) -> Any:
@@ -124,7 +123,7 @@ def replayed(out: Batch, ids: list[int]) -> dict[int, int]:
 def store_of(dump_dir: str) -> Any:
     store = SkipManager.skip_instances["rollout"].store if SkipManager.skip_instances else None
     if store is None:
-        from stepskip.store import open_store
+        from stepskip._storage import open_store
         store = open_store(dump_dir)
     return store
 

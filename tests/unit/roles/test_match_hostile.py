@@ -12,7 +12,7 @@ from skip_configs import run_path
 from test_match import N, Rollout, config, prompts_for, record_call, run
 
 from stepskip import SkipManager
-from stepskip.store import open_store
+from stepskip._storage import open_store
 
 
 def plant_short_data(dump_dir, step: int, donor_step: int) -> dict:

@@ -1,5 +1,6 @@
-"""LocalStore.write_entries with ``syncfs``: one sync per filesystem for a batch of small entries, each
-entry still durable before its rename, and the per-file fsyncs back whenever ``syncfs`` fails.
+"""Batches of local entries (``EntryStore.write_entries`` over the local backend) with ``syncfs``: one
+sync per filesystem for a batch of small entries, each entry still durable before its rename, and the
+per-file fsyncs back whenever ``syncfs`` fails.
 
 ``syncfs``, ``os.fsync``, ``os.rename`` and ``os.close`` are wrapped (the real calls still run) to see
 which syncs ran and in which order.
@@ -14,8 +15,10 @@ import threading
 
 import pytest
 
-from stepskip import store as store_module
-from stepskip.store import SYNCFS_CHUNK_ENTRIES, SYNCFS_MIN_ENTRIES, EntryState, LocalStore
+from stepskip._storage import EntryState, EntryStore, LocalBackend
+from stepskip._storage import _linux as store_module
+from stepskip._storage._linux import SYNCFS_CHUNK_ENTRIES, SYNCFS_MIN_ENTRIES
+from stepskip._storage._localfs import LocalBatch
 
 pytestmark = pytest.mark.skipif(store_module._SYNCFS is None, reason="needs Linux 5.8+ syncfs")
 
@@ -51,7 +54,7 @@ def _spy(monkeypatch, syncfs_result=None):
 
 
 def test_a_batch_is_synced_once_before_any_entry_is_published(tmp_path, monkeypatch):
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     (tmp_path / "run").mkdir()
     calls = _spy(monkeypatch)
     results = store.write_entries(_entries(tmp_path, 8))
@@ -81,7 +84,7 @@ def test_a_long_batch_is_synced_in_chunks_while_the_next_entries_are_staged(tmp_
     """Creating files slows down the longer a filesystem goes unsynced: a long batch is synced every
     SYNCFS_CHUNK_ENTRIES entries, in the background while the next entries are staged. Nothing is
     published before every entry is durable: the last syncfs starts after the last entry is staged."""
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     (tmp_path / "run").mkdir()
     calls = _spy(monkeypatch)
     spied_syncfs = store_module._SYNCFS
@@ -96,16 +99,16 @@ def test_a_long_batch_is_synced_in_chunks_while_the_next_entries_are_staged(tmp_
 
     monkeypatch.setattr(store_module, "_SYNCFS", syncfs)
     _stage_spy(monkeypatch, calls)
-    real_stage, stages = store._stage, []
+    real_stage, stages = LocalBatch.stage, []
     count = 2 * SYNCFS_CHUNK_ENTRIES + SYNCFS_MIN_ENTRIES
 
-    def stage(*args, **kwargs):
-        stages.append(args[0])
+    def stage(self, path):
+        stages.append(path)
         if len(stages) == count:
             staged_meanwhile.set()
-        return real_stage(*args, **kwargs)
+        return real_stage(self, path)
 
-    monkeypatch.setattr(store, "_stage", stage)
+    monkeypatch.setattr(LocalBatch, "stage", stage)
     assert all(isinstance(r, int) and r > 0 for r in store.write_entries(_entries(tmp_path, count)))
     kinds = [kind for kind, _ in calls]
     first_rename = kinds.index("rename")
@@ -120,7 +123,7 @@ def test_a_long_batch_is_synced_in_chunks_while_the_next_entries_are_staged(tmp_
 def test_after_a_failed_chunk_sync_the_rest_of_the_batch_is_synced_file_by_file(tmp_path, monkeypatch):
     """A failed syncfs may have taken the writeback error of a file staged while it ran: no later
     syncfs of the batch is trusted, every later entry gets its own fsyncs."""
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     (tmp_path / "run").mkdir()
     calls = _spy(monkeypatch, syncfs_result=-1)
     count = 3 * SYNCFS_CHUNK_ENTRIES
@@ -136,7 +139,7 @@ def test_after_a_failed_chunk_sync_the_rest_of_the_batch_is_synced_file_by_file(
 
 def test_a_system_holding_much_dirty_data_keeps_per_file_fsyncs(tmp_path, monkeypatch):
     """syncfs would also write back everyone else's dirty pages (a checkpoint being saved): not then."""
-    store = LocalStore()
+    store = EntryStore(LocalBackend())
     calls = _spy(monkeypatch)
     monkeypatch.setattr(store_module, "_dirty_bytes", lambda: store_module.SYNCFS_MAX_DIRTY_BYTES + 1)
     results = store.write_entries(_entries(tmp_path, 8))
@@ -149,7 +152,7 @@ def test_a_system_holding_much_dirty_data_keeps_per_file_fsyncs(tmp_path, monkey
 
 def test_a_fuse_mount_keeps_per_file_fsyncs(tmp_path, monkeypatch):
     """FUSE's kernel side answers syncfs without asking the daemon: only a file's fsync reaches it."""
-    store = LocalStore()
+    store = EntryStore(LocalBackend())
     calls = _spy(monkeypatch)
     monkeypatch.setattr(store_module, "_fs_type", lambda device: "fuse.juicefs")
     assert all(isinstance(r, int) for r in store.write_entries(_entries(tmp_path, 8)))
@@ -166,7 +169,7 @@ def test_the_system_dirty_bytes_are_read_from_meminfo():
 
 
 def test_small_batches_keep_their_per_file_fsyncs(tmp_path, monkeypatch):
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     (tmp_path / "run").mkdir()
     calls = _spy(monkeypatch)
     count = SYNCFS_MIN_ENTRIES - 1
@@ -178,7 +181,7 @@ def test_small_batches_keep_their_per_file_fsyncs(tmp_path, monkeypatch):
 
 
 def test_a_failed_syncfs_falls_back_to_an_fsync_per_file(tmp_path, monkeypatch):
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     (tmp_path / "run").mkdir()
     calls = _spy(monkeypatch, syncfs_result=-1)
     results = store.write_entries(_entries(tmp_path, 6))
@@ -189,16 +192,15 @@ def test_a_failed_syncfs_falls_back_to_an_fsync_per_file(tmp_path, monkeypatch):
 
 
 def test_after_a_failed_syncfs_a_failing_fsync_costs_its_entry_alone(tmp_path, monkeypatch):
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     (tmp_path / "run").mkdir()
     _spy(monkeypatch, syncfs_result=-1)
-    real_stage, bad = store._stage, set()
+    real_staged, bad = LocalBatch.staged, set()
 
-    def stage(*args, **kwargs):
-        out = real_stage(*args, **kwargs)
-        if args[0].endswith("/run/2"):
-            bad.update(out[5])
-        return out
+    def staged(self, key, staging):
+        if staging.path.endswith("/run/2"):
+            bad.update(staging.fds)  # the entry's files and directory, written and not yet synced
+        return real_staged(self, key, staging)
 
     spied_fsync = store_module.os.fsync
 
@@ -207,7 +209,7 @@ def test_after_a_failed_syncfs_a_failing_fsync_costs_its_entry_alone(tmp_path, m
             raise OSError(errno.EIO, "writeback failed")
         spied_fsync(fd)
 
-    monkeypatch.setattr(store, "_stage", stage)
+    monkeypatch.setattr(LocalBatch, "staged", staged)
     monkeypatch.setattr(store_module.os, "fsync", fsync)
     results = store.write_entries(_entries(tmp_path, 5))
     assert isinstance(results[2], OSError) and results[2].errno == errno.EIO
@@ -217,16 +219,15 @@ def test_after_a_failed_syncfs_a_failing_fsync_costs_its_entry_alone(tmp_path, m
 
 
 def test_a_close_error_after_syncfs_keeps_that_entry_unpublished(tmp_path, monkeypatch):
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     (tmp_path / "run").mkdir()
     _spy(monkeypatch)
-    real_close, real_stage, failing = os.close, store._stage, set()
+    real_close, real_staged, failing = os.close, LocalBatch.staged, set()
 
-    def stage(*args, **kwargs):
-        out = real_stage(*args, **kwargs)
-        if args[0].endswith("/run/1"):
-            failing.update(out[5])
-        return out
+    def staged(self, key, staging):
+        if staging.path.endswith("/run/1"):
+            failing.update(staging.fds)
+        return real_staged(self, key, staging)
 
     def close(fd):
         real_close(fd)
@@ -234,7 +235,7 @@ def test_a_close_error_after_syncfs_keeps_that_entry_unpublished(tmp_path, monke
             failing.discard(fd)
             raise OSError(errno.EIO, "deferred write error")
 
-    monkeypatch.setattr(store, "_stage", stage)
+    monkeypatch.setattr(LocalBatch, "staged", staged)
     monkeypatch.setattr(store_module.os, "close", close)
     results = store.write_entries(_entries(tmp_path, 5))
     assert isinstance(results[1], OSError) and results[1].errno == errno.EIO
@@ -248,7 +249,7 @@ def test_each_filesystem_of_a_batch_gets_its_own_syncfs(tmp_path, monkeypatch):
     import tempfile
 
     with tempfile.TemporaryDirectory(dir=other) as second:
-        store = LocalStore()  # no root: entries anywhere
+        store = EntryStore(LocalBackend())  # no root: entries anywhere
         calls = _spy(monkeypatch)
         items = _entries(tmp_path, 4) + _entries(second, 4, start=10)
         assert all(isinstance(r, int) for r in store.write_entries(items))
@@ -258,7 +259,7 @@ def test_each_filesystem_of_a_batch_gets_its_own_syncfs(tmp_path, monkeypatch):
 
 
 def test_an_entry_source_that_raises_leaves_no_fd_open_and_nothing_published(tmp_path):
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     (tmp_path / "run").mkdir()
     def open_here() -> list[str]:  # fds open on files of this test (other threads may open their own meanwhile)
         found = []
@@ -286,7 +287,7 @@ def test_an_entry_source_that_raises_leaves_no_fd_open_and_nothing_published(tmp
 def test_a_long_batch_is_written_when_the_sync_pool_refuses_work_at_exit(tmp_path, monkeypatch):
     """Dumps pending at exit are written after concurrent.futures stopped taking work: the chunk syncs
     then run on the writing thread."""
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     (tmp_path / "run").mkdir()
     calls = _spy(monkeypatch)
 

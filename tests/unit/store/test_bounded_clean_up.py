@@ -1,4 +1,4 @@
-"""The start-up clean-up of object stores decides from one recursive listing (``FsspecStore.scan``)
+"""The start-up clean-up of object stores decides from one recursive listing (``EntryStore.scan``)
 which entries may hold a leftover, and looks only at those: its cost does not grow with the number
 of clean entries, and it still removes what it removed before — never an object a ``meta.json``
 names, never anything a writer of this class did not name, never a leftover still in its grace
@@ -12,28 +12,30 @@ from typing import Any
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-import stepskip.store as store_module
-from stepskip.manifest import MANIFEST_FILE, may_need_clean_up
-from stepskip.store import (
+from stepskip._storage import (
     GRACE_SECONDS,
     META_FILE,
     STALE_SECONDS,
     DirItem,
     EntryState,
-    FsspecStore,
+    EntryStore,
+    FsspecBackend,
     Tree,
     may_hold_leftovers,
 )
+from stepskip._storage import objects as store_module
+from stepskip.manifest import MANIFEST_FILE, may_need_clean_up
 
 FILES = {"data.json": b'{"x": 1}', "data.safetensors": b"0123456789"}
 LATER = 2 * STALE_SECONDS  # far enough ahead for every leftover to be stale and out of its grace period
 
 
-def memory_store(grace: float = GRACE_SECONDS) -> FsspecStore:
-    return FsspecStore(MemoryFileSystem(), root=f"memory://bounded-{uuid.uuid4().hex[:8]}/dump", grace_seconds=grace)
+def memory_store(grace: float = GRACE_SECONDS) -> EntryStore:
+    root = f"memory://bounded-{uuid.uuid4().hex[:8]}/dump"
+    return EntryStore(FsspecBackend(MemoryFileSystem(), root=root), grace_seconds=grace)
 
 
-def run_with(store: FsspecStore, count: int) -> tuple[str, list[str]]:
+def run_with(store: EntryStore, count: int) -> tuple[str, list[str]]:
     """``count`` clean entries, one replaced entry (its old objects retired) and one entry holding a crashed
     writer's object: ``(run directory, the two leftovers)``."""
     run = f"{store.root}/exp/GBS1_N1_in1_out1"
@@ -44,14 +46,14 @@ def run_with(store: FsspecStore, count: int) -> tuple[str, list[str]]:
     old = {info["object"] for info in store.probe(replaced).meta["files"].values()}
     store.write_entry(replaced, FILES, {"global_steps": count})
     orphan = f"{run}/0/data.deadbeef0000.json"
-    store.fs.pipe_file(store._p(orphan), b"a crashed writer's object")
+    store.backend.fs.pipe_file(store.backend.key(orphan), b"a crashed writer's object")
     return run, sorted([orphan, *(f"{replaced}/{o}" for o in old)])
 
 
 def counting_probes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     probed: list[str] = []
-    probe = FsspecStore.probe
-    monkeypatch.setattr(FsspecStore, "probe", lambda self, path, *a: probed.append(path) or probe(self, path, *a))
+    probe = EntryStore.probe
+    monkeypatch.setattr(EntryStore, "probe", lambda self, path, *a: probed.append(path) or probe(self, path, *a))
     return probed
 
 
@@ -143,13 +145,14 @@ def test_clean_up_never_deletes_what_it_did_not_write_nor_from_a_damaged_entry()
     store.write_entry(f"{run}/1", FILES, {"global_steps": 1})
     foreign = [f"{run}/1/README", f"{run}/1/notes.txt"]
     for path in foreign:
-        store.fs.pipe_file(store._p(path), b"a user's note")
+        store.backend.fs.pipe_file(store.backend.key(path), b"a user's note")
     store.write_entry(f"{run}/2", FILES, {"global_steps": 2})
-    store.fs.pipe_file(store._p(f"{run}/2/data.deadbeef0000.json"), b"orphan")
-    store.fs.pipe_file(store._p(f"{run}/2/{META_FILE}"), b"{not json")  # damaged: nothing in it is deleted
+    store.backend.fs.pipe_file(store.backend.key(f"{run}/2/data.deadbeef0000.json"), b"orphan")
+    # damaged: nothing in it is deleted
+    store.backend.fs.pipe_file(store.backend.key(f"{run}/2/{META_FILE}"), b"{not json")
     store.clock = lambda: store_module.wall_time() + LATER
     assert store.remove_leftovers(run) == []
-    assert all(store.fs.exists(store._p(p)) for p in [*foreign, f"{run}/2/data.deadbeef0000.json"])
+    assert all(store.backend.fs.exists(store.backend.key(p)) for p in [*foreign, f"{run}/2/data.deadbeef0000.json"])
     assert store.probe(f"{run}/1").state is EntryState.PRESENT
 
 

@@ -15,8 +15,9 @@ import os
 
 import pytest
 
-from stepskip import store as store_module
-from stepskip.store import LocalStore, _direct_write_bytes
+from stepskip._storage import EntryStore, FsspecBackend, LocalBackend
+from stepskip._storage import _linux as store_module
+from stepskip._storage._linux import _direct_write_bytes
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this platform")
 
@@ -78,7 +79,7 @@ def test_a_big_file_is_written_around_the_page_cache_and_reads_back_whole(tmp_pa
                                                                           monkeypatch):
     data = source()
     writes = _spy_writes(monkeypatch)
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     store.write_entry(f"{tmp_path}/run/1", {"data.safetensors": data, "data.json": b"{}"}, {"global_steps": 1})
     assert sum(writes["data.safetensors"]) == len(data) - len(data) % ALIGN  # the tail goes through the cache
     assert writes["data.json"] == [0] and writes["meta.json"] == [0]  # small files do
@@ -101,7 +102,7 @@ def test_format_safes_pooled_tensor_file_goes_to_the_disk_uncopied(tmp_path, tak
     data = save_pooled({"ids": torch.arange(BIG // 8 + 7, dtype=torch.int64)})
     monkeypatch.setattr(store_module, "_direct_stage", threading.local())  # no buffer made yet, here
     writes = _spy_writes(monkeypatch)
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     store.write_entry(f"{tmp_path}/run/1", {"data.safetensors": data}, {"global_steps": 1})
     assert sum(writes["data.safetensors"]) == len(data) - len(data) % ALIGN
     assert not hasattr(store_module._direct_stage, "buffer")
@@ -111,7 +112,7 @@ def test_format_safes_pooled_tensor_file_goes_to_the_disk_uncopied(tmp_path, tak
 def test_a_batch_writes_its_big_entries_around_the_page_cache(tmp_path, takes_direct_io, monkeypatch):
     data = os.urandom(BIG + 5)
     writes = _spy_writes(monkeypatch)
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     results = store.write_entries([(f"{tmp_path}/run/{i}", {"data.safetensors": data}, {"global_steps": i})
                                    for i in range(2)])
     assert all(isinstance(r, int) for r in results)
@@ -141,7 +142,7 @@ def test_without_direct_io_a_big_file_goes_through_the_page_cache(tmp_path, monk
     off(monkeypatch)
     writes = _spy_writes(monkeypatch)
     data = os.urandom(BIG + 77)
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     store.write_entry(f"{tmp_path}/run/1", {"data.safetensors": data}, {"global_steps": 1})
     assert set(writes["data.safetensors"]) == {0}
     assert store.read_entry(f"{tmp_path}/run/1")[1]["data.safetensors"] == data
@@ -164,7 +165,7 @@ def test_a_direct_write_refused_midway_finishes_through_the_page_cache(tmp_path,
 
     monkeypatch.setattr(store_module.os, "write", write)
     data = os.urandom(2 * store_module._DIRECT_STAGE_BYTES + 3)
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     store.write_entry(f"{tmp_path}/run/1", {"data.safetensors": data}, {"global_steps": 1})
     assert len(direct_writes) == 2
     assert store.read_entry(f"{tmp_path}/run/1")[1]["data.safetensors"] == data
@@ -180,7 +181,7 @@ def test_a_full_disk_still_fails_the_entry(tmp_path, monkeypatch):
         return real(fd, data)
 
     monkeypatch.setattr(store_module.os, "write", write)
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     with pytest.raises(OSError) as err:
         store.write_entry(f"{tmp_path}/run/1", {"data.safetensors": os.urandom(BIG)}, {"global_steps": 1})
     assert err.value.errno == errno.ENOSPC
@@ -195,7 +196,7 @@ def test_a_memoryview_of_wide_items_is_written_and_listed_by_its_bytes(tmp_path,
 
     values = np.arange(BIG + 3, dtype=np.float32)
     writes = _spy_writes(monkeypatch)
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     store.write_entry(f"{tmp_path}/run/1", {"data.safetensors": memoryview(values)}, {"global_steps": 1})
     assert sum(writes["data.safetensors"]) == values.nbytes - values.nbytes % ALIGN
     meta, files = store.read_entry(f"{tmp_path}/run/1")
@@ -225,13 +226,11 @@ def test_a_memoryview_that_is_not_one_run_of_bytes_is_written_in_c_order(tmp_pat
     in an object store, its checksum and size those of the bytes written."""
     from fsspec.implementations.memory import MemoryFileSystem
 
-    from stepskip.store import FsspecStore
-
     view = source()
     assert not view.c_contiguous
     expected = view.tobytes()
-    stores = [(LocalStore(str(tmp_path)), f"{tmp_path}/run/1"),
-              (FsspecStore(MemoryFileSystem(), root=f"memory://strided-{os.getpid()}-{id(view)}"),
+    stores = [(EntryStore(LocalBackend(str(tmp_path))), f"{tmp_path}/run/1"),
+              (EntryStore(FsspecBackend(MemoryFileSystem(), root=f"memory://strided-{os.getpid()}-{id(view)}")),
                f"memory://strided-{os.getpid()}-{id(view)}/run/1")]
     for store, path in stores:
         total = store.write_entry(path, {"data.safetensors": view}, {"global_steps": 1})
@@ -267,7 +266,7 @@ def test_short_writes_still_write_every_byte_once(tmp_path, takes_direct_io, mon
         return taken
 
     monkeypatch.setattr(store_module.os, "write", short)
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     for i, data in enumerate([os.urandom(2 * store_module._DIRECT_STAGE_BYTES + 4097), _aligned(BIG + 3 * ALIGN + 9)]):
         store.write_entry(f"{tmp_path}/run/{i}", {"data.safetensors": data}, {"global_steps": i})
         assert store.read_entry(f"{tmp_path}/run/{i}")[1]["data.safetensors"] == bytes(data)
@@ -280,7 +279,7 @@ def test_threads_writing_big_entries_at_once_each_use_their_own_staging_buffer(t
     its own bytes."""
     import threading
 
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     datas = [os.urandom(2 * store_module._DIRECT_STAGE_BYTES + 1 + i) for i in range(4)]
     start = threading.Barrier(len(datas))
     errors: list[BaseException] = []
@@ -306,7 +305,7 @@ def test_threads_writing_big_entries_at_once_each_use_their_own_staging_buffer(t
 
 def test_a_forked_child_gets_its_own_staging_buffer(tmp_path):
     """The buffer unaligned data is copied through is private: a child's copy of it is not the parent's."""
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     store.write_entry(f"{tmp_path}/run/0", {"data.safetensors": os.urandom(BIG + 1)}, {"global_steps": 0})
     stage = store_module._direct_stage.buffer
     before = bytes(stage[:16])

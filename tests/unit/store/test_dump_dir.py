@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from stepskip import SkipConfigError
+from stepskip._storage import check_dump_dir
 from stepskip.layout import Layout
-from stepskip.store import check_dump_dir
 
 KEY = "skip.rollout.dump_dir"
 NOBODY = 65534

@@ -12,8 +12,10 @@ import threading
 
 import pytest
 
-from stepskip import store as store_module
-from stepskip.store import LocalStore, _Syncs
+from stepskip._storage import EntryStore, LocalBackend
+from stepskip._storage import _linux as store_module
+from stepskip._storage._linux import Syncs as _Syncs
+from stepskip._storage._localfs import LocalBatch
 
 WAIT_S = 60  # a hang guard: only reached when the syncs do not run side by side
 
@@ -37,7 +39,7 @@ def _id(path) -> tuple[int, int]:
 
 
 def test_a_new_directory_is_made_durable_in_its_parent(tmp_path, monkeypatch):
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     synced = _synced_dirs(monkeypatch)
     store.write_entry(f"{tmp_path}/new/deeper/1", {"data.json": b"{}"}, {"global_steps": 1})
     assert _id(tmp_path) in synced and _id(tmp_path / "new") in synced
@@ -46,7 +48,7 @@ def test_a_new_directory_is_made_durable_in_its_parent(tmp_path, monkeypatch):
 def test_a_staging_directory_is_made_durable_when_it_is_published(tmp_path, monkeypatch):
     """A V1 step's hidden staging directory is not synced into its parent when it is made (a crash may
     lose it: it is a temporary); publishing it syncs it and the parent, and the step is then whole."""
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     (tmp_path / "run").mkdir()
     synced = _synced_dirs(monkeypatch)
     staging = f"{tmp_path}/run/.tmp-5-abc"
@@ -60,7 +62,7 @@ def test_a_staging_directory_is_made_durable_when_it_is_published(tmp_path, monk
 
 def test_only_the_last_directory_made_is_left_to_publish_dir(tmp_path, monkeypatch):
     """A directory named like a temporary higher up the path holds published entries: it is synced as any."""
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     synced = _synced_dirs(monkeypatch)
     store.write_entry(f"{tmp_path}/.tmp-like/run/1", {"data.json": b"{}"}, {"global_steps": 1})
     assert _id(tmp_path) in synced and _id(tmp_path / ".tmp-like") in synced
@@ -68,7 +70,7 @@ def test_only_the_last_directory_made_is_left_to_publish_dir(tmp_path, monkeypat
 
 def test_a_missing_store_root_is_made_durable_in_its_parent(tmp_path, monkeypatch):
     root = tmp_path / "fresh" / "root"
-    store = LocalStore(str(root))
+    store = EntryStore(LocalBackend(str(root)))
     synced = _synced_dirs(monkeypatch)
     store.write_entry(f"{root}/run/1", {"data.json": b"{}"}, {"global_steps": 1})
     assert {_id(tmp_path), _id(tmp_path / "fresh"), _id(root)} <= synced
@@ -76,7 +78,7 @@ def test_a_missing_store_root_is_made_durable_in_its_parent(tmp_path, monkeypatc
 
 def test_a_small_file_is_renamed_durably(tmp_path, monkeypatch):
     """``put_small`` (a V1 step's manifest) syncs its directory after the rename, as an entry does."""
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     (tmp_path / "run" / "3").mkdir(parents=True)
     synced = _synced_dirs(monkeypatch)
     store.put_small(f"{tmp_path}/run/3/step.json", b"{}")
@@ -87,7 +89,7 @@ def test_a_small_file_is_renamed_durably(tmp_path, monkeypatch):
 
 
 def test_the_files_of_an_entry_are_synced_side_by_side(tmp_path, monkeypatch):
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     (tmp_path / "run").mkdir()
     files = {f"part{i}.bin": bytes([i]) * 10 for i in range(3)}
     together = len(files) + 2  # the files, meta.json and the entry's directory
@@ -124,15 +126,14 @@ def test_an_error_from_close_counts_as_a_failed_sync(tmp_path, monkeypatch):
 
 
 def test_a_close_error_keeps_that_entry_unpublished(tmp_path, monkeypatch):
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     real, failing = os.close, set()
-    real_stage = store._stage
+    real_staged = LocalBatch.staged
 
-    def stage(*args, **kwargs):
-        out = real_stage(*args, **kwargs)
-        if args[0].endswith("/2"):
-            failing.update(out[5])  # every fd of entry 2
-        return out
+    def staged(self, key, staging):
+        if staging.path.endswith("/2"):
+            failing.update(staging.fds)  # every fd of entry 2
+        return real_staged(self, key, staging)
 
     def close(n):
         real(n)
@@ -140,7 +141,7 @@ def test_a_close_error_keeps_that_entry_unpublished(tmp_path, monkeypatch):
             failing.discard(n)
             raise OSError(errno.EIO, "deferred write error")
 
-    monkeypatch.setattr(store, "_stage", stage)
+    monkeypatch.setattr(LocalBatch, "staged", staged)
     monkeypatch.setattr(store_module.os, "close", close)
     results = store.write_entries([(f"{tmp_path}/run/{i}", {"data.json": b"x"}, {"global_steps": i})
                                    for i in (1, 2, 3)])
@@ -162,7 +163,7 @@ def test_fsync_all_reports_each_failure_by_fd(tmp_path, count, monkeypatch):
 
     monkeypatch.setattr(store_module.os, "fsync", fsync)
     try:
-        failed = store_module._fsync_all(fds)
+        failed = store_module.fsync_all(fds)
     finally:
         for fd in fds:
             os.close(fd)

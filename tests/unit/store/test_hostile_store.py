@@ -23,12 +23,13 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from stepskip import CacheMissError, CorruptEntryError
-from stepskip.store import (
+from stepskip._storage import (
     META_FILE,
     META_MAX_BYTES,
     EntryState,
-    FsspecStore,
-    LocalStore,
+    EntryStore,
+    FsspecBackend,
+    LocalBackend,
     check_meta,
     checksum,
     open_store,
@@ -91,7 +92,7 @@ def read_in_child(store: Any, path: str, **kw: Any) -> str:
 
 
 class Local:
-    """A LocalStore rooted at a dump dir, with raw access for planting things."""
+    """A store on the local backend rooted at a dump dir, with raw access for planting things."""
 
     name = "local"
 
@@ -99,7 +100,7 @@ class Local:
         self.root = str(root / "dump")
         os.makedirs(self.root)
         self.store = open_store(self.root)
-        assert isinstance(self.store, LocalStore)
+        assert isinstance(self.store.backend, LocalBackend)
 
     def put(self, path: str, data: bytes) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -116,13 +117,13 @@ class Memory:
     def __init__(self, root: Path) -> None:
         self.root = f"memory://hostile-{uuid.uuid4().hex[:8]}/dump"
         self.store = open_store(self.root)
-        assert isinstance(self.store, FsspecStore)
+        assert isinstance(self.store.backend, FsspecBackend)
 
     def put(self, path: str, data: bytes) -> None:
-        self.store.fs.pipe_file(self.store._p(path), data)
+        self.store.backend.fs.pipe_file(self.store.backend.key(path), data)
 
     def exists(self, path: str) -> bool:
-        return bool(self.store.fs.exists(self.store._p(path)))
+        return bool(self.store.backend.fs.exists(self.store.backend.key(path)))
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -368,9 +369,9 @@ def local(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     """A local cache, read with Linux openat2 where the kernel has it, and by the component-wise walk
     that older kernels (and seccomp filters refusing openat2) get."""
     if request.param == "walk":
-        import stepskip.store as store_module
+        from stepskip._storage import _linux
 
-        monkeypatch.setattr(store_module, "_SYSCALL", None)
+        monkeypatch.setattr(_linux, "_SYSCALL", None)
     return Local(tmp_path)
 
 
@@ -454,7 +455,7 @@ def test_file_larger_than_recorded_is_never_read_past_its_size(local: Local) -> 
 
 def test_symlinked_step_dir_is_not_read_listed_or_followed_on_delete(local: Local, tmp_path: Path) -> None:
     target = tmp_path / "elsewhere" / "3"
-    LocalStore().write_entry(str(target), FILES, {"global_steps": 3})
+    EntryStore(LocalBackend()).write_entry(str(target), FILES, {"global_steps": 3})
     run_dir = entry_of(local).rsplit("/", 1)[0]
     os.makedirs(run_dir)
     os.symlink(target, f"{run_dir}/3")
@@ -466,19 +467,19 @@ def test_symlinked_step_dir_is_not_read_listed_or_followed_on_delete(local: Loca
     assert store.list_dir(f"{run_dir}/3") == []
     store.write_entry(f"{run_dir}/3", {"x.bin": b"fresh"}, {"global_steps": 3})  # replaces the link only
     assert store.read_entry(f"{run_dir}/3")[1] == {"x.bin": b"fresh"}
-    assert LocalStore().read_entry(str(target))[1] == FILES
+    assert EntryStore(LocalBackend()).read_entry(str(target))[1] == FILES
     os.rename(f"{run_dir}/3", f"{run_dir}/4")
     os.symlink(target, f"{run_dir}/3")
     assert store.retire_entry(f"{run_dir}/3") is True
-    assert not os.path.lexists(f"{run_dir}/3") and LocalStore().read_entry(str(target))[1] == FILES
+    assert not os.path.lexists(f"{run_dir}/3") and EntryStore(LocalBackend()).read_entry(str(target))[1] == FILES
     os.symlink(target, f"{run_dir}/3")
     store.remove(f"{run_dir}/3")
-    assert not os.path.lexists(f"{run_dir}/3") and LocalStore().read_entry(str(target))[1] == FILES
+    assert not os.path.lexists(f"{run_dir}/3") and EntryStore(LocalBackend()).read_entry(str(target))[1] == FILES
 
 
 def test_symlinked_run_dir_is_neither_read_nor_written_nor_deleted_through(local: Local, tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
-    LocalStore().write_entry(str(elsewhere / "3"), FILES, {"global_steps": 3})
+    EntryStore(LocalBackend()).write_entry(str(elsewhere / "3"), FILES, {"global_steps": 3})
     (elsewhere / ".tmp-3-0123456789ab").mkdir()
     run_dir = entry_of(local).rsplit("/", 1)[0]
     os.makedirs(os.path.dirname(run_dir))
@@ -497,7 +498,7 @@ def test_symlinked_run_dir_is_neither_read_nor_written_nor_deleted_through(local
         store.retire_entry(f"{run_dir}/3")
     assert store.remove_leftovers(run_dir, older_than=0) == []
     assert sorted(os.listdir(elsewhere)) == [".tmp-3-0123456789ab", "3"]
-    assert LocalStore().read_entry(str(elsewhere / "3"))[1] == FILES
+    assert EntryStore(LocalBackend()).read_entry(str(elsewhere / "3"))[1] == FILES
 
 
 def test_symlinked_legacy_file_is_not_an_entry(local: Local, tmp_path: Path) -> None:
@@ -513,8 +514,8 @@ def test_symlinked_legacy_file_is_not_an_entry(local: Local, tmp_path: Path) -> 
 # --------------------------------------------------------------------------- deletion confinement
 
 
-def _fsspec_local(tmp_path: Path) -> FsspecStore:
-    return FsspecStore(LocalFileSystem(auto_mkdir=True), root=str(tmp_path / "dump"))
+def _fsspec_local(tmp_path: Path) -> EntryStore:
+    return EntryStore(FsspecBackend(LocalFileSystem(auto_mkdir=True), root=str(tmp_path / "dump")))
 
 
 @pytest.mark.parametrize("kind", ["memory", "fsspec-local", "local-url"])
@@ -523,16 +524,16 @@ def test_replacing_a_planted_entry_deletes_only_its_own_objects(tmp_path: Path, 
     replacing writer delete none of them."""
     if kind == "memory":
         root = f"memory://confine-{uuid.uuid4().hex[:8]}/dump"
-        store: Any = FsspecStore(MemoryFileSystem(), root=root, grace_seconds=0)
-        fs = store.fs
+        store: Any = EntryStore(FsspecBackend(MemoryFileSystem(), root=root), grace_seconds=0)
+        fs = store.backend.fs
     elif kind == "fsspec-local":
         root = str(tmp_path / "dump")
-        store = FsspecStore(LocalFileSystem(auto_mkdir=True), root=root, grace_seconds=0)
-        fs = store.fs
+        store = EntryStore(FsspecBackend(LocalFileSystem(auto_mkdir=True), root=root), grace_seconds=0)
+        fs = store.backend.fs
     else:
         root = f"local://{tmp_path}/dump"
         store = open_store(root)
-        assert isinstance(store, LocalStore)
+        assert isinstance(store.backend, LocalBackend)
         fs = LocalFileSystem(auto_mkdir=True)
     base = root.split("://", 1)[-1]
     victims = [f"{base}/victim/data.0123456789ab.json", f"{base}/exp/notes.0123456789ab.txt",
@@ -554,12 +555,12 @@ def test_replacing_a_planted_entry_deletes_only_its_own_objects(tmp_path: Path, 
     store.write_entry(path, FILES, {"global_steps": 3})
     for victim in victims:
         assert fs.cat_file(victim) == b"keep me", victim
-    if kind != "local-url":  # a LocalStore replaces the entry directory as a whole, README included
+    if kind != "local-url":  # a local entry is replaced as a whole directory, README included
         assert fs.cat_file(f"{base}/exp/3/README") == b"a user's note in the entry"
     assert store.read_entry(path)[1] == FILES
     with pytest.raises(OSError):
         store.remove(f"{root}/../outside.0123456789ab.json")
-    if isinstance(store, FsspecStore):  # object stores have no links: their root is their boundary
+    if isinstance(store.backend, FsspecBackend):  # object stores have no links: their root is their boundary
         with pytest.raises(OSError):
             store.remove(str(tmp_path / "outside.0123456789ab.json"))
         with pytest.raises(OSError):
@@ -568,11 +569,12 @@ def test_replacing_a_planted_entry_deletes_only_its_own_objects(tmp_path: Path, 
 
 
 def test_remove_leftovers_on_object_stores_deletes_only_stepskip_objects() -> None:
-    store = FsspecStore(MemoryFileSystem(), root=f"memory://lo-{uuid.uuid4().hex[:8]}/dump", grace_seconds=0)
+    root = f"memory://lo-{uuid.uuid4().hex[:8]}/dump"
+    store = EntryStore(FsspecBackend(MemoryFileSystem(), root=root), grace_seconds=0)
     path = f"{store.root}/3"
     store.write_entry(path, FILES, {"global_steps": 3})
     for name in ("README", "data.0123456789ab.json", ".hidden"):
-        store.fs.pipe_file(f"{path}/{name}", b"x")
+        store.backend.fs.pipe_file(f"{path}/{name}", b"x")
     removed = store.remove_leftovers(store.root, older_than=0)
     assert removed == [f"{path}/data.0123456789ab.json"]
     assert {"README", ".hidden"} <= set(store.list_dir(path))
@@ -607,27 +609,29 @@ def test_vanished_entry_is_a_miss(cache: Local | Memory) -> None:
 def test_entry_replaced_between_meta_and_data_reads_the_new_version(local: Local,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A writer swaps the entry after the reader opened meta.json: the reader gets version 2 whole."""
-    import stepskip.store as store_module
+    from stepskip._storage import _localfs
 
     path = entry_of(local)
     local.store.write_entry(path, {"a.bin": b"1" * 10}, {"global_steps": 3, "v": 1})
-    real = store_module._read_at
+    real = _localfs.read_at_stat
     swaps = []
 
-    def racing(dir_fd: int, name: str, expected: int | None, limit: int | None = None, pooled: bool = False) -> bytes:
+    def racing(dir_fd: int, name: str, expected: int | None, limit: int | None = None,
+               allocator: Any = None) -> tuple[bytes, Any]:
         if name == "a.bin" and not swaps:
             swaps.append(1)
-            LocalStore().write_entry(path, {"a.bin": b"2" * 20}, {"global_steps": 3, "v": 2})
-        return real(dir_fd, name, expected, limit, pooled)
+            EntryStore(LocalBackend()).write_entry(path, {"a.bin": b"2" * 20}, {"global_steps": 3, "v": 2})
+        return real(dir_fd, name, expected, limit, allocator)
 
-    monkeypatch.setattr(store_module, "_read_at", racing)
+    monkeypatch.setattr(_localfs, "read_at_stat", racing)
     meta, files = local.store.read_entry(path)
     assert swaps and meta["v"] == 2 and files == {"a.bin": b"2" * 20}
 
 
 def test_object_store_reader_holding_old_meta_reads_old_objects() -> None:
     now = [1000.0]
-    store = FsspecStore(MemoryFileSystem(), root=f"memory://grace-{uuid.uuid4().hex[:8]}/d", clock=lambda: now[0])
+    root = f"memory://grace-{uuid.uuid4().hex[:8]}/d"
+    store = EntryStore(FsspecBackend(MemoryFileSystem(), root=root), clock=lambda: now[0])
     path = f"{store.root}/3"
     store.write_entry(path, {"a.bin": b"old"}, {"global_steps": 3})
     old = store.probe(path).meta
@@ -642,19 +646,22 @@ def test_object_store_reader_holding_old_meta_reads_old_objects() -> None:
 
 def test_object_store_entry_replaced_and_purged_mid_read_reads_the_new_version(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    store = FsspecStore(MemoryFileSystem(), root=f"memory://race-{uuid.uuid4().hex[:8]}/d", grace_seconds=0)
+    from stepskip._storage import objects
+
+    root = f"memory://race-{uuid.uuid4().hex[:8]}/d"
+    store = EntryStore(FsspecBackend(MemoryFileSystem(), root=root), grace_seconds=0)
     path = f"{store.root}/3"
     store.write_entry(path, {"a.bin": b"1" * 10}, {"global_steps": 3, "v": 1})
-    real = store._read_exact
+    real = objects.read_exact
     swaps = []
 
-    def racing(obj_path: str, size: int) -> bytes:
+    def racing(backend: Any, obj_path: str, size: int) -> bytes:
         if not swaps:
             swaps.append(1)  # grace 0: the replaced objects are deleted as soon as meta.json is published
             store.write_entry(path, {"a.bin": b"2" * 20}, {"global_steps": 3, "v": 2})
-        return real(obj_path, size)
+        return real(backend, obj_path, size)
 
-    monkeypatch.setattr(store, "_read_exact", racing)
+    monkeypatch.setattr(objects, "read_exact", racing)
     meta, files = store.read_entry(path)
     assert swaps and meta["v"] == 2 and files == {"a.bin": b"2" * 20}
 
@@ -689,9 +696,9 @@ def test_checksum_mismatch_is_damage_not_a_retry(cache: Local | Memory) -> None:
 def test_local_url_store_writes_and_creates_the_dump_dir(tmp_path: Path) -> None:
     root = f"local://{tmp_path}/not/yet/there"
     store = open_store(root)
-    assert isinstance(store, LocalStore)
+    assert isinstance(store.backend, LocalBackend)
     store.write_entry(f"{root}/exp/3", FILES, {"global_steps": 3})
-    assert LocalStore().read_entry(f"{tmp_path}/not/yet/there/exp/3")[1] == FILES
+    assert EntryStore(LocalBackend()).read_entry(f"{tmp_path}/not/yet/there/exp/3")[1] == FILES
     assert store.read_entry(f"{root}/exp/3")[1] == FILES
 
 
@@ -725,8 +732,8 @@ def _fuzz(cache_kind: str, root: str) -> int:
     store: Any = open_store(root)
     path = f"{root}/exp/3"
     store.write_entry(path, FILES, {"global_steps": 3})
-    valid = json.loads(bytes(store._read(f"{path}/{META_FILE}")))
-    put = ((lambda p, d: store.fs.pipe_file(store._p(p), d)) if cache_kind == "memory"
+    valid = json.loads(store.read_small(f"{path}/{META_FILE}", META_MAX_BYTES))
+    put = ((lambda p, d: store.backend.fs.pipe_file(store.backend.key(p), d)) if cache_kind == "memory"
            else (lambda p, d: Path(p).write_bytes(d)))
     scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
                         st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
@@ -815,18 +822,19 @@ def test_a_chooser_that_refuses_stops_the_read(cache: Local | Memory, monkeypatc
 
 
 def test_the_chooser_sees_the_version_that_is_read(local: Local, monkeypatch: pytest.MonkeyPatch) -> None:
-    import stepskip.store as store_module
+    from stepskip._storage import _localfs
 
     path = entry_of(local)
     local.store.write_entry(path, {"a.bin": b"1" * 10}, {"global_steps": 3, "v": 1})
-    real = store_module._read_at
+    real = _localfs.read_at_stat
     seen: list[int] = []
 
-    def racing(dir_fd: int, name: str, expected: int | None, limit: int | None = None, pooled: bool = False) -> bytes:
+    def racing(dir_fd: int, name: str, expected: int | None, limit: int | None = None,
+               allocator: Any = None) -> tuple[bytes, Any]:
         if name == "a.bin" and len(seen) == 1:
-            LocalStore().write_entry(path, {"a.bin": b"2" * 20}, {"global_steps": 3, "v": 2})
-        return real(dir_fd, name, expected, limit, pooled)
+            EntryStore(LocalBackend()).write_entry(path, {"a.bin": b"2" * 20}, {"global_steps": 3, "v": 2})
+        return real(dir_fd, name, expected, limit, allocator)
 
-    monkeypatch.setattr(store_module, "_read_at", racing)
+    monkeypatch.setattr(_localfs, "read_at_stat", racing)
     meta, files = local.store.read_entry(path, names=lambda m: seen.append(m["v"]) or ["a.bin"])
     assert seen == [1, 2] and meta["v"] == 2 and files == {"a.bin": b"2" * 20}

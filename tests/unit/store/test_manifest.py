@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from stepskip._storage import EntryState, EntryStore, LocalBackend
 from stepskip.errors import CorruptEntryError, UnreadableEntryError
 from stepskip.manifest import MANIFEST_MAX_BYTES, StepManifest, is_recording, parse_manifest, resolve_step
-from stepskip.store import EntryState, LocalStore
 
 GOOD = {"stepskip_manifest": 1, "recording": "rec-0123456789ab", "inner_entries": 2, "run_id": "r",
         "created_unix": 1.0}
@@ -63,7 +63,7 @@ def test_bounds():
 
 
 def test_a_step_without_a_manifest_resolves_to_itself(tmp_path):
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     where = resolve_step(store, str(tmp_path / "1"))
     assert (where.root, where.manifest, where.state) == (str(tmp_path / "1"), None, EntryState.PRESENT)
 
@@ -77,7 +77,7 @@ def test_a_huge_integer_time_is_damage_not_an_overflow(fields):
 
 
 def test_a_huge_integer_time_makes_the_step_damaged_not_a_crash(tmp_path):
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     step = tmp_path / "1"
     step.mkdir()
     (step / "step.json").write_text(json.dumps({**GOOD, "created_unix": 10**400}))

@@ -1,6 +1,6 @@
 """A read handed the probe just taken reuses its parsed meta.json, only while it is the same file version.
 
-``_read_at_stat`` is wrapped (the real call still runs) to count the reads of meta.json.
+The local backend's ``read_at_stat`` is wrapped (the real call still runs) to count the reads of meta.json.
 """
 
 from __future__ import annotations
@@ -10,21 +10,20 @@ import os
 
 import pytest
 
-from stepskip import store as store_module
-from stepskip.store import META_FILE, EntryState, LocalStore
+from stepskip._storage import META_FILE, EntryState, EntryStore, LocalBackend, _localfs
 
 
 @pytest.fixture
 def meta_reads(monkeypatch):
     reads: list[str] = []
-    real = store_module._read_at_stat
+    real = _localfs.read_at_stat
 
     def spied(dir_fd, name, *args, **kwargs):
         if name == META_FILE:
             reads.append(name)
         return real(dir_fd, name, *args, **kwargs)
 
-    monkeypatch.setattr(store_module, "_read_at_stat", spied)
+    monkeypatch.setattr(_localfs, "read_at_stat", spied)
     return reads
 
 
@@ -33,7 +32,7 @@ def _write(store, path, version, fill=b"1"):
 
 
 def test_a_fresh_probe_saves_the_second_parse(tmp_path, meta_reads):
-    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    store, path = EntryStore(LocalBackend(str(tmp_path))), f"{tmp_path}/run/3"
     _write(store, path, 1)
     probe = store.probe(path)
     assert probe.state is EntryState.PRESENT and len(meta_reads) == 1
@@ -44,7 +43,7 @@ def test_a_fresh_probe_saves_the_second_parse(tmp_path, meta_reads):
 
 def test_an_entry_replaced_between_probe_and_read_is_read_as_its_new_version(tmp_path, meta_reads):
     """Same sizes, same meta length: only the directory's identity tells the versions apart."""
-    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    store, path = EntryStore(LocalBackend(str(tmp_path))), f"{tmp_path}/run/3"
     _write(store, path, 1)
     probe = store.probe(path)
     _write(store, path, 2, fill=b"2")
@@ -54,7 +53,7 @@ def test_an_entry_replaced_between_probe_and_read_is_read_as_its_new_version(tmp
 
 
 def test_a_meta_json_swapped_inside_the_entry_is_read_again(tmp_path, meta_reads):
-    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    store, path = EntryStore(LocalBackend(str(tmp_path))), f"{tmp_path}/run/3"
     _write(store, path, 1)
     probe = store.probe(path)
     meta_path = os.path.join(path, META_FILE)
@@ -70,7 +69,7 @@ def test_a_meta_json_swapped_inside_the_entry_is_read_again(tmp_path, meta_reads
 def test_a_removed_entry_is_a_miss_even_with_a_probe(tmp_path):
     from stepskip import CacheMissError
 
-    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    store, path = EntryStore(LocalBackend(str(tmp_path))), f"{tmp_path}/run/3"
     _write(store, path, 1)
     probe = store.probe(path)
     store.retire_entry(path)
@@ -81,7 +80,7 @@ def test_a_removed_entry_is_a_miss_even_with_a_probe(tmp_path):
 def test_data_damaged_after_the_probe_is_still_caught(tmp_path):
     from stepskip import CorruptEntryError
 
-    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    store, path = EntryStore(LocalBackend(str(tmp_path))), f"{tmp_path}/run/3"
     _write(store, path, 1)
     probe = store.probe(path)
     with open(os.path.join(path, "data.bin"), "r+b") as fh:  # same size, other bytes
@@ -91,7 +90,7 @@ def test_data_damaged_after_the_probe_is_still_caught(tmp_path):
 
 
 def test_without_checksums_the_probe_is_not_reused(tmp_path, meta_reads):
-    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    store, path = EntryStore(LocalBackend(str(tmp_path))), f"{tmp_path}/run/3"
     _write(store, path, 1)
     probe = store.probe(path)
     store.read_entry(path, probe=probe, verify=False)
@@ -99,7 +98,7 @@ def test_without_checksums_the_probe_is_not_reused(tmp_path, meta_reads):
 
 
 def test_a_probe_of_another_entry_is_not_reused(tmp_path, meta_reads):
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     _write(store, f"{tmp_path}/run/3", 1)
     _write(store, f"{tmp_path}/run/4", 2)
     other = store.probe(f"{tmp_path}/run/4")
@@ -110,7 +109,7 @@ def test_a_probe_of_another_entry_is_not_reused(tmp_path, meta_reads):
 def test_a_probe_that_kept_a_small_entry_serves_the_read_as_it_was_probed(tmp_path, meta_reads):
     """One look at the disk for both: the read takes the version the probe read, even once the
     entry is gone from the disk (a hit decided on it is served from it)."""
-    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    store, path = EntryStore(LocalBackend(str(tmp_path))), f"{tmp_path}/run/3"
     _write(store, path, 1)
     probe = store.probe(path, keep=1024)
     assert probe.state is EntryState.PRESENT and probe.files == {"data.bin": b"1" * 16}
@@ -120,14 +119,14 @@ def test_a_probe_that_kept_a_small_entry_serves_the_read_as_it_was_probed(tmp_pa
 
 
 def test_a_probe_keeps_only_entries_within_its_bound(tmp_path):
-    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    store, path = EntryStore(LocalBackend(str(tmp_path))), f"{tmp_path}/run/3"
     _write(store, path, 1)
     assert store.probe(path, keep=15).files is None and store.probe(path).files is None
     assert store.probe(path, keep=16).files is not None
 
 
 def test_a_kept_probe_of_another_entry_is_not_used(tmp_path):
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     _write(store, f"{tmp_path}/run/3", 1)
     _write(store, f"{tmp_path}/run/4", 2, fill=b"2")
     other = store.probe(f"{tmp_path}/run/4", keep=1024)
@@ -140,7 +139,7 @@ def test_a_kept_file_that_fails_its_checksum_is_read_again_and_reported(tmp_path
     disk itself before calling the entry damaged."""
     from stepskip import CorruptEntryError
 
-    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    store, path = EntryStore(LocalBackend(str(tmp_path))), f"{tmp_path}/run/3"
     _write(store, path, 1)
     with open(os.path.join(path, "data.bin"), "r+b") as fh:  # same size, other bytes
         fh.write(b"X")
@@ -159,7 +158,7 @@ def test_a_read_given_a_kept_probe_fails_as_a_read_given_none(tmp_path, keep):
     """A kept probe changes where the bytes come from, never what a read refuses or returns."""
     from stepskip import CorruptEntryError
 
-    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    store, path = EntryStore(LocalBackend(str(tmp_path))), f"{tmp_path}/run/3"
     _write(store, path, 1)
 
     def failing(meta):
@@ -209,10 +208,12 @@ def _miss_then_hit(dump_dir, rows, width, looks):
 def test_a_small_hit_through_the_decorator_opens_its_entry_once(tmp_path, monkeypatch):
     """A one-sample entry: the probe that decides the hit reads it whole, and the hit is served
     from that read (one open of the entry's directory, one read of each file)."""
+    from stepskip._storage import local
+
     opened: list[str] = []
-    real_open = LocalStore._open_dir
-    monkeypatch.setattr(LocalStore, "_open_dir", lambda self, path, *a, **k: opened.append(path)
-                        or real_open(self, path, *a, **k))
+    real_open = local.open_below  # every directory the local backend opens, an entry's or another
+    monkeypatch.setattr(local, "open_below", lambda base, parts, *a: opened.append("/".join([base, *parts]))
+                        or real_open(base, parts, *a))
     result, out = _miss_then_hit(tmp_path, 1, 8, opened)
     assert len(opened) == 1 and opened[0].startswith(str(tmp_path)), opened  # the probe's; the read used it
     for key in result.batch.keys():
@@ -227,10 +228,10 @@ def test_a_hit_through_the_decorator_parses_meta_json_once(tmp_path, meta_reads)
 def test_a_stale_reused_meta_is_read_again_before_anything_is_called_damaged(tmp_path, monkeypatch):
     """An in-place rewrite within the timestamps' granularity can leave the stamp unchanged: the
     reused meta.json then disagrees with the data, and only a read of meta.json itself may say damage."""
-    store, path = LocalStore(str(tmp_path)), f"{tmp_path}/run/3"
+    store, path = EntryStore(LocalBackend(str(tmp_path))), f"{tmp_path}/run/3"
     _write(store, path, 1)
     probe = store.probe(path)
     _write(store, path, 2, fill=b"2")
-    monkeypatch.setattr(store_module, "_known_meta", lambda dir_fd, known: known.meta)  # the stamp "matched"
+    monkeypatch.setattr(_localfs.LocalEntry, "meta_stamp", lambda self: probe.stamp)  # the stamp "matched"
     meta, files = store.read_entry(path, probe=probe)
     assert meta["v"] == 2 and files == {"data.bin": b"2" * 16}

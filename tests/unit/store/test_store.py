@@ -1,4 +1,4 @@
-"""LocalStore (atomic entries, checksums, validity, leftovers, concurrency) and Layout (paths)."""
+"""Entries on the local backend (atomic entries, checksums, validity, leftovers, concurrency) and Layout (paths)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,20 @@ import xxhash
 from omegaconf import OmegaConf
 
 from stepskip import CorruptEntryError, SkipConfigError
+from stepskip._storage import (
+    META_FILE,
+    EntryState,
+    EntryStore,
+    FsspecBackend,
+    LocalBackend,
+    _localfs,
+    checksum,
+    open_store,
+)
+from stepskip._storage.base import token as _token
 from stepskip.layout import Layout, safe_component
-from stepskip.store import META_FILE, EntryState, FsspecStore, LocalStore, _token, checksum, open_store
 
-STORE = LocalStore()
+STORE = EntryStore(LocalBackend())
 FILES = {"data.safetensors": b"\x00\x01tensors" * 50, "data.json": b'{"root": 1}'}
 
 
@@ -307,7 +317,7 @@ def test_unwritable_parent(tmp_path: Path) -> None:
 
 
 def _fail_on_nth_write(monkeypatch: pytest.MonkeyPatch, n: int, err: int = errno.ENOSPC) -> None:
-    real = LocalStore._write_unsynced
+    real = _localfs.write_unsynced
     calls = {"n": 0}
 
     def flaky(dir_fd: int, name: str, data: bytes) -> int:
@@ -319,7 +329,7 @@ def _fail_on_nth_write(monkeypatch: pytest.MonkeyPatch, n: int, err: int = errno
             raise OSError(err, os.strerror(err))
         return real(dir_fd, name, data)
 
-    monkeypatch.setattr(LocalStore, "_write_unsynced", staticmethod(flaky))
+    monkeypatch.setattr(_localfs, "write_unsynced", flaky)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3], ids=["first-file", "second-file", "meta"])
@@ -539,10 +549,11 @@ def test_reader_racing_overwrites_sees_missing_or_one_complete_entry(tmp_path: P
 
 
 def test_open_store() -> None:
-    assert isinstance(open_store("/tmp/x"), LocalStore)
-    assert isinstance(open_store("file:///tmp/x"), LocalStore)
-    assert isinstance(open_store("~/x"), LocalStore)
-    assert isinstance(open_store("memory://bucket/prefix"), FsspecStore)
+    assert isinstance(open_store("/tmp/x").backend, LocalBackend)
+    assert isinstance(open_store("file:///tmp/x").backend, LocalBackend)
+    assert isinstance(open_store("~/x").backend, LocalBackend)
+    assert open_store("~/x").root == os.path.expanduser("~/x")
+    assert isinstance(open_store("memory://bucket/prefix").backend, FsspecBackend)
     with pytest.raises(SkipConfigError, match="nosuchfs://bucket"):
         open_store("nosuchfs://bucket/prefix")
 
@@ -699,7 +710,7 @@ def test_forget_listings_drops_the_subtree_only_and_never_walks_every_key():
     """Called once per step by the index: the run directory's listing stays cached, and a call costs the
     step's own listings (walked from its cached listing), not every key of the cache."""
     store = open_store("memory://forget/dump")
-    run = store._p("memory://forget/dump/run")  # the keys fsspec caches listings under
+    run = store.backend.key("memory://forget/dump/run")  # the keys fsspec caches listings under
     step = f"{run}/1"
 
     def d(name):
@@ -714,7 +725,7 @@ def test_forget_listings_drops_the_subtree_only_and_never_walks_every_key():
         f"{run}/2": [d(f"{run}/2/0")],
         f"{run}/10": [],  # a sibling whose name starts like the step's
     })
-    store.fs.dircache = cache
+    store.backend.fs.dircache = cache
     _CountingCache.walks = 0
     store.forget_listings("memory://forget/dump/run/1")
     assert _CountingCache.walks == 0

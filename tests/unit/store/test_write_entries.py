@@ -1,14 +1,15 @@
-"""LocalStore.write_entries: several entries published with their fsyncs batched, each one still whole."""
+"""EntryStore.write_entries over the local backend: several entries published with their fsyncs batched,
+each one still whole."""
 
 from __future__ import annotations
 
 import json
 
-from stepskip.store import EntryState, LocalStore
+from stepskip._storage import EntryState, EntryStore, LocalBackend
 
 
 def test_every_entry_is_published_whole_and_readable(tmp_path):
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     items = [(f"{tmp_path}/run/{i}", {"data.json": json.dumps({"i": i}).encode()}, {"global_steps": i})
              for i in range(5)]
     results = store.write_entries(items)
@@ -20,7 +21,7 @@ def test_every_entry_is_published_whole_and_readable(tmp_path):
 
 
 def test_a_bad_entry_fails_alone_and_leaves_nothing(tmp_path):
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     results = store.write_entries([
         (f"{tmp_path}/run/1", {"data.json": b"1"}, {"global_steps": 1}),
         (f"{tmp_path}/run/2", {"../escape": b"x"}, {"global_steps": 2}),
@@ -33,7 +34,7 @@ def test_a_bad_entry_fails_alone_and_leaves_nothing(tmp_path):
 
 
 def test_replaces_an_existing_entry(tmp_path):
-    store = LocalStore(str(tmp_path))
+    store = EntryStore(LocalBackend(str(tmp_path)))
     store.write_entry(f"{tmp_path}/run/1", {"data.json": b"old"}, {"global_steps": 1})
     (result,) = store.write_entries([(f"{tmp_path}/run/1", {"data.json": b"new"}, {"global_steps": 1})])
     assert isinstance(result, int)

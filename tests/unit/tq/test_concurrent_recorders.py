@@ -11,7 +11,7 @@ from pathlib import Path
 from v1_recorders import config, record_step
 
 from stepskip import SkipManager
-from stepskip.store import open_store
+from stepskip._storage import open_store
 from stepskip.tq import InProcessTQClient
 
 CTX = multiprocessing.get_context("spawn")

@@ -16,8 +16,8 @@ import pytest
 from v1_harness import V1Trainer
 
 from stepskip import SkipManager
+from stepskip._storage import EntryStore, open_store
 from stepskip.hints import HINTS_DIR, StepHint, document_of, parse_hints
-from stepskip.store import FsspecStore, LocalStore, open_store
 from stepskip.tq import InProcessTQClient
 
 
@@ -63,11 +63,10 @@ def first_match_step(dump_dir: str, first_prompt: int, sync: int, monkeypatch: p
     live.next_prompt = first_prompt
     SkipManager.init(live.config, tq_client=live.tq)
     looked: list[str] = []
-    for cls in (LocalStore, FsspecStore):
-        for method in ("probe", "read_entry", "read_small"):
-            original = getattr(cls, method)
-            monkeypatch.setattr(cls, method, lambda store, path, *a, _o=original, **k: looked.append(path) or _o(
-                store, path, *a, **k))
+    for method in ("probe", "read_entry", "read_small"):
+        original = getattr(EntryStore, method)
+        monkeypatch.setattr(EntryStore, method, lambda store, path, *a, _o=original, **k: looked.append(path) or _o(
+            store, path, *a, **k))
     live.global_steps = 1
     SkipManager.set_step(1)
     live._add_batch_to_generate()  # the submit phase: match_inject

@@ -183,17 +183,17 @@ def test_a_batch_that_fails_as_a_whole_counts_each_dump_once(tmp_path, monkeypat
 
 
 def test_an_unexpected_error_publishing_one_entry_costs_that_entry_alone(tmp_path, monkeypatch):
-    from stepskip.store import LocalStore
+    from stepskip._storage import EntryStore, LocalBackend, _localfs
 
-    store = LocalStore(str(tmp_path))
-    publish = store._publish
+    store = EntryStore(LocalBackend(str(tmp_path)))
+    publish = _localfs.publish_rename
 
     def failing(parent_fd, tmp, name, path, overwrite):
         if name == "1":
             raise RuntimeError("not an OSError")
         return publish(parent_fd, tmp, name, path, overwrite)
 
-    monkeypatch.setattr(store, "_publish", failing)
+    monkeypatch.setattr(_localfs, "publish_rename", failing)
     results = store.write_entries([(f"{tmp_path}/run/{i}", {"data.json": b"{}"}, {"global_steps": i})
                                    for i in range(3)])
     assert isinstance(results[1], RuntimeError) and all(isinstance(results[i], int) for i in (0, 2))
