@@ -155,6 +155,18 @@ def _new_meta(entry: EntryRecord, target: Format) -> dict[str, Any]:
     return meta
 
 
+def _recorded_inputs(src: CacheIndex, entry: EntryRecord) -> dict[str, bytes]:
+    """The call arguments a stage recorded beside its result (``record_inputs``), checksums checked: they are
+    stored in a format of their own, so they go to the converted entry byte for byte."""
+    from stepskip.entries import legacy_format
+    from stepskip.stage_inputs import INPUT_FILES, has_inputs
+
+    if not has_inputs(entry.meta):
+        return {}
+    _, files = src.store.read_entry(entry.path, legacy_format(False).files, list(INPUT_FILES), True)
+    return {name: bytes(files[name]) for name in INPUT_FILES}
+
+
 def _convert_one(src: CacheIndex, dst: CacheIndex, job: _Job, allow_pickle: bool,
                  removed: set[str] | None = None) -> ConvertedEntry:
     """Convert one entry; ``removed`` holds the destination manifests removed already (one per step, not per job)."""
@@ -165,6 +177,7 @@ def _convert_one(src: CacheIndex, dst: CacheIndex, job: _Job, allow_pickle: bool
     try:
         value = src.read_entry(entry, allow_pickle=allow_pickle)
         files = target.encode(target.freeze(value, copy=False))
+        files.update(_recorded_inputs(src, entry))
         if job.manifest is not None and job.manifest not in removed and dst.inside(job.manifest):
             dst.store.remove(job.manifest)  # the step is written in place now: its old commit point goes
             removed.add(job.manifest)

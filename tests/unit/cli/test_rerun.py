@@ -218,3 +218,19 @@ def test_info_and_show_print_a_drift_record(tmp_path):
     assert "drift (action: compare): step 1 drifted" in show.out
     assert stepskip("show", entry, "--json").json()["drift"][0]["passed"] is False
     assert stepskip("verify", tmp_path).code == 0  # the records are no part of any entry
+
+
+def test_convert_keeps_the_recorded_inputs_so_rerun_works_on_the_copy(recorded, tmp_path):
+    """``stepskip convert`` re-encodes a stage's result; the arguments recorded beside it go along byte for byte
+    (checksummed in the copy), so the converted cache can still be re-run."""
+    copy = tmp_path / "copy"
+    result = stepskip("convert", recorded, copy, "--to", "safe")
+    assert result.code == 0, result
+    source, converted = run_path(recorded) / "reward" / "2", run_path(copy) / "reward" / "2"
+    meta = json.loads((converted / "meta.json").read_text())
+    assert meta["inputs"] == json.loads((source / "meta.json").read_text())["inputs"]
+    for name in ("inputs.json", "inputs.safetensors"):
+        assert (converted / name).read_bytes() == (source / name).read_bytes() and name in meta["files"]
+    assert stepskip("verify", copy).code == 0
+    rerun = stepskip("rerun", copy, "--stage", "reward", "--fn", f"{tmp_path}/my_rewards.py:compute")
+    assert rerun.code == 0 and "all 3 steps of reward match" in rerun.out, rerun
