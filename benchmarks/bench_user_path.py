@@ -365,11 +365,28 @@ def stepskip_colocated(inputs: dict[str, Any], workdir: str, repeat: int) -> dic
     return out
 
 
+def bytecode_env(workdir: str) -> dict[str, str]:
+    """The environment of stepskip's fresh processes: its modules compiled once, into a cache under
+    ``workdir``, as an installed package's are (pip compiles them, and verl's side has them). Where
+    PYTHONDONTWRITEBYTECODE is set, a process would otherwise compile every stepskip module it
+    imports, and a first call's lazy imports would time the compiler."""
+    prefix = f"{workdir}/pycache"
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=prefix)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if not os.path.isdir(prefix):
+        import stepskip
+
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(stepskip.__file__).parent), str(HERE)],
+                       env=env, check=True, capture_output=True)
+    return env
+
+
 def stepskip_first(kind: str, inputs_path: str, workdir: str, threads: int) -> dict[str, Any]:
     """A process's first call (``kind`` "hit" or "miss"), in a fresh process: see :func:`first_child`."""
     quiet_disk()
     done = subprocess.run([sys.executable, __file__, "--first-child", kind, inputs_path, workdir, str(threads)],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900,
+                          env=bytecode_env(str(Path(workdir).parent)))
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
