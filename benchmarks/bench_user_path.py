@@ -1048,7 +1048,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=None, help="runs per round (default 5, 1 with --smoke)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="rounds per part, the two sides alternated (default 2, 1 with --smoke)")
-    parser.add_argument("--threads", default="1,default", help="torch thread settings, e.g. 1,default")
+    parser.add_argument("--threads", default=None,
+                        help="torch thread settings, e.g. 1,default (default: 1,default; 1 with --small)")
     parser.add_argument("--skip", default="", help="comma list of parts to leave out: colocated,v1,async,curve,s3")
     parser.add_argument("--json", help="also write the raw results here")
     parser.add_argument("--small", action="store_true",
@@ -1069,6 +1070,7 @@ def main() -> None:
     repeat = args.repeat or (1 if args.smoke else 5)
     rounds = args.rounds or (1 if args.smoke else 2)
     processes = args.processes or (1 if args.smoke else 3)
+    thread_settings = (args.threads or ("1" if args.small else "1,default")).split(",")
     skip = set(filter(None, args.skip.split(",")))
     if args.small:
         skip |= {"v1", "async", "s3"}
@@ -1095,7 +1097,7 @@ def main() -> None:
                 pickle.dump(inputs, fh, protocol=5)
             batch_bytes = nbytes_in_memory(inputs["result"])
             runs = repeat * SMALL_REPEAT_FACTOR if rows < 1024 else repeat
-            for threads_name in args.threads.split(","):
+            for threads_name in thread_settings:
                 threads = default_threads if threads_name == "default" else int(threads_name)
                 torch.set_num_threads(threads)
                 run: dict[str, Any] = {"size": size, "threads": threads}
