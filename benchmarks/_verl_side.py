@@ -5,10 +5,11 @@ Run by bench_user_path.py with verl's interpreter (``.venv-verl``, or STEPSKIP_V
     python _verl_side.py MODE INPUTS.pkl WORKDIR THREADS REPEAT
 
 MODE is ``colocated`` (verl's ``RolloutSkip`` through its ``SkipManager.annotate`` on a miss and a
-hit, a raw read of its ``gen_batch.dp``), ``peak`` (one hit in this fresh process, peak extra RSS),
-``v1`` (``RolloutTqSkip.prepare_data`` / ``load_dump_data`` over a dict-backed ``transfer_queue``
-stand-in, the only part of verl's path that cannot run here without Ray) or ``async``
-(``AsyncRolloutSkip``, one small entry per sample). INPUTS.pkl holds plain numpy arrays and
+hit, a raw read of its ``gen_batch.dp``), ``peak`` (the first hit of this fresh process: its time and
+peak extra RSS), ``first_miss`` (the first miss of this fresh process, in an empty WORKDIR), ``v1``
+(``RolloutTqSkip.prepare_data`` / ``load_dump_data`` over a dict-backed ``transfer_queue`` stand-in,
+the only part of verl's path that cannot run here without Ray) or ``async`` (``AsyncRolloutSkip``,
+one small entry per sample). INPUTS.pkl holds plain numpy arrays and
 Python objects written by bench_user_path.py (no class of either project), so both sides time the
 same data. Prints one JSON line.
 """
@@ -126,7 +127,9 @@ def peak(inputs: dict, workdir: str) -> dict:
         def generate_sequences(self, prompts):
             raise AssertionError("the benchmark expects a hit")
 
+    start = time.perf_counter()
     SkipManager.init(_config(workdir, steps=[100], role="rollout", **shape))
+    init_s = time.perf_counter() - start
     path = SkipManager.skip_instances["rollout"]._get_step_dump_dir(100) / "gen_batch.dp"
     path.read_bytes()  # warm, as every read in the benchmark is
     with open("/proc/self/clear_refs", "w") as fh:
@@ -136,7 +139,33 @@ def peak(inputs: dict, workdir: str) -> dict:
     start = time.perf_counter()
     _touch(Loop().generate_sequences(prompts))
     seconds = time.perf_counter() - start
-    return {"peak_extra": _status("VmHWM") - before, "first_hit": seconds}
+    return {"peak_extra": _status("VmHWM") - before, "first_hit": seconds, "init": init_s}
+
+
+def first_miss(inputs: dict, workdir: str) -> dict:
+    """The first call of this fresh process, a miss: how long verl's dump blocks the caller."""
+    from verl.utils.skip.skip_manager import SkipManager
+
+    shape = inputs["shape"]
+    prompts, result = _dataproto(inputs["prompts"]), _dataproto(inputs["result"])
+    del inputs
+
+    class Loop:
+        @SkipManager.annotate(role="rollout")
+        def generate_sequences(self, prompts):
+            return result
+
+    start = time.perf_counter()
+    SkipManager.init(_config(workdir, steps=[100], role="rollout", **shape))
+    init_s = time.perf_counter() - start
+    SkipManager.set_step(100)
+    start = time.perf_counter()
+    Loop().generate_sequences(prompts)
+    seconds = time.perf_counter() - start
+    path = SkipManager.skip_instances["rollout"]._get_step_dump_dir(100) / "gen_batch.dp"
+    if not path.is_file():
+        raise SystemExit(f"the benchmark expects a miss that dumps {path}")
+    return {"first_miss": seconds, "init": init_s}
 
 
 class _Queue(types.ModuleType):
@@ -221,6 +250,8 @@ def main() -> None:
         out = colocated(inputs, workdir, int(repeat))
     elif mode == "peak":
         out = peak(inputs, workdir)
+    elif mode == "first_miss":
+        out = first_miss(inputs, workdir)
     elif mode == "v1":
         out = v1(inputs, workdir, int(repeat))
     elif mode == "async":

@@ -1,6 +1,7 @@
 """The path users call, side by side with verl 0.9.1's own skip code: ratios from one run.
 
-Run:  .venv/bin/python benchmarks/bench_user_path.py [--quick | --smoke] [--rounds 2] [--repeat 5] [--json out.json]
+Run:  .venv/bin/python benchmarks/bench_user_path.py [--quick | --smoke] [--small] [--rounds 2] [--repeat 5]
+          [--processes 3] [--json out.json]
 
 Everything goes through ``SkipManager.init`` and the decorated method, never the formats alone
 (benchmarks/bench_store.py is the format-level breakdown):
@@ -13,13 +14,25 @@ Everything goes through ``SkipManager.init`` and the decorated method, never the
   (miss + background dump until flushed), a hit with every tensor touched, bytes on disk, peak
   extra memory of a hit in a fresh process, the prompt check's own cost, and a raw read of verl's
   file. Sizes 1024 x (1024 + 2048) and 2048 x (1024 + 4096), n = 8 (``--quick``: 256 x (256 + 512)
-  and 512 x (512 + 1024)); torch threads 1 and the default.
+  and 512 x (512 + 1024)); torch threads 1 and the default. Debugging batches too, a tiny
+  32 x (128 + 256) and a small 256 x (512 + 1024) (this role and the first calls only; the runs of
+  a round are 4 x --repeat below 1024 rows, a call there takes milliseconds).
+- first calls: a process's first hit and its first miss, each the first decorated call of a fresh
+  process after ``SkipManager.init`` (timed apart), --processes of them a side, alternated with
+  verl's: what the first call starts or allocates (pools, buffers, lazy imports) is in its time.
 - V1 role (``rollout_tq``): the sample phase saving what ``ReplayBuffer.sample`` handed out, read
   back through ``stepskip.tq.InProcessTQClient``, and the submit phase injecting a cached step.
 - async role (``async_rollout``): many one-sample entries, samples per second written (until
   flushed) and replayed.
-- per-call cost with 10 / 1,000 / 10,000 entries on disk (``--quick``: 10 / 100 / 1,000) for the
-  actions cache, repeat (exact step missing) and random.
+- per-call cost with 10 / 1,000 / 2,000 / 10,000 entries on disk (``--quick``: 10 / 100 / 1,000) for
+  the actions cache, repeat (exact step missing) and random, and for repeat and random with the run
+  directory changed before each call (so that each call lists it).
+
+A targets table closes the run: each size's steady-state hit (<= 1.0 x verl below 256 rows, 0.5 x
+from 256, 0.3 x from 1024), first hit and first miss (<= 1.0 x), and repeat/random with 2,000
+entries against 10 (at most 1 ms more per call), each judged by medians and marked met or missed.
+``--small`` runs only the debugging sizes, their first calls and repeat/random at 10 and 2,000
+entries (a few minutes); ``--small --smoke`` the tiny size once, with 10 and 30 entries.
 
 verl's side runs benchmarks/_verl_side.py in verl's environment (``.venv-verl`` from
 ``make verl-env``, or STEPSKIP_VERL_PYTHON) on the same data; without it the ratio columns are
@@ -68,10 +81,28 @@ SIZES = {
     "quick": [(256, 256, 512), (512, 512, 1024)],
     "smoke": [(16, 16, 32)],
 }
-ENTRY_COUNTS = {"full": [10, 1000, 10000], "quick": [10, 100, 1000], "smoke": [10, 30]}
+#: Debugging batches (a tiny and a small one): only the colocated role and the first calls run at these.
+SMALL_SIZES = {"full": [(32, 128, 256), (256, 512, 1024)], "small": [(32, 128, 256), (256, 512, 1024)],
+               "small-smoke": [(32, 128, 256)]}
+#: Below 1024 rows a call takes milliseconds: each round takes this many times --repeat runs, for steadier medians.
+SMALL_REPEAT_FACTOR = 4
+ENTRY_COUNTS = {"full": [10, 1000, 2000, 10000], "quick": [10, 100, 1000], "smoke": [10, 30], "small": [10, 2000],
+                "small-smoke": [10, 30]}
 S3_ENTRY_COUNTS = {"full": [10, 1000], "quick": [10, 100, 1000], "smoke": [10, 30]}
 ASYNC_COUNTS = {"full": 200, "quick": 100, "smoke": 8}
 TARGETS = {"miss": 0.1, "write": 0.5, "hit": 0.3, "bytes": 0.12, "peak": 1.3, "hit_raw": 2.0, "digest": 0.10}
+#: A process's first hit and first miss against verl's, at every size (judged by medians).
+FIRST_CALL_TARGET = 1.0
+#: repeat and random with many entries against 10 entries: at most this many ms more per call (medians).
+ENTRIES_TARGET_MS = 1.0
+#: The entry count the per-call target is judged at (the largest counted when a run has fewer).
+ENTRIES_JUDGED = 2000
+
+
+def hit_target(rows: int) -> float:
+    """The steady-state hit's target against verl's (judged by medians): the fixed cost of a call
+    weighs more the smaller the batch, so small batches get a looser bound."""
+    return 0.3 if rows >= 1024 else 0.5 if rows >= 256 else 1.0
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -334,34 +365,113 @@ def stepskip_colocated(inputs: dict[str, Any], workdir: str, repeat: int) -> dic
     return out
 
 
-def stepskip_peak(inputs_path: str, workdir: str) -> dict[str, Any]:
-    """The peak extra memory and the time of a process's first hit (no recycled pages yet), in a fresh process."""
-    done = subprocess.run([sys.executable, __file__, "--peak-child", inputs_path, workdir], capture_output=True,
-                          text=True, timeout=900)
+def bytecode_env(workdir: str) -> dict[str, str]:
+    """The environment of stepskip's fresh processes: its modules compiled once, into a cache under
+    ``workdir``, as an installed package's are (pip compiles them, and verl's side has them). Where
+    PYTHONDONTWRITEBYTECODE is set, a process would otherwise compile every stepskip module it
+    imports, and a first call's lazy imports would time the compiler."""
+    prefix = f"{workdir}/pycache"
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=prefix)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if not os.path.isdir(prefix):
+        import stepskip
+
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(stepskip.__file__).parent), str(HERE)],
+                       env=env, check=True, capture_output=True)
+    return env
+
+
+def stepskip_first(kind: str, inputs_path: str, workdir: str, threads: int) -> dict[str, Any]:
+    """A process's first call (``kind`` "hit" or "miss"), in a fresh process: see :func:`first_child`."""
+    quiet_disk()
+    done = subprocess.run([sys.executable, __file__, "--first-child", kind, inputs_path, workdir, str(threads)],
+                          capture_output=True, text=True, timeout=900,
+                          env=bytecode_env(str(Path(workdir).parent)))
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def peak_child(inputs_path: str, workdir: str) -> None:
+def first_child(kind: str, inputs_path: str, workdir: str, threads: str) -> None:
+    """The first decorated call of this process, after ``SkipManager.init`` (timed apart): whatever
+    the first call starts or allocates (pools, buffers, lazy imports) is in its time, as in a
+    trainer's first step.
+
+    ``hit``: on the entry of step 100 under ``workdir`` (its files read once first, warm, as on
+    verl's side and every other read here), with the peak extra memory (no recycled pages yet).
+    ``miss``: in an empty ``workdir``, how long the call blocks, then how long until its dump is
+    flushed."""
+    torch.set_num_threads(int(threads))
     with open(inputs_path, "rb") as fh:
         inputs = pickle.load(fh)
     prompts, shape = to_batch(inputs["prompts"]), inputs["shape"]
-    del inputs
-    SkipManager.init(config(workdir, shape, "rollout"))
-    path = SkipManager.skip_instances["rollout"].step_dump_dir(100)
-    for f in Path(path).iterdir():
-        f.read_bytes()  # warm, as the verl side and every other read here
     loop = Loop()
+    if kind == "miss":
+        loop.result = to_batch(inputs["result"])
+    del inputs
+    start = time.perf_counter()
+    SkipManager.init(config(workdir, shape, "rollout"))
+    init = time.perf_counter() - start
+    SkipManager.set_step(100)
+    if kind == "miss":
+        start = time.perf_counter()
+        loop.generate_sequences(prompts)
+        blocked = time.perf_counter() - start
+        SkipManager.flush()
+        written = time.perf_counter() - start
+        assert SkipManager.stats()["skip/rollout/dumps"] == 1, SkipManager.stats()
+        print(json.dumps({"first_miss": blocked, "first_write": written, "init": init}))
+        return
+    for f in Path(SkipManager.skip_instances["rollout"].step_dump_dir(100)).iterdir():
+        f.read_bytes()
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # reset VmHWM to the current RSS
     before = _status("VmRSS")
-    SkipManager.set_step(100)
     start = time.perf_counter()
     touch(loop.generate_sequences(prompts))
     seconds = time.perf_counter() - start
     assert SkipManager.stats()["skip/rollout/hits"] == 1
-    print(json.dumps({"peak_extra": _status("VmHWM") - before, "first_hit": seconds}))
+    print(json.dumps({"peak_extra": _status("VmHWM") - before, "first_hit": seconds, "init": init}))
+
+
+def first_calls(inputs_path: str, workdir: str, tag: str, threads: int, processes: int
+                ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Each side's first hit and first miss, ``processes`` fresh processes each, the sides alternated.
+
+    The hits read the entries of step 100 the colocated part's first round wrote (``ours-TAG-0``,
+    ``verl-TAG-0``); each miss writes into an empty directory of its own."""
+    ours: dict[str, Any] = {"first_hit": [], "first_miss": [], "first_write": [], "init_hit": [], "init_miss": [],
+                            "peak_runs": []}
+    verl: dict[str, Any] | None = {"first_hit": [], "first_miss": [], "init_hit": [], "init_miss": [],
+                                   "peak_runs": []} if verl_python() else None
+    for i in range(processes):
+        got = stepskip_first("hit", inputs_path, f"{workdir}/ours-{tag}-0", threads)
+        ours["first_hit"].append(got["first_hit"])
+        ours["init_hit"].append(got["init"])
+        ours["peak_runs"].append(got["peak_extra"])
+        if verl is not None and "error" not in verl:
+            theirs = run_verl("peak", inputs_path, f"{workdir}/verl-{tag}-0", threads, 1) or {}
+            if "error" in theirs:
+                verl = theirs
+            else:
+                verl["first_hit"].append(theirs["first_hit"])
+                verl["init_hit"].append(theirs["init"])
+                verl["peak_runs"].append(theirs["peak_extra"])
+        got = stepskip_first("miss", inputs_path, f"{workdir}/first-miss-ours-{tag}-{i}", threads)
+        for key in ("first_miss", "first_write"):
+            ours[key].append(got[key])
+        ours["init_miss"].append(got["init"])
+        if verl is not None and "error" not in verl:
+            theirs = run_verl("first_miss", inputs_path, f"{workdir}/first-miss-verl-{tag}-{i}", threads, 1) or {}
+            if "error" in theirs:
+                verl = theirs
+            else:
+                verl["first_miss"].append(theirs["first_miss"])
+                verl["init_miss"].append(theirs["init"])
+    for side in (ours, verl):
+        if side is not None and "error" not in side:
+            side["peak"] = max(side["peak_runs"])  # the highest of the processes
+    return ours, verl
 
 
 class V1Owner:
@@ -527,11 +637,12 @@ def writer_tables(first: str, records: list[tuple[str, dict[str, Any]]]) -> dict
 
 
 def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[str, Any]]:
-    """ms per call with ``count`` entries on disk, for the actions that look beyond the exact step, and
-    ms of ``match``'s first call of a run (``SkipManager.init`` before each, not timed): it builds its
-    prompt index lazily, looking the live prompts up in the writer's digest table (the copies are added
-    to the table of the run that wrote the first entry, with the writer's own code, as that writer would
-    have added them)."""
+    """ms per call with ``count`` entries on disk, for the actions that look beyond the exact step
+    (``repeat`` and ``random`` also with the run directory changed just before each call, so that
+    each lists it), and ms of ``match``'s first call of a run (``SkipManager.init`` before each, not
+    timed): it builds its prompt index lazily, looking the live prompts up in the writer's digest
+    table (the copies are added to the table of the run that wrote the first entry, with the
+    writer's own code, as that writer would have added them)."""
     shape = {"rows": 2, "n": 1, "prompt": 4, "response": 4}
     small = make_rollout_batch(2, 4, 4, n=1)
     out = []
@@ -571,7 +682,15 @@ def per_call_curve(counts: list[int], workdir: str, repeat: int) -> list[dict[st
                 loop.generate_sequences(small)
 
             row[action] = timed(call, repeat)
-            assert SkipManager.stats()["skip/rollout/hits"] == repeat, (action, SkipManager.stats())
+            hits = repeat
+            if action != "cache":  # and with the run directory just changed, as another writer's entry would
+                row[f"{action}_listing"] = []
+                for _ in range(repeat):
+                    os.utime(first.parent)  # untimed: the call cannot reuse its listing, it lists again
+                    row[f"{action}_listing"] += timed(call, 1)
+                os.utime(first.parent, (settled, settled))  # settled again for the next action
+                hits += repeat
+            assert SkipManager.stats()["skip/rollout/hits"] == hits, (action, SkipManager.stats())
             SkipManager.reset()
         row["match_first"], row["match_later"] = [], []
         for i in range(repeat):
@@ -781,12 +900,21 @@ def noise(values: Any) -> str:
     return f"{statistics.median(values) / min(values) - 1:5.0%}"
 
 
+def median(values: Any) -> float | None:
+    return statistics.median(values) if isinstance(values, list) and values else values
+
+
+def _milli(seconds: float) -> str:
+    """Milliseconds, with two decimals below 10 ms (a small batch's hit takes about one)."""
+    return f"{seconds * 1000:.2f}" if seconds < 0.01 else f"{seconds * 1000:.1f}"
+
+
 def ms(values: Any) -> str:
     value = best(values)
     if value is None:
         return f"{'-':>9s}"
-    text = f"{value * 1000:9.1f}"
-    return text + (f" ({statistics.median(values) * 1000:.1f})" if isinstance(values, list) and len(values) > 1 else "")
+    text = f"{_milli(value):>9s}"
+    return text + (f" ({_milli(statistics.median(values))})" if isinstance(values, list) and len(values) > 1 else "")
 
 
 def ratio(ours: Any, theirs: Any, target: float | None = None) -> str:
@@ -804,18 +932,23 @@ def render_colocated(size: str, threads: str, ours: dict[str, Any], verl: dict[s
     lines = [f"\ncolocated role, {size}, torch threads {threads}, batch {batch_bytes / 1e6:.1f} MB in memory"
              + (f"  [verl side failed: {verl['error']}]" if verl and "error" in verl else "")]
     lines.append(f"{'measure':44s} {'stepskip ms (median)':>22s} {'verl ms (median)':>20s} {'ratio':>11s} "
-                 f"{'target':>7s} {'noise':>6s}")
+                 f"{'target':>7s} {'noise':>6s} {'ratio of medians':>16s}")
 
     def row(label: str, a: Any, b: Any, target: float | None, fmt: Any = ms) -> None:
         lines.append(f"{label:44s} {fmt(a):>22s} {fmt(b):>20s} {ratio(a, b, target):>11s} "
-                     f"{'' if target is None else f'<= {target:g}':>7s} {noise(a):>6s}")
+                     f"{'' if target is None else f'<= {target:g}':>7s} {noise(a):>6s} "
+                     f"{ratio(median(a), median(b)) if isinstance(a, list) else '':>16s}")
 
     row("miss: time the caller is blocked", ours["miss"], v.get("miss"), TARGETS["miss"])
     row("full write (miss + background dump)", ours["write"], v.get("miss"), TARGETS["write"])
     row("hit, every tensor touched", ours["hit"], v.get("hit"), TARGETS["hit"])
     row("hit vs raw read of verl's gen_batch.dp", ours["hit"], v.get("raw"), TARGETS["hit_raw"])
-    if ours.get("first_hit") is not None:  # one sample each, in a fresh process: no recycled pages yet
-        row("  a process's first hit (fresh pages)", ours["first_hit"], v.get("first_hit"), None)
+    if ours.get("first_hit"):  # a fresh process each: no recycled pages, pools or buffers yet (judged below)
+        row("a process's first hit", ours["first_hit"], v.get("first_hit"), None)
+        row("a process's first miss (blocks the caller)", ours["first_miss"], v.get("first_miss"), None)
+        row("  first miss until its dump is flushed", ours["first_write"], v.get("first_miss"), None)
+        row("  SkipManager.init before a first hit", ours["init_hit"], v.get("init_hit"), None)
+        row("  SkipManager.init before a first miss", ours["init_miss"], v.get("init_miss"), None)
     mb = lambda x: f"{x / 1e6:9.2f} MB" if x is not None else f"{'-':>9s}"  # noqa: E731
     row("bytes on disk", ours["bytes"], v.get("bytes"), TARGETS["bytes"], fmt=mb)
     times = lambda x: f"{x / batch_bytes:9.2f} x" if x is not None else f"{'-':>9s}"  # noqa: E731
@@ -841,6 +974,61 @@ def render_colocated(size: str, threads: str, ours: dict[str, Any], verl: dict[s
     return lines
 
 
+def colocated_targets(size: str, rows: int, threads: int, ours: dict[str, Any], verl: dict[str, Any] | None
+                      ) -> list[dict[str, Any]]:
+    """The rows of the targets table for one size and thread setting (medians judge)."""
+    v = verl if verl and "error" not in verl else {}
+    out = []
+    for measure, key, target in (("steady-state hit", "hit", hit_target(rows)),
+                                 ("first hit of a process", "first_hit", FIRST_CALL_TARGET),
+                                 ("first miss of a process", "first_miss", FIRST_CALL_TARGET)):
+        a, b = ours.get(key), v.get(key)
+        ratio_median = median(a) / median(b) if a and b else None
+        out.append({"size": size, "threads": threads, "measure": measure, "stepskip": a, "verl": b,
+                    "ratio": ratio_median, "ratio_best": best(a) / best(b) if a and b else None,
+                    "target": target, "met": None if ratio_median is None else ratio_median <= target})
+    return out
+
+
+def curve_targets(curve: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``repeat`` and ``random`` at ENTRIES_JUDGED entries (or the most a run counted) against 10 entries."""
+    few = next((row for row in curve if row["entries"] == 10), None)
+    many = [row for row in curve if row["entries"] > 10]
+    if few is None or not many:
+        return []
+    judged = next((row for row in many if row["entries"] == ENTRIES_JUDGED), max(many, key=lambda r: r["entries"]))
+    out = []
+    for action in ("repeat", "random"):
+        for key, how in ((action, "listing reused"), (f"{action}_listing", "listed each call")):
+            added = median(judged[key]) - median(few[key])
+            out.append({"measure": f"{action}, {judged['entries']} vs 10 entries ({how})",
+                        "added_ms": added * 1000, "added_best_ms": (best(judged[key]) - best(few[key])) * 1000,
+                        "target_ms": ENTRIES_TARGET_MS, "met": added * 1000 <= ENTRIES_TARGET_MS})
+    return out
+
+
+def render_targets(rows: list[dict[str, Any]], entries: list[dict[str, Any]], processes: int) -> list[str]:
+    verdict = {True: "met", False: "missed", None: "-"}
+    lines = [f"\ntargets, stepskip / verl through the decorator: judged by the ratio of medians (of the best runs "
+             f"in brackets); a first hit or miss is one fresh process each, {processes} a side"]
+    lines.append(f"  {'size':20s} {'threads':>7s}  {'measure':26s} {'stepskip ms median / best':>26s} "
+                 f"{'verl ms median / best':>22s} {'ratio (best)':>15s} {'target':>8s} {'result':>7s}")
+
+    def cell(values: Any) -> str:
+        return "-" if not values else f"{_milli(median(values))} / {_milli(best(values))}"
+
+    for r in rows:
+        ratio_cell = "-" if r["ratio"] is None else f"{r['ratio']:.2f} ({r['ratio_best']:.2f})"
+        lines.append(f"  {r['size']:20s} {r['threads']:>7d}  {r['measure']:26s} {cell(r['stepskip']):>26s} "
+                     f"{cell(r['verl']):>22s} {ratio_cell:>15s} {'<= ' + format(r['target'], 'g'):>8s} "
+                     f"{verdict[r['met']]:>7s}")
+    for r in entries:
+        added = f"{r['added_ms']:+.2f} ms ({r['added_best_ms']:+.2f})"
+        lines.append(f"  {r['measure']:56s} {'added per call, median (best)':>30s} {added:>20s} "
+                     f"{'<= +' + format(r['target_ms'], 'g') + ' ms':>10s} {verdict[r['met']]:>7s}")
+    return lines
+
+
 def _commit() -> str:
     """The checked-out commit, with '+changes' when the work tree differs from it ('unknown' outside git)."""
     def git(*args: str) -> str:
@@ -860,53 +1048,74 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=None, help="runs per round (default 5, 1 with --smoke)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="rounds per part, the two sides alternated (default 2, 1 with --smoke)")
-    parser.add_argument("--threads", default="1,default", help="torch thread settings, e.g. 1,default")
+    parser.add_argument("--threads", default=None,
+                        help="torch thread settings, e.g. 1,default (default: 1,default; 1 with --small)")
     parser.add_argument("--skip", default="", help="comma list of parts to leave out: colocated,v1,async,curve,s3")
     parser.add_argument("--json", help="also write the raw results here")
-    parser.add_argument("--peak-child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--small", action="store_true",
+                        help="only the parts for small batches, in a few minutes: the colocated role and the first "
+                             "calls at the tiny and small sizes, repeat/random at 10 and 2,000 entries (with "
+                             "--smoke: the tiny size, one run, 10 and 30 entries)")
+    parser.add_argument("--processes", type=int, default=None,
+                        help="fresh processes a side for a first hit and for a first miss (default 3, 1 with --smoke)")
+    parser.add_argument("--first-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.peak_child:
-        peak_child(*args.peak_child)
+    if args.first_child:
+        first_child(*args.first_child)
         return
-    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    if args.small and args.quick:
+        parser.error("--small runs its own sizes: leave out --quick")
+    mode = ("small-smoke" if args.smoke else "small") if args.small else \
+        "smoke" if args.smoke else "quick" if args.quick else "full"
     repeat = args.repeat or (1 if args.smoke else 5)
     rounds = args.rounds or (1 if args.smoke else 2)
+    processes = args.processes or (1 if args.smoke else 3)
+    thread_settings = (args.threads or ("1" if args.small else "1,default")).split(",")
     skip = set(filter(None, args.skip.split(",")))
+    if args.small:
+        skip |= {"v1", "async", "s3"}
     default_threads = torch.get_num_threads()
     commit = _commit()
-    results: dict[str, Any] = {"mode": mode, "repeat": repeat, "rounds": rounds, "verl": verl_python() is not None,
-                               "commit": commit, "runs": []}
-    lines = [f"bench_user_path: {mode} sizes, commit {commit}, best of {rounds} rounds x {repeat} runs (median), "
+    results: dict[str, Any] = {"mode": mode, "repeat": repeat, "rounds": rounds, "processes": processes,
+                               "verl": verl_python() is not None, "commit": commit, "runs": [], "targets": []}
+    lines = [f"bench_user_path: {mode} sizes, commit {commit}, best of {rounds} rounds x {repeat} runs (median; "
+             f"{SMALL_REPEAT_FACTOR} x as many below 1024 rows), "
              f"the two sides alternated round by round, cpu cores {os.cpu_count()}, "
              f"load average {os.getloadavg()[0]:.1f}; verl 0.9.1 side: "
              + ("its own code in " + str(verl_python()) if verl_python() else "not available (make verl-env)")]
+    # the small sizes run the colocated role and the first calls only; the others every part
+    plan = [(size, True) for size in SMALL_SIZES.get(mode, [])] + [(size, False) for size in SIZES.get(mode, [])]
     with tempfile.TemporaryDirectory(prefix="stepskip-bench-user-") as workdir:
-        if mode != "smoke":
+        if mode in ("full", "quick"):
             lines[0] += f"; disk: {settle_disk(workdir)}"
-        for rows, prompt, response in SIZES[mode]:
+        for (rows, prompt, response), small in plan:
             inputs = make_inputs(rows, prompt, response)
-            inputs["async"]["count"] = ASYNC_COUNTS[mode]
+            inputs["async"]["count"] = ASYNC_COUNTS.get(mode, 0)
             size = f"{rows} x ({prompt} + {response})"
             inputs_path = f"{workdir}/inputs-{rows}.pkl"
             with open(inputs_path, "wb") as fh:
                 pickle.dump(inputs, fh, protocol=5)
             batch_bytes = nbytes_in_memory(inputs["result"])
-            for threads_name in args.threads.split(","):
+            runs = repeat * SMALL_REPEAT_FACTOR if rows < 1024 else repeat
+            for threads_name in thread_settings:
                 threads = default_threads if threads_name == "default" else int(threads_name)
                 torch.set_num_threads(threads)
                 run: dict[str, Any] = {"size": size, "threads": threads}
                 tag = f"{rows}-{threads}"
                 if "colocated" not in skip:
                     ours, verl = alternate(
-                        rounds, lambda r, data=inputs: stepskip_colocated(data, f"{workdir}/ours-{tag}-{r}", repeat),
-                        lambda r: run_verl("colocated", inputs_path, f"{workdir}/verl-{tag}-{r}", threads, repeat))
-                    first = stepskip_peak(inputs_path, f"{workdir}/ours-{tag}-0")
-                    ours["peak"], ours["first_hit"] = first["peak_extra"], [first["first_hit"]]
-                    if verl and "error" not in verl:
-                        first = run_verl("peak", inputs_path, f"{workdir}/verl-{tag}-0", threads, 1) or {}
-                        verl["peak"], verl["first_hit"] = first.get("peak_extra"), [first.get("first_hit")]
+                        rounds, lambda r, data=inputs: stepskip_colocated(data, f"{workdir}/ours-{tag}-{r}", runs),
+                        lambda r: run_verl("colocated", inputs_path, f"{workdir}/verl-{tag}-{r}", threads, runs))
+                    first_ours, first_verl = first_calls(inputs_path, workdir, tag, threads, processes)
+                    ours.update(first_ours)
+                    if verl and "error" not in verl and first_verl is not None:
+                        verl.update(first_verl if "error" not in first_verl else {"first_error": first_verl["error"]})
                     run["colocated"] = {"stepskip": ours, "verl": verl}
                     lines += render_colocated(size, f"{threads} ({threads_name})", ours, verl, batch_bytes)
+                    results["targets"] += colocated_targets(size, rows, threads, ours, verl)
+                if small:
+                    results["runs"].append(run)
+                    continue
                 if "v1" not in skip:
                     ours, verl = alternate(
                         rounds, lambda r, data=inputs: stepskip_v1(data, f"{workdir}/v1-ours-{tag}-{r}", repeat),
@@ -933,7 +1142,7 @@ def main() -> None:
                     lines.append(f"  bytes: {ours['bytes'] / 1e6:.2f} MB vs verl "
                                  f"{(v.get('bytes') or 0) / 1e6:.2f} MB -> {ratio(ours['bytes'], v.get('bytes'))}")
                 results["runs"].append(run)
-            if "async" not in skip:
+            if "async" not in skip and not small:
                 count = ASYNC_COUNTS[mode]
                 ours, verl = alternate(
                     rounds,
@@ -964,16 +1173,20 @@ def main() -> None:
             del inputs
         if "curve" not in skip:
             torch.set_num_threads(default_threads)
-            curve = per_call_curve(ENTRY_COUNTS[mode], workdir, repeat)
+            curve = per_call_curve(ENTRY_COUNTS[mode], workdir, repeat * SMALL_REPEAT_FACTOR)  # calls of ~1 ms
             results["curve"] = curve
             lines.append("\nper-call cost with N entries on local disk (ms, best (median)); "
                          "repeat and random look beyond the exact step (they reuse the run directory's listing "
                          "while the directory is unchanged; the entries here were written a minute earlier)")
             lines.append(f"  {'entries':>8s} {'cache (hit)':>20s} {'repeat (nearest)':>20s} {'random':>20s} "
-                         f"{'match (first call)':>20s} {'match (later calls)':>20s}")
+                         f"{'match (first call)':>20s} {'match (later calls)':>20s} {'repeat, listing':>20s} "
+                         f"{'random, listing':>20s}")
             for row in curve:
                 lines.append(f"  {row['entries']:8d} {ms(row['cache']):>20s} {ms(row['repeat']):>20s} "
-                             f"{ms(row['random']):>20s} {ms(row['match_first']):>20s} {ms(row['match_later']):>20s}")
+                             f"{ms(row['random']):>20s} {ms(row['match_first']):>20s} {ms(row['match_later']):>20s} "
+                             f"{ms(row['repeat_listing']):>20s} {ms(row['random_listing']):>20s}")
+            lines.append("  repeat/random, listing: the run directory changed just before each call (as when another "
+                         "writer adds an entry), so each call lists it")
         if "s3" not in skip:
             counts = S3_ENTRY_COUNTS[mode]
             curve_s3 = per_call_curve_s3(counts, repeat)
@@ -995,8 +1208,11 @@ def main() -> None:
                              "entries that listing shows may hold a leftover); match's first call reads the writers' "
                              "digest tables (one read per writer) and indexes only the entries they name for the live "
                              "prompts, from their meta.json; later calls read only those and new entries")
-    lines.append("\nratios: stepskip / verl (best against best); targets from issue 11; noise = median/best - 1 "
-                 "of stepskip's runs")
+    lines += render_targets(results["targets"], curve_targets(results.get("curve", [])), processes)
+    results["targets"] += curve_targets(results.get("curve", []))
+    lines.append("\nratios in the tables of each part: stepskip / verl (best against best, the ratio of medians "
+                 "beside it); targets from issue 11; noise = median/best - 1 of stepskip's runs; the targets table "
+                 "judges by medians")
     print("\n".join(lines))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))

@@ -69,3 +69,38 @@ def test_settle_disk_measures_again_until_its_time_is_up(bench, tmp_path, monkey
     line = bench.settle_disk(str(tmp_path))
     assert sleeps == [bench.SETTLE_POLL_SECONDS]  # 200 s waited: once more; 400 s: past the limit
     assert line == "creating a directory and a file 500.00 ms after waiting 400 s"
+
+
+def test_the_hit_target_loosens_as_the_batch_shrinks(bench):
+    assert [bench.hit_target(rows) for rows in (16, 32, 255, 256, 512, 1023, 1024, 2048)] == \
+        [1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.3, 0.3]
+
+
+def test_colocated_targets_are_judged_by_the_ratio_of_medians(bench):
+    ours = {"hit": [1.0, 9.0, 2.0], "first_hit": [4.0], "first_miss": [3.0]}
+    verl = {"hit": [1.5, 1.9, 2.1], "first_hit": [5.0], "first_miss": [2.0]}
+    hit, first_hit, first_miss = bench.colocated_targets("32 x (128 + 256)", 32, 1, ours, verl)
+    assert (hit["ratio"], hit["ratio_best"], hit["target"]) == (2.0 / 1.9, 1.0 / 1.5, 1.0)
+    assert hit["met"] is False  # the best runs alone would have met it
+    assert (first_hit["ratio"], first_hit["met"]) == (0.8, True)
+    assert (first_miss["ratio"], first_miss["met"]) == (1.5, False)
+    assert bench.colocated_targets("1024 x (1024 + 2048)", 1024, 1, ours, verl)[0]["target"] == 0.3
+    unjudged = bench.colocated_targets("32 x (128 + 256)", 32, 1, ours, {"error": "no verl"})
+    assert [row["met"] for row in unjudged] == [None, None, None]
+
+
+def test_curve_targets_compare_two_thousand_entries_with_ten(bench):
+    def row(entries, seconds):
+        return {"entries": entries, "repeat": [seconds, seconds + 1.0], "repeat_listing": [seconds],
+                "random": [0.001], "random_listing": [0.004]}
+
+    curve = [row(10, 0.001), row(1000, 0.005), row(2000, 0.0015), row(10000, 0.009)]
+    rows = {r["measure"]: r for r in bench.curve_targets(curve)}
+    repeat = rows["repeat, 2000 vs 10 entries (listing reused)"]
+    assert round(repeat["added_ms"], 6) == 0.5 and round(repeat["added_best_ms"], 6) == 0.5 and repeat["met"]
+    assert round(rows["repeat, 2000 vs 10 entries (listed each call)"]["added_ms"], 6) == 0.5
+    assert rows["random, 2000 vs 10 entries (listed each call)"]["added_ms"] == 0.0
+    assert len(rows) == 4
+    late = bench.curve_targets([row(10, 0.001), row(30, 0.003)])  # a run without 2,000: its largest count
+    assert [r["measure"] for r in late][0] == "repeat, 30 vs 10 entries (listing reused)" and not late[0]["met"]
+    assert bench.curve_targets([row(10, 0.001)]) == []
