@@ -190,7 +190,7 @@ def components(size: str, calls: int, workdir: str) -> list[str]:
     ones: this follows the code as it is, and may need adjusting when it changes)."""
     from stepskip.formats import get_format
     from stepskip.roles.cached import HIT_KEEP_BYTES
-    from stepskip.store import check_meta, checksum
+    from stepskip._storage.meta import check_meta, checksum
 
     inputs = _inputs(size)
     loop, prompts = _loop(inputs)
