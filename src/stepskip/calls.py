@@ -12,7 +12,7 @@ from typing import Any
 
 __all__ = [
     "CallInfo", "CURRENT_CALL", "PromptsFinder", "BypassTest", "find_prompts", "is_validation", "is_dataproto_like",
-    "call_prompts",
+    "call_prompts", "prompt_columns", "added_columns",
 ]
 
 #: ``prompts(*args, **kwargs)`` -> the call's prompts (or None).
@@ -65,11 +65,15 @@ class CallInfo:
         prompts: the call's prompts, as the decorator's ``prompts=`` finder located them.
         generation_seconds: how long the decorated function ran (set for ``prepare_data`` on a miss).
         function: the decorated function (set for ``prepare_data`` on a miss: which argument is ``self``).
+        columns: the prompts' column names before the function ran (set after a call that ran): a
+            column the function added to its own input (verl's agent loop adds ``priority``) is not
+            part of what it was asked, and the prompt digests leave it out.
     """
 
     prompts: Any = None
     generation_seconds: float | None = None
     function: Callable[..., Any] | None = None
+    columns: frozenset[str] | None = None
 
 
 #: Set by the decorators around the role hooks, so that the hooks keep verl's signatures.
@@ -82,3 +86,25 @@ def call_prompts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if info is not None:
         return info.prompts
     return find_prompts(*args, **kwargs)
+
+
+def prompt_columns(prompts: Any) -> frozenset[str] | None:
+    """The column names of a batch of prompts (tensor and non-tensor), None for values without columns."""
+    if is_dataproto_like(prompts):
+        batch = prompts.batch
+        names = set(batch.keys()) if batch is not None else set()
+        return frozenset(names | set(prompts.non_tensor_batch))
+    keys = getattr(prompts, "keys", None)
+    if callable(keys) and hasattr(prompts, "batch_size"):  # a TensorDict
+        return frozenset(str(key) for key in keys())
+    return None
+
+
+def added_columns(prompts: Any) -> list[str]:
+    """The columns of ``prompts`` that the call being recorded added to them while it ran."""
+    info = CURRENT_CALL.get()
+    before = info.columns if info is not None else None
+    if before is None:
+        return []
+    now = prompt_columns(prompts)
+    return sorted(now - before) if now is not None else []

@@ -14,7 +14,15 @@ import uuid
 from collections.abc import Callable, Generator, Iterable
 from typing import Any, ClassVar, TypeVar
 
-from stepskip.calls import CURRENT_CALL, BypassTest, CallInfo, PromptsFinder, find_prompts, is_validation
+from stepskip.calls import (
+    CURRENT_CALL,
+    BypassTest,
+    CallInfo,
+    PromptsFinder,
+    find_prompts,
+    is_validation,
+    prompt_columns,
+)
 from stepskip.config import SkipManagerConfig, SkipRoleConfig, disable_legacy_flag, select
 from stepskip.engines import EnginePlan, decide
 from stepskip.errors import CacheMissError, SkipConfigError
@@ -139,12 +147,18 @@ def _compare_plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_Instruc
     recorded result or the live one (``train_on``). Nothing to compare with: recorded as under ``cache``."""
     skip = hooks.skip
     recorded = yield ("io", skip.compare_read, (hooks.step, func, *hooks.args), hooks.kwargs)
+    columns = prompt_columns(hooks.prompts)
     start = time.perf_counter()
     live = yield ("call",)
+    seconds = time.perf_counter() - start
     if recorded is None:
-        yield from _record(hooks, func, live, time.perf_counter() - start)
+        yield from _record(hooks, func, live, seconds, columns)
         return live
-    return (yield ("io", skip.compare_result, (hooks.step, recorded, live, hooks.prompts), {}))
+    token = CURRENT_CALL.set(CallInfo(hooks.prompts, seconds, func, columns))
+    try:
+        return (yield ("io", skip.compare_result, (hooks.step, recorded, live, hooks.prompts), {}))
+    finally:
+        CURRENT_CALL.reset(token)
 
 
 def _submit_compare_plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_Instruction, Any, Any]:
@@ -154,10 +168,11 @@ def _submit_compare_plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_
     return (yield ("call",))
 
 
-def _record(hooks: _Hooks, func: Callable[..., Any], result: Any, seconds: float
-            ) -> Generator[_Instruction, Any, None]:
-    """Record the result of a call that ran (the role's ``prepare_data``), telling it how long the call took."""
-    token = CURRENT_CALL.set(CallInfo(hooks.prompts, seconds, func))
+def _record(hooks: _Hooks, func: Callable[..., Any], result: Any, seconds: float,
+            columns: frozenset[str] | None = None) -> Generator[_Instruction, Any, None]:
+    """Record the result of a call that ran (the role's ``prepare_data``), telling it how long the call took
+    and which prompt columns there were before it ran (``columns``)."""
+    token = CURRENT_CALL.set(CallInfo(hooks.prompts, seconds, func, columns))
     try:
         yield ("io", *hooks.record(result))
     finally:
@@ -178,9 +193,10 @@ def _plan(hooks: _Hooks, func: Callable[..., Any]) -> Generator[_Instruction, An
             if action is SkipAction.REPLAY:
                 raise
             # corrupt or vanished entry: already logged and counted by the role; regenerate it
+    columns = prompt_columns(hooks.prompts)  # before the call: what it adds to its prompts is not a prompt
     start = time.perf_counter()
     result = yield ("call",)
-    yield from _record(hooks, func, result, time.perf_counter() - start)
+    yield from _record(hooks, func, result, time.perf_counter() - start, columns)
     return result
 
 

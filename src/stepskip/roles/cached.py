@@ -29,7 +29,7 @@ import numpy as np
 from stepskip._storage import EntryState, Probe, Tree, check_dump_dir, open_store, settled
 from stepskip._version import __version__
 from stepskip.access import check_writable, describe_store_access_error, is_store_access_error
-from stepskip.calls import CURRENT_CALL, call_prompts
+from stepskip.calls import CURRENT_CALL, added_columns, call_prompts
 from stepskip.config import SkipRoleConfig
 from stepskip.drift import DriftLog, Recorded
 from stepskip.entries import (
@@ -631,15 +631,17 @@ class CachedRole(BaseSkip):
         info = CURRENT_CALL.get()
         seconds = info.generation_seconds if info is not None else None
         prompts = call_prompts(args, kwargs)
+        added = added_columns(prompts)  # columns the call put into its own prompts: not what it was asked
         self.stats.add(rows_generated=_row_count(result))
         offer_samples(self, step, step, result, prompts, replayed=False)
 
         def meta() -> dict[str, Any]:
             from stepskip.fidelity import shared_object_digests
 
+            exclude = [*self.rebind_keys, *added]
             with shared_object_digests():  # both digests hash the same prompt objects: each is hashed once
-                row_prompts = self._row_prompts(prompts, result)
-                digest = _prompt_digest(prompts, self.rebind_keys)
+                row_prompts = self._row_prompts(prompts, result, exclude)
+                digest = _prompt_digest(prompts, exclude)
             return self._entry_meta(step, seconds, prompt_digest=digest, row_prompts=row_prompts, **rng)
 
         prepared = self._snapshot(step, path, result, copy=self.async_dump, meta=meta)
@@ -719,7 +721,7 @@ class CachedRole(BaseSkip):
 
         if not str(recorded).startswith(DIGEST_PREFIX):
             return None  # an earlier digest scheme: not comparable
-        digest = _prompt_digest(prompts, self.rebind_keys)
+        digest = _prompt_digest(prompts, [*self.rebind_keys, *added_columns(prompts)])
         if digest is None:
             return None
         if digest != recorded and self.check_prompts is CheckPrompts.ERROR:
@@ -791,7 +793,7 @@ class CachedRole(BaseSkip):
             raise
         for reason in skipped:
             logger.warning("%s: step %d replayed without part of its random state: %s", self.name, step, reason)
-    def _row_prompts(self, prompts: Any, result: Any) -> list[str] | None:
+    def _row_prompts(self, prompts: Any, result: Any, exclude: Iterable[str] | None = None) -> list[str] | None:
         """One prompt digest per result row, for roles that ``match``: what the prompt index is built of."""
         if not self.row_wise or prompts is None:
             return None
@@ -800,7 +802,7 @@ class CachedRole(BaseSkip):
         if rows < 0 or batch_rows(prompts) != rows:
             return None  # not row-aligned with its prompts: this entry cannot serve prompt groups
         try:
-            return prompt_row_digests(prompts, self.rebind_keys)
+            return prompt_row_digests(prompts, self.rebind_keys if exclude is None else exclude)
         except (TypeError, ValueError):
             return None
 
@@ -1429,7 +1431,8 @@ class CachedRole(BaseSkip):
                 elif isinstance(recorded, list):
                     subset = select_batch_rows(prompts, split.missing_rows) if split.found else prompts
                     to_write = concat_batches([existing, generated])
-                    digests = list(recorded) + prompt_row_digests(subset, self.rebind_keys)
+                    digests = list(recorded) + prompt_row_digests(subset, [*self.rebind_keys,
+                                                                           *added_columns(subset)])
             except UnreadableEntryError:
                 raise  # intact but not readable here: never regenerated over
             except CacheMissError as err:  # damaged (counted) or vanished: the live batch replaces it
