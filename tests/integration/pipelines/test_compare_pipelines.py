@@ -99,7 +99,7 @@ def test_rerun_the_demos_reward_stage(tmp_path):
     code = demo.main(["--steps", "2", "--replay-steps", "1-2", "--dump-dir", str(root), "data.max_response_length=8",
                       "skip.reward.enable=true", "skip.reward.steps=[1,2]", "skip.reward.record_inputs=true"])
     assert code == 0
-    cache = root / "colocated"
+    cache = root  # the demo records into its dump dir itself
     same = stepskip("rerun", cache, "--stage", "reward", "--fn", "stepskip.pipelines.colocated:score_rollout")
     assert same.code == 0, same
     assert [line.split()[:3] for line in same.out.splitlines()[:2]] == [["step", "1", "pass"], ["step", "2", "pass"]]
