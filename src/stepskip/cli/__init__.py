@@ -3,9 +3,9 @@
 The typer layer (:mod:`stepskip.cli.app`) parses arguments and renders; the cache itself is read,
 checked and pruned through the library's index (:mod:`stepskip.index`), so every command works on
 every store the library writes to (local paths, ``memory://``, ``s3://``, any fsspec URL, with
-``--storage-option`` for its options). Small modules return data classes and can be used on their own:
+``--storage-option`` for its options). Scripts use :mod:`stepskip.cache`, the public face of these
+modules; each returns data classes:
 
-* :mod:`stepskip.cli.scan` — opens the index on a path or URL (runs, roles, steps, entries);
 * :mod:`stepskip.cli.content` — decoded values: fields, statistics, sample rows;
 * :mod:`stepskip.cli.describe` — one entry described (``info``);
 * :mod:`stepskip.cli.verify` — checksums, completeness, leftovers and repair;

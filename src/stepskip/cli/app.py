@@ -123,9 +123,9 @@ def storage_options(values: list[str] | None) -> dict[str, Any]:
 
 
 def _index(path: str, options: list[str] | None) -> Any:
-    from stepskip.cli.scan import open_index
+    from stepskip.cache import open_cache
 
-    return open_index(path, storage_options(options))
+    return open_cache(path, storage_options(options))
 
 
 def _version_callback(value: bool) -> None:

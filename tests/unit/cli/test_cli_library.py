@@ -14,7 +14,7 @@ from stepskip.cli import main
 from stepskip.cli.convert import convert_cache
 from stepskip.cli.errors import CliError
 from stepskip.cli.prune import parse_duration, parse_steps
-from stepskip.cli.scan import open_index
+from stepskip.cache import open_cache as open_index
 from stepskip.config import StepSet
 from stepskip.index import compress_steps
 

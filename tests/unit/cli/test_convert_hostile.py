@@ -18,7 +18,7 @@ from tensordict import TensorDict
 from stepskip import Batch
 from stepskip._storage import EntryStore, LocalBackend
 from stepskip.cli.convert import convert_cache
-from stepskip.cli.scan import open_index
+from stepskip.cache import open_cache as open_index
 from stepskip.formats.safe import SafeFormat
 
 
