@@ -123,9 +123,9 @@ def storage_options(values: list[str] | None) -> dict[str, Any]:
 
 
 def _index(path: str, options: list[str] | None) -> Any:
-    from stepskip.cache import open_cache
+    from stepskip.index import CacheIndex  # not stepskip.cache: listing a cache loads no codec (nor torch)
 
-    return open_cache(path, storage_options(options))
+    return CacheIndex(path, storage_options(options))
 
 
 def _version_callback(value: bool) -> None:
