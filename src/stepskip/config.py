@@ -256,7 +256,7 @@ class SkipRoleConfig:
         async_dump: encode and write dumps on a background thread.
         dump_process: with ``async_dump``, small entries (the async role's one-sample ones) on a
             local dump dir are encoded and written by two helper processes, off the caller's GIL
-            (:mod:`stepskip.helper`; ``STEPSKIP_DUMP_PROCESS=0`` turns it off process-wide).
+            (:mod:`stepskip._dumping.helper`; ``STEPSKIP_DUMP_PROCESS=0`` turns it off process-wide).
         compress: ``auto``, ``none`` or ``zstd``.
         seed: seed of the ``random`` action.
         rebind_keys: identity columns copied from the live prompts onto a replayed batch.

@@ -20,7 +20,7 @@ from stepskip.errors import CacheMissError, SkipConfigError
 from stepskip.identity import RunIdentity
 from stepskip.policies import SkipAction
 from stepskip.roles.base import SKIP_REGISTRY, BaseSkip, RunContext
-from stepskip.worker import default_worker
+from stepskip._dumping.worker import default_worker
 
 __all__ = ["SkipManager"]
 

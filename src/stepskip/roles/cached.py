@@ -14,19 +14,19 @@ import dataclasses
 import logging
 import os
 import re
-import sys
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import numpy as np
 
-from stepskip._version import __version__
+from stepskip._dumping.commit import Commit, EntryCommit, Written
+from stepskip._dumping.dumper import Dumper
 from stepskip.access import check_writable, describe_store_access_error, is_store_access_error
 from stepskip.calls import CURRENT_CALL, call_prompts
 from stepskip.config import SkipRoleConfig
@@ -56,7 +56,6 @@ from stepskip.resolve import load_candidates
 from stepskip.roles.base import BaseSkip, RunContext
 from stepskip.stats import RoleStats
 from stepskip.store import EntryState, LocalStore, Probe, Tree, check_dump_dir, open_store, settled
-from stepskip.worker import default_worker
 
 __all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS", "VERL_LAYOUT_ROLES"]
 
@@ -111,8 +110,8 @@ def _forget_dumps_after_fork() -> None:
     """In a forked child: the parent's queued dumps are not this process's to wait for (no thread
     here finishes them; a lock may have been held at the fork)."""
     for role in list(_ROLES):
-        role._pending = {}
-        role._pending_lock, role._hint_lock, role._index_lock = threading.Lock(), threading.Lock(), threading.Lock()
+        role.dumper.after_fork()
+        role._listing_lock, role._hint_lock, role._index_lock = threading.Lock(), threading.Lock(), threading.Lock()
         role._bind_lock = threading.Lock()
 
 
@@ -132,7 +131,7 @@ class CachedRole(BaseSkip):
     #: Entries are V1 inner entries (``{step}/{inner}/``, verl's ``tq_batch.pt``).
     v1: ClassVar[bool] = False
 
-    def __init__(self, local_config: Any, global_config: Any) -> None:
+    def __init__(self, local_config: Any, global_config: Any, *, commit: Commit | None = None) -> None:
         super().__init__(local_config, global_config)
         config = self.local_config
         if not isinstance(config, SkipRoleConfig):
@@ -157,8 +156,10 @@ class CachedRole(BaseSkip):
         self._store: Any = None
         self._bind_lock = threading.Lock()
         self._warned: set[tuple[str, ...]] = set()
-        self._pending: dict[str, threading.Event] = {}  # entry path -> its background dump finished
-        self._pending_lock = threading.Lock()
+        self._listing_lock = threading.Lock()
+        #: The dump pipeline; what a write commits is ``commit`` (flat entries: each by its own write).
+        self.dumper = Dumper(self, commit if commit is not None else EntryCommit(self._hint_written),
+                             wrote=self._forget_listing)
         _ROLES.add(self)
         self._hint_lock = threading.Lock()
         self._index_lock = threading.Lock()
@@ -348,11 +349,9 @@ class CachedRole(BaseSkip):
     def _with_queued(self, listed: list[int]) -> list[int]:
         """``listed`` with the steps of this run's dumps still queued: ``repeat`` and ``random`` see a
         step dumped in the background as they would a synchronous dump (validating it waits for it)."""
-        if not self._pending:
+        names = self.dumper.queued_in(self.project_dump_dir)
+        if not names:
             return listed
-        own = self.project_dump_dir + "/"
-        with self._pending_lock:
-            names = [p[len(own):].split("/", 1)[0] for p in self._pending if p.startswith(own)]
         queued = {step for step in map(Layout.parse_step, names) if step is not None}
         return sorted(queued.union(listed)) if not queued.issubset(listed) else listed
 
@@ -374,14 +373,14 @@ class CachedRole(BaseSkip):
         steps = (Layout.parse_step(name) for name in self.store.list_dir(path))
         listed = sorted(s for s in steps if s is not None)
         if settled(version, listed_at) and self.store.dir_version(path) == version:
-            with self._pending_lock:  # as _forget_listing changes them: no write of ours finished while we listed
+            with self._listing_lock:  # as _forget_listing changes them: no write of ours finished while we listed
                 if writes == self._writes_seen:
                     self._listing = ((path, version), tuple(listed), listed_mono)
         return listed
 
     def _forget_listing(self) -> None:
         """This role wrote (or tried to write) an entry: the next listing is taken afresh."""
-        with self._pending_lock:
+        with self._listing_lock:
             self._writes_seen += 1
             self._listing = None
 
@@ -425,8 +424,8 @@ class CachedRole(BaseSkip):
     def _probe(self, path: str, keep: int = 0) -> Probe:
         """Probe and classify the entry at ``path`` (a present entry this role cannot use is unreadable);
         ``keep``: as :meth:`~stepskip.store.LocalStore.probe`'s."""
-        if self._pending:
-            self._await_pending(path)
+        if self.dumper.pending:
+            self.dumper.await_pending(path)
         return self._classify(path, self.store.probe(path, self.legacy.files, keep))
 
     def _classify(self, path: str, probe: Probe) -> Probe:
@@ -545,8 +544,8 @@ class CachedRole(BaseSkip):
             # probed first (one look at meta.json per hit, not three); an entry found missing or
             # damaged takes the general path below, which looks again and says why
             path = self.step_dump_dir(step)
-            if self._pending:
-                self._await_pending(path)
+            if self.dumper.pending:
+                self.dumper.await_pending(path)
             start = time.perf_counter()
             try:
                 value, meta, nbytes = self._read_entry_once(path, step, step, prompts, self._take_probe(path))
@@ -617,11 +616,11 @@ class CachedRole(BaseSkip):
             with shared_object_digests():  # both digests hash the same prompt objects: each is hashed once
                 row_prompts = self._row_prompts(prompts, result)
                 digest = _prompt_digest(prompts, self.rebind_keys)
-            return self._entry_meta(step, seconds, prompt_digest=digest, row_prompts=row_prompts, **rng)
+            return self.dumper.entry_meta(step, seconds, prompt_digest=digest, row_prompts=row_prompts, **rng)
 
-        prepared = self._snapshot(step, path, result, copy=self.async_dump, meta=meta)
+        prepared = self.dumper.snapshot(step, path, result, copy=self.async_dump, meta=meta)
         if prepared is not None:
-            self._submit_write(path, step, *prepared)
+            self.dumper.submit(path, step, *prepared)
 
     def capture_rng(self) -> dict[str, Any]:
         """``{"rng_state": ...}`` for an entry's meta when ``restore_rng`` is on (else empty); called
@@ -807,8 +806,9 @@ class CachedRole(BaseSkip):
             index = self._index
             self._generation += 1
             own = self.project_dump_dir
-            with self._pending_lock:  # this run's queued dumps count: indexing one waits for it
-                queued = {p.rsplit("/", 1)[1] for p in self._pending if p.rsplit("/", 1)[0] == own}
+            dumper = self.dumper
+            with dumper.lock:  # this run's queued dumps count: indexing one waits for it
+                queued = {p.rsplit("/", 1)[1] for p in dumper.pending if p.rsplit("/", 1)[0] == own}
             listing = self._match_listing()
             if queued:  # indexed from what they hold once written, never from a table's earlier claim
                 listing = {**listing, own: listing.get(own, frozenset()) | queued}
@@ -1306,10 +1306,10 @@ class CachedRole(BaseSkip):
             except CacheMissError as err:  # damaged (counted) or vanished: the live batch replaces it
                 logger.warning("%s match: step %d's entry is not kept (%s); writing this call's rows", self.name,
                                step, err)
-        prepared = self._snapshot(step, path, to_write, copy=self.async_dump,
-                                  meta=lambda: self._entry_meta(step, seconds, row_prompts=digests))
+        prepared = self.dumper.snapshot(step, path, to_write, copy=self.async_dump,
+                                        meta=lambda: self.dumper.entry_meta(step, seconds, row_prompts=digests))
         if prepared is not None:
-            self._submit_write(path, step, *prepared)
+            self.dumper.submit(path, step, *prepared)
         with self._index_lock:
             if self._index is not None:
                 self._index.forget(path)  # re-read from the entry once it is written
@@ -1320,139 +1320,17 @@ class CachedRole(BaseSkip):
         run_dir, _, step = path.rpartition("/")
         return f"step {step}" if run_dir == self.project_dump_dir else f"{run_dir.rsplit('/', 1)[-1]} step {step}"
 
-    def _snapshot(self, step: int, path: str, value: Any, copy: bool,
-                  meta: Callable[[], dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
-        """``(frozen value, meta)`` for a dump, or None after counting a failure (the dump boundary)."""
-        try:
-            return self.format.freeze(value, copy=copy), meta()
-        except Exception as err:  # the dump boundary: nothing about a result may stop the training run
-            self._dump_failed(step, path, err)
-            return None
-
-    def _entry_meta(self, step: int, generation_seconds: float | None, **extra: Any) -> dict[str, Any]:
-        return {
-            "global_steps": int(step),
-            "role": self.name,
-            "format": self.format_spec.name,
-            "stepskip_version": __version__,
-            "run_id": self.run_id,
-            "created_unix": time.time(),
-            "generation_seconds": generation_seconds,
-            "fingerprint": self.fingerprint,
-            **extra,
-        }
-
-    def _submit_write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> None:
-        if not self.async_dump:
-            try:
-                self._write(path, step, frozen, meta)
-            finally:  # after a subclass's own publication too (rollout_tq's whole step)
-                self._forget_listing()
-            return
-        done = threading.Event()
-        with self._pending_lock:
-            self._pending[path] = done
-        try:
-            dump = _Dump(self, path, step, frozen, meta, done)
-            nbytes = _small_size(frozen)
-            # consecutive small dumps are committed together (fsyncs batched) where the store can, unless a
-            # subclass writes its own way
-            batches = nbytes is not None and hasattr(self.store, "write_entries") \
-                and type(self)._write is CachedRole._write
-            group = self._write_batch if batches else None
-            default_worker().submit(dump, nbytes=nbytes, group=group)
-        except BaseException as err:  # never queued (no thread to start, an interrupt): nothing waits for it
-            self._finish_dump(path, done)
-            if not isinstance(err, Exception):
-                raise
-            self._dump_failed(step, path, err)  # the dump boundary: training goes on
-
-    def _finish_dump(self, path: str, done: threading.Event) -> None:
-        self._forget_listing()  # every queued write ends here, batched or not
-        with self._pending_lock:
-            if self._pending.get(path) is done:
-                del self._pending[path]
-        done.set()
-
-    def _write_batch(self, dumps: list[_Dump]) -> None:
-        """Write consecutive queued dumps as one batch (the worker's group for small entries).
-
-        The store publishes each entry atomically and makes it durable before it counts as
-        written, as :meth:`_write` does, with the fsyncs of the whole batch issued together; a
-        failure is counted for its own entry alone. Only dumps to a store with ``write_entries`` come
-        here. On a local store the batch goes to the helper processes once ready
-        (:mod:`stepskip.helper`: encoding there leaves this process's GIL to the caller), else it is
-        written on this thread.
-        """
-        from stepskip.helper import HelperUnavailable, helper_enabled, write_small_entries, write_with_helpers
-
-        try:
-            start = time.perf_counter()
-            items = [(dump.path, dump.frozen, dump.meta) for dump in dumps]
-            sent: list[int | Exception | None] = [None] * len(items)
-            if self.config.dump_process and helper_enabled() and type(self.store) is LocalStore \
-                    and self.store.root is not None and self.format_spec.name == "safe":
-                try:
-                    sent = write_with_helpers(self.store.root, self.format_spec.name, str(self.config.compress),
-                                              items)
-                except HelperUnavailable:
-                    pass  # not ready, or not for these snapshots: written here
-            here = [i for i, result in enumerate(sent) if result is None]  # what the helpers did not write
-            for i, result in zip(here, write_small_entries(self.store, self.format, [items[i] for i in here])):
-                sent[i] = result
-            results = cast("list[int | Exception]", sent)  # one result per entry now
-            written = [(d, r) for d, r in zip(dumps, results) if not isinstance(r, Exception)]
-            seconds = (time.perf_counter() - start) / max(1, len(written))  # each entry's share of the batch
-            self._hint_written([(d.path, d.meta) for d, _ in written])
-            for dump, result in zip(dumps, results):
-                if isinstance(result, Exception):
-                    self._dump_failed(dump.step, dump.path, result)
-                    continue
-                self.stats.add(dumps=1, dump_seconds=seconds, bytes_written=result)
-                logger.info("%s dump: step %d written to %s (%d bytes, one of a batch of %d)",
-                            self.name, dump.step, dump.path, result, len(dumps))
-        finally:
-            for dump in dumps:
-                self._finish_dump(dump.path, dump.done)
-
-    def _dump_failed(self, step: int, path: str, err: BaseException) -> None:
-        self.stats.add(dump_failures=1)
-        logger.error("%s dump failed: step %d not written to %s: %s: %s",
-                     self.name, step, path, type(err).__name__, err)
-
-    def _await_pending(self, path: str) -> None:
-        """Wait for this run's queued dump of ``path``: a call at that step then replays it
-        instead of generating (and dumping) the same step a second time."""
-        done = self._pending.get(path)
-        if done is not None and not default_worker().on_worker_thread():  # a job never waits for itself
-            done.wait()
-
-    def _write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> bool:
-        """Encode and write one entry; False after counting a failure (the dump boundary)."""
-        start = time.perf_counter()
-        try:
-            files = self.format.encode(frozen)
-            written = self.store.write_entry(path, files, meta)
-        except Exception as err:  # the dump boundary: no storage error may stop the training run
-            self._dump_failed(step, path, err)
-            return False
-        seconds = time.perf_counter() - start
-        self.stats.add(dumps=1, dump_seconds=seconds, bytes_written=written)
-        logger.info("%s dump: step %d written to %s (%d bytes, %.3fs)", self.name, step, path, written, seconds)
-        self._hint_written([(path, meta)])
-        return True
-
-    def _hint_written(self, written: list[tuple[str, dict[str, Any]]]) -> None:
-        """Describe the entries just ``written`` (``(path, meta)``) in this writer's digest table and
+    def _hint_written(self, written: Sequence[Written]) -> None:
+        """Describe the entries just ``written`` in this writer's digest table and
         rewrite it once (:mod:`stepskip.hints`); a table that grows past ``TABLE_ROLL_BYTES`` is written
         as it was and the next one starts. A failure is logged, never raised (the dump boundary)."""
         if self.v1 or not self.row_wise:
             return
         records = []
-        for path, meta in written:
-            parent, _, name = path.rpartition("/")
-            if parent == self.project_dump_dir and isinstance(meta.get("row_prompts"), list):
-                records.append((name, meta))
+        for entry in written:
+            parent, _, name = entry.path.rpartition("/")
+            if parent == self.project_dump_dir and isinstance(entry.meta.get("row_prompts"), list):
+                records.append((name, entry.meta))
         if not records:
             return
         from stepskip.hints import TableWriter, table_name
@@ -1708,107 +1586,6 @@ class CachedRole(BaseSkip):
 
     prompt_length = prompt_len
     response_length = response_len
-
-
-#: A snapshot holding less than this (tensors and estimated non-tensor part) is a small dump: it may
-#: queue beyond the job bound and be committed in a batch with the small dumps queued next to it.
-SMALL_DUMP_BYTES = 1 << 20
-
-
-class _Dump:
-    """One queued background dump; called alone, it writes its entry as :meth:`CachedRole._write`."""
-
-    __slots__ = ("role", "path", "step", "frozen", "meta", "done")
-
-    def __init__(self, role: CachedRole, path: str, step: int, frozen: Any, meta: dict[str, Any],
-                 done: threading.Event) -> None:
-        self.role, self.path, self.step, self.frozen, self.meta, self.done = role, path, step, frozen, meta, done
-
-    def __call__(self) -> None:
-        try:
-            self.role._write(self.path, self.step, self.frozen, self.meta)
-        finally:
-            self.role._finish_dump(self.path, self.done)
-
-
-#: At most this many non-tensor objects are looked at to size a snapshot; more make it a large dump.
-_SIZED_OBJECTS = 4096
-_CONTAINERS = (list, tuple, set, frozenset)
-
-
-def _small_size(frozen: Any) -> int | None:
-    """The bytes a snapshot holds when it is a small dump; None for a large or unknown one.
-
-    Its tensors are counted exactly; its non-tensor part (the snapshot tree: text, message
-    lists, numpy arrays ...) by :func:`_rough_bytes`, an estimate that bounds the queue's
-    memory as the tensors' bytes do. A snapshot that is not sized cheaply is a large dump.
-    """
-    tensors = getattr(frozen, "tensors", None)
-    if not isinstance(tensors, dict):
-        return None
-    total = 0
-    for tensor in tensors.values():
-        nbytes = getattr(tensor, "nbytes", None)
-        if not isinstance(nbytes, int):
-            return None
-        total += nbytes
-        if total >= SMALL_DUMP_BYTES:
-            return None
-    if not total:  # no tensors: not the one-sample entry that small dumps are for
-        return None
-    # a snapshot that lists the non-tensor values of its tree is sized by those (the rest of the tree is
-    # a node per tensor or value, counted below), without walking every node
-    leaves = getattr(frozen, "leaves", None)
-    rest = _rough_bytes(leaves if isinstance(leaves, list) else getattr(frozen, "tree", None),
-                        SMALL_DUMP_BYTES - total)
-    if rest is None:
-        return None
-    nodes = len(tensors) + (len(leaves) if isinstance(leaves, list) else 0)
-    return total + rest + 256 * nodes + 4096  # the tree's nodes, and the meta
-
-
-def _rough_bytes(tree: Any, limit: int) -> int | None:
-    """An estimate of the memory a snapshot tree holds outside its tensors, or None once it
-    reaches ``limit`` or :data:`_SIZED_OBJECTS` objects (each distinct object counted once).
-
-    numpy arrays count their ``nbytes`` (object arrays their items too), strings and bytes
-    ``sys.getsizeof``, containers 8 bytes an item plus their items; deferred snapshots their
-    snapshot. Other leaves (numbers, None) count 32 bytes.
-    """
-    total, seen, todo = 0, set(), [tree]
-    while todo:
-        value = todo.pop()
-        if id(value) in seen:
-            continue
-        seen.add(id(value))
-        if len(seen) > _SIZED_OBJECTS:
-            return None
-        sized = isinstance(value, (dict, *_CONTAINERS))
-        items = value.size if isinstance(value, np.ndarray) else len(value) if sized else 0
-        if items > _SIZED_OBJECTS:
-            return None  # too many items to look at: given up before copying them into ``todo``
-        if isinstance(value, (str, bytes)):
-            total += sys.getsizeof(value)
-        elif isinstance(value, np.ndarray):
-            total += value.nbytes
-            if value.dtype.hasobject:
-                todo.extend(value.reshape(-1).tolist())
-        elif isinstance(getattr(value, "nbytes", None), int):  # a tensor (torch is imported lazily here)
-            total += value.nbytes
-        elif isinstance(value, dict):
-            total += 16 * len(value)
-            todo.extend(value.keys())
-            todo.extend(value.values())
-        elif isinstance(value, _CONTAINERS):
-            total += 8 * len(value)
-            todo.extend(value)
-        elif hasattr(value, "snapshot") and hasattr(value, "items"):  # safe's deferred leaf
-            todo.append(value.snapshot)
-        else:
-            total += 32
-        if total >= limit:
-            return None
-    return total
 
 
 @dataclasses.dataclass(eq=False)

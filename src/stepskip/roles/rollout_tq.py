@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
-import uuid
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from stepskip.config import RolloutTqSkipConfig, select
@@ -39,17 +37,16 @@ from stepskip.manifest import (
     StepRoot,
     is_recording,
     may_need_clean_up,
-    new_recording,
-    publish_manifest,
     remove_stale_recordings,
     resolve_step,
 )
 from stepskip.policies import MatchN, SkipAction
 from stepskip.resolve import load_candidates, remap_v1
+from stepskip._dumping.commit import StepCommit, StepPublisher
 from stepskip.roles.base import register_skip
 from stepskip.roles.cached import _HINTED_FROM, ROW_WISE_ACTIONS, _prompt_digest, _seconds, _step_of
 from stepskip.roles.rollout import RolloutSkip
-from stepskip.store import TMP_PREFIX, EntryState, Probe, Tree
+from stepskip.store import EntryState, Probe, Tree
 
 if TYPE_CHECKING:
     from stepskip.tq import TQClient  # stepskip.tq imports torch: only for type checkers
@@ -79,8 +76,11 @@ class RolloutTqSkip(RolloutSkip):
     support_actions = ROW_WISE_ACTIONS
     v1 = True
 
-    def __init__(self, local_config: Any, global_config: Any) -> None:
-        super().__init__(local_config, global_config)
+    def __init__(self, local_config: Any, global_config: Any, *, publisher: StepPublisher | None = None) -> None:
+        #: The steps this run records, each published once its inner entries are written, by ``publisher``
+        #: (None: the one the store supports, see :mod:`stepskip._dumping.commit`).
+        self.step_commit = StepCommit(self, publisher, replacing=self._forget_step, published=self._hint_step)
+        super().__init__(local_config, global_config, commit=self.step_commit)
         mode = select(global_config, "trainer.v1.trainer_mode")
         key = f"trainer.v1.{mode}.parameter_sync_step"
         sync_step = select(global_config, key, 1) if mode else 1
@@ -90,20 +90,11 @@ class RolloutTqSkip(RolloutSkip):
                 f"{key} = {sync_step!r} is not valid; expected an int from 1 to {MAX_PARAMETER_SYNC_STEP}"
             )
         self.parameter_sync_step = sync_step
-        self._lock = threading.Lock()
 
     def _new_run(self) -> None:
         super()._new_run()
-        self._saved: dict[int, int] = {}  # step -> inner entries this run has written or queued
-        self._clock: dict[int, float] = {}  # step -> when its rollout (or last inner sample) began
-        self._recording: set[int] = set()  # steps this run decided to (re)generate at submit time
-        self._digests: dict[int, str | None] = {}  # step -> digest of the prompts submitted
-        self._uid_prompts: dict[int, dict[str, str]] = {}  # step -> live prompt uid -> its prompt digest
-        self._staging: dict[int, str] = {}  # step -> the hidden directory its inner entries are built in
-        self._written: dict[int, int] = {}  # step -> inner entries written into its staging directory
-        self._failed: set[int] = set()  # steps with an inner entry that could not be written
+        self.step_commit.reset()
         self._indexed: dict[str, list[str]] = {}  # step directory -> its inner entries in the prompt index
-        self._inner_metas: dict[int, dict[int, dict[str, Any]]] = {}  # step -> inner -> meta written (for hints)
         self._hinted_steps: dict[str, Any] = {}  # step directory -> the StepHint it was indexed from, until validated
 
     def clean_up(self, tree: Tree | None) -> None:
@@ -211,10 +202,11 @@ class RolloutTqSkip(RolloutSkip):
         """True when a train-partition sample of ``step`` must be written (no complete cache yet)."""
         if partition_id != "train":
             return False
-        with self._lock:
-            if self._saved.get(step, 0) >= self.parameter_sync_step:
+        with self.step_commit.lock:
+            record = self.step_commit.records.get(step)
+            if record is not None and record.saved >= self.parameter_sync_step:
                 return False
-            if step in self._recording:
+            if record is not None and record.regenerate:
                 return True
         if self.action is SkipAction.MATCH:
             return False  # every prompt was replayed: nothing new to record
@@ -266,13 +258,9 @@ class RolloutTqSkip(RolloutSkip):
         """The submit phase's miss: the step's samples are to be saved as they are drawn."""
         digest = _prompt_digest(prompts, self.rebind_keys) if prompts is not None else None
         uid_prompts = self._uid_prompts_of(prompts)
-        with self._lock:
-            self._clock[step] = time.perf_counter()
-            self._saved.pop(step, None)
-            self._recording.add(step)  # a damaged cached step must be overwritten, not kept
-            self._digests[step] = digest
-            self._uid_prompts[step] = uid_prompts
-            self._new_staging(step)
+        with self.step_commit.lock:  # a damaged cached step must be overwritten, not kept
+            self.step_commit.new_recording(step, clock=time.perf_counter(), regenerate=True, digest=digest,
+                                           uid_prompts=uid_prompts)
 
     def _uid_prompts_of(self, prompts: Any) -> dict[str, str]:
         """Live prompt uid -> the digest of its prompt (``rebind_keys`` excluded); empty when unknown."""
@@ -287,15 +275,6 @@ class RolloutTqSkip(RolloutSkip):
             logger.debug("%s: no per-prompt digests for this batch (%s); it cannot serve action: match", self.name, err)
             return {}
         return dict(zip(uids, digests)) if len(uids) == len(digests) else {}
-
-    def _new_staging(self, step: int) -> None:
-        """Start a fresh staging directory for ``step`` (caller holds ``_lock``)."""
-        self._written.pop(step, None)
-        self._failed.discard(step)
-        if self.store.publishes_dirs:
-            self._staging[step] = f"{self.project_dump_dir}/{TMP_PREFIX}{int(step)}-{uuid.uuid4().hex[:12]}"
-        else:  # object stores: a recording of its own, committed by the step's manifest
-            self._staging[step] = f"{self.step_dump_dir(step)}/{new_recording()}"
 
     def save_sample(self, step: int, sampled: Any) -> None:
         """The sample phase: save what ``ReplayBuffer.sample`` drew as the step's next inner entry."""
@@ -314,19 +293,16 @@ class RolloutTqSkip(RolloutSkip):
             batch = args[0] if args else kwargs.get("result")
         global_steps = step if global_steps is None else global_steps
         now = time.perf_counter()
-        with self._lock:
-            inner = self._saved.get(step, 0)
+        with self.step_commit.lock:
+            record = self.step_commit.records.get(step)
+            if record is None:  # saved without a submit phase: a fresh recording
+                record = self.step_commit.new_recording(step)
+            inner = record.saved
             if inner >= self.parameter_sync_step:
                 return
-            self._saved[step] = inner + 1
-            started = self._clock.get(step)
-            self._clock[step] = now
-            digest = self._digests.get(step)
-            uid_prompts = self._uid_prompts.get(step, {})
-            if inner == 0 and step not in self._recording:  # saved without a submit phase: a fresh staging
-                self._new_staging(step)
-            # set by begin_recording or just above; removed only once all parameter_sync_step entries were written
-            staging = self._staging[step]
+            record.saved = inner + 1
+            started, record.clock = record.clock, now
+            digest, uid_prompts, staging = record.digest, record.uid_prompts, record.staging
         from stepskip.tq.rows import num_rows
 
         path = f"{staging}/{inner}"
@@ -344,64 +320,26 @@ class RolloutTqSkip(RolloutSkip):
         payload = {"tensordict": data, "tags": [dict(t) for t in batch.tags], "keys": keys,
                    "global_steps": int(global_steps)}
         seconds = None if started is None else now - started
-        prepared = self._snapshot(  # the read-back is already a private copy
+        prepared = self.dumper.snapshot(  # the read-back is already a private copy (a failure fails the step)
             step, path, payload, copy=False,
-            meta=lambda: self._entry_meta(global_steps, seconds, num_trajectories=len(keys), inner_idx=inner,
-                                          prompt_digest=digest, parameter_sync_step=self.parameter_sync_step,
-                                          row_prompts=row_prompts if any(row_prompts) else None))
-        if prepared is None:
-            with self._lock:
-                self._failed.add(step)
-            return
-        self._submit_write(path, step, *prepared)
+            meta=lambda: self.dumper.entry_meta(global_steps, seconds, num_trajectories=len(keys), inner_idx=inner,
+                                                prompt_digest=digest, parameter_sync_step=self.parameter_sync_step,
+                                                row_prompts=row_prompts if any(row_prompts) else None))
+        if prepared is not None:
+            self.dumper.submit(path, step, *prepared)
 
-    def _write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> bool:
-        """Write one inner entry; after the step's last one, publish the step (see the module docstring)."""
-        ok = super()._write(path, step, frozen, meta)
-        with self._lock:
-            if not ok:
-                self._failed.add(step)
-                self._inner_metas.pop(step, None)  # a step that is not published gets no hint
-                return False
-            inner = meta.get("inner_idx")
-            if isinstance(inner, int) and self.row_wise and step not in self._failed:
-                self._inner_metas.setdefault(step, {})[inner] = meta
-            written = self._written[step] = self._written.get(step, 0) + 1
-            complete = written == self.parameter_sync_step and step not in self._failed
-            staging = self._staging.pop(step) if complete else ""  # every inner entry was written into it
-        if complete:
-            self._complete_step(step, staging)
-        return True
-
-    def _complete_step(self, step: int, staging: str) -> None:
-        target = self.step_dump_dir(step)
+    def _forget_step(self, step_dir: str) -> None:
+        """A recording is about to replace the step at ``step_dir``: its inner entries are indexed afresh."""
         with self._index_lock:
-            indexed = self._indexed.pop(target, [])  # re-read from the step once it is published
+            indexed = self._indexed.pop(step_dir, [])
             if self._index is not None:
                 for path in indexed:
                     self._index.forget(path)
-        try:
-            if self.store.publishes_dirs:
-                self.store.publish_dir(staging, target)
-            else:  # the manifest, written last, commits the recording (stepskip.manifest)
-                publish_manifest(self.store, target, staging.rsplit("/", 1)[-1], self.parameter_sync_step,
-                                 self.run_id)
-        except Exception as err:  # the dump boundary: publishing may fail like any write
-            self.stats.add(dump_failures=1)
-            logger.error("%s dump failed: step %d not published from %s to %s: %s: %s",
-                         self.name, step, staging, target, type(err).__name__, err)
-            with self._lock:
-                self._inner_metas.pop(step, None)
-            return
-        logger.info("%s dump: step %d published at %s (%d inner entries)", self.name, step, target,
-                    self.parameter_sync_step)
-        with self._lock:
-            metas = self._inner_metas.pop(step, {})
-        if sorted(metas) == list(range(self.parameter_sync_step)):  # the hint of the step as published
-            recording = None if self.store.publishes_dirs else staging.rsplit("/", 1)[-1]
-            ordered = [metas[i] for i in range(self.parameter_sync_step)]
-            self._add_hints([(str(step), functools.partial(_add_step_hint, name=str(step), recording=recording,
-                                                           metas=ordered))])
+
+    def _hint_step(self, step: int, recording: str | None, metas: list[dict[str, Any]]) -> None:
+        """The hint of a step just published (``action: match`` reads it before the step's entries)."""
+        self._add_hints([(str(step), functools.partial(_add_step_hint, name=str(step), recording=recording,
+                                                       metas=metas))])
 
     def load_dump_data(self, step: int, new_prompt_uids: list[str], n: int, global_steps: int,
                        partition_id: str = "train", prompts: Any = None) -> None:

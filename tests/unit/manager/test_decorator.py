@@ -26,7 +26,7 @@ from skip_configs import run_path, training_config
 
 from stepskip import Batch, CacheMissError, CorruptEntryError, SkipConfigError, SkipManager
 from stepskip.errors import PromptMismatchError
-from stepskip.worker import DumpWorker
+from stepskip._dumping.worker import DumpWorker
 
 STAT_NAMES = (
     "hits", "misses", "dumps", "dump_failures", "corrupt",
