@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from stepskip._reading.reader import seconds_of
 from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
 from stepskip.identity import RunIdentity
 from stepskip.integrations._trl_config import TrlGenerateConfig
@@ -237,9 +238,9 @@ class TrlGenerateSkip(CachedRole):
     def _attempt(self, step: int, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Attempt:
         """This rank's outcome, never raising: whatever goes wrong must still reach the collective."""
         try:
-            probe = self._probe_settled(path)
+            probe = self.reader.probe_settled(path)
             if probe.state is EntryState.UNREADABLE:
-                raise self._unreadable(probe.reason)
+                raise self.reader.unreadable(probe.reason)
             if probe.state is EntryState.DAMAGED:
                 self._report_corrupt(step, path, probe.reason)
             load_step = self.resolve_load_step(step)
@@ -315,10 +316,8 @@ class TrlGenerateSkip(CachedRole):
         if loaded.rng is not None:
             for reason in loaded.rng.apply():
                 logger.warning("%s: step %d replayed without part of its random state: %s", self.name, step, reason)
-        from stepskip.roles.cached import _seconds
-
         self.stats.add(hits=1, load_seconds=loaded.seconds, bytes_read=loaded.nbytes,
-                       saved_seconds=_seconds(loaded.meta.get("generation_seconds")))
+                       saved_seconds=seconds_of(loaded.meta.get("generation_seconds")))
         call = _CALL.get()
         if call is not None:
             call.hit = True

@@ -27,6 +27,9 @@ import numpy as np
 
 from stepskip._dumping.commit import Commit, EntryCommit, Written
 from stepskip._dumping.dumper import Dumper
+from stepskip._reading.listing import StepListing
+from stepskip._reading.reader import EntryReader, prompt_digest, seconds_of
+from stepskip._reading.steps import FlatSteps, StepEntries
 from stepskip.access import check_writable, describe_store_access_error, is_store_access_error
 from stepskip.calls import CURRENT_CALL, call_prompts
 from stepskip.config import SkipRoleConfig
@@ -69,17 +72,9 @@ ROW_WISE_ACTIONS = [*ALL_ACTIONS, SkipAction.MATCH]
 #: Every other role gets ``{run}/{role}/``, so that two roles never read each other's entries.
 VERL_LAYOUT_ROLES = frozenset({"rollout", "async_rollout", "rollout_tq"})
 
-_RETRY_SECONDS = 0.05
-#: A reused directory listing is taken afresh at least this often (seconds), whatever the
-#: directory's version says (see :meth:`CachedRole.listed_steps`).
-LISTING_MAX_AGE = 30.0
-#: At most this many probes of hits are kept for the reads that follow them (see ``_take_probe``).
-_HIT_PROBES_MAX = 256
 #: A step's entry of at most this many bytes is read whole when its hit is decided, and served from
-#: what was read (a one-sample entry of the async role: about 20 KB); at most _HIT_PROBES_MAX are held.
+#: what was read (a one-sample entry of the async role: about 20 KB).
 HIT_KEEP_BYTES = 64 << 10
-#: The clock of :data:`LISTING_MAX_AGE` (a module attribute so tests can move it).
-_monotonic = time.monotonic
 #: ``action: match`` reads the hint documents of a run directory once at least this many of its
 #: entries are not indexed yet (fewer are read directly: as cheap as the documents' listing).
 _HINTED_FROM = 8
@@ -96,14 +91,6 @@ _LISTING_ACTIONS = frozenset({SkipAction.REPEAT, SkipAction.RANDOM, SkipAction.M
 #: per entry holding it, the latest first: a call looks at one or two rows per prompt).
 _CANDIDATE_SCAN = 1 << 16
 _NO_NAMES: frozenset[str] = frozenset()
-_STEP_NAME = re.compile(r"0|[1-9][0-9]{0,18}", re.ASCII)
-_ODD_DIGITS = re.compile(r"\n0[0-9]|[0-9]{20}")  # a leading zero, or more digits than a step has
-
-
-def _prompt_digest(prompts: Any, exclude: Iterable[str]) -> str | None:
-    from stepskip.fidelity import prompt_digest  # hashes tensors: torch loads with the first dump
-
-    return prompt_digest(prompts, exclude)
 
 
 def _forget_dumps_after_fork() -> None:
@@ -111,7 +98,8 @@ def _forget_dumps_after_fork() -> None:
     here finishes them; a lock may have been held at the fork)."""
     for role in list(_ROLES):
         role.dumper.after_fork()
-        role._listing_lock, role._hint_lock, role._index_lock = threading.Lock(), threading.Lock(), threading.Lock()
+        role.listing.after_fork()
+        role._hint_lock, role._index_lock = threading.Lock(), threading.Lock()
         role._bind_lock = threading.Lock()
 
 
@@ -131,7 +119,8 @@ class CachedRole(BaseSkip):
     #: Entries are V1 inner entries (``{step}/{inner}/``, verl's ``tq_batch.pt``).
     v1: ClassVar[bool] = False
 
-    def __init__(self, local_config: Any, global_config: Any, *, commit: Commit | None = None) -> None:
+    def __init__(self, local_config: Any, global_config: Any, *, commit: Commit | None = None,
+                 entries: StepEntries | None = None) -> None:
         super().__init__(local_config, global_config)
         config = self.local_config
         if not isinstance(config, SkipRoleConfig):
@@ -155,8 +144,10 @@ class CachedRole(BaseSkip):
         self._layout: Layout | None = None
         self._store: Any = None
         self._bind_lock = threading.Lock()
-        self._warned: set[tuple[str, ...]] = set()
-        self._listing_lock = threading.Lock()
+        #: Reads entries (probe, classify, read, fidelity, rebind); ``entries``: what one step consists of.
+        self.reader = EntryReader(self)
+        self.entries: StepEntries = entries if entries is not None else FlatSteps(self)
+        self.listing = StepListing(lambda: self.store)
         #: The dump pipeline; what a write commits is ``commit`` (flat entries: each by its own write).
         self.dumper = Dumper(self, commit if commit is not None else EntryCommit(self._hint_written),
                              wrote=self._forget_listing)
@@ -183,19 +174,9 @@ class CachedRole(BaseSkip):
         self._hints: Any = None  # the HintDocument this role writes (V1 steps; see stepskip.hints), made on first write
         self._table: Any = None  # the TableWriter of this role's digest tables (entries), made on first write
         self._hint_name = ""
-        # see listed_steps: ((path, version), steps, monotonic time listed), and the count of this role's writes
-        self._listing: tuple[tuple[str, Any], tuple[int, ...], float] | None = None
-        self._writes_seen = 0
-        # see _match_listing: (writes seen, ((directory, version), ...), the listing, monotonic time listed)
-        self._sources: tuple[int, tuple[tuple[str, Any], ...], dict[str, frozenset[str]], float] | None = None
         self._source_paths: tuple[Any, frozenset[str]] | None = None  # (listing, its entry paths)
-        # this run directory's listing taken by the start-up clean-up: (path, version, step names,
-        # monotonic time listed, writes seen), for _match_listing's first listing
-        self._seed: tuple[str, Any, frozenset[str], float, int] | None = None
-        # entry path -> the probe meet_precondition took of it (present), for the read that follows. Keyed
-        # by path, so calls in flight at once (the async role) do not take each other's; one of another
-        # call at the same path serves as well: the store uses a probe only while meta.json is that file
-        self._hit_probes: dict[str, Probe] = {}
+        self.reader.reset()
+        self.listing.reset()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -281,13 +262,7 @@ class CachedRole(BaseSkip):
         """
         path = self.layout.project_dir
         if tree is None and self.action in _LISTING_ACTIONS and isinstance(self.store, LocalStore):
-            # the run directory's listing is kept for the first call, which lists it otherwise (10,000
-            # names: a few milliseconds), under the rules of a reused listing (see listed_steps)
-            version, listed_at, listed_mono = self.store.dir_version(path), time.time_ns(), _monotonic()
-            names: list[str] = []
-            self.store.remove_leftovers(path, listed=names)
-            if settled(version, listed_at) and self.store.dir_version(path) == version:
-                self._seed = (path, version, _step_names(names), listed_mono, self._writes_seen)
+            self.listing.clean_up(path)  # its listing is kept for the first call
         else:
             self.store.remove_leftovers(path, tree=tree)
         if tree is None:  # a local hint file (table, document) is written by rename: a crashed writer's temporary
@@ -332,57 +307,19 @@ class CachedRole(BaseSkip):
 
     def listed_steps(self) -> list[int]:
         """Steps that have a directory, and those this run's queued dumps will write (one listing;
-        nothing is read or validated).
-
-        On local disk the parsed listing is reused while all of these hold: the directory's version
-        (device, inode, mtime and ctime) is what it was, that mtime was already
-        :data:`~stepskip.store.SETTLED_NS` old when it was listed, this role has written no entry
-        since, and the listing is less than :data:`LISTING_MAX_AGE` seconds old. A call then costs
-        a ``stat``, not a listing, whatever the number of entries. The last two rules bound what
-        directory times cannot tell: a FUSE mount with fixed directory times, an NFS client whose
-        clock runs ahead of the server's, entries added by other writers whose times were set back.
-        Only names are reused: every candidate is still validated when it is chosen. The first listing
-        of a run is the one the start-up clean-up took (:meth:`clean_up`), under the same rules.
-        """
-        return self._with_queued(self._listed_on_disk())
-
-    def _with_queued(self, listed: list[int]) -> list[int]:
-        """``listed`` with the steps of this run's dumps still queued: ``repeat`` and ``random`` see a
-        step dumped in the background as they would a synchronous dump (validating it waits for it)."""
+        nothing is read or validated): ``repeat`` and ``random`` see a step dumped in the background as
+        they would a synchronous dump (validating it waits for it). The listing is reused while the
+        directory is unchanged (see :mod:`stepskip._reading.listing`)."""
+        listed = self.listing.steps(self.project_dump_dir)
         names = self.dumper.queued_in(self.project_dump_dir)
         if not names:
             return listed
         queued = {step for step in map(Layout.parse_step, names) if step is not None}
         return sorted(queued.union(listed)) if not queued.issubset(listed) else listed
 
-    def _listed_on_disk(self) -> list[int]:
-        path = self.project_dump_dir
-        version = self.store.dir_version(path)
-        cached = self._listing
-        writes = self._writes_seen
-        seed = self._seed
-        if cached is None and seed is not None and version is not None and seed[:2] == (path, version) \
-                and seed[4] == writes and 0 <= _monotonic() - seed[3] < LISTING_MAX_AGE:
-            # unchanged since the start-up clean-up listed it (settled then): as if listed at that time
-            self._seed = None
-            cached = self._listing = ((path, version), tuple(sorted(map(int, seed[2]))), seed[3])
-        if (version is not None and cached is not None and cached[0] == (path, version)
-                and 0 <= _monotonic() - cached[2] < LISTING_MAX_AGE):
-            return list(cached[1])
-        listed_at, listed_mono = time.time_ns(), _monotonic()
-        steps = (Layout.parse_step(name) for name in self.store.list_dir(path))
-        listed = sorted(s for s in steps if s is not None)
-        if settled(version, listed_at) and self.store.dir_version(path) == version:
-            with self._listing_lock:  # as _forget_listing changes them: no write of ours finished while we listed
-                if writes == self._writes_seen:
-                    self._listing = ((path, version), tuple(listed), listed_mono)
-        return listed
-
     def _forget_listing(self) -> None:
         """This role wrote (or tried to write) an entry: the next listing is taken afresh."""
-        with self._listing_lock:
-            self._writes_seen += 1
-            self._listing = None
+        self.listing.wrote()
 
     def available_steps(self) -> list[int]:
         """Steps with a valid entry, sorted (damaged and unreadable entries and temporaries are left out)."""
@@ -406,58 +343,23 @@ class CachedRole(BaseSkip):
         if step not in self._step_lookup:
             return False
         load_step = self.resolve_load_step(step)
-        return load_step != -1 and all(self._servable(p.meta or {}) for p in self._probes(load_step))
+        return load_step != -1 and all(self.reader.servable(p.meta or {}) for p in self._probes(load_step))
 
-    def _servable(self, meta: dict[str, Any]) -> bool:
-        """False when an entry's meta alone shows a call would not be served from it."""
-        spec = format_spec(meta.get("format", self.legacy.name))
-        if spec is None or (spec.uses_pickle and not self.allow_pickle):
-            return False
-        recorded = meta.get("fingerprint")
-        return not (self.on_mismatch is OnMismatch.REGENERATE and isinstance(recorded, dict)
-                    and fingerprint_diff(recorded, self.fingerprint))
-
-    def _probes(self, step: int) -> list[Probe]:
-        """The probes of every file set ``step`` consists of (one flat entry here)."""
-        return [self._probe(self.step_dump_dir(step))]
-
-    def _probe(self, path: str, keep: int = 0) -> Probe:
-        """Probe and classify the entry at ``path`` (a present entry this role cannot use is unreadable);
-        ``keep``: as :meth:`~stepskip.store.LocalStore.probe`'s."""
+    def await_dump(self, path: str) -> None:
+        """Wait for this run's queued dump of ``path``, if any (a read of it then finds it written)."""
         if self.dumper.pending:
             self.dumper.await_pending(path)
-        return self._classify(path, self.store.probe(path, self.legacy.files, keep))
 
-    def _classify(self, path: str, probe: Probe) -> Probe:
-        if probe.state is not EntryState.PRESENT:
-            return probe
-        meta = probe.meta or {}
-        name = meta.get("format", self.legacy.name)
-        spec = format_spec(name)
-        if spec is None:
-            return Probe(EntryState.UNREADABLE, meta, unsupported_format_message(path, name))
-        if spec.v1 != self.v1 and spec.uses_pickle:
-            kind = "V1 inner entries" if spec.v1 else "flat entries"
-            return Probe(EntryState.UNREADABLE, meta, f"{path} is in format {name!r}, which holds {kind}; "
-                         f"role {self.name!r} cannot replay it. Move it away or re-record with action: record")
-        role = meta.get("role")
-        if role is not None and role != self.name:
-            return Probe(EntryState.UNREADABLE, meta,
-                         f"{path} was recorded by role {role!r}, not {self.name!r} (two roles shared one "
-                         "directory). Move it to its own role's directory or re-record with action: record")
-        return probe
+    def _probe(self, path: str, keep: int = 0) -> Probe:
+        return self.reader.probe(path, keep)
 
-    def _probe_settled(self, path: str, keep: int = 0) -> Probe:
-        """Probe, looking twice before calling an entry damaged (it may be mid-replacement)."""
-        probe = self._probe(path, keep)
-        if probe.state is EntryState.DAMAGED:
-            time.sleep(_RETRY_SECONDS)
-            probe = self._probe(path, keep)
-        return probe
+    def _probes(self, step: int) -> list[Probe]:
+        """The probes of every entry ``step`` consists of."""
+        return [probe for _, probe in self.entries.probed(step)]
 
     def _present(self, step: int) -> bool:
         """True when ``step`` has a complete, usable-looking entry (no data read)."""
-        return all(p.state is EntryState.PRESENT for p in self._probes(step))
+        return self.entries.present(step)
 
     # ------------------------------------------------------------------ the role protocol
 
@@ -490,20 +392,14 @@ class CachedRole(BaseSkip):
     def _exact_step_usable(self, step: int) -> bool:
         path = self.step_dump_dir(step)
         # a small entry is read whole by the probe: the hit that follows reads it from there
-        probe = self._probe_settled(path, keep=HIT_KEEP_BYTES)
+        probe = self.reader.probe_settled(path, keep=HIT_KEEP_BYTES)
         if probe.state is EntryState.UNREADABLE:
-            raise self._unreadable(probe.reason)
+            raise self.reader.unreadable(probe.reason)
         if probe.state is EntryState.DAMAGED:
             self._report_corrupt(step, path, probe.reason)
         if probe.state is EntryState.PRESENT:
-            if len(self._hit_probes) >= _HIT_PROBES_MAX:  # probes of hits whose read never came
-                self._hit_probes.clear()
-            self._hit_probes[path] = probe
+            self.reader.keep_probe(path, probe)
         return probe.state is EntryState.PRESENT
-
-    def _take_probe(self, path: str) -> Probe | None:
-        """The probe :meth:`meet_precondition` took of ``path``, once (None when there is none)."""
-        return self._hit_probes.pop(path, None)
 
     def _exact_step_damaged(self, step: int) -> bool:
         """Whether ``step``'s own entry is damaged (reported when it is): one probe when it is not, a
@@ -514,9 +410,9 @@ class CachedRole(BaseSkip):
             UnreadableEntryError: the entry is intact but cannot be used here (it is kept, never regenerated over).
         """
         path = self.step_dump_dir(step)
-        probe = self._probe_settled(path)
+        probe = self.reader.probe_settled(path)
         if probe.state is EntryState.UNREADABLE:
-            raise self._unreadable(probe.reason)
+            raise self.reader.unreadable(probe.reason)
         if probe.state is EntryState.DAMAGED:
             self._report_corrupt(step, path, probe.reason)
         return probe.state is EntryState.DAMAGED
@@ -524,10 +420,7 @@ class CachedRole(BaseSkip):
     def _refuse_unreadable(self, step: int) -> None:
         for probe in self._probes(step):
             if probe.state is EntryState.UNREADABLE:
-                raise self._unreadable(probe.reason)
-
-    def _unreadable(self, reason: str) -> UnreadableEntryError:
-        return UnreadableEntryError(f"{self.name}: {reason}")
+                raise self.reader.unreadable(probe.reason)
 
     def warp_function(self, step: int, func: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
         """Load the entry the action resolves for ``step`` and rebind identity columns.
@@ -544,11 +437,10 @@ class CachedRole(BaseSkip):
             # probed first (one look at meta.json per hit, not three); an entry found missing or
             # damaged takes the general path below, which looks again and says why
             path = self.step_dump_dir(step)
-            if self.dumper.pending:
-                self.dumper.await_pending(path)
+            self.await_dump(path)
             start = time.perf_counter()
             try:
-                value, meta, nbytes = self._read_entry_once(path, step, step, prompts, self._take_probe(path))
+                value, meta, nbytes = self.reader.read_once(path, step, step, prompts, self.reader.take_probe(path))
             except (ReplayMissError, CorruptEntryError):
                 pass
             except CacheMissError:
@@ -558,11 +450,11 @@ class CachedRole(BaseSkip):
                 return self._served(step, step, value, meta, time.perf_counter() - start, nbytes, prompts)
         load_step = self.resolve_load_step(step)
         if load_step == -1 and self.action is not SkipAction.RECORD:
-            probe = self._probe_settled(self.step_dump_dir(step))
+            probe = self.reader.probe_settled(self.step_dump_dir(step))
             if probe.state is EntryState.PRESENT:
                 load_step = step  # it appeared, or was being replaced, while we looked
             elif probe.state is EntryState.UNREADABLE:
-                raise self._unreadable(probe.reason)
+                raise self.reader.unreadable(probe.reason)
             elif probe.state is EntryState.DAMAGED:
                 path = self.step_dump_dir(step)
                 self._report_corrupt(step, path, probe.reason)
@@ -592,7 +484,7 @@ class CachedRole(BaseSkip):
         except CacheMissError:
             self._regenerated()
             raise
-        self._rebind(value, prompts)
+        self.reader.rebind(value, prompts)
         saved = _seconds(meta.get("generation_seconds"))
         self.stats.add(hits=1, load_seconds=seconds, bytes_read=nbytes, saved_seconds=saved)
         logger.info("%s hit: step %d replayed from step %d at %s (%d bytes, %.3fs)",
@@ -615,7 +507,7 @@ class CachedRole(BaseSkip):
 
             with shared_object_digests():  # both digests hash the same prompt objects: each is hashed once
                 row_prompts = self._row_prompts(prompts, result)
-                digest = _prompt_digest(prompts, self.rebind_keys)
+                digest = prompt_digest(prompts, self.rebind_keys)
             return self.dumper.entry_meta(step, seconds, prompt_digest=digest, row_prompts=row_prompts, **rng)
 
         prepared = self.dumper.snapshot(step, path, result, copy=self.async_dump, meta=meta)
@@ -632,33 +524,10 @@ class CachedRole(BaseSkip):
         return {"rng_state": capture_rng_state()}
 
     def restore_rng(self, meta: dict[str, Any], step: int, path: str) -> None:
-        """Set the global generators to the state the entry's call left them in (``restore_rng``).
+        """Set the global generators to the state the entry's call left them in (``restore_rng``): see
+        :meth:`stepskip._reading.reader.EntryReader.restore_rng`."""
+        self.reader.restore_rng(meta, step, path)
 
-        An entry recorded without the option replays with a warning (once): its call's random
-        state is unknown.
-
-        Raises:
-            CorruptEntryError: the recorded state is damaged (counted; nothing was changed).
-        """
-        if not self.config.restore_rng:
-            return
-        recorded = meta.get("rng_state")
-        if recorded is None:
-            if ("rng",) not in self._warned:
-                self._warned.add(("rng",))
-                logger.warning("%s: the entry at %s was recorded without restore_rng; replaying it without "
-                               "restoring the random state (code drawing random numbers after the call will "
-                               "differ from the recording; re-record with action: record)", self.name, path)
-            return
-        from stepskip.rng import restore_rng_state
-
-        try:
-            skipped = restore_rng_state(recorded, path)
-        except CorruptEntryError as err:
-            self._report_corrupt(step, path, str(err))
-            raise
-        for reason in skipped:
-            logger.warning("%s: step %d replayed without part of its random state: %s", self.name, step, reason)
     def _row_prompts(self, prompts: Any, result: Any) -> list[str] | None:
         """One prompt digest per result row, for roles that ``match``: what the prompt index is built of."""
         if not self.row_wise or prompts is None:
@@ -835,10 +704,10 @@ class CachedRole(BaseSkip):
         """Index the entry at ``path`` from its ``meta.json`` (probed here unless given); False when it
         cannot serve prompt groups (not present, not servable here, no row digests). ``generation``: the
         call of :meth:`_match_index` that first saw it (this one by default), which ranks it in a tie."""
-        probe = self._probe(path) if probe is None else probe
+        probe = self.reader.probe(path) if probe is None else probe
         meta = probe.meta or {}
         digests = meta.get("row_prompts")
-        if (probe.state is EntryState.PRESENT and self._servable(meta) and isinstance(digests, list)
+        if (probe.state is EntryState.PRESENT and self.reader.servable(meta) and isinstance(digests, list)
                 and all(isinstance(d, str) for d in digests)):
             index.add(path, _step_of(meta), digests, (generation or self._generation, path))
             return True
@@ -986,7 +855,7 @@ class CachedRole(BaseSkip):
             entry = int(np.searchsorted(table.names, step))
             looked += 1
             path = f"{project}/{step}"
-            probe = self._probe(path)
+            probe = self.reader.probe(path)
             self._index_from_meta(index, path, probe)
             meta = probe.meta or {}
             digests = meta.get("row_prompts")
@@ -1054,7 +923,7 @@ class CachedRole(BaseSkip):
         from stepskip.hints import digest_key, identity_key
 
         path = f"{claims.project}/{step}"
-        probe = self._probe(path)
+        probe = self.reader.probe(path)
         self._covered.get(claims.project, set()).discard(str(step))
         self._index_from_meta(index, path, probe, claims.generation)
         meta = probe.meta or {}
@@ -1128,7 +997,7 @@ class CachedRole(BaseSkip):
 
     def _hint_holds(self, path: str, hint: Any) -> bool:
         """Whether ``hint`` says what the entry at ``path`` holds now (its identity, step and digests)."""
-        probe = self._probe(path)
+        probe = self.reader.probe(path)
         meta = probe.meta or {}
         return (probe.state is EntryState.PRESENT and hint.describes(meta) and _step_of(meta) == hint.step
                 and meta.get("row_prompts") == hint.digests)
@@ -1144,42 +1013,8 @@ class CachedRole(BaseSkip):
 
     def _match_listing(self) -> dict[str, frozenset[str]]:
         """Run directory (with this role's subdirectory) -> the names of its step entries, for every run
-        directory :meth:`_match_index` spans.
-
-        Reused, as :meth:`listed_steps` reuses its listing, while every directory listed keeps its
-        version (it was settled when listed), this role wrote nothing since and the listing is less
-        than :data:`LISTING_MAX_AGE` seconds old: a later ``match`` call then costs a ``stat`` per run
-        directory, not a listing of every entry. Object stores have no versions: listed every call.
-        """
-        store = self.store
-        cached = self._sources
-        if (cached is not None and cached[0] == self._writes_seen and 0 <= _monotonic() - cached[3] < LISTING_MAX_AGE
-                and all(store.dir_version(path) == version for path, version in cached[1])):
-            return cached[2]
-        writes, listed_at, listed_mono = self._writes_seen, time.time_ns(), _monotonic()
-        seed, self._seed = self._seed, None  # used once at most: later listings are reused as above
-        layout = self.layout
-        root = layout.project_dir.rsplit("/", 2 if layout.subdir else 1)[0]
-        versions = [(root, store.dir_version(root))]
-        listing: dict[str, frozenset[str]] = {}
-        for run_name in store.list_dir(root):
-            shape = RUN_DIR.match(run_name)
-            if shape is None or (int(shape[3]), int(shape[4])) != (layout.prompt_len, layout.response_len):
-                continue
-            project = f"{root}/{run_name}" + (f"/{safe_component(layout.subdir)}" if layout.subdir else "")
-            version = store.dir_version(project)
-            # a role directory not made yet: its run directory's version changes once it is
-            versions.append((project, version) if version is not None or not layout.subdir
-                            else (f"{root}/{run_name}", store.dir_version(f"{root}/{run_name}")))
-            if (seed is not None and seed[0] == project and seed[1] == version and seed[4] == writes
-                    and 0 <= listed_mono - seed[3] < LISTING_MAX_AGE):
-                listing[project] = seed[2]  # unchanged since the start-up clean-up listed it
-            else:
-                listing[project] = _step_names(store.list_dir(project))
-        if (all(settled(version, listed_at) and store.dir_version(path) == version for path, version in versions)
-                and writes == self._writes_seen):  # nothing changed while we listed, no write of ours finished
-            self._sources = (writes, tuple(versions), listing, listed_mono)
-        return listing
+        directory :meth:`_match_index` spans (reused while unchanged: :meth:`StepListing.runs`)."""
+        return self.listing.runs(self.layout)
 
     def match_merge(self, step: int, split: Any, prompts: Any, generated: Any) -> Any:
         """The live batch in live row order: recorded rows for the found groups, ``generated`` for the rest.
@@ -1215,7 +1050,7 @@ class CachedRole(BaseSkip):
             if generated is not None:
                 sources.append(generated)
             merged = select_batch_rows(concat_batches(sources), order)
-            self._rebind(merged, prompts)
+            self.reader.rebind(merged, prompts)
         replayed = len(split.found)
         self.stats.add(rows_replayed=replayed, rows_generated=len(split.missing_rows), bytes_read=nbytes,
                        load_seconds=time.perf_counter() - start if split.found else 0.0, saved_seconds=saved,
@@ -1290,7 +1125,7 @@ class CachedRole(BaseSkip):
         seconds = info.generation_seconds if info is not None else None
         to_write, digests = merged, list(split.digests)
         # the step recorded other prompts before: keep them (unless this call found that entry damaged)
-        if path not in split.damaged and self._probe(path).state is EntryState.PRESENT:
+        if path not in split.damaged and self.reader.probe(path).state is EntryState.PRESENT:
             try:
                 existing, meta, _, _ = self.load_entry(step)
                 recorded = meta.get("row_prompts")
@@ -1410,132 +1245,14 @@ class CachedRole(BaseSkip):
             SkipConfigError: a fingerprint or prompt mismatch under the ``error`` policy.
         """
         step = load_step if step is None else step
-        return self._read_entry(self.step_dump_dir(load_step), step, load_step, prompts)
+        return self.reader.read(self.step_dump_dir(load_step), step, load_step, prompts)
 
     def _read_entry(self, path: str, step: int, load_step: int | None = None,
                     prompts: Any = None) -> tuple[Any, dict[str, Any], float, int]:
-        start = time.perf_counter()
-        try:  # the store reads one version, and retries itself when a writer replaces the entry meanwhile
-            value, meta, nbytes = self._read_entry_once(path, step, load_step, prompts)
-        except CorruptEntryError as err:
-            self._report_corrupt(step, path, str(err))
-            raise
-        return value, meta, time.perf_counter() - start, nbytes
-
-    def _read_entry_once(self, path: str, step: int, load_step: int | None,
-                         prompts: Any, probe: Probe | None = None) -> tuple[Any, dict[str, Any], int]:
-        load_step = step if load_step is None else load_step
-        chosen: list[FormatSpec] = []
-
-        def files_of(meta: dict[str, Any]) -> tuple[str, ...]:
-            """Called with the checked meta of the version being read, before any data is read."""
-            chosen.clear()
-            probe = self._classify(path, Probe(EntryState.PRESENT, meta))
-            if probe.state is EntryState.UNREADABLE:
-                raise self._unreadable(probe.reason)
-            self._check_fidelity(meta, path, step, load_step, prompts)
-            spec = format_spec(meta.get("format", self.legacy.name))
-            assert spec is not None  # _classify made sure
-            if spec.uses_pickle and not self.allow_pickle:
-                raise PickleRefusedError(
-                    f"{path} holds a pickle-based entry (format {spec.name!r}, as verl writes it) and "
-                    f"skip.{self.name}.allow_pickle is false. Either set skip.{self.name}.allow_pickle=true "
-                    "(read through an allow-list unpickler), or convert the cache once with "
-                    "`stepskip convert SRC DST --to safe --allow-pickle`. The entry was left untouched."
-                )
-            chosen.append(spec)
-            return spec.files
-
-        try:  # one version of the entry, even while a writer replaces it
-            # big files in recycled pages, for the format that reads buffers (the unpicklers read bytes)
-            meta, files = self.store.read_entry(path, self.legacy.files, files_of, self.verify,
-                                                pooled=lambda: not chosen[0].uses_pickle, probe=probe)
-        except CorruptEntryError:
-            raise
-        except CacheMissError as err:
-            raise ReplayMissError(f"{self.name}: the entry at {path} vanished (removed while it was read)") from err
-        from stepskip.formats import get_format
-
-        spec = chosen[0]
-        nbytes = sum(len(b) for b in files.values())
-        try:
-            value = get_format(spec.name).decode(files, consume=True, max_bytes=self.config.max_decode_bytes)
-            return value, meta, nbytes
-        except CorruptEntryError as err:
-            raise self._decode_failure(path, meta, spec, err) from err
-
-    def _decode_failure(self, path: str, meta: dict[str, Any], spec: FormatSpec, err: CorruptEntryError) -> Exception:
-        """Bytes that did not decode: damage only when they are provably not what was written."""
-        listed = meta.get("files")
-        if isinstance(listed, dict) and listed:
-            if not self.verify:  # the bytes were not checked: check them now, to tell damage apart
-                try:
-                    self.store.read_files(path, meta, spec.files, True)
-                except CorruptEntryError as damage:
-                    return damage
-            intact = "its files match their checksums"
-        elif isinstance(err, TruncatedEntryError):
-            return err  # no checksums (verl wrote it), but the bytes end early: damage
-        else:
-            intact = "its file is complete"
-        return self._unreadable(
-            f"the entry at {path} cannot be decoded by this stepskip although {intact}: {err}. It was left "
-            "untouched; read it with the stepskip (or verl) that wrote it, or re-record the step with action: record"
-        )
-
-    def _check_fidelity(self, meta: dict[str, Any], path: str, step: int, load_step: int, prompts: Any) -> None:
-        """Compare the entry's run fingerprint and prompt digest with the live run and call."""
-        recorded = meta.get("fingerprint")
-        if isinstance(recorded, dict):
-            diffs = fingerprint_diff(recorded, self.fingerprint)
-            if diffs:
-                message = (f"{self.name}: the entry at {path} was recorded with other rollout settings: "
-                           + "; ".join(diffs))
-                if self.on_mismatch is OnMismatch.ERROR:
-                    raise FingerprintMismatchError(message + f" (skip.{self.name}.on_mismatch = error)")
-                if self.on_mismatch is OnMismatch.REGENERATE:
-                    logger.warning("%s; regenerating step %d", message, step)
-                    raise CacheMissError(message)
-                if tuple(diffs) not in self._warned:
-                    self._warned.add(tuple(diffs))
-                    logger.warning("%s; replaying it anyway (set skip.%s.on_mismatch to error or regenerate)",
-                                   message, self.name)
-        recorded_digest = meta.get("prompt_digest")
-        if self.check_prompts is CheckPrompts.OFF or load_step != step or prompts is None or not recorded_digest:
-            return
-        from stepskip.fidelity import DIGEST_PREFIX
-
-        if not str(recorded_digest).startswith(DIGEST_PREFIX):
-            return  # recorded under an earlier digest scheme: not comparable, so not a mismatch
-        digest = _prompt_digest(prompts, self.rebind_keys)
-        if digest is None or digest == recorded_digest:
-            return
-        message = (f"{self.name}: step {step} was recorded for other prompts than this call's (entry {path}); "
-                   "the data order or dataset changed since it was recorded (e.g. another shuffle seed)")
-        if self.check_prompts is CheckPrompts.ERROR:
-            raise PromptMismatchError(message + f" (skip.{self.name}.check_prompts = error)")
-        logger.warning("%s; replaying it anyway (set skip.%s.check_prompts to error or off)", message, self.name)
+        return self.reader.read(path, step, load_step, prompts)
 
     def _report_corrupt(self, step: int, path: str, reason: str) -> None:
-        self.stats.add(corrupt=1)
-        if self.action is SkipAction.REPLAY:
-            logger.error("%s corrupt entry for step %d at %s: %s", self.name, step, path, reason)
-        else:
-            logger.warning("%s corrupt entry for step %d at %s: %s; it will be regenerated and overwritten",
-                           self.name, step, path, reason)
-
-    def _rebind(self, value: Any, prompts: Any) -> None:
-        """Copy identity columns (``rebind_keys``) row-wise from the live prompts onto a replayed batch."""
-        target = getattr(value, "non_tensor_batch", None)
-        source = getattr(prompts, "non_tensor_batch", None)
-        if not self.rebind_keys or not isinstance(target, dict) or not isinstance(source, dict):
-            return
-        for key in self.rebind_keys:
-            if key in target and key in source and len(target[key]) == len(source[key]):
-                target[key] = np.array(source[key], copy=True)
-            elif key in target and key in source:
-                logger.debug("%s: not rebinding %r: %d replayed rows vs %d live rows",
-                             self.name, key, len(target[key]), len(source[key]))
+        self.reader.report_corrupt(step, path, reason)
 
     # ------------------------------------------------------------------ verl's names (its tests and trainer use them)
 
@@ -1549,7 +1266,7 @@ class CachedRole(BaseSkip):
         return self._path(self.step_dump_dir(step))
 
     def _check_valid_step_path(self, path: Any) -> bool:
-        return self._probe(str(path)).state is EntryState.PRESENT
+        return self.reader.probe(str(path)).state is EntryState.PRESENT
 
     def _get_available_steps(self) -> list[int]:
         return self.available_steps()
@@ -1626,27 +1343,9 @@ class _Claims:
         return found
 
 
-def _step_names(names: list[str]) -> frozenset[str]:
-    """The names among ``names`` that are step directories' (``0``, ``12``: ASCII digits, no leading zero).
-
-    Checked by C-level passes (``str.isdigit``, then one scan of the digit names joined for a
-    non-ASCII digit, a leading zero or a 20th digit), one by one only when some name has one: 10,000
-    names cost well under a millisecond.
-    """
-    digits = frozenset(filter(str.isdigit, names))
-    joined = "\n" + "\n".join(digits)
-    if not joined.isascii() or _ODD_DIGITS.search(joined):
-        return frozenset(name for name in digits if _STEP_NAME.fullmatch(name))
-    return digits
-
-
 def _step_of(meta: dict[str, Any]) -> int:
     step = meta.get("global_steps")
     return step if isinstance(step, int) and not isinstance(step, bool) else -1
 
 
-def _seconds(value: Any) -> float:
-    """A recorded duration as a float; anything else (a planted string, a NaN) counts as zero."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
-        return 0.0
-    return float(value)
+_seconds = seconds_of

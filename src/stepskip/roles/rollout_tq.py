@@ -33,7 +33,6 @@ from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 from stepskip.layout import Layout
 from stepskip.manifest import (
-    MANIFEST_FILE,
     StepRoot,
     is_recording,
     may_need_clean_up,
@@ -44,9 +43,11 @@ from stepskip.policies import MatchN, SkipAction
 from stepskip.resolve import load_candidates, remap_v1
 from stepskip._dumping.commit import StepCommit, StepPublisher
 from stepskip.roles.base import register_skip
-from stepskip.roles.cached import _HINTED_FROM, ROW_WISE_ACTIONS, _prompt_digest, _seconds, _step_of
+from stepskip._reading.reader import prompt_digest
+from stepskip._reading.steps import V1Steps, complete
+from stepskip.roles.cached import _HINTED_FROM, ROW_WISE_ACTIONS, _seconds, _step_of
 from stepskip.roles.rollout import RolloutSkip
-from stepskip.store import EntryState, Probe, Tree
+from stepskip.store import EntryState, Tree
 
 if TYPE_CHECKING:
     from stepskip.tq import TQClient  # stepskip.tq imports torch: only for type checkers
@@ -80,7 +81,9 @@ class RolloutTqSkip(RolloutSkip):
         #: The steps this run records, each published once its inner entries are written, by ``publisher``
         #: (None: the one the store supports, see :mod:`stepskip._dumping.commit`).
         self.step_commit = StepCommit(self, publisher, replacing=self._forget_step, published=self._hint_step)
-        super().__init__(local_config, global_config, commit=self.step_commit)
+        #: A step is ``parameter_sync_step`` inner entries, in place or in the recording its manifest names.
+        self.entries: V1Steps = V1Steps(self)
+        super().__init__(local_config, global_config, commit=self.step_commit, entries=self.entries)
         mode = select(global_config, "trainer.v1.trainer_mode")
         key = f"trainer.v1.{mode}.parameter_sync_step"
         sync_step = select(global_config, key, 1) if mode else 1
@@ -107,7 +110,7 @@ class RolloutTqSkip(RolloutSkip):
             step_dir = self.step_dump_dir(step)
             if tree is not None and not may_need_clean_up(self.store, tree, step_dir):
                 continue
-            where = self._step_root(step)  # the manifest read once for both clean-ups
+            where = self.entries.root(step)  # the manifest read once for both clean-ups
             # recordings no manifest names, once stale
             remove_stale_recordings(self.store, step_dir, where=where, tree=tree)
             # an inner write's temporaries lie beside its entry: in the recording a manifest names, else in place
@@ -133,41 +136,15 @@ class RolloutTqSkip(RolloutSkip):
     def inner_dump_dir(self, step: int, inner_idx: int) -> str:
         """The entry directory of one sample call of ``step``: in the recording the step's manifest
         names (object stores), else ``{step}/{inner_idx}``."""
-        return f"{self._step_root(step).root}/{int(inner_idx)}"
-
-    def _step_root(self, step: int) -> StepRoot:
-        """Where ``step``'s inner entries are, its manifest read once (see :mod:`stepskip.manifest`)."""
-        return resolve_step(self.store, self.step_dump_dir(step))
-
-    def _probed(self, step: int, where: StepRoot | None = None) -> list[tuple[str, Probe]]:
-        """``(path, probe)`` of every inner entry of ``step``, all below one resolved root (``where``, else
-        resolved here); one damaged or unreadable probe of the manifest when it cannot be used."""
-        where = self._step_root(step) if where is None else where
-        if where.state is not EntryState.PRESENT:
-            return [(f"{self.step_dump_dir(step)}/{MANIFEST_FILE}", Probe(where.state, reason=where.reason))]
-        out = [(f"{where.root}/{i}", self._probe(f"{where.root}/{i}")) for i in range(self.parameter_sync_step)]
-        manifest = where.manifest
-        if manifest is not None:  # written after every inner entry it counts: one of them missing is damage
-            present = [i for i, (_, p) in enumerate(out) if p.state is not EntryState.MISSING]
-            lacking = [i for i in manifest.lacking(present) if i < len(out)]  # of the inner entries this run reads
-            if lacking:
-                return [(f"{self.step_dump_dir(step)}/{MANIFEST_FILE}",
-                         Probe(EntryState.DAMAGED, reason=manifest.lacking_reason(lacking)))]
-        return out
-
-    def _probes(self, step: int) -> list[Probe]:
-        return [probe for _, probe in self._probed(step)]
-
-    def _present(self, step: int) -> bool:
-        return _complete(self._probed(step))
+        return f"{self.entries.root(step).root}/{int(inner_idx)}"
 
     def _resolve_root(self, step: int) -> tuple[int, StepRoot | None]:
         """:meth:`resolve_load_step` and the root it validated: the step's inner entries are then read
         from the recording that was probed, its manifest not read again."""
         listed = () if self.action in (SkipAction.CACHE, SkipAction.REPLAY) else self.listed_steps()
         for candidate in load_candidates(self.action, step, listed, self.seed):
-            where = self._step_root(candidate)
-            if _complete(self._probed(candidate, where)):
+            where = self.entries.root(candidate)
+            if complete(self.entries.probed(candidate, where)):
                 return candidate, where
         return -1, None
 
@@ -184,14 +161,14 @@ class RolloutTqSkip(RolloutSkip):
         elif action is SkipAction.REPLAY:
             return True
         else:
-            probed = self._probed(step)
+            probed = self.entries.probed(step)
             for path, probe in probed:
                 if probe.state is EntryState.UNREADABLE:
-                    raise self._unreadable(probe.reason)  # the step would be re-recorded over it: never
+                    raise self.reader.unreadable(probe.reason)  # the step would be re-recorded over it: never
                 if action is SkipAction.CACHE and probe.state is EntryState.DAMAGED:
                     self._report_corrupt(step, path, probe.reason)
             # cache loads the step itself: what was just probed decides (its manifest is not read again)
-            hit = _complete(probed) if action is SkipAction.CACHE else self.has_v1_cache(step)
+            hit = complete(probed) if action is SkipAction.CACHE else self.has_v1_cache(step)
         if not hit:
             self.stats.add(misses=1)
             logger.info("%s miss: step %d has no complete entry under %s; generating and dumping it",
@@ -256,7 +233,7 @@ class RolloutTqSkip(RolloutSkip):
 
     def begin_recording(self, step: int, prompts: Any = None) -> None:
         """The submit phase's miss: the step's samples are to be saved as they are drawn."""
-        digest = _prompt_digest(prompts, self.rebind_keys) if prompts is not None else None
+        digest = prompt_digest(prompts, self.rebind_keys) if prompts is not None else None
         uid_prompts = self._uid_prompts_of(prompts)
         with self.step_commit.lock:  # a damaged cached step must be overwritten, not kept
             self.step_commit.new_recording(step, clock=time.perf_counter(), regenerate=True, digest=digest,
@@ -356,9 +333,9 @@ class RolloutTqSkip(RolloutSkip):
         """
         load_step, where = self._resolve_root(step)
         if where is None and self.action is SkipAction.REPLAY:  # say why: damaged and unreadable are not missing
-            for path, probe in self._probed(step):
+            for path, probe in self.entries.probed(step):
                 if probe.state is EntryState.UNREADABLE:
-                    raise self._unreadable(probe.reason)
+                    raise self.reader.unreadable(probe.reason)
                 if probe.state is EntryState.DAMAGED:
                     self._report_corrupt(step, path, probe.reason)
                     raise CorruptEntryError(f"{self.name}: step {step} at {path} is damaged: {probe.reason}")
@@ -631,11 +608,11 @@ class RolloutTqSkip(RolloutSkip):
             return None
         root = where.root
         inner_names = sorted(int(n) for n in self.store.list_dir(root, dirs_only=True) if n.isascii() and n.isdigit())
-        probes = [(f"{root}/{i}", self._probe(f"{root}/{i}")) for i in inner_names]
+        probes = [(f"{root}/{i}", self.reader.probe(f"{root}/{i}")) for i in inner_names]
         metas = [p.meta or {} for _, p in probes]
         declared = metas[0].get("parameter_sync_step", 1) if metas else 0
         complete = (bool(probes) and inner_names == list(range(len(probes))) and declared == len(probes)
-                    and all(p.state is EntryState.PRESENT and self._servable(p.meta or {}) for _, p in probes)
+                    and all(p.state is EntryState.PRESENT and self.reader.servable(p.meta or {}) for _, p in probes)
                     and len({m.get("run_id") for m in metas}) == 1)
         if not complete:
             return None  # half-written or mixed: never served
@@ -656,7 +633,7 @@ class RolloutTqSkip(RolloutSkip):
         return self._present(step)
 
     def _check_valid_v1_step_path(self, path: Any) -> bool:
-        return self._probe(str(path)).state is EntryState.PRESENT
+        return self.reader.probe(str(path)).state is EntryState.PRESENT
 
     def _find_first_missing_inner(self, step: int) -> int:
         for inner, probe in enumerate(self._probes(step)):
@@ -673,14 +650,6 @@ class RolloutTqSkip(RolloutSkip):
 
 def _add_step_hint(doc: Any, name: str, recording: str | None, metas: list[dict[str, Any]]) -> bool:
     return bool(doc.add_step(name, recording, metas))
-
-
-def _complete(probed: list[tuple[str, Probe]]) -> bool:
-    """True when every inner entry probed is present and one run wrote them all."""
-    if any(p.state is not EntryState.PRESENT for _, p in probed):
-        return False
-    runs = {(p.meta or {}).get("run_id") for _, p in probed}
-    return len(runs) == 1  # a step half-written by a crashed run is never completed by another
 
 
 def _step_dir_of(path: str) -> str:

@@ -18,7 +18,7 @@ import torch
 from skip_configs import run_path, training_config
 
 from stepskip import Batch, SkipManager
-from stepskip.roles.cached import CachedRole
+from stepskip._reading.reader import EntryReader
 from stepskip._dumping.worker import DumpWorker
 
 WAIT_S = 300  # a hang guard, reached only when the behaviour under test is broken
@@ -162,14 +162,14 @@ def test_hits_in_flight_at_once_each_read_with_the_probe_they_took(tmp_path, mon
     asyncio.run(feed())
     SkipManager.reset()
     taken = []
-    original = CachedRole._take_probe
+    original = EntryReader.take_probe
 
     def take(self, path):
         probe = original(self, path)
         taken.append(probe is not None)
         return probe
 
-    monkeypatch.setattr(CachedRole, "_take_probe", take)
+    monkeypatch.setattr(EntryReader, "take_probe", take)
     SkipManager.init(config)
     asyncio.run(feed())
     assert SkipManager.stats()["skip/async_rollout/hits"] == 64

@@ -27,6 +27,7 @@ import torch
 from skip_configs import training_config
 
 import stepskip.hints as hints_module
+import stepskip._reading.listing as listing_module
 import stepskip.roles.cached as cached_module
 from stepskip import Batch, SkipManager
 from stepskip.cli.verify import verify_runs
@@ -614,7 +615,7 @@ def test_later_calls_reuse_the_listing_of_settled_directories_until_one_changes(
     changes the directory's version, and the next call lists it again and finds the new step."""
     dump_dir = str(tmp_path / "dump")
     cache_of(dump_dir, 10)
-    monkeypatch.setattr(cached_module, "_monotonic", lambda: 1000.0)  # the listing never gets too old here
+    monkeypatch.setattr(listing_module, "_monotonic", lambda: 1000.0)  # the listing never gets too old here
     then = os.path.getmtime(tmp_path) - 60
     for path in (f"{dump_dir}/exp_proj", f"{dump_dir}/{RUN}"):
         os.utime(path, (then, then))
@@ -663,7 +664,7 @@ def test_the_first_call_reuses_the_start_up_listing_of_a_settled_run_directory(t
     dump_dir = str(tmp_path / "dump")
     cache_of(dump_dir, 10)
     then = os.path.getmtime(tmp_path) - 60
-    monkeypatch.setattr(cached_module, "_monotonic", lambda: 1000.0)
+    monkeypatch.setattr(listing_module, "_monotonic", lambda: 1000.0)
     for changed in (False, True):
         os.utime(f"{dump_dir}/{RUN}", (then, then))
         SkipManager.init(config(dump_dir, "match"))

@@ -1,0 +1,95 @@
+"""What one cached step of a role consists of: one flat entry, or a V1 step's inner entries.
+
+A role asks its steps collaborator for the probes of a step and whether it is complete; it never
+needs to know which kind it holds. A V1 step (``{step}/{inner}/``, or the recording its manifest
+names, ``{step}/rec-{token}/{inner}/``: :mod:`stepskip.manifest`) is complete only when every inner
+entry is present and one run wrote them all.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from stepskip._reading.reader import EntryReader
+from stepskip.manifest import MANIFEST_FILE, StepRoot, resolve_step
+from stepskip.store import EntryState, Probe
+
+__all__ = ["FlatSteps", "StepEntries", "V1Steps", "complete"]
+
+
+class StepEntries(Protocol):
+    """The entries one step of a role consists of."""
+
+    def probed(self, step: int) -> list[tuple[str, Probe]]:
+        """``(path, probe)`` of every entry of ``step`` (classified by the role's reader)."""
+        ...
+
+    def present(self, step: int) -> bool:
+        """True when ``step`` is complete and usable-looking (no data read)."""
+        ...
+
+
+class _StepOwner(Protocol):
+    reader: EntryReader
+
+    def step_dump_dir(self, step: int) -> str: ...
+
+
+class FlatSteps:
+    """One entry per step, at the step's directory."""
+
+    def __init__(self, owner: _StepOwner) -> None:
+        self.owner = owner
+
+    def probed(self, step: int) -> list[tuple[str, Probe]]:
+        path = self.owner.step_dump_dir(step)
+        return [(path, self.owner.reader.probe(path))]
+
+    def present(self, step: int) -> bool:
+        return all(p.state is EntryState.PRESENT for _, p in self.probed(step))
+
+
+class _V1Owner(_StepOwner, Protocol):
+    parameter_sync_step: int
+
+    @property
+    def store(self) -> Any: ...
+
+
+class V1Steps:
+    """``parameter_sync_step`` inner entries per step, in place or in the recording the manifest names."""
+
+    def __init__(self, owner: _V1Owner) -> None:
+        self.owner = owner
+
+    def root(self, step: int) -> StepRoot:
+        """Where ``step``'s inner entries are, its manifest read once (see :mod:`stepskip.manifest`)."""
+        return resolve_step(self.owner.store, self.owner.step_dump_dir(step))
+
+    def probed(self, step: int, where: StepRoot | None = None) -> list[tuple[str, Probe]]:
+        """``(path, probe)`` of every inner entry of ``step``, all below one resolved root (``where``, else
+        resolved here); one damaged or unreadable probe of the manifest when it cannot be used."""
+        owner = self.owner
+        where = self.root(step) if where is None else where
+        if where.state is not EntryState.PRESENT:
+            return [(f"{owner.step_dump_dir(step)}/{MANIFEST_FILE}", Probe(where.state, reason=where.reason))]
+        out = [(f"{where.root}/{i}", owner.reader.probe(f"{where.root}/{i}")) for i in range(owner.parameter_sync_step)]
+        manifest = where.manifest
+        if manifest is not None:  # written after every inner entry it counts: one of them missing is damage
+            present = [i for i, (_, p) in enumerate(out) if p.state is not EntryState.MISSING]
+            lacking = [i for i in manifest.lacking(present) if i < len(out)]  # of the inner entries this run reads
+            if lacking:
+                return [(f"{owner.step_dump_dir(step)}/{MANIFEST_FILE}",
+                         Probe(EntryState.DAMAGED, reason=manifest.lacking_reason(lacking)))]
+        return out
+
+    def present(self, step: int) -> bool:
+        return complete(self.probed(step))
+
+
+def complete(probed: list[tuple[str, Probe]]) -> bool:
+    """True when every inner entry probed is present and one run wrote them all."""
+    if any(p.state is not EntryState.PRESENT for _, p in probed):
+        return False
+    runs = {(p.meta or {}).get("run_id") for _, p in probed}
+    return len(runs) == 1  # a step half-written by a crashed run is never completed by another
