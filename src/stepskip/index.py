@@ -14,7 +14,7 @@ A dump dir holds ``{experiment}_{project}/GBS{gbs}_N{n}_in{p}_out{r}/`` run dire
 * ``.tmp-*`` / ``.trash-*``: leftovers of interrupted writes and replacements, never entries.
 
 The prompt hints the roles keep beside the run directories (``{experiment}/.stepskip-index/``,
-:mod:`stepskip.hints`) are no run directory: the index neither lists nor removes them.
+:mod:`stepskip._matching.hints`) are no run directory: the index neither lists nor removes them.
 
 Everything is read through the store abstraction (:func:`stepskip.store.open_store`), so local
 paths, ``memory://`` and ``s3://`` caches are indexed alike. A cache is data someone else may

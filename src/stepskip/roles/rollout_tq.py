@@ -29,23 +29,18 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from stepskip._dumping.commit import StepCommit, StepPublisher
+from stepskip._matching.v1 import StepMatcher, StepMatchIndex
+from stepskip._reading.reader import prompt_digest, seconds_of
+from stepskip._reading.steps import V1Steps, complete
 from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 from stepskip.layout import Layout
-from stepskip.manifest import (
-    StepRoot,
-    is_recording,
-    may_need_clean_up,
-    remove_stale_recordings,
-    resolve_step,
-)
-from stepskip.policies import MatchN, SkipAction
+from stepskip.manifest import StepRoot, may_need_clean_up, remove_stale_recordings
+from stepskip.policies import SkipAction
 from stepskip.resolve import load_candidates, remap_v1
-from stepskip._dumping.commit import StepCommit, StepPublisher
 from stepskip.roles.base import register_skip
-from stepskip._reading.reader import prompt_digest
-from stepskip._reading.steps import V1Steps, complete
-from stepskip.roles.cached import _HINTED_FROM, ROW_WISE_ACTIONS, _seconds, _step_of
+from stepskip.roles.cached import ROW_WISE_ACTIONS
 from stepskip.roles.rollout import RolloutSkip
 from stepskip.store import EntryState, Tree
 
@@ -80,10 +75,14 @@ class RolloutTqSkip(RolloutSkip):
     def __init__(self, local_config: Any, global_config: Any, *, publisher: StepPublisher | None = None) -> None:
         #: The steps this run records, each published once its inner entries are written, by ``publisher``
         #: (None: the one the store supports, see :mod:`stepskip._dumping.commit`).
-        self.step_commit = StepCommit(self, publisher, replacing=self._forget_step, published=self._hint_step)
+        index = StepMatchIndex(self)
+        self.step_commit = StepCommit(self, publisher, replacing=index.forget_step, published=self._hint_step)
         #: A step is ``parameter_sync_step`` inner entries, in place or in the recording its manifest names.
         self.entries: V1Steps = V1Steps(self)
-        super().__init__(local_config, global_config, commit=self.step_commit, entries=self.entries)
+        super().__init__(local_config, global_config, commit=self.step_commit, entries=self.entries,
+                         match_index=index)
+        self.match_index: StepMatchIndex = index
+        self.step_matcher = StepMatcher(self, index)
         mode = select(global_config, "trainer.v1.trainer_mode")
         key = f"trainer.v1.{mode}.parameter_sync_step"
         sync_step = select(global_config, key, 1) if mode else 1
@@ -97,8 +96,6 @@ class RolloutTqSkip(RolloutSkip):
     def _new_run(self) -> None:
         super()._new_run()
         self.step_commit.reset()
-        self._indexed: dict[str, list[str]] = {}  # step directory -> its inner entries in the prompt index
-        self._hinted_steps: dict[str, Any] = {}  # step directory -> the StepHint it was indexed from, until validated
 
     def clean_up(self, tree: Tree | None) -> None:
         super().clean_up(tree)
@@ -305,18 +302,10 @@ class RolloutTqSkip(RolloutSkip):
         if prepared is not None:
             self.dumper.submit(path, step, *prepared)
 
-    def _forget_step(self, step_dir: str) -> None:
-        """A recording is about to replace the step at ``step_dir``: its inner entries are indexed afresh."""
-        with self._index_lock:
-            indexed = self._indexed.pop(step_dir, [])
-            if self._index is not None:
-                for path in indexed:
-                    self._index.forget(path)
-
     def _hint_step(self, step: int, recording: str | None, metas: list[dict[str, Any]]) -> None:
         """The hint of a step just published (``action: match`` reads it before the step's entries)."""
-        self._add_hints([(str(step), functools.partial(_add_step_hint, name=str(step), recording=recording,
-                                                       metas=metas))])
+        self.hints.add([(str(step), functools.partial(_add_step_hint, name=str(step), recording=recording,
+                                                      metas=metas))])
 
     def load_dump_data(self, step: int, new_prompt_uids: list[str], n: int, global_steps: int,
                        partition_id: str = "train", prompts: Any = None) -> None:
@@ -360,7 +349,7 @@ class RolloutTqSkip(RolloutSkip):
             keys.extend(payload["keys"])
             tags.extend(payload["tags"])
             nbytes += size
-            saved += _seconds(meta.get("generation_seconds"))
+            saved += seconds_of(meta.get("generation_seconds"))
         try:
             data = concat_rows(parts)
             rows = num_rows(data)
@@ -414,215 +403,7 @@ class RolloutTqSkip(RolloutSkip):
         Raises:
             SkipConfigError: the batch has no rows or no ``uid`` column.
         """
-        from stepskip.fidelity import prompt_row_digests
-        from stepskip.matching import select_batch_rows
-
-        try:
-            digests = prompt_row_digests(prompts, self.rebind_keys)
-            uids = [str(u) for u in prompts["uid"]]
-        except (KeyError, TypeError, ValueError) as err:
-            raise SkipConfigError(f"skip.{self.name}.action = 'match' needs the batch of _next_train_batch with one "
-                                  f"row per prompt and a 'uid' column: {err}") from err
-        start = time.perf_counter()
-        index = self._match_index()
-        strict = self.config.match_n is MatchN.STRICT
-        n = self.layout.n
-        while True:  # each round validates the hinted steps it chose: the hinted set shrinks, so it ends
-            wanted: dict[str, list[int]] = {}  # inner entry -> live rows it serves
-            missing: list[int] = []
-            for row, digest in enumerate(digests):
-                where = index.groups.get(digest)
-                if where is None or (strict and len(where[1]) != n):
-                    missing.append(row)
-                else:
-                    wanted.setdefault(where[0], []).append(row)
-            hinted = sorted({_step_dir_of(path) for path in wanted} & set(self._hinted_steps))
-            if not hinted:
-                break
-            self._validate_step_hints(index, hinted)
-        found, nbytes, saved, sources = self._inject_found(step, wanted, digests, uids, index, partition_id)
-        missing = [row for row in range(len(digests)) if row not in found]
-        replayed = len(found)
-        self.stats.add(rows_replayed=replayed, rows_generated=len(missing), bytes_read=nbytes,
-                       load_seconds=time.perf_counter() - start if found else 0.0, saved_seconds=saved,
-                       hits=0 if missing else 1, misses=1 if missing else 0)
-        if found:
-            origin = ", ".join(f"{count} from {self._short(path)}" for path, count in sorted(sources.items()))
-            logger.info("%s match: step %d injected %d of %d prompts (%s); %d prompts submitted to rollout",
-                        self.name, step, replayed, len(digests), origin, len(missing))
-        if not missing:
-            return None
-        self.begin_recording(step, prompts)
-        return prompts if not found else select_batch_rows(prompts, missing)
-
-    def _inject_found(self, step: int, wanted: dict[str, list[int]], digests: list[str], uids: list[str],
-                      index: Any, partition_id: str) -> tuple[set[int], int, float, dict[str, int]]:
-        """Put the recorded trajectories of the ``wanted`` live rows into the queue; the rows injected."""
-        from stepskip.matching import join_problem
-        from stepskip.tq.rows import concat_rows, num_rows, payload_problem, select_rows
-
-        parts, keys, tags = [], [], []
-        accepted: list[tuple[str, Any, tuple[list[str], list[dict[str, Any]], set[int]], float]] = []
-        found: set[int] = set()
-        nbytes, saved = 0, 0.0
-        sources: dict[str, int] = {}
-        for path, rows in wanted.items():
-            try:
-                payload, meta, _, size = self._read_entry(path, step, -1)
-                recorded = meta.get("row_prompts")
-                if not isinstance(recorded, list):
-                    raise CacheMissError(f"{path} no longer records the prompts of its trajectories")
-            except CacheMissError as err:  # damaged, vanished or replaced since indexed: generate those prompts
-                logger.warning("%s match: %s; submitting its %d prompts to rollout", self.name, err, len(rows))
-                with self._index_lock:
-                    index.forget(path)
-                continue
-            try:  # metadata and data that disagree (a crafted or damaged entry) must not reach the trainer
-                problem = payload_problem(payload, recorded)
-                if problem is None:
-                    entry_keys, entry_tags = list(payload["keys"]), list(payload["tags"])
-                    picked: list[int] = []
-                    entry_out: tuple[list[str], list[dict[str, Any]], set[int]] = ([], [], set())
-                    for row in rows:
-                        group = [i for i, d in enumerate(recorded) if d == digests[row]]
-                        if not group:  # the entry was replaced by one of other prompts since it was indexed
-                            continue
-                        plan = remap_v1([entry_keys[i] for i in group], [entry_tags[i] for i in group],
-                                        [uids[row]], self.layout.n, step)
-                        picked.extend(group[r] for r in plan.rows)
-                        entry_out[0].extend(plan.keys)
-                        entry_out[1].extend(plan.tags)
-                        entry_out[2].add(row)
-                    part = select_rows(payload["tensordict"], picked) if picked else None
-            except (IndexError, KeyError, TypeError, ValueError) as err:
-                problem = f"its trajectories cannot be selected ({type(err).__name__}: {err})"
-            if problem is not None:
-                self._report_corrupt(step, path, problem)
-                logger.warning("%s match: submitting the %d prompts of %s to rollout", self.name, len(rows), path)
-                with self._index_lock:
-                    index.forget(path)
-                continue
-            nbytes += size
-            if part is not None:
-                accepted.append((path, part, entry_out,
-                                 _seconds(meta.get("generation_seconds")) * len(set(picked)) / max(len(entry_keys), 1)))
-        # parts that would not join the others (other columns, dtypes, trailing shapes) cost their own
-        # prompts, never the step: the ones that agree with the part serving the most trajectories stay
-        reference = max(accepted, key=lambda a: num_rows(a[1]))[1] if len(accepted) > 1 else None
-        for path, part, entry_out, entry_saved in accepted:
-            problem = None if reference is None or part is reference else join_problem([reference, part])
-            if problem is not None:
-                self._report_corrupt(step, path, problem)
-                logger.warning("%s match: submitting the %d prompts of %s to rollout", self.name,
-                               len(entry_out[2]), path)
-                with self._index_lock:
-                    index.forget(path)
-                continue
-            parts.append(part)
-            keys.extend(entry_out[0])
-            tags.extend(entry_out[1])
-            found |= entry_out[2]
-            step_dir = _step_dir_of(path)
-            sources[step_dir] = sources.get(step_dir, 0) + len(entry_out[2])
-            saved += entry_saved
-        if found:
-            try:
-                fields = concat_rows(parts)
-            except Exception as err:  # each part was checked above; should the join still fail, generate them all
-                logger.error("%s match: step %d's recorded trajectories cannot be joined (%s: %s); submitting every "
-                             "prompt to rollout", self.name, step, type(err).__name__, err)
-                return set(), nbytes, 0.0, {}
-            client = self.tq_client
-            client.kv_batch_put(keys=keys, fields=fields, tags=tags, partition_id=partition_id)
-            client.kv_batch_put(keys=[uids[row] for row in sorted(found)], partition_id=partition_id,
-                                tags=[{"is_prompt": True, "status": "finished", "global_steps": step} for _ in found])
-        return found, nbytes, saved, sources
-
-    def _match_index(self) -> Any:
-        """The prompt index over the inner entries of every complete step this role could replay.
-
-        Spans the run directories :meth:`_match_sources` lists; a step directory is read once (its
-        inner entries probed) the first time it is listed, and forgotten when it is no longer there.
-        """
-        from stepskip.matching import PromptIndex
-
-        with self._index_lock:
-            if self._index is None:
-                self._index = PromptIndex()
-            index = self._index
-            listed = set(self._match_sources())
-            for step_dir in [d for d in self._indexed if d not in listed]:
-                for path in self._indexed.pop(step_dir):
-                    index.forget(path)
-                self._hinted_steps.pop(step_dir, None)
-            new = sorted(listed - set(self._indexed))
-            hints = self._read_hints({d.rsplit("/", 1)[0] for d in new}, set(new)) if len(new) >= _HINTED_FROM else {}
-            from stepskip.hints import StepHint
-
-            for step_dir in new:
-                hint = hints.get(step_dir)
-                if isinstance(hint, StepHint) and len(hint.inner) == self.parameter_sync_step:
-                    root = f"{step_dir}/{hint.recording}" if hint.recording else step_dir
-                    paths = [f"{root}/{inner}" for inner in range(len(hint.inner))]
-                    for path, part in zip(paths, hint.inner):  # validated when a call chooses the step
-                        index.add(path, hint.step, part.digests)
-                    self._indexed[step_dir] = paths
-                    self._hinted_steps[step_dir] = hint
-                    continue
-                added = self._index_step(index, step_dir)
-                if added is not None:
-                    self._indexed[step_dir] = added
-            return index
-
-    def _hint_holds(self, path: str, hint: Any) -> bool:
-        """Whether a step's hint says what its first inner entry holds now (identity, step, digests)."""
-        from stepskip.hints import StepHint
-
-        if not isinstance(hint, StepHint) or not hint.inner:
-            return False
-        root = f"{path}/{hint.recording}" if hint.recording else path
-        return super()._hint_holds(f"{root}/0", hint.inner[0])
-
-    def _validate_step_hints(self, index: Any, step_dirs: list[str]) -> None:
-        """Index the hinted steps a call chose from their manifest and inner entries, as without hints
-        (:meth:`_index_step`): what the hint said is replaced by what the step holds."""
-        with self._index_lock:
-            for step_dir in step_dirs:
-                hint = self._hinted_steps.pop(step_dir, None)
-                if hint is None:
-                    continue
-                hinted = self._indexed.pop(step_dir, [])
-                for path in hinted:
-                    index.forget(path)
-                added = self._index_step(index, step_dir)
-                if added is not None:
-                    self._indexed[step_dir] = added
-                if added != hinted:
-                    logger.debug("%s match: %s changed since its hint was written; indexed from its entries",
-                                 self.name, step_dir)
-
-    def _index_step(self, index: Any, step_dir: str) -> list[str] | None:
-        """Index the inner entries of a complete step; None (looked at again next time) for any other."""
-        where = resolve_step(self.store, step_dir)
-        if where.state is not EntryState.PRESENT:
-            return None
-        root = where.root
-        inner_names = sorted(int(n) for n in self.store.list_dir(root, dirs_only=True) if n.isascii() and n.isdigit())
-        probes = [(f"{root}/{i}", self.reader.probe(f"{root}/{i}")) for i in inner_names]
-        metas = [p.meta or {} for _, p in probes]
-        declared = metas[0].get("parameter_sync_step", 1) if metas else 0
-        complete = (bool(probes) and inner_names == list(range(len(probes))) and declared == len(probes)
-                    and all(p.state is EntryState.PRESENT and self.reader.servable(p.meta or {}) for _, p in probes)
-                    and len({m.get("run_id") for m in metas}) == 1)
-        if not complete:
-            return None  # half-written or mixed: never served
-        added = []
-        for (path, _), meta in zip(probes, metas):
-            recorded = meta.get("row_prompts")
-            if isinstance(recorded, list) and all(d is None or isinstance(d, str) for d in recorded):
-                index.add(path, _step_of(meta), [d or "" for d in recorded])
-                added.append(path)
-        return added
+        return self.step_matcher.inject(step, prompts, partition_id)
 
     # ------------------------------------------------------------------ verl's names (its tests and trainer use them)
 
@@ -650,9 +431,3 @@ class RolloutTqSkip(RolloutSkip):
 
 def _add_step_hint(doc: Any, name: str, recording: str | None, metas: list[dict[str, Any]]) -> bool:
     return bool(doc.add_step(name, recording, metas))
-
-
-def _step_dir_of(path: str) -> str:
-    """The step directory of an inner entry path (``{step}/{inner}`` or ``{step}/rec-{token}/{inner}``)."""
-    parent, _, name = path.rsplit("/", 1)[0].rpartition("/")
-    return parent if is_recording(name) else f"{parent}/{name}"
