@@ -19,7 +19,7 @@ from stepskip.config import SkipManagerConfig, SkipRoleConfig, disable_legacy_fl
 from stepskip.errors import CacheMissError, SkipConfigError
 from stepskip.identity import RunIdentity
 from stepskip.policies import SkipAction
-from stepskip.roles.base import SKIP_REGISTRY, BaseSkip, RunContext
+from stepskip.roles.base import SKIP_REGISTRY, BaseSkip, RunContext, TwoPhaseRole
 from stepskip._dumping.worker import default_worker
 
 __all__ = ["SkipManager"]
@@ -403,9 +403,10 @@ class SkipManager:
 
                 @functools.wraps(func)
                 def submit_wrapper(owner: Any, *args: Any, **kwargs: Any) -> Any:
-                    skip = cls._serving.get(role)
-                    if skip is None or cls.step not in skip._step_lookup:
+                    serving = cls._serving.get(role)
+                    if serving is None or cls.step not in serving._step_lookup:
                         return func(owner, *args, **kwargs)
+                    skip = cls._two_phase(role, serving)
                     batch = owner._next_train_batch()
                     submit = owner._submit_batch_to_rollout
                     plan = _plan(_SubmitHooks(skip, cls.step, (batch,), {}, batch), submit)
@@ -415,19 +416,35 @@ class SkipManager:
 
             @functools.wraps(func)
             def sample_wrapper(owner: Any, *args: Any, **kwargs: Any) -> Any:
-                skip = cls._serving.get(role)
-                if skip is None or cls.step not in skip._step_lookup:
+                serving = cls._serving.get(role)
+                if serving is None or cls.step not in serving._step_lookup:
                     return func(owner, *args, **kwargs)
+                skip = cls._two_phase(role, serving)
                 step = cls.step
                 result = func(owner, *args, **kwargs)
                 sampled = result[0] if isinstance(result, tuple) else result
-                if skip.should_save(step, getattr(sampled, "partition_id", None)):  # type: ignore[attr-defined]
-                    skip.save_sample(step, sampled)  # type: ignore[attr-defined]
+                if skip.should_save(step, getattr(sampled, "partition_id", None)):
+                    skip.save_sample(step, sampled)
                 return result
 
             return sample_wrapper  # type: ignore[return-value]
 
         return decorator
+
+    @staticmethod
+    def _two_phase(role: str, skip: BaseSkip) -> TwoPhaseRole:
+        """``skip`` as the two-phase role ``annotate_tq`` drives.
+
+        Raises:
+            SkipConfigError: the role has no submit and sample phases (``annotate_tq`` needs a role
+                like ``rollout_tq``).
+        """
+        if isinstance(skip, TwoPhaseRole):
+            return skip
+        missing = ", ".join(name for name in dir(TwoPhaseRole) if not name.startswith("_") and not hasattr(skip, name))
+        raise SkipConfigError(f"SkipManager.annotate_tq(role={role!r}): skip.{role} is a {type(skip).__name__}, which "
+                              f"has no submit and sample phases (it lacks {missing}); annotate_tq drives a two-phase "
+                              "role such as rollout_tq: decorate this role's function with SkipManager.annotate")
 
     @classmethod
     def will_replay(cls, role: str, steps: Iterable[int]) -> bool:

@@ -48,6 +48,10 @@ class Commit(Protocol):
 
     def entry_failed(self, path: str, step: int) -> None: ...
 
+    def reset(self) -> None:
+        """A new run: nothing it recorded is pending."""
+        ...
+
 
 class EntryCommit:
     """Flat entries: each is published by its own write; ``written`` hears of them (the digest tables).
@@ -67,6 +71,9 @@ class EntryCommit:
 
     def entry_failed(self, path: str, step: int) -> None:
         """Nothing to undo: a flat entry that was not written was never published."""
+
+    def reset(self) -> None:
+        """Nothing is kept between entries."""
 
 
 class StepPublisher(Protocol):

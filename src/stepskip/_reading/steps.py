@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from stepskip._reading.reader import EntryReader
-from stepskip.manifest import MANIFEST_FILE, StepRoot, resolve_step
-from stepskip.store import EntryState, Probe
+from stepskip.layout import Layout
+from stepskip.manifest import MANIFEST_FILE, StepRoot, may_need_clean_up, remove_stale_recordings, resolve_step
+from stepskip.store import EntryState, Probe, Tree
 
 __all__ = ["FlatSteps", "StepEntries", "V1Steps", "complete"]
 
@@ -26,6 +27,11 @@ class StepEntries(Protocol):
 
     def present(self, step: int) -> bool:
         """True when ``step`` is complete and usable-looking (no data read)."""
+        ...
+
+    def clean_up(self, tree: Tree | None) -> None:
+        """Remove what interrupted writers left inside the steps, once stale (the role removed the
+        leftovers beside them); ``tree``: as :meth:`CachedRole.clean_up`'s."""
         ...
 
 
@@ -48,12 +54,20 @@ class FlatSteps:
     def present(self, step: int) -> bool:
         return all(p.state is EntryState.PRESENT for _, p in self.probed(step))
 
+    def clean_up(self, tree: Tree | None) -> None:
+        """Nothing is built inside a flat entry's directory but by the store's own write."""
+
 
 class _V1Owner(_StepOwner, Protocol):
     parameter_sync_step: int
 
     @property
     def store(self) -> Any: ...
+
+    @property
+    def project_dump_dir(self) -> str: ...
+
+    def listed_steps(self) -> list[int]: ...
 
 
 class V1Steps:
@@ -85,6 +99,23 @@ class V1Steps:
 
     def present(self, step: int) -> bool:
         return complete(self.probed(step))
+
+    def clean_up(self, tree: Tree | None) -> None:
+        """Inner entries are built inside their step directory: the recordings no manifest names and the
+        inner writes' temporaries go there, once stale."""
+        owner, store = self.owner, self.owner.store
+        if tree is None:
+            steps = owner.listed_steps()
+        else:  # the run directory's listing: only the steps it leaves room for a leftover in are looked at
+            steps = sorted(s for s in map(Layout.parse_step, tree.dirs(owner.project_dump_dir)) if s is not None)
+        for step in steps:
+            step_dir = owner.step_dump_dir(step)
+            if tree is not None and not may_need_clean_up(store, tree, step_dir):
+                continue
+            where = self.root(step)  # the manifest read once for both clean-ups
+            remove_stale_recordings(store, step_dir, where=where, tree=tree)
+            # an inner write's temporaries lie beside its entry: in the recording a manifest names, else in place
+            store.remove_leftovers(where.root if where.manifest is not None else step_dir, tree=tree)
 
 
 def complete(probed: list[tuple[str, Probe]]) -> bool:

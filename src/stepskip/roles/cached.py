@@ -131,7 +131,7 @@ class CachedRole(BaseSkip):
     def _new_run(self) -> None:
         """The state that belongs to the run the role is bound to (what it wrote, indexed and listed),
         emptied: at construction, and when a bound role is bound to a run again."""
-        for part in (self.match_index, self.hints, self.reader, self.listing):
+        for part in (self.match_index, self.hints, self.reader, self.listing, self.dumper.commit):
             part.reset()
 
     # ------------------------------------------------------------------ lifecycle
@@ -225,6 +225,7 @@ class CachedRole(BaseSkip):
             from stepskip._matching.hints import HINTS_DIR
 
             self.store.remove_leftovers(f"{self.layout.experiment_dir}/{HINTS_DIR}")
+        self.entries.clean_up(tree)
 
     @property
     def layout(self) -> Layout:

@@ -35,14 +35,13 @@ from stepskip._reading.reader import prompt_digest, seconds_of
 from stepskip._reading.steps import V1Steps, complete
 from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
-from stepskip.layout import Layout
-from stepskip.manifest import StepRoot, may_need_clean_up, remove_stale_recordings
+from stepskip.manifest import StepRoot
 from stepskip.policies import SkipAction
 from stepskip.resolve import load_candidates, remap_v1
 from stepskip.roles.base import register_skip
 from stepskip.roles.cached import ROW_WISE_ACTIONS
 from stepskip.roles.rollout import RolloutSkip
-from stepskip.store import EntryState, Tree
+from stepskip.store import EntryState
 
 if TYPE_CHECKING:
     from stepskip.tq import TQClient  # stepskip.tq imports torch: only for type checkers
@@ -73,9 +72,9 @@ class RolloutTqSkip(RolloutSkip):
     v1 = True
 
     def __init__(self, local_config: Any, global_config: Any, *, publisher: StepPublisher | None = None) -> None:
+        index = StepMatchIndex(self)
         #: The steps this run records, each published once its inner entries are written, by ``publisher``
         #: (None: the one the store supports, see :mod:`stepskip._dumping.commit`).
-        index = StepMatchIndex(self)
         self.step_commit = StepCommit(self, publisher, replacing=index.forget_step, published=self._hint_step)
         #: A step is ``parameter_sync_step`` inner entries, in place or in the recording its manifest names.
         self.entries: V1Steps = V1Steps(self)
@@ -92,26 +91,6 @@ class RolloutTqSkip(RolloutSkip):
                 f"{key} = {sync_step!r} is not valid; expected an int from 1 to {MAX_PARAMETER_SYNC_STEP}"
             )
         self.parameter_sync_step = sync_step
-
-    def _new_run(self) -> None:
-        super()._new_run()
-        self.step_commit.reset()
-
-    def clean_up(self, tree: Tree | None) -> None:
-        super().clean_up(tree)
-        if tree is None:
-            steps = self.listed_steps()
-        else:  # the run directory's listing: only the steps it leaves room for a leftover in are looked at
-            steps = sorted(s for s in map(Layout.parse_step, tree.dirs(self.project_dump_dir)) if s is not None)
-        for step in steps:  # inner entries are built inside their step directory: clean there too
-            step_dir = self.step_dump_dir(step)
-            if tree is not None and not may_need_clean_up(self.store, tree, step_dir):
-                continue
-            where = self.entries.root(step)  # the manifest read once for both clean-ups
-            # recordings no manifest names, once stale
-            remove_stale_recordings(self.store, step_dir, where=where, tree=tree)
-            # an inner write's temporaries lie beside its entry: in the recording a manifest names, else in place
-            self.store.remove_leftovers(where.root if where.manifest is not None else step_dir, tree=tree)
 
     # ------------------------------------------------------------------ queue and paths
 
