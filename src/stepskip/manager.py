@@ -14,13 +14,13 @@ import uuid
 from collections.abc import Callable, Generator, Iterable
 from typing import Any, ClassVar, TypeVar
 
+from stepskip._dumping.worker import default_worker
 from stepskip.calls import CURRENT_CALL, BypassTest, CallInfo, PromptsFinder, find_prompts, is_validation
 from stepskip.config import SkipManagerConfig, SkipRoleConfig, disable_legacy_flag, select
 from stepskip.errors import CacheMissError, SkipConfigError
 from stepskip.identity import RunIdentity
 from stepskip.policies import SkipAction
 from stepskip.roles.base import SKIP_REGISTRY, BaseSkip, RunContext, TwoPhaseRole
-from stepskip._dumping.worker import default_worker
 
 __all__ = ["SkipManager"]
 

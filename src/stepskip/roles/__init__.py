@@ -7,6 +7,6 @@ from stepskip.roles.rollout_tq import RolloutTqSkip
 from stepskip.roles.stage import StageSkip, StageSkipConfig
 
 __all__ = [
-    "SKIP_REGISTRY", "BaseSkip", "CachedRole", "RunContext", "SkipAction", "TwoPhaseRole", "register_skip", "RolloutSkip",
-    "RolloutTqSkip", "AsyncRolloutSkip", "parse_async_rollout_sample_step", "StageSkip", "StageSkipConfig",
+    "SKIP_REGISTRY", "BaseSkip", "CachedRole", "RunContext", "SkipAction", "TwoPhaseRole", "register_skip",
+    "RolloutSkip", "RolloutTqSkip", "AsyncRolloutSkip", "parse_async_rollout_sample_step", "StageSkip", "StageSkipConfig",
 ]

@@ -18,8 +18,8 @@ import torch
 from skip_configs import run_path, training_config
 
 from stepskip import Batch, SkipManager
-from stepskip._reading.reader import EntryReader
 from stepskip._dumping.worker import DumpWorker
+from stepskip._reading.reader import EntryReader
 
 WAIT_S = 300  # a hang guard, reached only when the behaviour under test is broken
 HERE = Path(__file__).resolve()

@@ -27,12 +27,12 @@ import torch
 from skip_configs import training_config
 
 import stepskip._matching.hints as hints_module
-import stepskip._reading.listing as listing_module
 import stepskip._matching.tables as tables_module
+import stepskip._reading.listing as listing_module
 from stepskip import Batch, SkipManager
+from stepskip._matching.hints import HINTS_DIR, DigestTable, identity_key, parse_table, table_of
 from stepskip.cli.verify import verify_runs
 from stepskip.fidelity import prompt_row_digests
-from stepskip._matching.hints import HINTS_DIR, DigestTable, identity_key, parse_table, table_of
 from stepskip.index import CacheIndex
 from stepskip.store import FsspecStore, LocalStore
 
@@ -714,7 +714,8 @@ def test_a_call_looking_at_exactly_its_scan_of_key_rows_keeps_the_tables(dump_di
     with caplog.at_level(logging.WARNING, logger="stepskip"):
         out, rollout, looked = match_call(dump_dir, [8], monkeypatch)
     assert replayed(out, [8]) == {8: 1} and rollout.seen == []
-    assert "without serving them" not in caplog.text and len(SkipManager.skip_instances["rollout"].match_index.tables.claims) == 1
+    assert "without serving them" not in caplog.text
+    assert len(SkipManager.skip_instances["rollout"].match_index.tables.claims) == 1
     assert entry(dump_dir, 5) not in looked
 
 

@@ -20,9 +20,16 @@ from skip_configs import run_path, training_config
 
 from stepskip import Batch, SkipManager
 from stepskip._dumping import helper as helpers_module
-from stepskip.formats import get_format
-from stepskip._dumping.helper import ENV, _pack_tensor, _unpack_tensor, close_default, default_helpers, write_with_helpers
+from stepskip._dumping.helper import (
+    ENV,
+    _pack_tensor,
+    _unpack_tensor,
+    close_default,
+    default_helpers,
+    write_with_helpers,
+)
 from stepskip._dumping.worker import default_worker
+from stepskip.formats import get_format
 
 WAIT_S = 120  # only reached when the behaviour under test is broken (a hang guard, not a timing)
 COUNT = 16  # two shares of MIN_SHARE: both helpers take part
