@@ -18,9 +18,9 @@ from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 from stepskip._matching.batches import PromptIndex
+from stepskip._reading.classify import EntryStatus, Look
 from stepskip.errors import CorruptEntryError
 from stepskip.layout import RUN_DIR, safe_component
-from stepskip.store import EntryState, Probe
 
 if TYPE_CHECKING:
     from stepskip.roles.cached import CachedRole
@@ -122,7 +122,7 @@ class MatchIndex:
                 self.index_from_meta(index, path)
             return index
 
-    def index_from_meta(self, index: PromptIndex, path: str, probe: Probe | None = None, generation: int = 0) -> bool:
+    def index_from_meta(self, index: PromptIndex, path: str, probe: Look | None = None, generation: int = 0) -> bool:
         """Index the entry at ``path`` from its ``meta.json`` (probed here unless given); False when it
         cannot serve prompt groups (not present, not servable here, no row digests). ``generation``: the
         call of :meth:`refresh` that first saw it (this one by default), which ranks it in a tie."""
@@ -130,7 +130,7 @@ class MatchIndex:
         probe = reader.probe(path) if probe is None else probe
         meta = probe.meta or {}
         digests = meta.get("row_prompts")
-        if (probe.state is EntryState.PRESENT and reader.servable(meta) and isinstance(digests, list)
+        if (probe.state is EntryStatus.PRESENT and reader.servable(meta) and isinstance(digests, list)
                 and all(isinstance(d, str) for d in digests)):
             index.add(path, step_of(meta), digests, (generation or self.generation, path))
             return True
@@ -235,7 +235,7 @@ class MatchIndex:
         """Whether ``hint`` says what the entry at ``path`` holds now (its identity, step and digests)."""
         probe = self.owner.reader.probe(path)
         meta = probe.meta or {}
-        return (probe.state is EntryState.PRESENT and hint.describes(meta) and step_of(meta) == hint.step
+        return (probe.state is EntryStatus.PRESENT and hint.describes(meta) and step_of(meta) == hint.step
                 and meta.get("row_prompts") == hint.digests)
 
 

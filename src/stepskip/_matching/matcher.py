@@ -14,11 +14,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from stepskip._matching.batches import LoadedRows, MatchSplit, RecordedRow
+from stepskip._reading.classify import EntryStatus
 from stepskip._reading.reader import seconds_of
 from stepskip.calls import CURRENT_CALL
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError, UnreadableEntryError
 from stepskip.policies import MatchN
-from stepskip.store import EntryState
 
 if TYPE_CHECKING:
     from stepskip.roles.cached import CachedRole
@@ -248,7 +248,7 @@ class Matcher:
         seconds = info.generation_seconds if info is not None else None
         to_write, digests = merged, list(split.digests)
         # the step recorded other prompts before: keep them (unless this call found that entry damaged)
-        if path not in split.damaged and owner.reader.probe(path).state is EntryState.PRESENT:
+        if path not in split.damaged and owner.reader.probe(path).state is EntryStatus.PRESENT:
             try:
                 existing, meta, _, _ = owner.load_entry(step)
                 recorded = meta.get("row_prompts")

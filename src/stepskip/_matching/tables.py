@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stepskip._matching.batches import PromptIndex
-from stepskip.store import EntryState
+from stepskip._reading.classify import EntryStatus
 
 if TYPE_CHECKING:
     from stepskip._matching.index import MatchIndex
@@ -186,7 +186,7 @@ class DigestTables:
             self.index.index_from_meta(index, path, probe)
             meta = probe.meta or {}
             digests = meta.get("row_prompts")
-            if probe.state is not EntryState.PRESENT or identity_key(meta) != int(table.identities[entry]) \
+            if probe.state is not EntryStatus.PRESENT or identity_key(meta) != int(table.identities[entry]) \
                     or not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
                 continue  # gone, damaged or rewritten since: no evidence either way
             if not np.array_equal(digest_keys(digests), table.keys_of(entry)):
@@ -256,7 +256,7 @@ class DigestTables:
         self.covered.get(claims.project, set()).discard(str(step))
         self.index.index_from_meta(index, path, probe, claims.generation)
         meta = probe.meta or {}
-        if probe.state is not EntryState.PRESENT or identity_key(meta) != int(claims.table.identities[entry]):
+        if probe.state is not EntryStatus.PRESENT or identity_key(meta) != int(claims.table.identities[entry]):
             logger.debug("%s match: %s changed since its digest table was written; indexed from its meta.json",
                          name, path)
             return

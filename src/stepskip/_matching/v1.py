@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from stepskip._matching.batches import PromptIndex
 from stepskip._matching.index import HINTED_FROM, MatchIndex, step_of
+from stepskip._reading.classify import EntryStatus, root_state
 from stepskip._reading.reader import seconds_of
 from stepskip.errors import CacheMissError, SkipConfigError
 from stepskip.manifest import is_recording, resolve_step
 from stepskip.policies import MatchN
 from stepskip.resolve import remap_v1
-from stepskip.store import EntryState
 
 if TYPE_CHECKING:
     from stepskip.roles.rollout_tq import RolloutTqSkip
@@ -114,7 +114,7 @@ class StepMatchIndex(MatchIndex):
         """Index the inner entries of a complete step; None (looked at again next time) for any other."""
         owner = self.owner
         where = resolve_step(owner.store, step_dir)
-        if where.state is not EntryState.PRESENT:
+        if root_state(where) is not EntryStatus.PRESENT:
             return None
         root = where.root
         inner_names = sorted(int(n) for n in owner.store.list_dir(root, dirs_only=True) if n.isascii() and n.isdigit())
@@ -122,7 +122,7 @@ class StepMatchIndex(MatchIndex):
         metas = [p.meta or {} for _, p in probes]
         declared = metas[0].get("parameter_sync_step", 1) if metas else 0
         complete = (bool(probes) and inner_names == list(range(len(probes))) and declared == len(probes)
-                    and all(p.state is EntryState.PRESENT and owner.reader.servable(p.meta or {}) for _, p in probes)
+                    and all(p.state is EntryStatus.PRESENT and owner.reader.servable(p.meta or {}) for _, p in probes)
                     and len({m.get("run_id") for m in metas}) == 1)
         if not complete:
             return None  # half-written or mixed: never served

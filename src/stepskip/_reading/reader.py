@@ -1,10 +1,9 @@
 """Reading one role's entries: probe and classify, read and decode, check fidelity, rebind.
 
-An entry is in one of four states: *missing*, *present*, *damaged* (regenerated; raised under
-``replay``) and *unreadable* (intact but not decodable here: an error naming the entry and the fix;
-never regenerated over or deleted — only ``action: record`` replaces it). The store tells the first
-three from the bytes; :meth:`EntryReader.classify` adds what only the role knows (its name, its
-kind of entries, the formats this stepskip reads).
+What an entry is — present, missing, damaged (regenerated; raised under ``replay``), or kept
+(unsupported or unreadable here: an error naming the entry and the fix; never regenerated over or
+deleted, only ``action: record`` replaces it) — is decided by :func:`stepskip._reading.classify.classify`,
+the one decision the cache index takes too, given what the role is (its name, its kind of entries).
 """
 
 from __future__ import annotations
@@ -16,7 +15,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from stepskip.config import SkipRoleConfig
-from stepskip.entries import FormatSpec, format_spec, unsupported_format_message
+from stepskip._reading.classify import EntryStatus, Look, classify
+from stepskip.entries import FormatSpec, format_spec
 from stepskip.errors import (
     CacheMissError,
     CorruptEntryError,
@@ -83,42 +83,26 @@ class EntryReader:
         # entry path -> the probe meet_precondition took of it (present), for the read that follows. Keyed
         # by path, so calls in flight at once (the async role) do not take each other's; one of another
         # call at the same path serves as well: the store uses a probe only while meta.json is that file
-        self._hit_probes: dict[str, Probe] = {}
+        self._hit_probes: dict[str, Look] = {}
 
     # ------------------------------------------------------------------ probing
 
-    def probe(self, path: str, keep: int = 0) -> Probe:
-        """Probe and classify the entry at ``path`` (a present entry the role cannot use is unreadable);
-        ``keep``: as :meth:`~stepskip.store.LocalStore.probe`'s."""
+    def probe(self, path: str, keep: int = 0) -> Look:
+        """Probe and classify the entry at ``path`` as this role sees it; ``keep``: as
+        :meth:`~stepskip.store.LocalStore.probe`'s."""
         self.owner.await_dump(path)
         return self.classify(path, self.owner.store.probe(path, self.owner.legacy.files, keep))
 
-    def classify(self, path: str, probe: Probe) -> Probe:
-        """``probe`` as the role sees it: a present entry of an unknown format, of the other kind of
-        entries (flat or V1) in a pickle format, or recorded by another role is unreadable here."""
-        if probe.state is not EntryState.PRESENT:
-            return probe
+    def classify(self, path: str, probe: Probe) -> Look:
+        """The store's ``probe`` of ``path`` classified for this role (:func:`~stepskip._reading.classify.classify`:
+        an entry of another role, or a pickle of the other kind of entries, is unreadable here)."""
         owner = self.owner
-        meta = probe.meta or {}
-        name = meta.get("format", owner.legacy.name)
-        spec = format_spec(name)
-        if spec is None:
-            return Probe(EntryState.UNREADABLE, meta, unsupported_format_message(path, name))
-        if spec.v1 != owner.v1 and spec.uses_pickle:
-            kind = "V1 inner entries" if spec.v1 else "flat entries"
-            return Probe(EntryState.UNREADABLE, meta, f"{path} is in format {name!r}, which holds {kind}; "
-                         f"role {owner.name!r} cannot replay it. Move it away or re-record with action: record")
-        role = meta.get("role")
-        if role is not None and role != owner.name:
-            return Probe(EntryState.UNREADABLE, meta,
-                         f"{path} was recorded by role {role!r}, not {owner.name!r} (two roles shared one "
-                         "directory). Move it to its own role's directory or re-record with action: record")
-        return probe
+        return classify(path, probe, owner.legacy, role=owner.name, v1=owner.v1)
 
-    def probe_settled(self, path: str, keep: int = 0) -> Probe:
+    def probe_settled(self, path: str, keep: int = 0) -> Look:
         """Probe, looking twice before calling an entry damaged (it may be mid-replacement)."""
         probe = self.probe(path, keep)
-        if probe.state is EntryState.DAMAGED:
+        if probe.state is EntryStatus.DAMAGED:
             time.sleep(_RETRY_SECONDS)
             probe = self.probe(path, keep)
         return probe
@@ -133,13 +117,13 @@ class EntryReader:
         return not (owner.on_mismatch is OnMismatch.REGENERATE and isinstance(recorded, dict)
                     and fingerprint_diff(recorded, owner.fingerprint))
 
-    def keep_probe(self, path: str, probe: Probe) -> None:
+    def keep_probe(self, path: str, probe: Look) -> None:
         """Keep the probe of a hit for the read that follows it (:meth:`take_probe`)."""
         if len(self._hit_probes) >= _HIT_PROBES_MAX:  # probes of hits whose read never came
             self._hit_probes.clear()
         self._hit_probes[path] = probe
 
-    def take_probe(self, path: str) -> Probe | None:
+    def take_probe(self, path: str) -> Look | None:
         """The probe kept of ``path``, once (None when there is none)."""
         return self._hit_probes.pop(path, None)
 
@@ -165,7 +149,7 @@ class EntryReader:
         return value, meta, time.perf_counter() - start, nbytes
 
     def read_once(self, path: str, step: int, load_step: int | None,
-                  prompts: Any, probe: Probe | None = None) -> tuple[Any, dict[str, Any], int]:
+                  prompts: Any, probe: Look | None = None) -> tuple[Any, dict[str, Any], int]:
         """As :meth:`read`, without counting damage or timing; ``probe``: one taken of the entry just
         before (its meta is then not read again while it is that file)."""
         owner = self.owner
@@ -175,9 +159,9 @@ class EntryReader:
         def files_of(meta: dict[str, Any]) -> tuple[str, ...]:
             """Called with the checked meta of the version being read, before any data is read."""
             chosen.clear()
-            probe = self.classify(path, Probe(EntryState.PRESENT, meta))
-            if probe.state is EntryState.UNREADABLE:
-                raise self.unreadable(probe.reason)
+            look = self.classify(path, Probe(EntryState.PRESENT, meta))
+            if look.state.kept:
+                raise self.unreadable(look.reason)
             self.check_fidelity(meta, path, step, load_step, prompts)
             spec = format_spec(meta.get("format", owner.legacy.name))
             assert spec is not None  # classify made sure
@@ -194,7 +178,8 @@ class EntryReader:
         try:  # one version of the entry, even while a writer replaces it
             # big files in recycled pages, for the format that reads buffers (the unpicklers read bytes)
             meta, files = owner.store.read_entry(path, owner.legacy.files, files_of, owner.verify,
-                                                 pooled=lambda: not chosen[0].uses_pickle, probe=probe)
+                                                 pooled=lambda: not chosen[0].uses_pickle,
+                                                 probe=None if probe is None else probe.probe)
         except CorruptEntryError:
             raise
         except CacheMissError as err:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from stepskip._reading.classify import EntryStatus, Look, root_state
 from stepskip._reading.reader import EntryReader
 from stepskip.layout import Layout
 from stepskip.manifest import MANIFEST_FILE, StepRoot, may_need_clean_up, remove_stale_recordings, resolve_step
-from stepskip.store import EntryState, Probe, Tree
+from stepskip.store import Tree
 
 __all__ = ["FlatSteps", "StepEntries", "V1Steps", "complete"]
 
@@ -21,7 +22,7 @@ __all__ = ["FlatSteps", "StepEntries", "V1Steps", "complete"]
 class StepEntries(Protocol):
     """The entries one step of a role consists of."""
 
-    def probed(self, step: int) -> list[tuple[str, Probe]]:
+    def probed(self, step: int) -> list[tuple[str, Look]]:
         """``(path, probe)`` of every entry of ``step`` (classified by the role's reader)."""
         ...
 
@@ -47,12 +48,12 @@ class FlatSteps:
     def __init__(self, owner: _StepOwner) -> None:
         self.owner = owner
 
-    def probed(self, step: int) -> list[tuple[str, Probe]]:
+    def probed(self, step: int) -> list[tuple[str, Look]]:
         path = self.owner.step_dump_dir(step)
         return [(path, self.owner.reader.probe(path))]
 
     def present(self, step: int) -> bool:
-        return all(p.state is EntryState.PRESENT for _, p in self.probed(step))
+        return all(p.state is EntryStatus.PRESENT for _, p in self.probed(step))
 
     def clean_up(self, tree: Tree | None) -> None:
         """Nothing is built inside a flat entry's directory but by the store's own write."""
@@ -80,21 +81,21 @@ class V1Steps:
         """Where ``step``'s inner entries are, its manifest read once (see :mod:`stepskip.manifest`)."""
         return resolve_step(self.owner.store, self.owner.step_dump_dir(step))
 
-    def probed(self, step: int, where: StepRoot | None = None) -> list[tuple[str, Probe]]:
+    def probed(self, step: int, where: StepRoot | None = None) -> list[tuple[str, Look]]:
         """``(path, probe)`` of every inner entry of ``step``, all below one resolved root (``where``, else
         resolved here); one damaged or unreadable probe of the manifest when it cannot be used."""
         owner = self.owner
         where = self.root(step) if where is None else where
-        if where.state is not EntryState.PRESENT:
-            return [(f"{owner.step_dump_dir(step)}/{MANIFEST_FILE}", Probe(where.state, reason=where.reason))]
+        if root_state(where) is not EntryStatus.PRESENT:
+            return [(f"{owner.step_dump_dir(step)}/{MANIFEST_FILE}", Look(root_state(where), reason=where.reason))]
         out = [(f"{where.root}/{i}", owner.reader.probe(f"{where.root}/{i}")) for i in range(owner.parameter_sync_step)]
         manifest = where.manifest
         if manifest is not None:  # written after every inner entry it counts: one of them missing is damage
-            present = [i for i, (_, p) in enumerate(out) if p.state is not EntryState.MISSING]
+            present = [i for i, (_, p) in enumerate(out) if p.state is not EntryStatus.MISSING]
             lacking = [i for i in manifest.lacking(present) if i < len(out)]  # of the inner entries this run reads
             if lacking:
                 return [(f"{owner.step_dump_dir(step)}/{MANIFEST_FILE}",
-                         Probe(EntryState.DAMAGED, reason=manifest.lacking_reason(lacking)))]
+                         Look(EntryStatus.DAMAGED, reason=manifest.lacking_reason(lacking)))]
         return out
 
     def present(self, step: int) -> bool:
@@ -118,9 +119,9 @@ class V1Steps:
             store.remove_leftovers(where.root if where.manifest is not None else step_dir, tree=tree)
 
 
-def complete(probed: list[tuple[str, Probe]]) -> bool:
+def complete(probed: list[tuple[str, Look]]) -> bool:
     """True when every inner entry probed is present and one run wrote them all."""
-    if any(p.state is not EntryState.PRESENT for _, p in probed):
+    if any(p.state is not EntryStatus.PRESENT for _, p in probed):
         return False
     runs = {(p.meta or {}).get("run_id") for _, p in probed}
     return len(runs) == 1  # a step half-written by a crashed run is never completed by another

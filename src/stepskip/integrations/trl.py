@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from stepskip._reading.classify import EntryStatus
 from stepskip._reading.reader import seconds_of
 from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
 from stepskip.identity import RunIdentity
@@ -42,7 +43,6 @@ from stepskip.manager import SkipManager
 from stepskip.policies import SkipAction
 from stepskip.roles.base import RunContext, register_skip
 from stepskip.roles.cached import CachedRole
-from stepskip.store import EntryState
 
 __all__ = ["StepskipGRPOTrainer", "TrlGenerateConfig", "enable_stepskip"]
 
@@ -239,9 +239,9 @@ class TrlGenerateSkip(CachedRole):
         """This rank's outcome, never raising: whatever goes wrong must still reach the collective."""
         try:
             probe = self.reader.probe_settled(path)
-            if probe.state is EntryState.UNREADABLE:
+            if probe.state.kept:
                 raise self.reader.unreadable(probe.reason)
-            if probe.state is EntryState.DAMAGED:
+            if probe.state is EntryStatus.DAMAGED:
                 self._report_corrupt(step, path, probe.reason)
             load_step = self.resolve_load_step(step)
             if load_step == -1:

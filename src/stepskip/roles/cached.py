@@ -27,6 +27,7 @@ from stepskip._matching.batches import MatchSplit
 from stepskip._matching.index import MatchIndex
 from stepskip._matching.matcher import Matcher, row_prompts
 from stepskip._matching.writer import HintWriter
+from stepskip._reading.classify import EntryStatus, Look
 from stepskip._reading.listing import StepListing
 from stepskip._reading.reader import EntryReader, prompt_digest, seconds_of
 from stepskip._reading.steps import FlatSteps, StepEntries
@@ -41,7 +42,7 @@ from stepskip.policies import SkipAction
 from stepskip.resolve import load_candidates
 from stepskip.roles.base import BaseSkip, RunContext
 from stepskip.stats import RoleStats
-from stepskip.store import EntryState, LocalStore, Probe, Tree, check_dump_dir, open_store
+from stepskip.store import LocalStore, Tree, check_dump_dir, open_store
 
 __all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS", "VERL_LAYOUT_ROLES"]
 
@@ -303,10 +304,10 @@ class CachedRole(BaseSkip):
         if self.dumper.pending:
             self.dumper.await_pending(path)
 
-    def _probe(self, path: str, keep: int = 0) -> Probe:
+    def _probe(self, path: str, keep: int = 0) -> Look:
         return self.reader.probe(path, keep)
 
-    def _probes(self, step: int) -> list[Probe]:
+    def _probes(self, step: int) -> list[Look]:
         """The probes of every entry ``step`` consists of."""
         return [probe for _, probe in self.entries.probed(step)]
 
@@ -346,13 +347,13 @@ class CachedRole(BaseSkip):
         path = self.step_dump_dir(step)
         # a small entry is read whole by the probe: the hit that follows reads it from there
         probe = self.reader.probe_settled(path, keep=HIT_KEEP_BYTES)
-        if probe.state is EntryState.UNREADABLE:
+        if probe.state.kept:
             raise self.reader.unreadable(probe.reason)
-        if probe.state is EntryState.DAMAGED:
+        if probe.state is EntryStatus.DAMAGED:
             self._report_corrupt(step, path, probe.reason)
-        if probe.state is EntryState.PRESENT:
+        if probe.state is EntryStatus.PRESENT:
             self.reader.keep_probe(path, probe)
-        return probe.state is EntryState.PRESENT
+        return probe.state is EntryStatus.PRESENT
 
     def _exact_step_damaged(self, step: int) -> bool:
         """Whether ``step``'s own entry is damaged (reported when it is): one probe when it is not, a
@@ -364,15 +365,15 @@ class CachedRole(BaseSkip):
         """
         path = self.step_dump_dir(step)
         probe = self.reader.probe_settled(path)
-        if probe.state is EntryState.UNREADABLE:
+        if probe.state.kept:
             raise self.reader.unreadable(probe.reason)
-        if probe.state is EntryState.DAMAGED:
+        if probe.state is EntryStatus.DAMAGED:
             self._report_corrupt(step, path, probe.reason)
-        return probe.state is EntryState.DAMAGED
+        return probe.state is EntryStatus.DAMAGED
 
     def _refuse_unreadable(self, step: int) -> None:
         for probe in self._probes(step):
-            if probe.state is EntryState.UNREADABLE:
+            if probe.state.kept:
                 raise self.reader.unreadable(probe.reason)
 
     def warp_function(self, step: int, func: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
@@ -404,11 +405,11 @@ class CachedRole(BaseSkip):
         load_step = self.resolve_load_step(step)
         if load_step == -1 and self.action is not SkipAction.RECORD:
             probe = self.reader.probe_settled(self.step_dump_dir(step))
-            if probe.state is EntryState.PRESENT:
+            if probe.state is EntryStatus.PRESENT:
                 load_step = step  # it appeared, or was being replaced, while we looked
-            elif probe.state is EntryState.UNREADABLE:
+            elif probe.state.kept:
                 raise self.reader.unreadable(probe.reason)
-            elif probe.state is EntryState.DAMAGED:
+            elif probe.state is EntryStatus.DAMAGED:
                 path = self.step_dump_dir(step)
                 self._report_corrupt(step, path, probe.reason)
                 raise CorruptEntryError(f"{self.name}: entry for step {step} at {path} is damaged: {probe.reason}")
@@ -550,7 +551,7 @@ class CachedRole(BaseSkip):
         return self._path(self.step_dump_dir(step))
 
     def _check_valid_step_path(self, path: Any) -> bool:
-        return self.reader.probe(str(path)).state is EntryState.PRESENT
+        return self.reader.probe(str(path)).state is EntryStatus.PRESENT
 
     def _get_available_steps(self) -> list[int]:
         return self.available_steps()

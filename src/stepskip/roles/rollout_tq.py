@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from stepskip._dumping.commit import StepCommit, StepPublisher
 from stepskip._matching.v1 import StepMatcher, StepMatchIndex
+from stepskip._reading.classify import EntryStatus
 from stepskip._reading.reader import prompt_digest, seconds_of
 from stepskip._reading.steps import V1Steps, complete
 from stepskip.config import RolloutTqSkipConfig, select
@@ -41,7 +42,6 @@ from stepskip.resolve import load_candidates, remap_v1
 from stepskip.roles.base import register_skip
 from stepskip.roles.cached import ROW_WISE_ACTIONS
 from stepskip.roles.rollout import RolloutSkip
-from stepskip.store import EntryState
 
 if TYPE_CHECKING:
     from stepskip.tq import TQClient  # stepskip.tq imports torch: only for type checkers
@@ -139,9 +139,9 @@ class RolloutTqSkip(RolloutSkip):
         else:
             probed = self.entries.probed(step)
             for path, probe in probed:
-                if probe.state is EntryState.UNREADABLE:
+                if probe.state.kept:
                     raise self.reader.unreadable(probe.reason)  # the step would be re-recorded over it: never
-                if action is SkipAction.CACHE and probe.state is EntryState.DAMAGED:
+                if action is SkipAction.CACHE and probe.state is EntryStatus.DAMAGED:
                     self._report_corrupt(step, path, probe.reason)
             # cache loads the step itself: what was just probed decides (its manifest is not read again)
             hit = complete(probed) if action is SkipAction.CACHE else self.has_v1_cache(step)
@@ -302,9 +302,9 @@ class RolloutTqSkip(RolloutSkip):
         load_step, where = self._resolve_root(step)
         if where is None and self.action is SkipAction.REPLAY:  # say why: damaged and unreadable are not missing
             for path, probe in self.entries.probed(step):
-                if probe.state is EntryState.UNREADABLE:
+                if probe.state.kept:
                     raise self.reader.unreadable(probe.reason)
-                if probe.state is EntryState.DAMAGED:
+                if probe.state is EntryStatus.DAMAGED:
                     self._report_corrupt(step, path, probe.reason)
                     raise CorruptEntryError(f"{self.name}: step {step} at {path} is damaged: {probe.reason}")
         if where is None:
@@ -393,11 +393,11 @@ class RolloutTqSkip(RolloutSkip):
         return self._present(step)
 
     def _check_valid_v1_step_path(self, path: Any) -> bool:
-        return self.reader.probe(str(path)).state is EntryState.PRESENT
+        return self.reader.probe(str(path)).state is EntryStatus.PRESENT
 
     def _find_first_missing_inner(self, step: int) -> int:
         for inner, probe in enumerate(self._probes(step)):
-            if probe.state is not EntryState.PRESENT:
+            if probe.state is not EntryStatus.PRESENT:
                 return inner
         return -1
 
