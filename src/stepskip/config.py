@@ -24,6 +24,7 @@ from stepskip.policies import CheckPrompts, Compress, MatchN, OnMismatch, SkipAc
 
 __all__ = [
     "ACTIONS",
+    "ROLLOUT_ROLES",
     "SkipRoleConfig",
     "StageSkipConfig",
     "RolloutSkipConfig",
@@ -36,6 +37,10 @@ __all__ = [
 
 #: The actions a role config accepts (``empty`` is reserved, as in verl).
 ACTIONS = tuple(a.value for a in SkipAction if a is not SkipAction.EMPTY)
+#: verl's rollout roles: sections of their own in the ``skip`` config, and the roles whose steps live
+#: directly in the run directory (every other role has ``{run}/{role}/``, so that two roles never read
+#: each other's entries). In the order the command line lists them.
+ROLLOUT_ROLES = ("rollout", "async_rollout", "rollout_tq")
 
 _MISSING = object()
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*(?::\s*(\d+)\s*)?$")
@@ -466,7 +471,7 @@ class SkipManagerConfig:
 
     def role(self, name: str) -> SkipRoleConfig | None:
         """The configuration of role ``name``, or None when the section does not know it."""
-        if name in ("rollout", "rollout_tq", "async_rollout"):
+        if name in ROLLOUT_ROLES:
             return getattr(self, name)
         return self.extra.get(name)
 
@@ -517,7 +522,7 @@ class SkipManagerConfig:
                 built[name] = config_class.from_mapping(body, f"skip.{name}")
             else:
                 built[name] = _plain_config(config_class, body, f"skip.{name}")
-        extra = {k: v for k, v in built.items() if k not in ("rollout", "rollout_tq", "async_rollout")}
+        extra = {k: v for k, v in built.items() if k not in ROLLOUT_ROLES}
         return cls(
             rollout=built.get("rollout", RolloutSkipConfig()),  # type: ignore[arg-type]
             rollout_tq=built.get("rollout_tq", RolloutTqSkipConfig()),  # type: ignore[arg-type]

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepskip._reading.classify import EntryStatus, classify, kind_words, root_state
+from stepskip.config import ROLLOUT_ROLES
 from stepskip.entries import FORMATS, legacy_format
 from stepskip.errors import (
     CacheMissError,
@@ -50,22 +51,18 @@ from stepskip.errors import (
     TruncatedEntryError,
     UnreadableEntryError,
 )
-from stepskip.layout import RUN_DIR, Layout, is_url
+from stepskip.layout import DEFAULT_ROLE, RUN_DIR, V1_ROLE, Layout, is_url, normalize_location
 from stepskip.manifest import MANIFEST_FILE, StepManifest, StepRoot, is_recording, resolve_step
 from stepskip.store import META_FILE, TMP_PREFIX, TRASH_PREFIX, DirItem, EntryState, Probe, open_store
 
 __all__ = [
     "CacheIndex", "EntryRecord", "EntryStatus", "Issue", "IssueKind", "NotACacheError", "PickleNotAllowedError",
-    "RoleSummary", "RunDir", "StepDir", "StepKind", "RUN_DIR_ROLES", "V1_ROLE", "compress_steps", "generation_rows",
+    "RoleSummary", "RunDir", "StepDir", "StepKind", "V1_ROLE", "compress_steps", "generation_rows",
     "is_leftover",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: Roles whose steps live directly in the run directory (verl's own layout); every other role has ``{run}/{role}/``.
-RUN_DIR_ROLES = ("rollout", "async_rollout", "rollout_tq")
-V1_ROLE = "rollout_tq"
-DEFAULT_ROLE = "rollout"
 #: Missing V1 inner indices named in a message (a hostile ``parameter_sync_step`` may claim a billion).
 _LISTED_MISSING = 8
 #: Scans of a manifest step whose manifest keeps changing before it is left unjudged (being republished).
@@ -394,7 +391,7 @@ class RunDir:
         for step in self.steps:
             if step.role is not None:
                 by_role.setdefault(step.role, []).append(step)
-        order = {role: i for i, role in enumerate(RUN_DIR_ROLES)}
+        order = {role: i for i, role in enumerate(ROLLOUT_ROLES)}
         out = []
         for role in sorted(by_role, key=lambda r: (order.get(r, len(order)), r)):
             steps = by_role[role]
@@ -596,15 +593,9 @@ class CacheIndex:
 
     def __init__(self, root: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.given = root
-        for prefix in ("file://", "local://"):  # local files behind a URL: indexed as the plain path
-            if root.startswith(prefix):
-                root = root[len(prefix):]
-        self.is_url = is_url(root)
-        if self.is_url:
-            self.root = root.rstrip("/")
-        else:
-            # The root the user named is resolved once; below it, nothing is ever followed through a link.
-            self.root = os.path.realpath(os.path.expanduser(root))
+        # the root the user named is resolved once; below it, nothing is ever followed through a link
+        self.root = normalize_location(root, resolve_links=True)
+        self.is_url = is_url(self.root)
         self.store = open_store(self.root, storage_options)
 
     # ----------------------------------------------------------------- paths

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, TypeVar
 
 from stepskip._dumping.worker import default_worker
 from stepskip.calls import CURRENT_CALL, BypassTest, CallInfo, PromptsFinder, find_prompts, is_validation
-from stepskip.config import SkipManagerConfig, SkipRoleConfig, disable_legacy_flag, select
+from stepskip.config import ROLLOUT_ROLES, SkipManagerConfig, SkipRoleConfig, disable_legacy_flag, select
 from stepskip.errors import CacheMissError, SkipConfigError
 from stepskip.identity import RunIdentity
 from stepskip.policies import SkipAction
@@ -31,7 +31,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 # One step of a call's plan: ("io", fn, args, kwargs) runs storage work (off the event loop in
 # coroutine wrappers); ("call",) runs the unit being cached and sends back its result.
 _Instruction = tuple[Any, ...]
-_BUILTIN_ROLES = ("rollout", "rollout_tq", "async_rollout")
 
 
 class _Hooks:
@@ -250,7 +249,7 @@ class SkipManager:
         elif not isinstance(identity, RunIdentity):
             raise SkipConfigError(f"identity = {identity!r} is not valid; expected a stepskip.identity.RunIdentity")
         extra_classes: dict[str, type[SkipRoleConfig]] = {
-            name: skip_cls.config_class for name, skip_cls in SKIP_REGISTRY.items() if name not in _BUILTIN_ROLES
+            name: skip_cls.config_class for name, skip_cls in SKIP_REGISTRY.items() if name not in ROLLOUT_ROLES
         }
         skip_config = SkipManagerConfig.from_section(select(config, "skip"), extra_classes)
         disable_legacy_flag(config, skip_config)

@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from stepskip.layout import Layout
 from stepskip.manifest import new_recording, publish_manifest
 from stepskip.stats import RoleStats
-from stepskip.store import TMP_PREFIX
 
 __all__ = ["Commit", "EntryCommit", "PublishDirectory", "PublishManifest", "StepCommit", "StepPublisher",
            "StepRecording", "Written", "publisher_for"]
@@ -79,7 +79,7 @@ class EntryCommit:
 class StepPublisher(Protocol):
     """How a V1 step's inner entries are staged and then made visible at once."""
 
-    def staging(self, project_dir: str, step_dir: str, step: int) -> str:
+    def staging(self, layout: Layout, step: int) -> str:
         """A fresh place for one recording of ``step``'s inner entries."""
         ...
 
@@ -96,8 +96,8 @@ class PublishDirectory:
     """Stage in a hidden directory beside the step and rename it over the step (one rename, or an
     exchange with the step it replaces): two runs recording one step end with one whole step."""
 
-    def staging(self, project_dir: str, step_dir: str, step: int) -> str:
-        return f"{project_dir}/{TMP_PREFIX}{int(step)}-{uuid.uuid4().hex[:12]}"
+    def staging(self, layout: Layout, step: int) -> str:
+        return layout.staging_dir(step, uuid.uuid4().hex[:12])
 
     def publish(self, store: Any, staging: str, step_dir: str, inner_entries: int, run_id: str) -> None:
         store.publish_dir(staging, step_dir)
@@ -110,8 +110,8 @@ class PublishManifest:
     """Stage in a recording of its own, ``{step}/rec-{token}/``, committed by the step's manifest
     written last: for stores that cannot rename a directory."""
 
-    def staging(self, project_dir: str, step_dir: str, step: int) -> str:
-        return f"{step_dir}/{new_recording()}"
+    def staging(self, layout: Layout, step: int) -> str:
+        return layout.recording_dir(step, new_recording())
 
     def publish(self, store: Any, staging: str, step_dir: str, inner_entries: int, run_id: str) -> None:
         publish_manifest(store, step_dir, staging.rsplit("/", 1)[-1], inner_entries, run_id)
@@ -168,7 +168,7 @@ class StepOwner(Protocol):
     def store(self) -> Any: ...
 
     @property
-    def project_dump_dir(self) -> str: ...
+    def layout(self) -> Layout: ...
 
     @property
     def row_wise(self) -> bool: ...
@@ -214,8 +214,7 @@ class StepCommit:
 
     def new_recording(self, step: int, **fields: Any) -> StepRecording:
         """A fresh recording of ``step`` (caller holds :attr:`lock`), replacing any earlier one."""
-        owner = self.owner
-        staging = self.publisher.staging(owner.project_dump_dir, owner.step_dump_dir(step), step)
+        staging = self.publisher.staging(self.owner.layout, step)
         record = self.records[step] = StepRecording(staging=staging, **fields)
         return record
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from stepskip._matching.batches import PromptIndex
 from stepskip._reading.classify import EntryStatus, Look
 from stepskip.errors import CorruptEntryError
-from stepskip.layout import RUN_DIR, safe_component
+from stepskip.layout import RUN_DIR
 
 if TYPE_CHECKING:
     from stepskip.roles.cached import CachedRole
@@ -145,18 +145,15 @@ class MatchIndex:
         names as the role's and that describe one of the run directories ``wanted``: the directory, and
         ``(file name, run directory)`` in name order, at most :data:`MAX_HINT_DOCUMENTS` of them (the
         others are left with a warning: their entries are read directly). ``kind`` names them in it."""
-        from stepskip._matching.hints import HINTS_DIR
-
         owner = self.owner
         layout = owner.layout
-        subdir = safe_component(layout.subdir) if layout.subdir else None
-        where = f"{layout.experiment_dir}/{HINTS_DIR}"
+        where = layout.hints_dir
         names: list[tuple[str, str]] = []
         for name in sorted(owner.store.list_dir(where)):
             described = described_by(name)
-            if described is None or described[1] != subdir or RUN_DIR.match(described[0]) is None:
+            if described is None or described[1] != layout.safe_subdir or RUN_DIR.match(described[0]) is None:
                 continue  # not a writer's file, or one of another role
-            project = f"{layout.experiment_dir}/{described[0]}" + (f"/{subdir}" if subdir else "")
+            project = layout.project_dir_of(described[0])
             if project in wanted:
                 names.append((name, project))
         if len(names) > MAX_HINT_DOCUMENTS:

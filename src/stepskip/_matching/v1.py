@@ -19,14 +19,15 @@ from stepskip._matching.index import HINTED_FROM, MatchIndex, step_of
 from stepskip._reading.classify import EntryStatus, root_state
 from stepskip._reading.reader import seconds_of
 from stepskip.errors import CacheMissError, SkipConfigError
-from stepskip.manifest import is_recording, resolve_step
+from stepskip.layout import Layout
+from stepskip.manifest import resolve_step
 from stepskip.policies import MatchN
 from stepskip.resolve import remap_v1
 
 if TYPE_CHECKING:
     from stepskip.roles.rollout_tq import RolloutTqSkip
 
-__all__ = ["StepMatchIndex", "StepMatcher", "step_dir_of"]
+__all__ = ["StepMatchIndex", "StepMatcher"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,8 @@ class StepMatchIndex(MatchIndex):
             for step_dir in new:
                 hint = hints.get(step_dir)
                 if isinstance(hint, StepHint) and len(hint.inner) == self.owner.parameter_sync_step:
-                    root = f"{step_dir}/{hint.recording}" if hint.recording else step_dir
-                    paths = [f"{root}/{inner}" for inner in range(len(hint.inner))]
+                    root = Layout.recording_in(step_dir, hint.recording)
+                    paths = [Layout.inner_path(root, inner) for inner in range(len(hint.inner))]
                     for path, part in zip(paths, hint.inner):  # validated when a call chooses the step
                         index.add(path, hint.step, part.digests)
                     self.indexed[step_dir] = paths
@@ -81,8 +82,7 @@ class StepMatchIndex(MatchIndex):
 
         if not isinstance(hint, StepHint) or not hint.inner:
             return False
-        root = f"{path}/{hint.recording}" if hint.recording else path
-        return super().hint_holds(f"{root}/0", hint.inner[0])
+        return super().hint_holds(Layout.inner_path(Layout.recording_in(path, hint.recording), 0), hint.inner[0])
 
     def forget_step(self, step_dir: str) -> None:
         """A recording is about to replace the step at ``step_dir``: its inner entries are indexed afresh."""
@@ -118,7 +118,8 @@ class StepMatchIndex(MatchIndex):
             return None
         root = where.root
         inner_names = sorted(int(n) for n in owner.store.list_dir(root, dirs_only=True) if n.isascii() and n.isdigit())
-        probes = [(f"{root}/{i}", owner.reader.probe(f"{root}/{i}")) for i in inner_names]
+        paths = [Layout.inner_path(root, i) for i in inner_names]
+        probes = [(path, owner.reader.probe(path)) for path in paths]
         metas = [p.meta or {} for _, p in probes]
         declared = metas[0].get("parameter_sync_step", 1) if metas else 0
         complete = (bool(probes) and inner_names == list(range(len(probes))) and declared == len(probes)
@@ -187,7 +188,7 @@ class StepMatcher:
                     missing.append(row)
                 else:
                     wanted.setdefault(where.path, []).append(row)
-            hinted = sorted({step_dir_of(path) for path in wanted} & set(self.index.hinted))
+            hinted = sorted({Layout.step_dir_of(path) for path in wanted} & set(self.index.hinted))
             if not hinted:
                 break
             self.index.validate_hints(index, hinted)
@@ -287,7 +288,7 @@ class StepMatcher:
             keys.extend(part.keys)
             tags.extend(part.tags)
             found |= part.serves
-            step_dir = step_dir_of(part.path)
+            step_dir = Layout.step_dir_of(part.path)
             sources[step_dir] = sources.get(step_dir, 0) + len(part.serves)
             saved += part.saved
         if found:
@@ -302,14 +303,3 @@ class StepMatcher:
             client.kv_batch_put(keys=[uids[row] for row in sorted(found)], partition_id=partition_id,
                                 tags=[{"is_prompt": True, "status": "finished", "global_steps": step} for _ in found])
         return found, nbytes, saved, sources
-
-
-def step_dir_of(path: str) -> str:
-    """The step directory of an inner entry path (``{step}/{inner}`` or ``{step}/rec-{token}/{inner}``).
-
-    Example:
-        >>> step_dir_of("/d/run/3/rec-0123456789ab/1"), step_dir_of("/d/run/3/1")
-        ('/d/run/3', '/d/run/3')
-    """
-    parent, _, name = path.rsplit("/", 1)[0].rpartition("/")
-    return parent if is_recording(name) else f"{parent}/{name}"

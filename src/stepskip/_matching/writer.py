@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stepskip._dumping.commit import Written
-from stepskip.layout import safe_component
 
 if TYPE_CHECKING:
     from stepskip.roles.cached import CachedRole
@@ -98,8 +97,4 @@ class HintWriter:
 
     def _put(self, naming: Callable[[str, str | None, str], str], token: str, data: bytes) -> None:
         """Write one of this writer's hint documents or digest tables (named by ``naming`` for ``token``) atomically."""
-        from stepskip._matching.hints import HINTS_DIR
-
-        layout = self.owner.layout
-        name = naming(layout.run_name, safe_component(layout.subdir) if layout.subdir else None, token)
-        self.owner.store.put_small(f"{layout.experiment_dir}/{HINTS_DIR}/{name}", data)
+        self.owner.store.put_small(self.owner.layout.hint_path(naming, token), data)

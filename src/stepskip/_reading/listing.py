@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stepskip.layout import RUN_DIR, Layout, safe_component
+from stepskip.layout import RUN_DIR, Layout
 from stepskip.store import settled
 
 __all__ = ["LISTING_MAX_AGE", "StepListing", "step_names"]
@@ -143,18 +143,19 @@ class StepListing:
             return cached.listing
         writes, listed_at, listed_mono = self.writes_seen, time.time_ns(), _monotonic()
         start, self._start_up = self._start_up, None  # used once at most: later listings are reused as above
-        root = layout.project_dir.rsplit("/", 2 if layout.subdir else 1)[0]
+        root = layout.experiment_dir
         versions = [(root, store.dir_version(root))]
         listing: dict[str, frozenset[str]] = {}
         for run_name in store.list_dir(root):
             shape = RUN_DIR.match(run_name)
             if shape is None or (int(shape[3]), int(shape[4])) != (layout.prompt_len, layout.response_len):
                 continue
-            project = f"{root}/{run_name}" + (f"/{safe_component(layout.subdir)}" if layout.subdir else "")
+            project = layout.project_dir_of(run_name)
             version = store.dir_version(project)
             # a role directory not made yet: its run directory's version changes once it is
+            run_dir = layout.run_dir_of(run_name)
             versions.append((project, version) if version is not None or not layout.subdir
-                            else (f"{root}/{run_name}", store.dir_version(f"{root}/{run_name}")))
+                            else (run_dir, store.dir_version(run_dir)))
             if (start is not None and start.path == project and start.version == version and start.writes == writes
                     and 0 <= listed_mono - start.at < LISTING_MAX_AGE):
                 listing[project] = start.names  # unchanged since the start-up clean-up listed it

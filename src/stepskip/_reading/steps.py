@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from stepskip._reading.classify import EntryStatus, Look, root_state
 from stepskip._reading.reader import EntryReader
 from stepskip.layout import Layout
-from stepskip.manifest import MANIFEST_FILE, StepRoot, may_need_clean_up, remove_stale_recordings, resolve_step
+from stepskip.manifest import StepRoot, may_need_clean_up, remove_stale_recordings, resolve_step
 from stepskip.store import Tree
 
 __all__ = ["FlatSteps", "StepEntries", "V1Steps", "complete"]
@@ -63,6 +63,9 @@ class _V1Owner(_StepOwner, Protocol):
     parameter_sync_step: int
 
     @property
+    def layout(self) -> Layout: ...
+
+    @property
     def store(self) -> Any: ...
 
     @property
@@ -87,15 +90,16 @@ class V1Steps:
         owner = self.owner
         where = self.root(step) if where is None else where
         if root_state(where) is not EntryStatus.PRESENT:
-            return [(f"{owner.step_dump_dir(step)}/{MANIFEST_FILE}", Look(root_state(where), reason=where.reason))]
-        out = [(f"{where.root}/{i}", owner.reader.probe(f"{where.root}/{i}")) for i in range(owner.parameter_sync_step)]
+            return [(owner.layout.manifest_path(step), Look(root_state(where), reason=where.reason))]
+        inner = [Layout.inner_path(where.root, i) for i in range(owner.parameter_sync_step)]
+        out = [(path, owner.reader.probe(path)) for path in inner]
         manifest = where.manifest
         if manifest is not None:  # written after every inner entry it counts: one of them missing is damage
             present = [i for i, (_, p) in enumerate(out) if p.state is not EntryStatus.MISSING]
             lacking = [i for i in manifest.lacking(present) if i < len(out)]  # of the inner entries this run reads
             if lacking:
-                return [(f"{owner.step_dump_dir(step)}/{MANIFEST_FILE}",
-                         Look(EntryStatus.DAMAGED, reason=manifest.lacking_reason(lacking)))]
+                return [(owner.layout.manifest_path(step), Look(EntryStatus.DAMAGED,
+                                                                reason=manifest.lacking_reason(lacking)))]
         return out
 
     def present(self, step: int) -> bool:

@@ -33,7 +33,7 @@ from stepskip._reading.reader import EntryReader, prompt_digest, seconds_of
 from stepskip._reading.steps import FlatSteps, StepEntries
 from stepskip.access import check_writable, describe_store_access_error, is_store_access_error
 from stepskip.calls import CURRENT_CALL, call_prompts
-from stepskip.config import SkipRoleConfig
+from stepskip.config import ROLLOUT_ROLES, SkipRoleConfig
 from stepskip.entries import FormatSpec, legacy_format, storage_format
 from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
 from stepskip.identity import RunIdentity, fingerprint_of
@@ -44,17 +44,13 @@ from stepskip.roles.base import BaseSkip, RunContext
 from stepskip.stats import RoleStats
 from stepskip.store import LocalStore, Tree, check_dump_dir, open_store
 
-__all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS", "VERL_LAYOUT_ROLES"]
+__all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS"]
 
 logger = logging.getLogger(__name__)
 
 ALL_ACTIONS = [SkipAction.CACHE, SkipAction.REPEAT, SkipAction.RANDOM, SkipAction.REPLAY, SkipAction.RECORD]
 #: Roles whose output rows map one to one onto their prompt rows also replay by prompt (``match``).
 ROW_WISE_ACTIONS = [*ALL_ACTIONS, SkipAction.MATCH]
-
-#: Roles whose entries live directly in the run directory, as verl lays them out (seed §2.5).
-#: Every other role gets ``{run}/{role}/``, so that two roles never read each other's entries.
-VERL_LAYOUT_ROLES = frozenset({"rollout", "async_rollout", "rollout_tq"})
 
 #: A step's entry of at most this many bytes is read whole when its hit is decided, and served from
 #: what was read (a one-sample entry of the async role: about 20 KB).
@@ -191,7 +187,7 @@ class CachedRole(BaseSkip):
 
     def layout_subdir(self) -> str | None:
         """The directory under the run directory that holds this role's steps (None: the run directory)."""
-        return None if self.name in VERL_LAYOUT_ROLES else self.name
+        return None if self.name in ROLLOUT_ROLES else self.name
 
     def start(self) -> None:
         """Startup I/O of an enabled role (after :meth:`bind`): a dump dir this process cannot use is
@@ -223,9 +219,7 @@ class CachedRole(BaseSkip):
         else:
             self.store.remove_leftovers(path, tree=tree)
         if tree is None:  # a local hint file (table, document) is written by rename: a crashed writer's temporary
-            from stepskip._matching.hints import HINTS_DIR
-
-            self.store.remove_leftovers(f"{self.layout.experiment_dir}/{HINTS_DIR}")
+            self.store.remove_leftovers(self.layout.hints_dir)
         self.entries.clean_up(tree)
 
     @property

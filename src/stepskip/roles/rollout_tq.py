@@ -36,6 +36,7 @@ from stepskip._reading.reader import prompt_digest, seconds_of
 from stepskip._reading.steps import V1Steps, complete
 from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
+from stepskip.layout import Layout
 from stepskip.manifest import StepRoot
 from stepskip.policies import SkipAction
 from stepskip.resolve import load_candidates, remap_v1
@@ -112,7 +113,7 @@ class RolloutTqSkip(RolloutSkip):
     def inner_dump_dir(self, step: int, inner_idx: int) -> str:
         """The entry directory of one sample call of ``step``: in the recording the step's manifest
         names (object stores), else ``{step}/{inner_idx}``."""
-        return f"{self.entries.root(step).root}/{int(inner_idx)}"
+        return Layout.inner_path(self.entries.root(step).root, inner_idx)
 
     def _resolve_root(self, step: int) -> tuple[int, StepRoot | None]:
         """:meth:`resolve_load_step` and the root it validated: the step's inner entries are then read
@@ -258,7 +259,7 @@ class RolloutTqSkip(RolloutSkip):
             digest, uid_prompts, staging = record.digest, record.uid_prompts, record.staging
         from stepskip.tq.rows import num_rows
 
-        path = f"{staging}/{inner}"
+        path = Layout.inner_path(staging, inner)
         keys = list(batch.keys)
         row_prompts = [uid_prompts.get(str(key).split("_")[0]) for key in keys]
         try:
@@ -318,7 +319,7 @@ class RolloutTqSkip(RolloutSkip):
         # every inner entry comes from the recording whose probes made the step complete (manifest read once)
         parts, keys, tags, nbytes, saved = [], [], [], 0, 0.0
         for inner in range(self.parameter_sync_step):
-            path = f"{where.root}/{inner}"
+            path = Layout.inner_path(where.root, inner)
             payload, meta, _, size = self._read_entry(path, step, load_step, prompts if inner == 0 else None)
             problem = payload_problem(payload)  # checksums prove the bytes, not that they are a V1 payload
             if problem is not None:
