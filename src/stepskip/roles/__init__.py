@@ -8,5 +8,6 @@ from stepskip.roles.stage import StageSkip, StageSkipConfig
 
 __all__ = [
     "SKIP_REGISTRY", "BaseSkip", "CachedRole", "RunContext", "SkipAction", "TwoPhaseRole", "register_skip",
-    "RolloutSkip", "RolloutTqSkip", "AsyncRolloutSkip", "parse_async_rollout_sample_step", "StageSkip", "StageSkipConfig",
+    "RolloutSkip", "RolloutTqSkip", "AsyncRolloutSkip", "parse_async_rollout_sample_step", "StageSkip",
+    "StageSkipConfig",
 ]
