@@ -36,7 +36,7 @@ _Instruction = tuple[Any, ...]
 class _Hooks:
     """What the decision plan needs from a role for one call: is it cached, load it, record it.
 
-    ``annotate`` maps these onto the seed's ``meet_precondition`` / ``warp_function`` /
+    ``annotate`` maps these onto verl's ``meet_precondition`` / ``warp_function`` /
     ``prepare_data``; ``annotate_tq``'s submit phase onto the V1 role's ``meet_precondition`` /
     ``inject`` / ``begin_recording``.
     """
@@ -379,7 +379,7 @@ class SkipManager:
 
     @classmethod
     def annotate_tq(cls, role: str, phase: str) -> Callable[[F], F]:
-        """The two-phase decorator of the V1 trainer over TransferQueue (seed §4).
+        """The two-phase decorator of the V1 trainer over TransferQueue.
 
         ``phase="submit"`` decorates ``_add_batch_to_generate(self)``. On an eligible step it
         replaces the body: ``batch = self._next_train_batch()`` always runs (the dataloader stays

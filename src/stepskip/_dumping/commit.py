@@ -52,6 +52,10 @@ class Commit(Protocol):
         """A new run: nothing it recorded is pending."""
         ...
 
+    def after_fork(self) -> None:
+        """In a forked child: locks are fresh (one may have been held at the fork)."""
+        ...
+
 
 class EntryCommit:
     """Flat entries: each is published by its own write; ``written`` hears of them (the digest tables).
@@ -74,6 +78,9 @@ class EntryCommit:
 
     def reset(self) -> None:
         """Nothing is kept between entries."""
+
+    def after_fork(self) -> None:
+        """Nothing is locked."""
 
 
 class StepPublisher(Protocol):

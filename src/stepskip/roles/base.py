@@ -32,7 +32,7 @@ class RunContext:
 
 
 class BaseSkip:
-    """Base class of every skip role (seed §6.3).
+    """Base class of every skip role: the protocol verl's own skip roles speak.
 
     One instance per role is shared by every call of the decorated function, including calls
     that overlap in async pipelines: keep per-call state out of ``self``. The constructor only

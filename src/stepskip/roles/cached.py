@@ -64,6 +64,7 @@ def _forget_dumps_after_fork() -> None:
     here finishes them; a lock may have been held at the fork)."""
     for role in list(_ROLES):
         role.dumper.after_fork()
+        role.dumper.commit.after_fork()
         role.listing.after_fork()
         role.hints.after_fork()
         role.match_index.after_fork()
@@ -77,8 +78,17 @@ os.register_at_fork(after_in_child=_forget_dumps_after_fork)
 class CachedRole(BaseSkip):
     """Base of every role that records results to a cache and replays them.
 
-    Subclasses say what one cached unit is; the base does the rest. ``config_class`` must derive
-    from :class:`~stepskip.SkipRoleConfig`.
+    Subclasses say what one cached unit is, by the collaborators they pass; the base decides every
+    call. ``config_class`` must derive from :class:`~stepskip.SkipRoleConfig`.
+
+    Args:
+        local_config: the role's section (``skip.<role>``).
+        global_config: the whole training config.
+        commit: what a written entry commits (default: the entry itself, published by its own write;
+            :mod:`stepskip._dumping.commit`).
+        entries: what one step consists of (default: one flat entry; :mod:`stepskip._reading.steps`).
+        match_index: the prompt index of ``action: match`` (default: over flat entries;
+            :mod:`stepskip._matching.index`).
     """
 
     support_actions = ROW_WISE_ACTIONS
@@ -277,7 +287,7 @@ class CachedRole(BaseSkip):
         """The step this role's action would load for a call at ``step``; -1 for none.
 
         ``cache``/``replay``: ``step`` itself. ``repeat``: ``step``, else the largest smaller
-        available step, else the smallest larger one (seed §2.3). ``random``: an available step
+        available step, else the smallest larger one (as verl's ``repeat``). ``random``: an available step
         drawn reproducibly from ``seed`` and ``step``. ``record``: never loads. Re-resolved on
         every call; only the candidates tried are validated.
         """
@@ -326,7 +336,7 @@ class CachedRole(BaseSkip):
             hit = self._exact_step_usable(step)
         elif action is SkipAction.REPEAT:
             # a damaged exact step is reported and regenerated, as under cache, not passed over for
-            # another step in silence (a missing one is passed over: seed §2.3)
+            # another step in silence (a missing one is passed over, as verl's repeat does)
             hit = not self._exact_step_damaged(step) and self.resolve_load_step(step) != -1
         else:
             self._refuse_unreadable(step)  # the exact step would be regenerated over: never

@@ -125,7 +125,7 @@ class RolloutTqSkip(RolloutSkip):
                 return candidate, where
         return -1, None
 
-    # ------------------------------------------------------------------ the seed's V1 interface
+    # ------------------------------------------------------------------ verl's V1 interface
 
     def has_v1_cache(self, step: int) -> bool:
         """True when the action would load a complete cached step for ``step``."""
@@ -170,7 +170,7 @@ class RolloutTqSkip(RolloutSkip):
                               prompts: Any = None) -> bool:
         """Inject the cached step into the queue under the new uids; False (a miss) when there is none.
 
-        The seed's one-call form of the submit phase (``SkipManager.annotate_tq`` drives the same
+        The one-call form of the submit phase (``SkipManager.annotate_tq`` drives the same
         steps): on a miss the step is marked for recording.
 
         Args:
@@ -235,7 +235,7 @@ class RolloutTqSkip(RolloutSkip):
         self.prepare_data(step=step, batch=sampled, global_steps=step)
 
     def prepare_data(self, step: int, batch: Any = None, global_steps: int | None = None,  # type: ignore[override]
-                     *args: Any, **kwargs: Any) -> None:  # verl's V1 signature (seed §4), not the flat one
+                     *args: Any, **kwargs: Any) -> None:  # verl's V1 signature, not the flat one
         """Save one sample call of ``step``: every field of ``batch.keys`` read back from the queue.
 
         Args:
