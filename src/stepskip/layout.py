@@ -11,6 +11,7 @@ The prompt hints of every run of an experiment live in ``{experiment}/.stepskip-
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -161,12 +162,13 @@ class Layout:
 
     # ------------------------------------------------------------------ directories
 
-    @property
+    # (the two directories every path starts from are computed once: a hit builds several paths)
+    @functools.cached_property
     def experiment_dir(self) -> str:
         """The directory holding the run directories of every run shape of this experiment."""
         return f"{self.dump_dir}/{safe_component(f'{self.experiment_name}_{self.project_name}')}"
 
-    @property
+    @functools.cached_property
     def project_dir(self) -> str:
         """The directory holding one directory per step."""
         return self.project_dir_of(self.run_name)

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stepskip.entries import FormatSpec, format_spec, unsupported_format_message
+from stepskip.store import DirItem, EntryState, Probe
 
 if TYPE_CHECKING:
     from stepskip.manifest import StepRoot
-    from stepskip.store import DirItem, Probe
 
 __all__ = ["EntryStatus", "Look", "classify", "kind_words", "root_state"]
 
@@ -48,9 +48,9 @@ class EntryStatus(str, enum.Enum):
         return self in (EntryStatus.UNSUPPORTED, EntryStatus.UNREADABLE)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class Look:
-    """One entry, classified.
+    """One entry, classified (made on every probe: a plain record, cheap to build).
 
     Args:
         state: what it is.
@@ -64,7 +64,7 @@ class Look:
     meta: dict[str, Any] | None = None
     reason: str = ""
     format: str | None = None
-    probe: Probe | None = field(default=None, compare=False, repr=False)
+    probe: Probe | None = field(default=None, repr=False)
 
 
 def classify(path: str, probe: Probe, legacy: FormatSpec, *, role: str | None = None, v1: bool | None = None,
@@ -84,7 +84,6 @@ def classify(path: str, probe: Probe, legacy: FormatSpec, *, role: str | None = 
 
     Example:
         >>> from stepskip.entries import legacy_format
-        >>> from stepskip.store import EntryState, Probe
         >>> meta = {"global_steps": 1, "format": "safe-v9", "files": {}}
         >>> classify("/d/1", Probe(EntryState.PRESENT, meta), legacy_format(False)).state
         <EntryStatus.UNSUPPORTED: 'unsupported'>
@@ -92,8 +91,6 @@ def classify(path: str, probe: Probe, legacy: FormatSpec, *, role: str | None = 
         >>> classify("/d/1", Probe(EntryState.PRESENT, meta), legacy_format(False), role="ref").state
         <EntryStatus.UNREADABLE: 'unreadable'>
     """
-    from stepskip.store import EntryState
-
     if listing is not None:
         item = listing.get(META_FILE)
         if item is None:
@@ -141,8 +138,6 @@ def classify(path: str, probe: Probe, legacy: FormatSpec, *, role: str | None = 
 def root_state(where: StepRoot) -> EntryStatus:
     """The state of a V1 step's manifest as resolved (:func:`stepskip.manifest.resolve_step`): present
     (or none: the step is read in place), damaged, or of a version this stepskip does not know (unsupported)."""
-    from stepskip.store import EntryState
-
     return {EntryState.PRESENT: EntryStatus.PRESENT, EntryState.UNREADABLE: EntryStatus.UNSUPPORTED}.get(
         where.state, EntryStatus.DAMAGED)
 
