@@ -15,7 +15,7 @@ settings.register_profile("stepskip", deadline=None, derandomize=True, database=
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("stepskip")
 
-# Small async dumps go to helper processes once those are ready (stepskip.helper): whether a batch
+# Small async dumps go to helper processes once those are ready (stepskip._dumping.helper): whether a batch
 # went there would depend on how fast they started, and tests that patch a store or a format in this
 # process would not reach them. Off here (children started by tests inherit it); the helper's own
 # tests turn it on.

@@ -172,7 +172,7 @@ def test_a_recorder_blocked_before_its_manifest_is_invisible_and_then_wins(objec
         b.record(1, marker=20)
         assert replayed_markers(object_store) == {20}
         holder = Recorder(object_store, action="cache")
-        held = holder.role._step_root(1)  # a reader that resolved B's manifest ...
+        held = holder.role.entries.root(1)  # a reader that resolved B's manifest ...
     finally:
         release_a.set()
         thread.join(300)
@@ -500,14 +500,14 @@ def test_a_cache_hit_reads_the_manifest_once_per_phase_and_loads_the_recording_i
         self, path, limit))
     assert reader.role.meet_precondition(1)
     assert reads == [f"{where}/{MANIFEST_FILE}"]
-    probed = reader.role._probed
+    probed = reader.role.entries.probed
 
     def then_renamed(step, *args):
         out = probed(step, *args)  # then another manifest, naming a recording that is not there
         store.put_small(f"{where}/{MANIFEST_FILE}", StepManifest("rec-ffffffffffff", SYNC, "other").to_bytes())
         return out
 
-    monkeypatch.setattr(reader.role, "_probed", then_renamed)
+    monkeypatch.setattr(reader.role.entries, "probed", then_renamed)
     reads.clear()
     uids = ["a", "b", "c", "d"]
     reader.role.inject(1, uids)

@@ -88,6 +88,7 @@ import numpy as np
 import xxhash
 
 from stepskip._storage.meta import META_MAX_BYTES, is_number, load_json
+from stepskip.layout import HINTS_DIR
 
 __all__ = ["HINTS_DIR", "HINTS_MAX_BYTES", "HINTS_ROLL_BYTES", "HINTS_VERSION", "Hint", "HintDocument", "StepHint",
            "TABLE_MAGIC", "TABLE_MAX_BYTES", "TABLE_ROLL_BYTES", "TABLE_SUFFIX", "TABLE_VERSION", "DigestTable",
@@ -96,7 +97,6 @@ __all__ = ["HINTS_DIR", "HINTS_MAX_BYTES", "HINTS_ROLL_BYTES", "HINTS_VERSION", 
            "same_version", "table_name", "table_of"]
 
 #: The directory (in an experiment's directory, beside its run directories) holding the hint documents.
-HINTS_DIR = ".stepskip-index"
 HINTS_VERSION = 1
 #: A hint document larger than this is ignored (the entries it covers are read directly).
 HINTS_MAX_BYTES = 4 << 20
