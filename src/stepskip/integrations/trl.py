@@ -273,7 +273,7 @@ class TrlGenerateSkip(CachedRole):
             if probe.state.kept:
                 raise self.reader.unreadable(probe.reason)
             if probe.state is EntryStatus.DAMAGED:
-                self._report_corrupt(step, path, probe.reason)
+                self.reader.report_corrupt(step, path, probe.reason)
             load_step = self.resolve_load_step(step)
             if load_step == -1:
                 return _Attempt(_MISS)
@@ -304,7 +304,7 @@ class TrlGenerateSkip(CachedRole):
         try:
             return parse_rng_state(recorded, path)
         except CorruptEntryError as err:
-            self._report_corrupt(step, path, str(err))
+            self.reader.report_corrupt(step, path, str(err))
             raise
 
     def _agree(self, attempt: _Attempt) -> tuple[int, int]:

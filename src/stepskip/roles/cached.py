@@ -27,7 +27,7 @@ from stepskip._matching.batches import MatchSplit, row_count
 from stepskip._matching.index import MatchIndex
 from stepskip._matching.matcher import Matcher, row_prompts
 from stepskip._matching.writer import HintWriter
-from stepskip._reading.classify import EntryStatus, Look
+from stepskip._reading.classify import EntryStatus
 from stepskip._reading.compare import Comparer
 from stepskip._reading.listing import StepListing
 from stepskip._reading.reader import EntryReader, prompt_digest, seconds_of
@@ -294,7 +294,7 @@ class CachedRole(BaseSkip):
 
     def available_steps(self) -> list[int]:
         """Steps with a valid entry, sorted (damaged and unreadable entries and temporaries are left out)."""
-        return [step for step in self.listed_steps() if self._present(step)]
+        return [step for step in self.listed_steps() if self.entries.present(step)]
 
     def resolve_load_step(self, step: int) -> int:
         """The step this role's action would load for a call at ``step``; -1 for none.
@@ -306,7 +306,7 @@ class CachedRole(BaseSkip):
         """
         listed = () if self.action in EXACT_ACTIONS else self.listed_steps()
         for candidate in load_candidates(self.action, step, listed, self.seed):
-            if self._present(candidate):
+            if self.entries.present(candidate):
                 return candidate
         return -1
 
@@ -314,26 +314,15 @@ class CachedRole(BaseSkip):
         if step not in self._step_lookup or self.action is SkipAction.COMPARE:  # compare always runs the call
             return False
         if self.action is SkipAction.MATCH:  # looks prompts up, not steps: a run taking the recorded
-            load_step = step if self._present(step) else -1  # steps again finds them in the step's entry
+            load_step = step if self.entries.present(step) else -1  # steps again finds them in the step's entry
         else:
             load_step = self.resolve_load_step(step)
-        return load_step != -1 and all(self.reader.servable(p.meta or {}) for p in self._probes(load_step))
+        return load_step != -1 and all(self.reader.servable(p.meta or {}) for _, p in self.entries.probed(load_step))
 
     def await_dump(self, path: str) -> None:
         """Wait for this run's queued dump of ``path``, if any (a read of it then finds it written)."""
         if self.dumper.pending:
             self.dumper.await_pending(path)
-
-    def _probe(self, path: str, keep: int = 0) -> Look:
-        return self.reader.probe(path, keep)
-
-    def _probes(self, step: int) -> list[Look]:
-        """The probes of every entry ``step`` consists of."""
-        return [probe for _, probe in self.entries.probed(step)]
-
-    def _present(self, step: int) -> bool:
-        """True when ``step`` has a complete, usable-looking entry (no data read)."""
-        return self.entries.present(step)
 
     # ------------------------------------------------------------------ the role protocol
 
@@ -370,7 +359,7 @@ class CachedRole(BaseSkip):
         if probe.state.kept:
             raise self.reader.unreadable(probe.reason)
         if probe.state is EntryStatus.DAMAGED:
-            self._report_corrupt(step, path, probe.reason)
+            self.reader.report_corrupt(step, path, probe.reason)
         if probe.state is EntryStatus.PRESENT:
             self.reader.keep_probe(path, probe)
         return probe.state is EntryStatus.PRESENT
@@ -388,11 +377,11 @@ class CachedRole(BaseSkip):
         if probe.state.kept:
             raise self.reader.unreadable(probe.reason)
         if probe.state is EntryStatus.DAMAGED:
-            self._report_corrupt(step, path, probe.reason)
+            self.reader.report_corrupt(step, path, probe.reason)
         return probe.state is EntryStatus.DAMAGED
 
     def _refuse_unreadable(self, step: int) -> None:
-        for probe in self._probes(step):
+        for _, probe in self.entries.probed(step):
             if probe.state.kept:
                 raise self.reader.unreadable(probe.reason)
 
@@ -431,7 +420,7 @@ class CachedRole(BaseSkip):
                 raise self.reader.unreadable(probe.reason)
             elif probe.state is EntryStatus.DAMAGED:
                 path = self.step_dump_dir(step)
-                self._report_corrupt(step, path, probe.reason)
+                self.reader.report_corrupt(step, path, probe.reason)
                 raise CorruptEntryError(f"{self.name}: entry for step {step} at {path} is damaged: {probe.reason}")
         if load_step == -1:
             raise ReplayMissError(
@@ -585,13 +574,6 @@ class CachedRole(BaseSkip):
         step = load_step if step is None else step
         return self.reader.read(self.step_dump_dir(load_step), step, load_step, prompts)
 
-    def _read_entry(self, path: str, step: int, load_step: int | None = None,
-                    prompts: Any = None) -> tuple[Any, dict[str, Any], float, int]:
-        return self.reader.read(path, step, load_step, prompts)
-
-    def _report_corrupt(self, step: int, path: str, reason: str) -> None:
-        self.reader.report_corrupt(step, path, reason)
-
     # ------------------------------------------------------------------ verl's names (its tests and trainer use them)
 
     def _path(self, path: str) -> Any:
@@ -611,7 +593,7 @@ class CachedRole(BaseSkip):
 
     def _find_latest_step(self, step: int) -> int:
         for candidate in load_candidates(SkipAction.REPEAT, step, self.listed_steps()):
-            if self._present(candidate):
+            if self.entries.present(candidate):
                 return candidate
         return -1
 

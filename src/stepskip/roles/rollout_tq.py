@@ -150,7 +150,7 @@ class RolloutTqSkip(RolloutSkip):
                 if probe.state.kept:
                     raise self.reader.unreadable(probe.reason)  # the step would be re-recorded over it: never
                 if action is SkipAction.CACHE and probe.state is EntryStatus.DAMAGED:
-                    self._report_corrupt(step, path, probe.reason)
+                    self.reader.report_corrupt(step, path, probe.reason)
             # cache loads the step itself: what was just probed decides (its manifest is not read again)
             hit = complete(probed) if action is SkipAction.CACHE else self.has_v1_cache(step)
         if not hit:
@@ -313,7 +313,7 @@ class RolloutTqSkip(RolloutSkip):
                 if probe.state.kept:
                     raise self.reader.unreadable(probe.reason)
                 if probe.state is EntryStatus.DAMAGED:
-                    self._report_corrupt(step, path, probe.reason)
+                    self.reader.report_corrupt(step, path, probe.reason)
                     raise CorruptEntryError(f"{self.name}: step {step} at {path} is damaged: {probe.reason}")
         if where is None:
             raise CacheMissError(
@@ -327,10 +327,10 @@ class RolloutTqSkip(RolloutSkip):
         parts, keys, tags, nbytes, saved = [], [], [], 0, 0.0
         for inner in range(self.parameter_sync_step):
             path = Layout.inner_path(where.root, inner)
-            payload, meta, _, size = self._read_entry(path, step, load_step, prompts if inner == 0 else None)
+            payload, meta, _, size = self.reader.read(path, step, load_step, prompts if inner == 0 else None)
             problem = payload_problem(payload)  # checksums prove the bytes, not that they are a V1 payload
             if problem is not None:
-                self._report_corrupt(step, path, problem)
+                self.reader.report_corrupt(step, path, problem)
                 raise CorruptEntryError(f"{self.name}: step {load_step} at {path} is damaged: {problem}")
             parts.append(payload["tensordict"])
             keys.extend(payload["keys"])
@@ -342,11 +342,11 @@ class RolloutTqSkip(RolloutSkip):
             rows = num_rows(data)
         except Exception as err:  # inner entries of other columns, dtypes or shapes (crafted or damaged)
             reason = f"step {load_step}'s inner entries cannot be joined ({type(err).__name__}: {err})"
-            self._report_corrupt(step, self.step_dump_dir(load_step), reason)
+            self.reader.report_corrupt(step, self.step_dump_dir(load_step), reason)
             raise CorruptEntryError(f"{self.name}: {reason}") from err
         if rows != len(keys):
             reason = f"step {load_step} holds {rows} rows for {len(keys)} keys"
-            self._report_corrupt(step, self.step_dump_dir(load_step), reason)
+            self.reader.report_corrupt(step, self.step_dump_dir(load_step), reason)
             raise CorruptEntryError(f"{self.name}: {reason}")
 
         try:
@@ -446,13 +446,13 @@ class RolloutTqSkip(RolloutSkip):
         return self._path(self.inner_dump_dir(step, inner_idx))
 
     def _check_valid_v1_step(self, step: int) -> bool:
-        return self._present(step)
+        return self.entries.present(step)
 
     def _check_valid_v1_step_path(self, path: Any) -> bool:
         return self.reader.probe(str(path)).state is EntryStatus.PRESENT
 
     def _find_first_missing_inner(self, step: int) -> int:
-        for inner, probe in enumerate(self._probes(step)):
+        for inner, (_, probe) in enumerate(self.entries.probed(step)):
             if probe.state is not EntryStatus.PRESENT:
                 return inner
         return -1

@@ -111,7 +111,7 @@ def replayed_markers(store, step: int = 1) -> set[int]:
 
 def run_ids(store, step: int = 1) -> set[str]:
     reader = Recorder(store, action="cache")
-    return {(p.meta or {}).get("run_id") for p in reader.role._probes(step)}
+    return {(p.meta or {}).get("run_id") for _, p in reader.role.entries.probed(step)}
 
 
 def step_dir(store) -> str:
@@ -179,7 +179,7 @@ def test_a_recorder_blocked_before_its_manifest_is_invisible_and_then_wins(objec
     assert not errors
     assert replayed_markers(object_store) == {10}  # A's manifest was written last
     for inner in range(SYNC):  # ... still reads B's recording whole (retired, within the grace period)
-        payload, meta, _, _ = holder.role._read_entry(f"{held.root}/{inner}", 1, 1)
+        payload, meta, _, _ = holder.role.reader.read(f"{held.root}/{inner}", 1, 1)
         assert meta["run_id"] == b.run_id
         assert {int(r[0]) // 1000 for r in payload["tensordict"]["responses"]} == {20}
 
