@@ -45,7 +45,6 @@ from typing import Any
 from stepskip._reading.classify import EntryStatus, classify, kind_words, root_state
 from stepskip._storage import META_FILE, TMP_PREFIX, TRASH_PREFIX, DirItem, EntryState, Probe, open_store
 from stepskip.config import ROLLOUT_ROLES
-from stepskip.drift import DRIFT_DIR
 from stepskip.entries import FORMATS, legacy_format
 from stepskip.errors import (
     CacheMissError,
@@ -54,7 +53,7 @@ from stepskip.errors import (
     TruncatedEntryError,
     UnreadableEntryError,
 )
-from stepskip.layout import DEFAULT_ROLE, RUN_DIR, V1_ROLE, Layout, is_url, normalize_location
+from stepskip.layout import DEFAULT_ROLE, DRIFT_DIR, RUN_DIR, V1_ROLE, Layout, is_url, normalize_location
 from stepskip.manifest import MANIFEST_FILE, StepManifest, StepRoot, is_recording, resolve_step
 
 __all__ = [

@@ -20,8 +20,8 @@ from typing import Any
 
 from stepskip.identity import RunIdentity
 
-__all__ = ["CALL_ENTRY", "CallEntry", "DEFAULT_ROLE", "HINTS_DIR", "Layout", "V1_ROLE", "is_url", "normalize_location",
-           "safe_component"]
+__all__ = ["CALL_ENTRY", "CallEntry", "DEFAULT_ROLE", "DRIFT_DIR", "HINTS_DIR", "Layout", "V1_ROLE", "is_url",
+           "normalize_location", "safe_component"]
 
 _UNSAFE = re.compile(r"[/\\\x00]")
 #: A run directory's name; ``_W{world_size}`` follows for runs of several processes (absent for one).
@@ -36,6 +36,8 @@ V1_ROLE = "rollout_tq"
 DEFAULT_ROLE = "rollout"
 #: The directory of an experiment that holds its writers' prompt hints (hint documents, digest tables).
 HINTS_DIR = ".stepskip-index"
+#: The directory beside a role's steps that holds the drift records of ``action: compare``.
+DRIFT_DIR = ".stepskip-drift"
 _LOCAL_SCHEMES = ("file://", "local://")
 
 
@@ -220,6 +222,25 @@ class Layout:
     def call_dir(self, step: int, call: str, rank: int) -> str:
         """The entry of generation call ``call`` (``c0``, ``c0t1`` ...) of ``step`` on ``rank``."""
         return f"{self.step_dir(step)}/{call}-r{int(rank)}"
+
+    def drift_path(self, entry_path: str) -> str:
+        """The drift record of the entry at ``entry_path`` (``action: compare``): a file of its own in the
+        :data:`DRIFT_DIR` beside the role's steps, named for the entry's path below the steps directory
+        (``12.json``; ``12-c0-r0.json`` for one of several entries of step 12).
+
+        Example:
+            >>> layout = Layout.for_identity("/d", RunIdentity("exp", "proj", 4, 2, 8, 6))
+            >>> layout.drift_path("/d/exp_proj/GBS4_N2_in8_out6/12")
+            '/d/exp_proj/GBS4_N2_in8_out6/.stepskip-drift/12.json'
+        """
+        base = self.project_dir + "/"
+        relative = entry_path[len(base):] if entry_path.startswith(base) else entry_path.rstrip("/").rsplit("/", 1)[-1]
+        return f"{base}{DRIFT_DIR}/{relative.strip('/').replace('/', '-')}.json"
+
+    @staticmethod
+    def drift_dir_of(step_dir: str) -> str:
+        """The directory holding the drift records of the step at ``step_dir`` (beside it)."""
+        return f"{step_dir.rstrip('/').rpartition('/')[0]}/{DRIFT_DIR}"
 
     @property
     def hints_dir(self) -> str:

@@ -8,7 +8,9 @@ import pytest
 
 from stepskip import RunIdentity
 from stepskip._matching.hints import document_name, document_of, table_name, table_of
-from stepskip.layout import Layout, normalize_location
+from stepskip._storage import open_store
+from stepskip.drift import drift_records
+from stepskip.layout import DRIFT_DIR, Layout, normalize_location
 from stepskip.manifest import MANIFEST_FILE, is_recording, new_recording
 
 IDENTITY = RunIdentity("exp", "proj", gbs=4, n=2, prompt_len=8, response_len=6, fingerprint={"model": "tiny"})
@@ -50,6 +52,19 @@ def test_a_call_entry_and_the_hint_files_parse_back():
     assert os.path.dirname(document) == os.path.dirname(table) == lay.hints_dir == "/d/exp_proj/.stepskip-index"
     assert document_of(os.path.basename(document)) == (lay.run_name, lay.safe_subdir) == ("GBS4_N2_in8_out6", "a_b")
     assert table_of(os.path.basename(table)) == (lay.run_name, lay.safe_subdir)
+
+
+def test_a_drift_record_lies_beside_the_steps_and_is_found_from_its_step():
+    lay = Layout.for_identity("memory://layout-drift", IDENTITY, subdir="reward")
+    flat, call = lay.drift_path(lay.step_dir(12)), lay.drift_path(lay.call_dir(12, "c0", 1))
+    assert os.path.dirname(flat) == os.path.dirname(call) == Layout.drift_dir_of(lay.step_dir(12))
+    assert Layout.drift_dir_of(lay.step_dir(12)) == f"{lay.project_dir}/{DRIFT_DIR}"
+    assert (os.path.basename(flat), os.path.basename(call)) == ("12.json", "12-c0-r1.json")
+    assert Layout.parse_step(DRIFT_DIR) is None  # never taken for a step
+    store = open_store(lay.dump_dir)
+    for path, step in ((flat, 12), (call, 12), (lay.drift_path(lay.step_dir(120)), 120)):
+        store.put_small(path, f'{{"step": {step}, "path": "{path}"}}'.encode())
+    assert sorted(r["path"] for r in drift_records(store, lay.step_dir(12))) == sorted([flat, call])
 
 
 @pytest.mark.parametrize("given, expected", [
