@@ -188,9 +188,9 @@ def components(size: str, calls: int, workdir: str) -> list[str]:
     """Each fixed cost of a steady-state hit timed alone (median of ``calls``, in microseconds), by the
     role's and the store's own functions on the entry a hit reads (some of them the role's private
     ones: this follows the code as it is, and may need adjusting when it changes)."""
+    from stepskip._storage.meta import check_meta, checksum
     from stepskip.formats import get_format
     from stepskip.roles.cached import HIT_KEEP_BYTES
-    from stepskip._storage.meta import check_meta, checksum
 
     inputs = _inputs(size)
     loop, prompts = _loop(inputs)
@@ -238,7 +238,7 @@ def components(size: str, calls: int, workdir: str) -> list[str]:
         ("prompt digest of the live prompts (prompt_digest)", each(lambda: skip_digest(prompts, skip))),
         (f"decode the files (format {meta['format']})", each(lambda: fmt.decode(dict(data)))),
         ("restore_rng + rebind identity columns", each(lambda: (skip.restore_rng(meta, 100, path),
-                                                                skip._rebind(fmt.decode(dict(data)), prompts)))),
+                                                                skip.reader.rebind(fmt.decode(dict(data)), prompts)))),
         ("  (the decode in the line above, again)", each(lambda: fmt.decode(dict(data)))),
     ]
     SkipManager.reset()

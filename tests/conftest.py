@@ -15,7 +15,7 @@ settings.register_profile("stepskip", deadline=None, derandomize=True, database=
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("stepskip")
 
-# Small async dumps go to helper processes once those are ready (stepskip.helper): whether a batch
+# Small async dumps go to helper processes once those are ready (stepskip._dumping.helper): whether a batch
 # went there would depend on how fast they started, and tests that patch a store or a format in this
 # process would not reach them. Off here (children started by tests inherit it); the helper's own
 # tests turn it on.
@@ -35,5 +35,10 @@ def _reset_skip_manager():
     SkipManager.reset()
     yield
     SkipManager.reset()
+    # A role a stepskip module registers when first imported stays: the import will not run again
+    # for a later test (the TRL integration's ``trl_generate``, imported by whichever test came first).
+    imported = {name: cls for name, cls in SKIP_REGISTRY.items() if cls.__module__.startswith("stepskip.integrations.")}
     SKIP_REGISTRY.clear()
     SKIP_REGISTRY.update(registry)
+    for name, cls in imported.items():
+        SKIP_REGISTRY.setdefault(name, cls)

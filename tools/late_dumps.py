@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from stepskip.worker import DumpWorker
+from stepskip._dumping.worker import DumpWorker
 
 DELAY_S = 0.3
 _take = DumpWorker._take

@@ -392,7 +392,8 @@ def _size(nbytes: int) -> str:
 
 def format_versions() -> str:
     """The storage formats and every versioned file of a cache, with the versions and bounds readers hold."""
-    from stepskip import hints, manifest
+    from stepskip import manifest
+    from stepskip._matching import hints
     from stepskip._storage import meta as store
     from stepskip.entries import FORMATS
 

@@ -14,6 +14,7 @@ import os
 import tempfile
 
 from stepskip.errors import SkipConfigError
+from stepskip.layout import is_url, normalize_location
 
 __all__ = ["check_writable", "is_store_access_error", "describe_store_access_error"]
 
@@ -92,7 +93,7 @@ def describe_store_access_error(url: str, err: BaseException) -> str:
         's3://bucket/dump: cannot reach the object store (PermissionError: Forbidden); check ...'
     """
     cause = f"{type(err).__name__}: {' '.join(str(err).split()) or 'no message'}"
-    if "://" not in url or url.startswith(("file://", "local://")):
+    if not is_url(normalize_location(url)):
         return f"{url}: this process cannot access it ({cause}); check its permissions or pass another path"
     return (f"{url}: cannot reach the object store ({cause}); check its credentials (environment, profile, "
             "storage options) and its endpoint (client_kwargs.endpoint_url), and that they give access to "

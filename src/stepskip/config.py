@@ -35,6 +35,7 @@ from stepskip.policies import (
 
 __all__ = [
     "ACTIONS",
+    "ROLLOUT_ROLES",
     "SkipRoleConfig",
     "StageSkipConfig",
     "RolloutSkipConfig",
@@ -47,6 +48,10 @@ __all__ = [
 
 #: The actions a role config accepts (``empty`` is reserved, as in verl).
 ACTIONS = tuple(a.value for a in SkipAction if a is not SkipAction.EMPTY)
+#: verl's rollout roles: sections of their own in the ``skip`` config, and the roles whose steps live
+#: directly in the run directory (every other role has ``{run}/{role}/``, so that two roles never read
+#: each other's entries). In the order the command line lists them.
+ROLLOUT_ROLES = ("rollout", "async_rollout", "rollout_tq")
 
 #: The most trajectories ``log_samples`` sends per step (a tracker table is not a cache browser).
 MAX_LOG_SAMPLES = 256
@@ -281,7 +286,7 @@ class SkipRoleConfig:
         async_dump: encode and write dumps on a background thread.
         dump_process: with ``async_dump``, small entries (the async role's one-sample ones) on a
             local dump dir are encoded and written by two helper processes, off the caller's GIL
-            (:mod:`stepskip.helper`; ``STEPSKIP_DUMP_PROCESS=0`` turns it off process-wide).
+            (:mod:`stepskip._dumping.helper`; ``STEPSKIP_DUMP_PROCESS=0`` turns it off process-wide).
         compress: ``auto``, ``none`` or ``zstd``.
         seed: seed of the ``random`` action.
         rebind_keys: identity columns copied from the live prompts onto a replayed batch.
@@ -536,7 +541,7 @@ class SkipManagerConfig:
 
     def role(self, name: str) -> SkipRoleConfig | None:
         """The configuration of role ``name``, or None when the section does not know it."""
-        if name in ("rollout", "rollout_tq", "async_rollout"):
+        if name in ROLLOUT_ROLES:
             return getattr(self, name)
         return self.extra.get(name)
 
@@ -587,7 +592,7 @@ class SkipManagerConfig:
                 built[name] = config_class.from_mapping(body, f"skip.{name}")
             else:
                 built[name] = _plain_config(config_class, body, f"skip.{name}")
-        extra = {k: v for k, v in built.items() if k not in ("rollout", "rollout_tq", "async_rollout")}
+        extra = {k: v for k, v in built.items() if k not in ROLLOUT_ROLES}
         return cls(
             rollout=built.get("rollout", RolloutSkipConfig()),  # type: ignore[arg-type]
             rollout_tq=built.get("rollout_tq", RolloutTqSkipConfig()),  # type: ignore[arg-type]

@@ -9,9 +9,7 @@ command line (``stepskip info``, ``stepskip show``) and ``stepskip view`` read i
 :func:`drift_records`; a record whose ``entry.run_id`` differs from the entry's own was made
 against an earlier recording of that step.
 
-Example:
-    >>> drift_path("/d/exp_proj/GBS4_N2_in8_out6", "/d/exp_proj/GBS4_N2_in8_out6/12")
-    '/d/exp_proj/GBS4_N2_in8_out6/.stepskip-drift/12.json'
+Where a record goes is the role's layout's to say (:meth:`stepskip.layout.Layout.drift_path`).
 """
 
 from __future__ import annotations
@@ -26,13 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepskip.errors import CorruptEntryError, DriftError
+from stepskip.layout import DRIFT_DIR, Layout
 from stepskip.policies import OnDrift
 
-__all__ = ["DRIFT_DIR", "Recorded", "DriftLog", "drift_path", "drift_records"]
+__all__ = ["DRIFT_DIR", "Recorded", "DriftLog", "drift_records"]
 
 logger = logging.getLogger(__name__)
 
-DRIFT_DIR = ".stepskip-drift"
 #: A drift record larger than this is not read back (a planted file cannot exhaust memory).
 MAX_RECORD_BYTES = 8 << 20
 #: Drift records read back for one step (one per entry of the step: a role with several entries per step).
@@ -62,20 +60,13 @@ class Recorded:
     prompts_equal: bool | None = None
 
 
-def drift_path(project_dir: str, entry_path: str) -> str:
-    """Where the drift record of the entry at ``entry_path`` lives (``project_dir``: the role's step directory)."""
-    base = project_dir.rstrip("/") + "/"
-    relative = entry_path[len(base):] if entry_path.startswith(base) else entry_path.rstrip("/").rsplit("/", 1)[-1]
-    return f"{base}{DRIFT_DIR}/{relative.strip('/').replace('/', '-')}.json"
-
-
 def drift_records(store: Any, step_dir: str) -> list[dict[str, Any]]:
     """The drift records of the step at ``step_dir`` (its own, and those of entries below it), by name.
 
     Files that are not small JSON objects are passed over: a record is a report, never trusted data.
     """
-    parent, _, name = step_dir.rstrip("/").rpartition("/")
-    where = f"{parent}/{DRIFT_DIR}"
+    name = step_dir.rstrip("/").rpartition("/")[2]
+    where = Layout.drift_dir_of(step_dir)
     names = sorted(n for n in store.list_dir(where)
                    if n == f"{name}.json" or (n.startswith(f"{name}-") and n.endswith(".json")))
     out: list[dict[str, Any]] = []
@@ -130,7 +121,7 @@ class DriftLog:
         """Count, keep, write and say the comparison of ``step``; raise under ``on_drift: error``.
 
         Args:
-            role: the role (its ``name``, ``stats``, ``store``, ``config``, ``project_dump_dir``).
+            role: the role (its ``name``, ``stats``, ``store``, ``config``, ``layout``).
             step: the step compared.
             drift: the :class:`~stepskip.compare.Drift`.
             recorded: what was read of the entry.
@@ -142,7 +133,7 @@ class DriftLog:
             DriftError: a field drifted and the role's ``on_drift`` is ``error`` (after the record is written).
         """
         meta = recorded.meta
-        path = drift_path(role.project_dump_dir, recorded.path)
+        path = role.layout.drift_path(recorded.path)
         record: dict[str, Any] = {
             "step": int(step), "role": role.name, **drift.as_record(),
             "train_on": str(role.config.train_on), "run_id": role.run_id, "compared_unix": time.time(),

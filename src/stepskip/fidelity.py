@@ -449,7 +449,7 @@ def prompt_row_digests(prompts: Any, exclude: Iterable[str] = ()) -> list[str]:
     """One digest per row of ``prompts``, over every column but ``exclude``: rows with equal
     digests asked for the same thing (the content rules of :func:`prompt_digest`).
 
-    A fast form of :func:`stepskip.matching.row_digests` (its values differ: one scheme must be
+    A fast form of :func:`stepskip._matching.batches.row_digests` (its values differ: one scheme must be
     used by the recording and the replaying run): tensor rows are hashed on their bytes without
     copies, and each distinct non-tensor object once.
 

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Generator, Iterable
 from typing import Any, ClassVar, TypeVar
 
+from stepskip._dumping.worker import default_worker
 from stepskip.calls import (
     CURRENT_CALL,
     BypassTest,
@@ -23,13 +24,12 @@ from stepskip.calls import (
     is_validation,
     prompt_columns,
 )
-from stepskip.config import SkipManagerConfig, SkipRoleConfig, disable_legacy_flag, select
+from stepskip.config import ROLLOUT_ROLES, SkipManagerConfig, SkipRoleConfig, disable_legacy_flag, select
 from stepskip.engines import EnginePlan, decide
 from stepskip.errors import CacheMissError, SkipConfigError
 from stepskip.identity import RunIdentity
 from stepskip.policies import Engines, SkipAction, parse_choice
-from stepskip.roles.base import SKIP_REGISTRY, BaseSkip, RunContext
-from stepskip.worker import default_worker
+from stepskip.roles.base import SKIP_REGISTRY, BaseSkip, RunContext, TwoPhaseRole
 
 __all__ = ["SkipManager"]
 
@@ -40,13 +40,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 # One step of a call's plan: ("io", fn, args, kwargs) runs storage work (off the event loop in
 # coroutine wrappers); ("call",) runs the unit being cached and sends back its result.
 _Instruction = tuple[Any, ...]
-_BUILTIN_ROLES = ("rollout", "rollout_tq", "async_rollout")
 
 
 class _Hooks:
     """What the decision plan needs from a role for one call: is it cached, load it, record it.
 
-    ``annotate`` maps these onto the seed's ``meet_precondition`` / ``warp_function`` /
+    ``annotate`` maps these onto verl's ``meet_precondition`` / ``warp_function`` /
     ``prepare_data``; ``annotate_tq``'s submit phase onto the V1 role's ``meet_precondition`` /
     ``inject`` / ``begin_recording``.
     """
@@ -338,7 +337,7 @@ class SkipManager:
         elif not isinstance(identity, RunIdentity):
             raise SkipConfigError(f"identity = {identity!r} is not valid; expected a stepskip.identity.RunIdentity")
         extra_classes: dict[str, type[SkipRoleConfig]] = {
-            name: skip_cls.config_class for name, skip_cls in SKIP_REGISTRY.items() if name not in _BUILTIN_ROLES
+            name: skip_cls.config_class for name, skip_cls in SKIP_REGISTRY.items() if name not in ROLLOUT_ROLES
         }
         skip_config = SkipManagerConfig.from_section(select(config, "skip"), extra_classes)
         disable_legacy_flag(config, skip_config)
@@ -453,7 +452,7 @@ class SkipManager:
 
     @classmethod
     def annotate_tq(cls, role: str, phase: str) -> Callable[[F], F]:
-        """The two-phase decorator of the V1 trainer over TransferQueue (seed §4).
+        """The two-phase decorator of the V1 trainer over TransferQueue.
 
         ``phase="submit"`` decorates ``_add_batch_to_generate(self)``. On an eligible step it
         replaces the body: ``batch = self._next_train_batch()`` always runs (the dataloader stays
@@ -476,9 +475,10 @@ class SkipManager:
 
                 @functools.wraps(func)
                 def submit_wrapper(owner: Any, *args: Any, **kwargs: Any) -> Any:
-                    skip = cls._serving.get(role)
-                    if skip is None or cls.step not in skip._step_lookup:
+                    serving = cls._serving.get(role)
+                    if serving is None or cls.step not in serving._step_lookup:
                         return func(owner, *args, **kwargs)
+                    skip = cls._two_phase(role, serving)
                     batch = owner._next_train_batch()
                     submit = owner._submit_batch_to_rollout
                     plan = _plan(_SubmitHooks(skip, cls.step, (batch,), {}, batch), submit)
@@ -488,21 +488,37 @@ class SkipManager:
 
             @functools.wraps(func)
             def sample_wrapper(owner: Any, *args: Any, **kwargs: Any) -> Any:
-                skip = cls._serving.get(role)
-                if skip is None or cls.step not in skip._step_lookup:
+                serving = cls._serving.get(role)
+                if serving is None or cls.step not in serving._step_lookup:
                     return func(owner, *args, **kwargs)
+                skip = cls._two_phase(role, serving)
                 step = cls.step
                 result = func(owner, *args, **kwargs)
                 sampled = result[0] if isinstance(result, tuple) else result
-                if skip.should_save(step, getattr(sampled, "partition_id", None)):  # type: ignore[attr-defined]
-                    skip.save_sample(step, sampled)  # type: ignore[attr-defined]
+                if skip.should_save(step, getattr(sampled, "partition_id", None)):
+                    skip.save_sample(step, sampled)
                 elif skip.action is SkipAction.COMPARE:
-                    skip.compare_sample(step, sampled)  # type: ignore[attr-defined]
+                    skip.compare_sample(step, sampled)
                 return result
 
             return sample_wrapper  # type: ignore[return-value]
 
         return decorator
+
+    @staticmethod
+    def _two_phase(role: str, skip: BaseSkip) -> TwoPhaseRole:
+        """``skip`` as the two-phase role ``annotate_tq`` drives.
+
+        Raises:
+            SkipConfigError: the role has no submit and sample phases (``annotate_tq`` needs a role
+                like ``rollout_tq``).
+        """
+        if isinstance(skip, TwoPhaseRole):
+            return skip
+        missing = ", ".join(name for name in dir(TwoPhaseRole) if not name.startswith("_") and not hasattr(skip, name))
+        raise SkipConfigError(f"SkipManager.annotate_tq(role={role!r}): skip.{role} is a {type(skip).__name__}, which "
+                              f"has no submit and sample phases (it lacks {missing}); annotate_tq drives a two-phase "
+                              "role such as rollout_tq: decorate this role's function with SkipManager.annotate")
 
     @classmethod
     def will_replay(cls, role: str, steps: Iterable[int]) -> bool:

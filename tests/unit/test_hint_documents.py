@@ -1,4 +1,4 @@
-"""The JSON hint documents of ``stepskip.hints`` (``rollout_tq``'s V1 steps; the entry records an
+"""The JSON hint documents of ``stepskip._matching.hints`` (``rollout_tq``'s V1 steps; the entry records an
 earlier writer kept) are read from data someone else may have written: every ill-typed or unbounded
 value makes the whole document refused, never an exception, a recursion or an unbounded allocation."""
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-import stepskip.hints as hints_module
-from stepskip.hints import HintDocument, parse_hints
+import stepskip._matching.hints as hints_module
+from stepskip._matching.hints import HintDocument, parse_hints
 
 
 @pytest.mark.parametrize("meta, added", [

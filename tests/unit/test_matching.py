@@ -1,4 +1,4 @@
-"""``stepskip.matching``'s row joins: batches join row-wise only when their columns agree."""
+"""``stepskip._matching.batches``'s row joins: batches join row-wise only when their columns agree."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from tensordict import TensorDict
 
 from stepskip import Batch
-from stepskip.matching import concat_batches, join_problem
+from stepskip._matching.batches import concat_batches, join_problem
 
 
 def rollout(rows: int, dtype: torch.dtype = torch.int64, **non_tensors) -> Batch:
@@ -45,7 +45,7 @@ def test_a_join_failing_for_another_reason_is_reported_not_raised():
 
 
 def test_forgetting_an_entry_hands_its_prompts_back_to_the_others_recording_them():
-    from stepskip.matching import PromptIndex
+    from stepskip._matching.batches import PromptIndex
 
     index = PromptIndex()
     index.add("run/3", 3, ["d", "d"])
@@ -61,7 +61,7 @@ def test_forgetting_an_entry_hands_its_prompts_back_to_the_others_recording_them
 
 
 def test_prompt_index_breaks_a_tie_of_one_step_by_rank_before_the_order_added() -> None:
-    from stepskip.matching import PromptIndex
+    from stepskip._matching.batches import PromptIndex
 
     index = PromptIndex()
     index.add("b/5", 5, ["p"], rank=(1, "b/5"))

@@ -86,7 +86,7 @@ class Frozen:
     #: the encoded files, kept once the buffers went back (a second encode returns them)
     files: dict[str, FileBytes] | None = field(default=None, repr=False, compare=False)
     #: the non-tensor values ``tree`` holds (snapshots and plain values) until encoded: what sizing a queued
-    #: snapshot looks at instead of walking the whole tree (see ``stepskip.roles.cached._small_size``)
+    #: snapshot looks at instead of walking the whole tree (see ``stepskip._dumping.dumper.small_size``)
     leaves: list[Any] | None = field(default=None, repr=False, compare=False)
     #: ``(node, key)`` of every ``_Deferred`` in ``tree``, in the order the tree's walk meets them: where
     #: :func:`_complete` encodes them without walking the tree

@@ -35,7 +35,8 @@ from typing import Any, ClassVar
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from stepskip._storage import EntryState
+from stepskip._reading.classify import EntryStatus
+from stepskip._reading.reader import seconds_of
 from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
 from stepskip.identity import RunIdentity
 from stepskip.integrations._trl_config import TrlGenerateConfig
@@ -268,11 +269,11 @@ class TrlGenerateSkip(CachedRole):
     def _attempt(self, step: int, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Attempt:
         """This rank's outcome, never raising: whatever goes wrong must still reach the collective."""
         try:
-            probe = self._probe_settled(path)
-            if probe.state is EntryState.UNREADABLE:
-                raise self._unreadable(probe.reason)
-            if probe.state is EntryState.DAMAGED:
-                self._report_corrupt(step, path, probe.reason)
+            probe = self.reader.probe_settled(path)
+            if probe.state.kept:
+                raise self.reader.unreadable(probe.reason)
+            if probe.state is EntryStatus.DAMAGED:
+                self.reader.report_corrupt(step, path, probe.reason)
             load_step = self.resolve_load_step(step)
             if load_step == -1:
                 return _Attempt(_MISS)
@@ -303,7 +304,7 @@ class TrlGenerateSkip(CachedRole):
         try:
             return parse_rng_state(recorded, path)
         except CorruptEntryError as err:
-            self._report_corrupt(step, path, str(err))
+            self.reader.report_corrupt(step, path, str(err))
             raise
 
     def _agree(self, attempt: _Attempt) -> tuple[int, int]:
@@ -348,10 +349,8 @@ class TrlGenerateSkip(CachedRole):
         if loaded.rng is not None:
             for reason in loaded.rng.apply():
                 logger.warning("%s: step %d replayed without part of its random state: %s", self.name, step, reason)
-        from stepskip.roles.cached import _seconds
-
         self.stats.add(hits=1, load_seconds=loaded.seconds, bytes_read=loaded.nbytes,
-                       saved_seconds=_seconds(loaded.meta.get("generation_seconds")),
+                       saved_seconds=seconds_of(loaded.meta.get("generation_seconds")),
                        rows_replayed=_completion_rows(loaded.value))
         offer_samples(self, step, loaded.source if loaded.source >= 0 else step, loaded.value,
                       _prompts_of_call(*args, **kwargs), replayed=True)

@@ -11,11 +11,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from stepskip.config import ROLLOUT_ROLES
 from stepskip.pipelines.runtime import RunResult, load_config, quiet_torch_notices
 
 __all__ = ["summarize", "steps_table", "run_module"]
 
-_ROLLOUT_ROLES = ("rollout", "rollout_tq", "async_rollout")
 
 
 def summarize(recorded: RunResult, replayed: RunResult) -> dict[str, Any]:
@@ -41,7 +41,7 @@ def summarize(recorded: RunResult, replayed: RunResult) -> dict[str, Any]:
     gen_time = sum(before[r.step].step_s for r in hits)
     replay_time = sum(r.step_s for r in hits)
     ratio = round((replay_time / len(hits)) / (gen_time / len(hits)), 4) if hits and gen_time > 0 else None
-    avoided = int(sum(replayed.skip_stats.get(f"skip/{role}/hits", 0) for role in _ROLLOUT_ROLES))
+    avoided = int(sum(replayed.skip_stats.get(f"skip/{role}/hits", 0) for role in ROLLOUT_ROLES))
     return {
         "rollout_calls_avoided": avoided,
         "time_saved_s": round(gen_time - replay_time, 4),

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from stepskip.config import SkipRoleConfig, StepSet
 from stepskip.errors import SkipConfigError
 from stepskip.identity import RunIdentity
 from stepskip.policies import SkipAction
 
-__all__ = ["SkipAction", "BaseSkip", "RunContext", "register_skip", "SKIP_REGISTRY"]
+__all__ = ["SkipAction", "BaseSkip", "RunContext", "TwoPhaseRole", "register_skip", "SKIP_REGISTRY"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class RunContext:
 
 
 class BaseSkip:
-    """Base class of every skip role (seed §6.3).
+    """Base class of every skip role: the protocol verl's own skip roles speak.
 
     One instance per role is shared by every call of the decorated function, including calls
     that overlap in async pipelines: keep per-call state out of ``self``. The constructor only
@@ -113,6 +113,58 @@ class BaseSkip:
 
     def close(self) -> None:
         """Release what the role holds; called by ``SkipManager.close``."""
+
+
+@runtime_checkable
+class TwoPhaseRole(Protocol):
+    """A role that ``SkipManager.annotate_tq`` drives: a submit phase that injects a cached step into a
+    queue (or submits the prompts and marks the step for recording), and a sample phase that saves what
+    was sampled. ``rollout_tq`` is one; ``annotate_tq`` checks a role against this protocol when it first
+    serves it.
+    """
+
+    action: SkipAction
+
+    def meet_precondition(self, step: int) -> bool:
+        """True when the submit phase of ``step`` is served from the cache."""
+        ...
+
+    def inject(self, step: int, new_prompt_uids: list[str], partition_id: str = "train", prompts: Any = None) -> None:
+        """The submit phase's cached result: put the cached step into the queue under ``new_prompt_uids``."""
+        ...
+
+    def begin_recording(self, step: int, prompts: Any = None) -> None:
+        """The submit phase's miss: the step's samples are to be saved as they are drawn."""
+        ...
+
+    def match_inject(self, step: int, prompts: Any, partition_id: str = "train") -> Any:
+        """``action: match``'s submit phase: inject the recorded prompt groups; the prompts left to submit."""
+        ...
+
+    def should_save(self, step: int, partition_id: str | None = "train") -> bool:
+        """True when a sample of ``step`` drawn from ``partition_id`` must be saved."""
+        ...
+
+    def save_sample(self, step: int, sampled: Any) -> None:
+        """The sample phase: save what was sampled as the step's next inner entry."""
+        ...
+
+    def compare_submit(self, step: int, prompts: Any) -> None:
+        """``action: compare``'s submit phase: the batch goes to rollout; a recorded step is read to compare."""
+        ...
+
+    def compare_sample(self, step: int, sampled: Any) -> None:
+        """``action: compare``'s sample phase: compare what was sampled with the recorded step."""
+        ...
+
+    def has_v1_cache(self, step: int) -> bool:
+        """True when the action would load a complete cached step for ``step``."""
+        ...
+
+    def maybe_load_and_inject(self, step: int, new_prompt_uids: list[str], partition_id: str = "train",
+                              prompts: Any = None) -> bool:
+        """The submit phase in one call: inject the cached step, or mark it for recording (False)."""
+        ...
 
 
 SKIP_REGISTRY: dict[str, type[BaseSkip]] = {}

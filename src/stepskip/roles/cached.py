@@ -1,68 +1,53 @@
-"""``CachedRole``: everything a role that keeps its results in a cache shares.
+"""``CachedRole``: the role that keeps its results in a cache, and decides each call from it.
 
-It owns the store, the layout, the format, the counters, the fidelity checks and the bookkeeping
-of background dumps; the concrete roles (``rollout``, ``async_rollout``, ``rollout_tq``, stage
-roles, custom roles) only say what a call's unit of caching is. Entries are in one of four
-states (SPEC §6): *missing*, *present*, *damaged* (regenerated; raised under ``replay``) and
-*unreadable* (intact but not decodable here: an error naming the entry and the fix; never
-regenerated over or deleted — only ``action: record`` replaces it).
+The role holds the run's store, layout, format and counters, and decides every call under its
+action (hit, miss, replay, record). The work is done by collaborators it owns: a reader
+(:mod:`stepskip._reading`: probe, classify, read, fidelity, rebind; what one step consists of; the
+reused listings), a dump pipeline (:mod:`stepskip._dumping`: snapshot, queue, batches, helper
+processes, and what a write commits) and, for ``action: match``, a prompt index and its writers'
+hints (:mod:`stepskip._matching`). A subclass that caches something else passes other collaborators
+(the V1 role: a step of inner entries, published whole); it overrides no private hook.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
-import re
-import sys
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
-import numpy as np
-
-from stepskip._storage import EntryState, Probe, Tree, check_dump_dir, open_store, settled
-from stepskip._version import __version__
+from stepskip._dumping.commit import Commit, EntryCommit
+from stepskip._dumping.dumper import Dumper
+from stepskip._matching.batches import MatchSplit, row_count
+from stepskip._matching.index import MatchIndex
+from stepskip._matching.matcher import Matcher, row_prompts
+from stepskip._matching.writer import HintWriter
+from stepskip._reading.classify import EntryStatus
+from stepskip._reading.compare import Comparer
+from stepskip._reading.listing import StepListing
+from stepskip._reading.reader import EntryReader, prompt_digest, seconds_of
+from stepskip._reading.steps import FlatSteps, StepEntries
+from stepskip._storage import Tree, check_dump_dir, open_store
 from stepskip.access import check_writable, describe_store_access_error, is_store_access_error
 from stepskip.calls import CURRENT_CALL, added_columns, call_prompts
-from stepskip.config import SkipRoleConfig
+from stepskip.config import ROLLOUT_ROLES, SkipRoleConfig
+from stepskip.entries import FormatSpec, legacy_format, storage_format
+from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
+from stepskip.identity import RunIdentity, fingerprint_of
+from stepskip.layout import Layout, is_url
 from stepskip.drift import DriftLog, Recorded
-from stepskip.entries import (
-    FileBytes,
-    FormatSpec,
-    format_spec,
-    legacy_format,
-    storage_format,
-    unsupported_format_message,
-)
-from stepskip.errors import (
-    CacheMissError,
-    CorruptEntryError,
-    FingerprintMismatchError,
-    PickleRefusedError,
-    PromptMismatchError,
-    ReplayMissError,
-    SkipConfigError,
-    TruncatedEntryError,
-    UnreadableEntryError,
-)
-from stepskip.identity import RunIdentity, fingerprint_diff, fingerprint_of
-from stepskip.layout import RUN_DIR, Layout, is_url, safe_component
-from stepskip.matching import batch_rows
-from stepskip.policies import CheckPrompts, MatchN, OnMismatch, SkipAction, TrainOn
+from stepskip.policies import SkipAction
 from stepskip.resolve import EXACT_ACTIONS, load_candidates
 from stepskip.roles.base import BaseSkip, RunContext
-from stepskip.stage_inputs import encode_entry
 from stepskip.stats import COMPARE_STAT_NAMES, RoleStats
 from stepskip.tracker import offer_samples
-from stepskip.worker import default_worker
 
-__all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS", "VERL_LAYOUT_ROLES"]
+__all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,61 +56,23 @@ ALL_ACTIONS = [SkipAction.CACHE, SkipAction.REPEAT, SkipAction.RANDOM, SkipActio
 #: Roles whose output rows map one to one onto their prompt rows also replay by prompt (``match``).
 ROW_WISE_ACTIONS = [*ALL_ACTIONS, SkipAction.MATCH]
 
-#: Roles whose entries live directly in the run directory, as verl lays them out (seed §2.5).
-#: Every other role gets ``{run}/{role}/``, so that two roles never read each other's entries.
-VERL_LAYOUT_ROLES = frozenset({"rollout", "async_rollout", "rollout_tq"})
-
-_RETRY_SECONDS = 0.05
-#: A reused directory listing is taken afresh at least this often (seconds), whatever the
-#: directory's version says (see :meth:`CachedRole.listed_steps`).
-LISTING_MAX_AGE = 30.0
-#: At most this many probes of hits are kept for the reads that follow them (see ``_take_probe``).
-_HIT_PROBES_MAX = 256
 #: A step's entry of at most this many bytes is read whole when its hit is decided, and served from
-#: what was read (a one-sample entry of the async role: about 20 KB); at most _HIT_PROBES_MAX are held.
+#: what was read (a one-sample entry of the async role: about 20 KB).
 HIT_KEEP_BYTES = 64 << 10
-#: The clock of :data:`LISTING_MAX_AGE` (a module attribute so tests can move it).
-_monotonic = time.monotonic
-#: ``action: match`` reads the hint documents of a run directory once at least this many of its
-#: entries are not indexed yet (fewer are read directly: as cheap as the documents' listing).
-_HINTED_FROM = 8
-#: Hint documents read at most, and the rows they may describe in all (bounds should someone plant many).
-_MAX_HINT_DOCUMENTS = 1024
-_MAX_HINTED_ROWS = 1 << 25
-_MAX_HINT_BYTES = 64 << 20  # hint documents (or digest tables) read in all by one role
-#: Entries one ``match`` call may read for what the digest tables say of its prompts, beyond two per
-#: distinct prompt (then they are given up: every entry they cover is read directly).
-_CANDIDATE_READS = 64
 #: The actions whose calls list the run directory: the start-up clean-up's listing is kept for their first call.
 _LISTING_ACTIONS = frozenset({SkipAction.REPEAT, SkipAction.RANDOM, SkipAction.MATCH})
-#: Key rows one ``match`` call may look at in the digest tables (honest tables file a prompt's key once
-#: per entry holding it, the latest first: a call looks at one or two rows per prompt).
-_CANDIDATE_SCAN = 1 << 16
-_NO_NAMES: frozenset[str] = frozenset()
-_STEP_NAME = re.compile(r"0|[1-9][0-9]{0,18}", re.ASCII)
-_ODD_DIGITS = re.compile(r"\n0[0-9]|[0-9]{20}")  # a leading zero, or more digits than a step has
-
-
-def _prompt_digest(prompts: Any, exclude: Iterable[str]) -> str | None:
-    from stepskip.fidelity import prompt_digest  # hashes tensors: torch loads with the first dump
-
-    return prompt_digest(prompts, exclude)
-
-
-def _recycled(size: int) -> memoryview | None:
-    """Recycled pages for a big file of an entry read whole (a fresh buffer of its size would fault in
-    every page); the page pool is imported only where a decoder that reads buffers asks for it."""
-    from stepskip.formats.pages import POOL
-
-    return POOL.buffer(size)
 
 
 def _forget_dumps_after_fork() -> None:
     """In a forked child: the parent's queued dumps are not this process's to wait for (no thread
     here finishes them; a lock may have been held at the fork)."""
     for role in list(_ROLES):
-        role._pending = {}
-        role._pending_lock, role._hint_lock, role._index_lock = threading.Lock(), threading.Lock(), threading.Lock()
+        role.dumper.after_fork()
+        role.dumper.commit.after_fork()
+        role.listing.after_fork()
+        role.hints.after_fork()
+        role.match_index.after_fork()
+        role.comparer.after_fork()
         role._bind_lock = threading.Lock()
 
 
@@ -136,8 +83,19 @@ os.register_at_fork(after_in_child=_forget_dumps_after_fork)
 class CachedRole(BaseSkip):
     """Base of every role that records results to a cache and replays them.
 
-    Subclasses say what one cached unit is; the base does the rest. ``config_class`` must derive
-    from :class:`~stepskip.SkipRoleConfig`.
+    Subclasses say what one cached unit is, by the collaborators they pass; the base decides every
+    call. ``config_class`` must derive from :class:`~stepskip.SkipRoleConfig`.
+
+    Args:
+        local_config: the role's section (``skip.<role>``).
+        global_config: the whole training config.
+        commit: what a written entry commits (default: the entry itself, published by its own write;
+            :mod:`stepskip._dumping.commit`).
+        entries: what one step consists of (default: one flat entry; :mod:`stepskip._reading.steps`).
+        match_index: the prompt index of ``action: match`` (default: over flat entries;
+            :mod:`stepskip._matching.index`).
+        comparer: what ``action: compare`` reads and compares (default: one flat entry per step;
+            :mod:`stepskip._reading.compare`).
     """
 
     support_actions = ROW_WISE_ACTIONS
@@ -145,7 +103,9 @@ class CachedRole(BaseSkip):
     #: Entries are V1 inner entries (``{step}/{inner}/``, verl's ``tq_batch.pt``).
     v1: ClassVar[bool] = False
 
-    def __init__(self, local_config: Any, global_config: Any) -> None:
+    def __init__(self, local_config: Any, global_config: Any, *, commit: Commit | None = None,
+                 entries: StepEntries | None = None, match_index: MatchIndex | None = None,
+                 comparer: Comparer | None = None) -> None:
         super().__init__(local_config, global_config)
         config = self.local_config
         if not isinstance(config, SkipRoleConfig):
@@ -170,45 +130,27 @@ class CachedRole(BaseSkip):
         self._layout: Layout | None = None
         self._store: Any = None
         self._bind_lock = threading.Lock()
-        self._warned: set[tuple[str, ...]] = set()
-        self._pending: dict[str, threading.Event] = {}  # entry path -> its background dump finished
-        self._pending_lock = threading.Lock()
+        #: Reads entries (probe, classify, read, fidelity, rebind); ``entries``: what one step consists of.
+        self.reader = EntryReader(self)
+        self.entries: StepEntries = entries if entries is not None else FlatSteps(self)
+        self.listing = StepListing(lambda: self.store)
+        #: The prompt hints this role writes, the prompt index ``match`` reads, and the ``match`` calls.
+        self.hints = HintWriter(self)
+        self.match_index: MatchIndex = match_index if match_index is not None else MatchIndex(self)
+        self.matcher = Matcher(self)
+        #: ``action: compare``: the recorded result read before the call, compared with the live one after it.
+        self.comparer: Comparer = comparer if comparer is not None else Comparer(self)
+        #: The dump pipeline; what a write commits is ``commit`` (flat entries: each by its own write).
+        self.dumper = Dumper(self, commit if commit is not None else EntryCommit(self.hints.entries_written),
+                             wrote=self.listing.wrote)
         _ROLES.add(self)
-        self._hint_lock = threading.Lock()
-        self._index_lock = threading.Lock()
         self._new_run()
 
     def _new_run(self) -> None:
         """The state that belongs to the run the role is bound to (what it wrote, indexed and listed),
-        empty: at construction, and when a bound role is bound to a run again."""
-        self._index: Any = None  # the prompt index of ``action: match``, built on first use
-        self._hints_read: set[str] = set()  # run directories whose hint documents (or digest tables) were read
-        # the listed entries a digest table covers, not indexed yet: read when a live prompt's key points
-        # at them (see _index_candidates)
-        self._covered: dict[str, set[str]] = {}  # run directory -> names of the entries covered
-        self._tables: list[_Claims] = []  # the digest tables in use
-        self._indexed_listing: Any = None  # the listing _match_index last forgot entries by
-        # calls of _match_index so far, and run directory -> the one whose call covered its entries: an
-        # entry is ranked in the index (ties of one step) by the call that first saw it, then its path, as
-        # if every entry were indexed when first listed, in path order
-        self._generation = 0
-        self._covered_in: dict[str, int] = {}
-        self._hints: Any = None  # the HintDocument this role writes (V1 steps; see stepskip.hints), made on first write
-        self._table: Any = None  # the TableWriter of this role's digest tables (entries), made on first write
-        self._hint_name = ""
-        # see listed_steps: ((path, version), steps, monotonic time listed), and the count of this role's writes
-        self._listing: tuple[tuple[str, Any], tuple[int, ...], float] | None = None
-        self._writes_seen = 0
-        # see _match_listing: (writes seen, ((directory, version), ...), the listing, monotonic time listed)
-        self._sources: tuple[int, tuple[tuple[str, Any], ...], dict[str, frozenset[str]], float] | None = None
-        self._source_paths: tuple[Any, frozenset[str]] | None = None  # (listing, its entry paths)
-        # this run directory's listing taken by the start-up clean-up: (path, version, step names,
-        # monotonic time listed, writes seen), for _match_listing's first listing
-        self._seed: tuple[str, Any, frozenset[str], float, int] | None = None
-        # entry path -> the probe meet_precondition took of it (present), for the read that follows. Keyed
-        # by path, so calls in flight at once (the async role) do not take each other's; one of another
-        # call at the same path serves as well: the store uses a probe only while meta.json is that file
-        self._hit_probes: dict[str, Probe] = {}
+        emptied: at construction, and when a bound role is bound to a run again."""
+        for part in (self.match_index, self.hints, self.reader, self.listing, self.dumper.commit, self.comparer):
+            part.reset()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -266,7 +208,7 @@ class CachedRole(BaseSkip):
 
     def layout_subdir(self) -> str | None:
         """The directory under the run directory that holds this role's steps (None: the run directory)."""
-        return None if self.name in VERL_LAYOUT_ROLES else self.name
+        return None if self.name in ROLLOUT_ROLES else self.name
 
     def start(self) -> None:
         """Startup I/O of an enabled role (after :meth:`bind`): a dump dir this process cannot use is
@@ -296,19 +238,12 @@ class CachedRole(BaseSkip):
         path = self.layout.project_dir
         can = self.store.capabilities
         if tree is None and self.action in _LISTING_ACTIONS and can.dir_versions and can.atomic_dir_publish:
-            # the run directory's listing is kept for the first call, which lists it otherwise (10,000
-            # names: a few milliseconds), under the rules of a reused listing (see listed_steps)
-            version, listed_at, listed_mono = self.store.dir_version(path), time.time_ns(), _monotonic()
-            names: list[str] = []
-            self.store.remove_leftovers(path, listed=names)
-            if settled(version, listed_at) and self.store.dir_version(path) == version:
-                self._seed = (path, version, _step_names(names), listed_mono, self._writes_seen)
+            self.listing.clean_up(path)  # its listing is kept for the first call
         else:
             self.store.remove_leftovers(path, tree=tree)
         if tree is None:  # a local hint file (table, document) is written by rename: a crashed writer's temporary
-            from stepskip.hints import HINTS_DIR
-
-            self.store.remove_leftovers(f"{self.layout.experiment_dir}/{HINTS_DIR}")
+            self.store.remove_leftovers(self.layout.hints_dir)
+        self.entries.clean_up(tree)
 
     @property
     def layout(self) -> Layout:
@@ -347,75 +282,31 @@ class CachedRole(BaseSkip):
 
     def listed_steps(self) -> list[int]:
         """Steps that have a directory, and those this run's queued dumps will write (one listing;
-        nothing is read or validated).
-
-        On local disk the parsed listing is reused while all of these hold: the directory's version
-        (device, inode, mtime and ctime) is what it was, that mtime was already
-        :data:`~stepskip._storage.SETTLED_NS` old when it was listed, this role has written no entry
-        since, and the listing is less than :data:`LISTING_MAX_AGE` seconds old. A call then costs
-        a ``stat``, not a listing, whatever the number of entries. The last two rules bound what
-        directory times cannot tell: a FUSE mount with fixed directory times, an NFS client whose
-        clock runs ahead of the server's, entries added by other writers whose times were set back.
-        Only names are reused: every candidate is still validated when it is chosen. The first listing
-        of a run is the one the start-up clean-up took (:meth:`clean_up`), under the same rules.
-        """
-        return self._with_queued(self._listed_on_disk())
-
-    def _with_queued(self, listed: list[int]) -> list[int]:
-        """``listed`` with the steps of this run's dumps still queued: ``repeat`` and ``random`` see a
-        step dumped in the background as they would a synchronous dump (validating it waits for it)."""
-        if not self._pending:
+        nothing is read or validated): ``repeat`` and ``random`` see a step dumped in the background as
+        they would a synchronous dump (validating it waits for it). The listing is reused while the
+        directory is unchanged (see :mod:`stepskip._reading.listing`)."""
+        listed = self.listing.steps(self.project_dump_dir)
+        names = self.dumper.queued_in(self.project_dump_dir)
+        if not names:
             return listed
-        own = self.project_dump_dir + "/"
-        with self._pending_lock:
-            names = [p[len(own):].split("/", 1)[0] for p in self._pending if p.startswith(own)]
         queued = {step for step in map(Layout.parse_step, names) if step is not None}
         return sorted(queued.union(listed)) if not queued.issubset(listed) else listed
 
-    def _listed_on_disk(self) -> list[int]:
-        path = self.project_dump_dir
-        version = self.store.dir_version(path)
-        cached = self._listing
-        writes = self._writes_seen
-        seed = self._seed
-        if cached is None and seed is not None and version is not None and seed[:2] == (path, version) \
-                and seed[4] == writes and 0 <= _monotonic() - seed[3] < LISTING_MAX_AGE:
-            # unchanged since the start-up clean-up listed it (settled then): as if listed at that time
-            self._seed = None
-            cached = self._listing = ((path, version), tuple(sorted(map(int, seed[2]))), seed[3])
-        if (version is not None and cached is not None and cached[0] == (path, version)
-                and 0 <= _monotonic() - cached[2] < LISTING_MAX_AGE):
-            return list(cached[1])
-        listed_at, listed_mono = time.time_ns(), _monotonic()
-        steps = (Layout.parse_step(name) for name in self.store.list_dir(path))
-        listed = sorted(s for s in steps if s is not None)
-        if settled(version, listed_at) and self.store.dir_version(path) == version:
-            with self._pending_lock:  # as _forget_listing changes them: no write of ours finished while we listed
-                if writes == self._writes_seen:
-                    self._listing = ((path, version), tuple(listed), listed_mono)
-        return listed
-
-    def _forget_listing(self) -> None:
-        """This role wrote (or tried to write) an entry: the next listing is taken afresh."""
-        with self._pending_lock:
-            self._writes_seen += 1
-            self._listing = None
-
     def available_steps(self) -> list[int]:
         """Steps with a valid entry, sorted (damaged and unreadable entries and temporaries are left out)."""
-        return [step for step in self.listed_steps() if self._present(step)]
+        return [step for step in self.listed_steps() if self.entries.present(step)]
 
     def resolve_load_step(self, step: int) -> int:
         """The step this role's action would load for a call at ``step``; -1 for none.
 
         ``cache``/``replay``: ``step`` itself. ``repeat``: ``step``, else the largest smaller
-        available step, else the smallest larger one (seed §2.3). ``random``: an available step
+        available step, else the smallest larger one (as verl's ``repeat``). ``random``: an available step
         drawn reproducibly from ``seed`` and ``step``. ``record``: never loads. Re-resolved on
         every call; only the candidates tried are validated.
         """
         listed = () if self.action in EXACT_ACTIONS else self.listed_steps()
         for candidate in load_candidates(self.action, step, listed, self.seed):
-            if self._present(candidate):
+            if self.entries.present(candidate):
                 return candidate
         return -1
 
@@ -423,61 +314,15 @@ class CachedRole(BaseSkip):
         if step not in self._step_lookup or self.action is SkipAction.COMPARE:  # compare always runs the call
             return False
         if self.action is SkipAction.MATCH:  # looks prompts up, not steps: a run taking the recorded
-            load_step = step if self._present(step) else -1  # steps again finds them in the step's entry
+            load_step = step if self.entries.present(step) else -1  # steps again finds them in the step's entry
         else:
             load_step = self.resolve_load_step(step)
-        return load_step != -1 and all(self._servable(p.meta or {}) for p in self._probes(load_step))
+        return load_step != -1 and all(self.reader.servable(p.meta or {}) for _, p in self.entries.probed(load_step))
 
-    def _servable(self, meta: dict[str, Any]) -> bool:
-        """False when an entry's meta alone shows a call would not be served from it."""
-        spec = format_spec(meta.get("format", self.legacy.name))
-        if spec is None or (spec.uses_pickle and not self.allow_pickle):
-            return False
-        recorded = meta.get("fingerprint")
-        return not (self.on_mismatch is OnMismatch.REGENERATE and isinstance(recorded, dict)
-                    and fingerprint_diff(recorded, self.fingerprint))
-
-    def _probes(self, step: int) -> list[Probe]:
-        """The probes of every file set ``step`` consists of (one flat entry here)."""
-        return [self._probe(self.step_dump_dir(step))]
-
-    def _probe(self, path: str, keep: int = 0) -> Probe:
-        """Probe and classify the entry at ``path`` (a present entry this role cannot use is unreadable);
-        ``keep``: as :meth:`~stepskip._storage.EntryStore.probe`'s."""
-        if self._pending:
-            self._await_pending(path)
-        return self._classify(path, self.store.probe(path, self.legacy.files, keep))
-
-    def _classify(self, path: str, probe: Probe) -> Probe:
-        if probe.state is not EntryState.PRESENT:
-            return probe
-        meta = probe.meta or {}
-        name = meta.get("format", self.legacy.name)
-        spec = format_spec(name)
-        if spec is None:
-            return Probe(EntryState.UNREADABLE, meta, unsupported_format_message(path, name))
-        if spec.v1 != self.v1 and spec.uses_pickle:
-            kind = "V1 inner entries" if spec.v1 else "flat entries"
-            return Probe(EntryState.UNREADABLE, meta, f"{path} is in format {name!r}, which holds {kind}; "
-                         f"role {self.name!r} cannot replay it. Move it away or re-record with action: record")
-        role = meta.get("role")
-        if role is not None and role != self.name:
-            return Probe(EntryState.UNREADABLE, meta,
-                         f"{path} was recorded by role {role!r}, not {self.name!r} (two roles shared one "
-                         "directory). Move it to its own role's directory or re-record with action: record")
-        return probe
-
-    def _probe_settled(self, path: str, keep: int = 0) -> Probe:
-        """Probe, looking twice before calling an entry damaged (it may be mid-replacement)."""
-        probe = self._probe(path, keep)
-        if probe.state is EntryState.DAMAGED:
-            time.sleep(_RETRY_SECONDS)
-            probe = self._probe(path, keep)
-        return probe
-
-    def _present(self, step: int) -> bool:
-        """True when ``step`` has a complete, usable-looking entry (no data read)."""
-        return all(p.state is EntryState.PRESENT for p in self._probes(step))
+    def await_dump(self, path: str) -> None:
+        """Wait for this run's queued dump of ``path``, if any (a read of it then finds it written)."""
+        if self.dumper.pending:
+            self.dumper.await_pending(path)
 
     # ------------------------------------------------------------------ the role protocol
 
@@ -496,7 +341,7 @@ class CachedRole(BaseSkip):
             hit = self._exact_step_usable(step)
         elif action is SkipAction.REPEAT:
             # a damaged exact step is reported and regenerated, as under cache, not passed over for
-            # another step in silence (a missing one is passed over: seed §2.3)
+            # another step in silence (a missing one is passed over, as verl's repeat does)
             hit = not self._exact_step_damaged(step) and self.resolve_load_step(step) != -1
         else:
             self._refuse_unreadable(step)  # the exact step would be regenerated over: never
@@ -510,20 +355,14 @@ class CachedRole(BaseSkip):
     def _exact_step_usable(self, step: int) -> bool:
         path = self.step_dump_dir(step)
         # a small entry is read whole by the probe: the hit that follows reads it from there
-        probe = self._probe_settled(path, keep=HIT_KEEP_BYTES)
-        if probe.state is EntryState.UNREADABLE:
-            raise self._unreadable(probe.reason)
-        if probe.state is EntryState.DAMAGED:
-            self._report_corrupt(step, path, probe.reason)
-        if probe.state is EntryState.PRESENT:
-            if len(self._hit_probes) >= _HIT_PROBES_MAX:  # probes of hits whose read never came
-                self._hit_probes.clear()
-            self._hit_probes[path] = probe
-        return probe.state is EntryState.PRESENT
-
-    def _take_probe(self, path: str) -> Probe | None:
-        """The probe :meth:`meet_precondition` took of ``path``, once (None when there is none)."""
-        return self._hit_probes.pop(path, None)
+        probe = self.reader.probe_settled(path, keep=HIT_KEEP_BYTES)
+        if probe.state.kept:
+            raise self.reader.unreadable(probe.reason)
+        if probe.state is EntryStatus.DAMAGED:
+            self.reader.report_corrupt(step, path, probe.reason)
+        if probe.state is EntryStatus.PRESENT:
+            self.reader.keep_probe(path, probe)
+        return probe.state is EntryStatus.PRESENT
 
     def _exact_step_damaged(self, step: int) -> bool:
         """Whether ``step``'s own entry is damaged (reported when it is): one probe when it is not, a
@@ -534,20 +373,17 @@ class CachedRole(BaseSkip):
             UnreadableEntryError: the entry is intact but cannot be used here (it is kept, never regenerated over).
         """
         path = self.step_dump_dir(step)
-        probe = self._probe_settled(path)
-        if probe.state is EntryState.UNREADABLE:
-            raise self._unreadable(probe.reason)
-        if probe.state is EntryState.DAMAGED:
-            self._report_corrupt(step, path, probe.reason)
-        return probe.state is EntryState.DAMAGED
+        probe = self.reader.probe_settled(path)
+        if probe.state.kept:
+            raise self.reader.unreadable(probe.reason)
+        if probe.state is EntryStatus.DAMAGED:
+            self.reader.report_corrupt(step, path, probe.reason)
+        return probe.state is EntryStatus.DAMAGED
 
     def _refuse_unreadable(self, step: int) -> None:
-        for probe in self._probes(step):
-            if probe.state is EntryState.UNREADABLE:
-                raise self._unreadable(probe.reason)
-
-    def _unreadable(self, reason: str) -> UnreadableEntryError:
-        return UnreadableEntryError(f"{self.name}: {reason}")
+        for _, probe in self.entries.probed(step):
+            if probe.state.kept:
+                raise self.reader.unreadable(probe.reason)
 
     def warp_function(self, step: int, func: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
         """Load the entry the action resolves for ``step`` and rebind identity columns.
@@ -564,11 +400,10 @@ class CachedRole(BaseSkip):
             # probed first (one look at meta.json per hit, not three); an entry found missing or
             # damaged takes the general path below, which looks again and says why
             path = self.step_dump_dir(step)
-            if self._pending:
-                self._await_pending(path)
+            self.await_dump(path)
             start = time.perf_counter()
             try:
-                value, meta, nbytes = self._read_entry_once(path, step, step, prompts, self._take_probe(path))
+                value, meta, nbytes = self.reader.read_once(path, step, step, prompts, self.reader.take_probe(path))
             except (ReplayMissError, CorruptEntryError):
                 pass
             except CacheMissError:
@@ -578,14 +413,14 @@ class CachedRole(BaseSkip):
                 return self._served(step, step, value, meta, time.perf_counter() - start, nbytes, prompts)
         load_step = self.resolve_load_step(step)
         if load_step == -1 and self.action is not SkipAction.RECORD:
-            probe = self._probe_settled(self.step_dump_dir(step))
-            if probe.state is EntryState.PRESENT:
+            probe = self.reader.probe_settled(self.step_dump_dir(step))
+            if probe.state is EntryStatus.PRESENT:
                 load_step = step  # it appeared, or was being replaced, while we looked
-            elif probe.state is EntryState.UNREADABLE:
-                raise self._unreadable(probe.reason)
-            elif probe.state is EntryState.DAMAGED:
+            elif probe.state.kept:
+                raise self.reader.unreadable(probe.reason)
+            elif probe.state is EntryStatus.DAMAGED:
                 path = self.step_dump_dir(step)
-                self._report_corrupt(step, path, probe.reason)
+                self.reader.report_corrupt(step, path, probe.reason)
                 raise CorruptEntryError(f"{self.name}: entry for step {step} at {path} is damaged: {probe.reason}")
         if load_step == -1:
             raise ReplayMissError(
@@ -612,10 +447,10 @@ class CachedRole(BaseSkip):
         except CacheMissError:
             self._regenerated()
             raise
-        self._rebind(value, prompts)
-        saved = _seconds(meta.get("generation_seconds"))
+        self.reader.rebind(value, prompts)
+        saved = seconds_of(meta.get("generation_seconds"))
         self.stats.add(hits=1, load_seconds=seconds, bytes_read=nbytes, saved_seconds=saved,
-                       rows_replayed=_row_count(value))
+                       rows_replayed=row_count(value))
         offer_samples(self, step, load_step, value, prompts, replayed=True)
         logger.info("%s hit: step %d replayed from step %d at %s (%d bytes, %.3fs)",
                     self.name, step, load_step, self.step_dump_dir(load_step), nbytes, seconds)
@@ -631,130 +466,49 @@ class CachedRole(BaseSkip):
         info = CURRENT_CALL.get()
         seconds = info.generation_seconds if info is not None else None
         prompts = call_prompts(args, kwargs)
-        added = added_columns(prompts)  # columns the call put into its own prompts: not what it was asked
-        self.stats.add(rows_generated=_row_count(result))
+        # columns the call put into its own prompts are not what it was asked: the digests leave them out
+        exclude = [*self.rebind_keys, *added_columns(prompts)]
+        self.stats.add(rows_generated=row_count(result))
         offer_samples(self, step, step, result, prompts, replayed=False)
 
         def meta() -> dict[str, Any]:
             from stepskip.fidelity import shared_object_digests
 
-            exclude = [*self.rebind_keys, *added]
             with shared_object_digests():  # both digests hash the same prompt objects: each is hashed once
-                row_prompts = self._row_prompts(prompts, result, exclude)
-                digest = _prompt_digest(prompts, exclude)
-            return self._entry_meta(step, seconds, prompt_digest=digest, row_prompts=row_prompts, **rng)
+                digests = row_prompts(prompts, result, exclude) if self.row_wise else None
+                digest = prompt_digest(prompts, exclude)
+            return self.dumper.entry_meta(step, seconds, prompt_digest=digest, row_prompts=digests, **rng)
 
-        prepared = self._snapshot(step, path, result, copy=self.async_dump, meta=meta)
+        prepared = self.dumper.snapshot(step, path, result, copy=self.async_dump, meta=meta)
         if prepared is not None and getattr(self.config, "record_inputs", False):
-            prepared = self._with_inputs(step, prepared, args, kwargs)
+            prepared = self.dumper.with_inputs(step, prepared, args, kwargs)
         if prepared is not None:
-            self._submit_write(path, step, *prepared)
-
-    def _with_inputs(self, step: int, prepared: tuple[Any, dict[str, Any]], args: tuple[Any, ...],
-                     kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        """The snapshot of a result with its call's arguments beside it (``record_inputs``); the result alone,
-        with a warning naming the argument, when they cannot be stored safely."""
-        from stepskip.stage_inputs import WithInputs, call_arguments, freeze_inputs, inputs_meta
-
-        info = CURRENT_CALL.get()
-        positional, keyword, owner = call_arguments(info.function if info is not None else None, args, kwargs)
-        frozen, meta = prepared
-        try:
-            inputs = freeze_inputs(positional, keyword, copy=self.async_dump)
-        except Exception as err:  # the dump boundary: the result is still recorded
-            logger.warning("%s: step %d is recorded without its inputs (record_inputs): %s: %s", self.name, step,
-                           type(err).__name__, err)
-            return prepared
-        meta["inputs"] = inputs_meta(positional, keyword, owner)
-        return WithInputs(frozen, inputs), meta
+            self.dumper.submit(path, step, *prepared)
 
     # ------------------------------------------------------------------ action: compare
 
-    @property
-    def tolerance(self) -> Any:
-        """What ``action: compare`` requires of a live result (``rtol``, ``atol``, ``compare_min_match``)."""
-        from stepskip.compare import Tolerance
-
-        return Tolerance(rtol=self.config.rtol, atol=self.config.atol, min_match=self.config.compare_min_match)
-
     def compare_read(self, step: int, func: Callable[..., Any] | None = None, *args: Any, **kwargs: Any
                      ) -> Recorded | None:
-        """Read the entry of ``step`` for ``action: compare``, before the call runs live.
+        """Read the entry of ``step`` for ``action: compare``, before the call runs live
+        (:meth:`stepskip._reading.compare.Comparer.read`).
 
         Returns:
-            What was read; None when there is nothing to compare with: no entry, a damaged one (counted
-            and reported), or one of other settings under ``on_mismatch: regenerate``. The live result
-            is then recorded, as under ``cache``.
+            What was read; None when there is nothing to compare with (the live result is then recorded).
 
         Raises:
             UnreadableEntryError: the entry is intact but cannot be read here (it is never recorded over).
         """
-        path = self.step_dump_dir(step)
-        probe = self._probe_settled(path)
-        if probe.state is EntryState.UNREADABLE:
-            raise self._unreadable(probe.reason)
-        if probe.state is EntryState.DAMAGED:
-            self._report_corrupt(step, path, probe.reason)
-            self.drift_log.damaged(self, step, path, probe.reason)
-        elif probe.state is EntryState.PRESENT:
-            try:
-                value, meta, seconds, nbytes = self._read_entry(path, step, -1)  # prompts: compared below
-            except CorruptEntryError as err:  # counted by the read
-                self.drift_log.damaged(self, step, path, str(err))
-            except CacheMissError as err:  # removed meanwhile, or recorded with settings to regenerate
-                logger.info("%s compare: step %d not compared (%s)", self.name, step, err)
-            else:
-                self.stats.add(load_seconds=seconds, bytes_read=nbytes)
-                return Recorded(path, value, meta, nbytes, seconds)
-        self.stats.add(misses=1)
-        if probe.state is EntryState.MISSING:
-            logger.info("%s compare: step %d has no entry under %s; generating and recording it", self.name, step,
-                        self.project_dump_dir)
-        return None
-
-    def _prompts_equal(self, step: int, path: str, meta: dict[str, Any], prompts: Any) -> bool | None:
-        """Whether the live prompts are those the entry recorded (None: not known, or ``check_prompts: off``)."""
-        recorded = meta.get("prompt_digest")
-        if self.check_prompts is CheckPrompts.OFF or prompts is None or not recorded:
-            return None
-        from stepskip.fidelity import DIGEST_PREFIX
-
-        if not str(recorded).startswith(DIGEST_PREFIX):
-            return None  # an earlier digest scheme: not comparable
-        digest = _prompt_digest(prompts, [*self.rebind_keys, *added_columns(prompts)])
-        if digest is None:
-            return None
-        if digest != recorded and self.check_prompts is CheckPrompts.ERROR:
-            raise PromptMismatchError(f"{self.name}: step {step} was recorded for other prompts than this call's "
-                                      f"(entry {path}); action: compare cannot judge the live result "
-                                      f"(skip.{self.name}.check_prompts = error)")
-        return digest == recorded
+        return self.comparer.read(step)
 
     def compare_result(self, step: int, recorded: Recorded, live: Any, prompts: Any) -> Any:
         """Compare the live result of ``step`` with its recording, report the drift, and return the result
-        ``train_on`` names (the recorded one with the live identity columns, or the live one).
-
-        The prompts are compared with the recorded digest now, after the call, as they were when it was
-        recorded (a stage may add columns to its prompts: verl's agent loop adds ``priority``).
+        ``train_on`` names (:meth:`stepskip._reading.compare.Comparer.result`).
 
         Raises:
             DriftError: a field drifted and ``on_drift`` is ``error``.
             PromptMismatchError: the prompts differ and ``check_prompts`` is ``error``.
         """
-        from stepskip.compare import compare_values
-
-        recorded.prompts_equal = self._prompts_equal(step, recorded.path, recorded.meta, prompts)
-        drift = compare_values(recorded.value, live, self.tolerance, exclude=self.rebind_keys,
-                               prompts_equal=recorded.prompts_equal)
-        self.drift_log.report(self, step, drift, recorded)
-        if self.config.train_on is TrainOn.LIVE:
-            return live
-        try:
-            self.restore_rng(recorded.meta, step, recorded.path)
-        except CorruptEntryError:  # counted: the live result (and the live random state) go on
-            return live
-        self._rebind(recorded.value, prompts)
-        return recorded.value
+        return self.comparer.result(step, recorded, live, prompts)
 
     def capture_rng(self) -> dict[str, Any]:
         """``{"rng_state": ...}`` for an entry's meta when ``restore_rng`` is on (else empty); called
@@ -766,45 +520,9 @@ class CachedRole(BaseSkip):
         return {"rng_state": capture_rng_state()}
 
     def restore_rng(self, meta: dict[str, Any], step: int, path: str) -> None:
-        """Set the global generators to the state the entry's call left them in (``restore_rng``).
-
-        An entry recorded without the option replays with a warning (once): its call's random
-        state is unknown.
-
-        Raises:
-            CorruptEntryError: the recorded state is damaged (counted; nothing was changed).
-        """
-        if not self.config.restore_rng:
-            return
-        recorded = meta.get("rng_state")
-        if recorded is None:
-            if ("rng",) not in self._warned:
-                self._warned.add(("rng",))
-                logger.warning("%s: the entry at %s was recorded without restore_rng; replaying it without "
-                               "restoring the random state (code drawing random numbers after the call will "
-                               "differ from the recording; re-record with action: record)", self.name, path)
-            return
-        from stepskip.rng import restore_rng_state
-
-        try:
-            skipped = restore_rng_state(recorded, path)
-        except CorruptEntryError as err:
-            self._report_corrupt(step, path, str(err))
-            raise
-        for reason in skipped:
-            logger.warning("%s: step %d replayed without part of its random state: %s", self.name, step, reason)
-    def _row_prompts(self, prompts: Any, result: Any, exclude: Iterable[str] | None = None) -> list[str] | None:
-        """One prompt digest per result row, for roles that ``match``: what the prompt index is built of."""
-        if not self.row_wise or prompts is None:
-            return None
-        from stepskip.fidelity import prompt_row_digests
-        rows = batch_rows(result)
-        if rows < 0 or batch_rows(prompts) != rows:
-            return None  # not row-aligned with its prompts: this entry cannot serve prompt groups
-        try:
-            return prompt_row_digests(prompts, self.rebind_keys if exclude is None else exclude)
-        except (TypeError, ValueError):
-            return None
+        """Set the global generators to the state the entry's call left them in (``restore_rng``): see
+        :meth:`stepskip._reading.reader.EntryReader.restore_rng`."""
+        self.reader.restore_rng(meta, step, path)
 
     # ------------------------------------------------------------------ action: match
 
@@ -813,836 +531,26 @@ class CachedRole(BaseSkip):
         """Output rows map one to one onto prompt rows (stage roles say so with ``row_wise: true``)."""
         return SkipAction.MATCH in self.support_actions and bool(getattr(self.config, "row_wise", True))
 
-    def match_split(self, step: int, prompts: Any) -> Any:
-        """Divide the live batch into prompt groups recorded anywhere in this run and groups to generate.
+    def match_split(self, step: int, prompts: Any) -> MatchSplit:
+        """Divide the live batch into prompt groups recorded anywhere in this run and groups to generate
+        (:meth:`stepskip._matching.matcher.Matcher.split`)."""
+        return self.matcher.split(step, prompts)
 
-        The entries holding the recorded groups are read here, before anything is generated: an entry
-        that turns out damaged — unreadable bytes, or rows that disagree with its ``row_prompts`` —
-        is counted corrupt, dropped from the prompt index (never deleted) and its groups are generated;
-        one replaced or removed since it was indexed just has its groups generated.
+    def match_rejoin(self, step: int, split: MatchSplit, prompts: Any, generated: Any
+                     ) -> tuple[MatchSplit, list[int], Any] | None:
+        """After generation: drop the recorded entries whose rows cannot be joined with ``generated``
+        (:meth:`stepskip._matching.matcher.Matcher.rejoin`)."""
+        return self.matcher.rejoin(step, split, prompts, generated)
 
-        Raises:
-            SkipConfigError: the prompts are not a batch of rows (``match`` needs DataProto-like or
-                TensorDict prompts).
-        """
-        from stepskip.fidelity import prompt_row_digests
-        from stepskip.matching import MatchSplit, group_rows
+    def match_regenerated(self, split: MatchSplit, narrowed: MatchSplit, redo: list[int], generated: Any,
+                          regenerated: Any) -> Any:
+        """The generated rows of ``narrowed`` in order (:meth:`stepskip._matching.matcher.Matcher.regenerated`)."""
+        return self.matcher.regenerated(split, narrowed, redo, generated, regenerated)
 
-        try:
-            digests = prompt_row_digests(prompts, self.rebind_keys)
-        except ValueError as err:
-            raise SkipConfigError(f"skip.{self.name}.action = 'match': {err}") from err
-        groups = group_rows(digests)
-        index = self._match_index()
-        self._index_candidates(index, list(groups))
-        strict = self.config.match_n is MatchN.STRICT
-        found: dict[int, tuple[str, int]] = {}
-        missing: list[int] = []
-        sources: dict[str, int] = {}
-        for digest, rows in groups.items():
-            where = index.groups.get(digest)
-            if where is None or (strict and len(where[1]) != len(rows)):
-                missing.extend(rows)
-                continue
-            path, recorded_rows = where
-            sources[path] = sources.get(path, 0) + 1
-            for session, row in enumerate(rows):  # a different sample count cycles, as the V1 remap does
-                found[row] = (path, recorded_rows[session % len(recorded_rows)])
-        damaged: list[str] = []
-        loaded = self._load_found(step, found, digests, damaged)  # an entry that failed: its groups are generated
-        return MatchSplit(digests=digests, found=found, missing_rows=missing, sources=sources).keeping(
-            loaded, prompts, damaged)
-
-    def _load_found(self, step: int, found: dict[int, tuple[str, int]], digests: list[str],
-                    damaged: list[str]) -> dict[str, tuple[Any, list[int], dict[str, Any], int]]:
-        """Read the recorded rows ``found`` names: entry -> ``(those rows, their recorded indices, meta, bytes)``.
-
-        An entry is left out (its groups are then generated) when it cannot be read, when its data
-        does not hold the rows its ``row_prompts`` describe (damage: counted), or when the rows no
-        longer record the prompts they were indexed for (replaced since: not damage). Entries
-        found damaged are appended to ``damaged``.
-        """
-        from stepskip.matching import join_problem, rows_unlike_prompts, select_batch_rows
-
-        needed: dict[str, dict[int, str]] = {}  # entry -> recorded row -> the digest it must record
-        for live_row in sorted(found):
-            path, recorded_row = found[live_row]
-            needed.setdefault(path, {})[recorded_row] = digests[live_row]
-        loaded: dict[str, tuple[Any, list[int], dict[str, Any], int]] = {}
-        dropped: list[str] = []
-        for path, wanted in needed.items():
-            try:
-                value, meta, _, size = self._read_entry(path, step, -1)
-            except UnreadableEntryError:
-                raise  # intact but not readable here: said, never regenerated over
-            except CacheMissError as err:  # damaged (counted by the read), vanished, of other settings now
-                logger.warning("%s match: %s; generating its %d prompt groups", self.name, err,
-                               len(set(wanted.values())))
-                if isinstance(err, CorruptEntryError):
-                    damaged.append(path)
-                dropped.append(path)
-                continue
-            recorded = meta.get("row_prompts")
-            problem = rows_unlike_prompts(value, recorded)
-            if problem is not None or not isinstance(recorded, list):  # (a list whenever problem is None)
-                self._report_corrupt(step, path, str(problem))
-                damaged.append(path)
-                dropped.append(path)
-                continue
-            if any(row >= len(recorded) or recorded[row] != digest for row, digest in wanted.items()):
-                logger.info("%s match: %s was replaced since it was indexed; generating its prompt groups",
-                            self.name, path)
-                dropped.append(path)
-                continue
-            indices = list(wanted)
-            try:  # decoding made a consistent batch (Batch and DataProto check their columns); others may not
-                loaded[path] = (select_batch_rows(value, indices), indices, meta, size)
-            except Exception as err:
-                self._report_corrupt(step, path, f"its rows cannot be selected ({type(err).__name__}: {err})")
-                damaged.append(path)
-                dropped.append(path)
-        # entries that cannot be joined with the others would fail after generation: drop them now
-        # (the ones that agree with the entry serving the most rows stay)
-        if len(loaded) > 1:
-            reference = max(loaded, key=lambda p: len(loaded[p][1]))
-            for path in [p for p in loaded if p != reference]:
-                problem = join_problem([loaded[reference][0], loaded[path][0]])
-                if problem is not None:
-                    self._report_corrupt(step, path, problem)
-                    damaged.append(path)
-                    dropped.append(path)
-                    del loaded[path]
-        if dropped:
-            with self._index_lock:
-                if self._index is not None:
-                    for path in dropped:
-                        self._index.forget(path)
-        return loaded
-
-    def _match_index(self) -> Any:
-        """The prompt index, refreshed from entries it has not seen (one listing per run directory).
-
-        It spans every run directory of this experiment whose prompt and response lengths are this
-        run's: a run with another batch size or sample count (``GBS``/``N``) still finds the prompts
-        recorded by the others. Only entries this role could replay are indexed. The first time a
-        run directory has many entries to index, the writers' digest tables are read instead
-        (:meth:`_read_tables`): the entries they cover are indexed only once a live prompt points at
-        them (:meth:`_index_candidates`); every other entry is indexed from its ``meta.json``. What a
-        call costs beyond the listing is set operations over entry names, not a step per entry.
-        """
-        from stepskip.matching import PromptIndex
-
-        with self._index_lock:
-            if self._index is None:
-                self._index = PromptIndex()
-            index = self._index
-            self._generation += 1
-            own = self.project_dump_dir
-            with self._pending_lock:  # this run's queued dumps count: indexing one waits for it
-                queued = {p.rsplit("/", 1)[1] for p in self._pending if p.rsplit("/", 1)[0] == own}
-            listing = self._match_listing()
-            if queued:  # indexed from what they hold once written, never from a table's earlier claim
-                listing = {**listing, own: listing.get(own, frozenset()) | queued}
-                self._covered.get(own, set()).difference_update(queued)
-            if listing is not self._indexed_listing:  # listed afresh: what is no longer there is forgotten
-                for project, names in list(index.by_dir.items()):
-                    for name in names - listing.get(project, frozenset()):
-                        index.forget(f"{project}/{name}")
-                for project, names in self._covered.items():
-                    names &= listing.get(project, frozenset())
-                self._indexed_listing = listing
-            fresh: dict[str, set[str]] = {}  # run directory -> names of entries neither indexed nor covered
-            for project, names in listing.items():
-                new = names.difference(index.by_dir.get(project, ()), self._covered.get(project, ()))
-                if new:
-                    fresh[project] = set(new)
-            if sum(len(names) for names in fresh.values()) >= _HINTED_FROM:
-                self._read_tables(index, fresh, queued)
-            for path in sorted(f"{project}/{name}" for project, names in fresh.items() for name in names):
-                self._index_from_meta(index, path)
-            return index
-
-    def _index_from_meta(self, index: Any, path: str, probe: Probe | None = None, generation: int = 0) -> bool:
-        """Index the entry at ``path`` from its ``meta.json`` (probed here unless given); False when it
-        cannot serve prompt groups (not present, not servable here, no row digests). ``generation``: the
-        call of :meth:`_match_index` that first saw it (this one by default), which ranks it in a tie."""
-        probe = self._probe(path) if probe is None else probe
-        meta = probe.meta or {}
-        digests = meta.get("row_prompts")
-        if (probe.state is EntryState.PRESENT and self._servable(meta) and isinstance(digests, list)
-                and all(isinstance(d, str) for d in digests)):
-            index.add(path, _step_of(meta), digests, (generation or self._generation, path))
-            return True
-        index.forget(path)
-        return False
-
-    def _index_files(self, wanted: AbstractSet[str], described_by: Callable[[str], tuple[str, str | None] | None],
-                     kind: str) -> tuple[str, list[tuple[str, str]]]:
-        """The files of this experiment's :data:`stepskip.hints.HINTS_DIR` that ``described_by`` names as
-        this role's and that describe one of the run directories ``wanted``: the directory, and
-        ``(file name, run directory)`` in name order, at most :data:`_MAX_HINT_DOCUMENTS` of them (the
-        others are left with a warning: their entries are read directly). ``kind`` names them in it."""
-        from stepskip.hints import HINTS_DIR
-
-        layout = self.layout
-        subdir = safe_component(layout.subdir) if layout.subdir else None
-        where = f"{layout.experiment_dir}/{HINTS_DIR}"
-        names: list[tuple[str, str]] = []
-        for name in sorted(self.store.list_dir(where)):
-            described = described_by(name)
-            if described is None or described[1] != subdir or RUN_DIR.match(described[0]) is None:
-                continue  # not a writer's file, or one of another role
-            project = f"{layout.experiment_dir}/{described[0]}" + (f"/{subdir}" if subdir else "")
-            if project in wanted:
-                names.append((name, project))
-        if len(names) > _MAX_HINT_DOCUMENTS:
-            logger.warning("%s match: %s holds %d %s for these run directories; reading %d of them (the entries "
-                           "of the others are read directly)", self.name, where, len(names), kind, _MAX_HINT_DOCUMENTS)
-            names = names[:_MAX_HINT_DOCUMENTS]
-        return where, names
-
-    def _read_index_files(self, where: str, names: list[tuple[str, str]], max_each: int,
-                          kind: str) -> Iterator[tuple[str, str, bytes]]:
-        """``(run directory, path, bytes)`` of each of ``names`` (from :meth:`_index_files`) in turn, each
-        read up to ``max_each`` bytes and :data:`_MAX_HINT_BYTES` in all; one that cannot be read (a
-        link, a directory, too large) is passed over with a warning naming it a ``kind``, one gone
-        since listed silently."""
-        read_left = _MAX_HINT_BYTES
-        for name, project in names:
-            document = f"{where}/{name}"
-            if read_left <= 0:
-                logger.warning("%s match: %d bytes of %ss read; the entries of the others are read directly",
-                               self.name, _MAX_HINT_BYTES, kind)
-                return
-            try:
-                raw = self.store.read_small(document, min(max_each, read_left))
-            except CorruptEntryError as err:
-                logger.warning("%s match: ignoring the %s %s: %s", self.name, kind, document, err)
-                continue
-            if raw is None:
-                continue  # replaced or removed since listed
-            read_left -= len(raw)
-            yield project, document, raw
-
-    def _read_tables(self, index: Any, fresh: dict[str, set[str]], queued: set[str]) -> None:
-        """Read the digest tables of the run directories of ``fresh`` not read before (:mod:`stepskip.hints`):
-        one listing and one bounded read per table, at most :data:`_MAX_HINT_BYTES` in all. The entries
-        a table covers (listed, not indexed, not this run's ``queued`` dumps) are taken out of ``fresh``
-        and covered: indexed once a live prompt points at them.
-
-        A table is used only once what it files under its two lowest such entries of the version it
-        names (identity; entries no other table names first) is exactly the keys of their
-        ``meta.json``: a planted or damaged table is ignored with a warning, and its entries read
-        directly. The entries checked are indexed.
-        """
-        from stepskip.hints import TABLE_MAX_BYTES, parse_table, table_of
-
-        wanted = set(fresh) - self._hints_read
-        if not wanted:
-            return
-        self._hints_read |= wanted
-        where, names = self._index_files(wanted, table_of, "digest tables")
-        budget = _MAX_HINTED_ROWS  # keys all tables may hold: what they cost in memory stays bounded
-        parsed: list[_Claims] = []  # every table read, before any is checked
-        for project, document, raw in self._read_index_files(where, names, TABLE_MAX_BYTES, "digest table"):
-            table, problem = parse_table(raw, document, _MAX_HINTED_ROWS)
-            if table is None:
-                logger.warning("%s match: ignoring the digest table %s: %s; the entries it describes are read "
-                               "directly", self.name, document, problem)
-                continue
-            claims = _Claims(table, project, self._generation)
-            open_names = fresh.get(project, set())
-            if project == self.project_dump_dir:
-                open_names = open_names - queued
-            # the entries it names that are listed and not indexed (an entry two tables name is covered
-            # by both: the later writer's describes what it holds now)
-            claims.covered = open_names.intersection(map(str, table.names.tolist()))
-            parsed.append(claims)
-        tables_of: dict[str, list[_Claims]] = {}
-        for claims in parsed:
-            tables_of.setdefault(claims.project, []).append(claims)
-        for claims in parsed:
-            project = claims.project
-            if len(claims.table.keys) > budget:
-                problem = f"it files {len(claims.table.keys)} digest keys, more than the {budget} left to read"
-            else:
-                # checked first on entries no other table names: one another run recorded again is named by
-                # its table too, and holds another version than this one describes (a run directory
-                # with one table, the usual case, has none: no pass over its names)
-                others = [other.covered for other in tables_of[project] if other is not claims]
-                shared = claims.covered.intersection(*others) if len(others) == 1 else \
-                    {n for n in claims.covered if any(n in other for other in others)} if others else _NO_NAMES
-                problem = self._table_problem(index, claims, shared)
-            claims.covered -= index.by_dir.get(project, set())  # (the entries its check read)
-            if not problem:
-                budget -= len(claims.table.keys)
-                self._tables.append(claims)
-                self._covered.setdefault(project, set()).update(claims.covered)
-                self._covered_in[project] = self._generation
-            else:
-                logger.warning("%s match: ignoring the digest table %s: %s; the entries it describes are read "
-                               "directly", self.name, claims.table.document, problem)
-        for project, left in fresh.items():  # what is left is read directly
-            left.difference_update(self._covered.get(project, ()), index.by_dir.get(project, ()))
-
-    def _table_problem(self, index: Any, claims: _Claims, shared: AbstractSet[str] = _NO_NAMES) -> str:
-        """Why the table of ``claims`` is not to be used ("" when it is): what it files under its two
-        lowest covered entries of the version it names — those not in ``shared`` (named by other tables
-        too) first — must be the keys of their ``meta.json`` exactly. Entries rewritten since (another
-        identity) are passed over, four looked at in all; each entry looked at is indexed from what was
-        read."""
-        from stepskip.hints import digest_keys, identity_key
-
-        table, project = claims.table, claims.project
-        confirmed, looked = 0, 0
-        by_dir = index.by_dir.get(project, set())
-        # the four lowest of each kind are enough: at most four are looked at (the table lists its entries
-        # in ascending order: walked from the lowest, it usually stops after four)
-        lone: list[int] = []
-        again: list[int] = []
-        for step in table.names.tolist():
-            name = str(step)
-            if name not in claims.covered or name in by_dir:
-                continue
-            kind = again if name in shared else lone
-            if len(kind) < 4:
-                kind.append(step)
-            if len(lone) == 4 and (len(again) == 4 or len(again) == len(shared)):
-                break
-        for step in lone + again:
-            if confirmed == 2 or looked == 4:
-                break
-            if str(step) in index.by_dir.get(project, ()):
-                continue  # (checked with another table)
-            entry = int(np.searchsorted(table.names, step))
-            looked += 1
-            path = f"{project}/{step}"
-            probe = self._probe(path)
-            self._index_from_meta(index, path, probe)
-            meta = probe.meta or {}
-            digests = meta.get("row_prompts")
-            if probe.state is not EntryState.PRESENT or identity_key(meta) != int(table.identities[entry]) \
-                    or not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
-                continue  # gone, damaged or rewritten since: no evidence either way
-            if not np.array_equal(digest_keys(digests), table.keys_of(entry)):
-                return f"it describes {path} otherwise than its meta.json (checked before use)"
-            confirmed += 1
-        if confirmed < min(2, len(claims.covered)):
-            return f"none of the {looked} entries it was checked on holds the version it describes"
-        return ""
-
-    def _index_candidates(self, index: Any, digests: list[str]) -> None:
-        """Index, from their ``meta.json``, the entries the digest tables say hold the live ``digests``
-        (distinct) and that could win them: for each digest the latest step first, and only while a
-        table names an entry that would beat the one the index already serves it from (a later step,
-        or the same step ranked higher: :meth:`_index_from_meta`), as if every entry were indexed. A
-        key two digests share costs one more read.
-
-        A table whose claimed entry, of the version it names, holds no such key is ignored from then
-        on (the entries only it covers are read directly). More than :data:`_CANDIDATE_READS`
-        ``+ 2 x digests`` reads in one call (tables that keep naming entries that hold nothing, or were
-        rewritten since) end the use of tables: every entry they cover is read directly, as without them.
-        """
-        if not self._tables or not digests:
-            return
-        from stepskip.hints import digest_key
-
-        with self._index_lock:
-            keys = np.fromiter((digest_key(d) for d in digests), dtype=np.uint64, count=len(digests))
-            spans = [(claims, np.searchsorted(claims.table.keys, keys, "left"),
-                      np.searchsorted(claims.table.keys, keys, "right")) for claims in self._tables]
-            hits = sorted({int(j) for _, lo, hi in spans for j in np.flatnonzero(hi > lo)})
-            allowed = reads_left = _CANDIDATE_READS + 2 * len(digests)
-            scan = [_CANDIDATE_SCAN]  # key rows looked at in all (a planted table may file a key under many)
-            for j in hits:
-                digest, key = digests[j], int(keys[j])
-                heads = {id(claims): int(lo[j]) for claims, lo, _ in spans}
-                while True:
-                    where = index.groups.get(digest)
-                    best = index.key_of(where[0])[:2] if where is not None else (-1,)
-                    pick: tuple[tuple[int, tuple[int, str]], _Claims, int, int] | None = None
-                    for claims, _, hi in spans:
-                        covered = self._covered.get(claims.project, _NO_NAMES)
-                        found = claims.first_covered(heads, int(hi[j]), best, covered, scan) if claims.alive else None
-                        # the one that would win once indexed (the latest step, then the rank the index
-                        # breaks ties by); one that would not beat the entry indexed already is never read
-                        if found is not None and (pick is None or found[0] > pick[0]):
-                            pick = found
-                    if scan[0] < 0 or (pick is not None and reads_left == 0):  # past a cap
-                        logger.warning("%s match: the digest tables named more than %d entries (or filed more "
-                                       "than %d keys) for %d prompts without serving them; reading the entries "
-                                       "they cover directly", self.name, allowed, _CANDIDATE_SCAN, len(digests))
-                        self._drop_tables(index, list(self._tables))
-                        return
-                    if pick is None:
-                        break
-                    reads_left -= 1
-                    self._read_candidate(index, pick[1], pick[2], pick[3], key)
-
-    def _read_candidate(self, index: Any, claims: _Claims, entry: int, step: int, key: int) -> None:
-        """Index the entry of ``step`` from its ``meta.json``; ``claims`` says it holds ``key`` (as its
-        ``entry``). The table is ignored from then on when that version of the entry holds no such key."""
-        from stepskip.hints import digest_key, identity_key
-
-        path = f"{claims.project}/{step}"
-        probe = self._probe(path)
-        self._covered.get(claims.project, set()).discard(str(step))
-        self._index_from_meta(index, path, probe, claims.generation)
-        meta = probe.meta or {}
-        if probe.state is not EntryState.PRESENT or identity_key(meta) != int(claims.table.identities[entry]):
-            logger.debug("%s match: %s changed since its digest table was written; indexed from its meta.json",
-                         self.name, path)
-            return
-        digests = meta.get("row_prompts")
-        if isinstance(digests, list) and any(isinstance(d, str) and digest_key(d) == key for d in digests):
-            return  # the prompt looked for, or one sharing its key
-        logger.warning("%s match: the digest table %s describes %s otherwise than its meta.json; ignoring that "
-                       "table (the entries it covers are read directly)", self.name, claims.table.document, path)
-        self._drop_tables(index, [claims])
-
-    def _drop_tables(self, index: Any, dropped: list[_Claims]) -> None:
-        """Stop using the tables of ``dropped``: the entries no other table covers are indexed from their
-        ``meta.json`` now (the direct path, one read per entry)."""
-        for claims in dropped:
-            claims.alive = False
-        self._tables = [claims for claims in self._tables if claims.alive]
-        orphans: list[tuple[str, int]] = []
-        for project in {claims.project for claims in dropped}:
-            covered = self._covered.get(project, set())
-            kept = covered & set().union(*[c.covered for c in self._tables if c.project == project])
-            orphans.extend((f"{project}/{name}", self._covered_in.get(project, 0)) for name in covered - kept)
-            self._covered[project] = kept
-        for path, generation in sorted(orphans):
-            self._index_from_meta(index, path, generation=generation)
-
-    def _read_hints(self, projects: set[str], listed: set[str]) -> dict[str, Any]:
-        """Entry path -> its hint, for the ``listed`` paths, from the hint documents of ``projects`` not
-        read before (:mod:`stepskip.hints`): one listing per run directory and one bounded read per
-        document, at most :data:`_MAX_HINT_BYTES` read in all.
-
-        A document is used only when the hints it holds for the first two listed entries match those
-        entries' ``meta.json`` (a planted or stale document, or one from a writer whose clock is off,
-        is ignored with a warning: its entries are read directly). Two documents that say different
-        things of one entry both lose that entry: its ``meta.json`` is read instead.
-        """
-        from stepskip.hints import HINTS_MAX_BYTES, document_of, parse_hints, rows_of
-
-        out: dict[str, Any] = {}
-        disputed: set[str] = set()
-        wanted = projects - self._hints_read
-        if not wanted:
-            return out
-        self._hints_read |= wanted
-        where, names = self._index_files(wanted, document_of, "hint documents")
-        budget = _MAX_HINTED_ROWS  # rows all documents may describe: what they cost in memory stays bounded
-        for project, document, raw in self._read_index_files(where, names, HINTS_MAX_BYTES, "hint document"):
-            hints, problem = parse_hints(raw, document, budget)
-            mine = {f"{project}/{entry}": hint for entry, hint in hints.items() if f"{project}/{entry}" in listed}
-            del hints  # only the hints of listed entries are kept: what a document costs stays bounded by them
-            if not problem:
-                sample = sorted(mine, key=lambda path: (len(path), path))[:2]  # its two lowest steps
-                if not all(self._hint_holds(path, mine[path]) for path in sample):
-                    problem = f"it describes {' or '.join(sample)} otherwise than its meta.json (checked before use)"
-            if problem:
-                logger.warning("%s match: ignoring the hint document %s: %s; the entries it describes are "
-                               "read directly", self.name, document, problem)
-                continue
-            budget -= rows_of(mine)
-            for path, hint in mine.items():
-                current = out.get(path)
-                if current is not None and current != dataclasses.replace(hint, document=current.document):
-                    disputed.add(path)  # never decided by a writer's own clock: the entry itself is read
-                out.setdefault(path, hint)
-        for path in disputed:
-            out.pop(path, None)
-        return out
-
-    def _hint_holds(self, path: str, hint: Any) -> bool:
-        """Whether ``hint`` says what the entry at ``path`` holds now (its identity, step and digests)."""
-        probe = self._probe(path)
-        meta = probe.meta or {}
-        return (probe.state is EntryState.PRESENT and hint.describes(meta) and _step_of(meta) == hint.step
-                and meta.get("row_prompts") == hint.digests)
-
-    def _match_sources(self) -> frozenset[str]:
-        """Every entry directory of this role in the run directories :meth:`_match_index` spans."""
-        listing = self._match_listing()
-        cached = self._source_paths
-        if cached is None or cached[0] is not listing:
-            paths = frozenset(f"{project}/{name}" for project, names in listing.items() for name in names)
-            self._source_paths = cached = (listing, paths)
-        return cached[1]
-
-    def _match_listing(self) -> dict[str, frozenset[str]]:
-        """Run directory (with this role's subdirectory) -> the names of its step entries, for every run
-        directory :meth:`_match_index` spans.
-
-        Reused, as :meth:`listed_steps` reuses its listing, while every directory listed keeps its
-        version (it was settled when listed), this role wrote nothing since and the listing is less
-        than :data:`LISTING_MAX_AGE` seconds old: a later ``match`` call then costs a ``stat`` per run
-        directory, not a listing of every entry. Object stores have no versions: listed every call.
-        """
-        store = self.store
-        cached = self._sources
-        if (cached is not None and cached[0] == self._writes_seen and 0 <= _monotonic() - cached[3] < LISTING_MAX_AGE
-                and all(store.dir_version(path) == version for path, version in cached[1])):
-            return cached[2]
-        writes, listed_at, listed_mono = self._writes_seen, time.time_ns(), _monotonic()
-        seed, self._seed = self._seed, None  # used once at most: later listings are reused as above
-        layout = self.layout
-        root = layout.project_dir.rsplit("/", 2 if layout.subdir else 1)[0]
-        versions = [(root, store.dir_version(root))]
-        listing: dict[str, frozenset[str]] = {}
-        for run_name in store.list_dir(root):
-            shape = RUN_DIR.match(run_name)
-            if shape is None or (int(shape[3]), int(shape[4])) != (layout.prompt_len, layout.response_len):
-                continue
-            project = f"{root}/{run_name}" + (f"/{safe_component(layout.subdir)}" if layout.subdir else "")
-            version = store.dir_version(project)
-            # a role directory not made yet: its run directory's version changes once it is
-            versions.append((project, version) if version is not None or not layout.subdir
-                            else (f"{root}/{run_name}", store.dir_version(f"{root}/{run_name}")))
-            if (seed is not None and seed[0] == project and seed[1] == version and seed[4] == writes
-                    and 0 <= listed_mono - seed[3] < LISTING_MAX_AGE):
-                listing[project] = seed[2]  # unchanged since the start-up clean-up listed it
-            else:
-                listing[project] = _step_names(store.list_dir(project))
-        if (all(settled(version, listed_at) and store.dir_version(path) == version for path, version in versions)
-                and writes == self._writes_seen):  # nothing changed while we listed, no write of ours finished
-            self._sources = (writes, tuple(versions), listing, listed_mono)
-        return listing
-
-    def match_merge(self, step: int, split: Any, prompts: Any, generated: Any) -> Any:
-        """The live batch in live row order: recorded rows for the found groups, ``generated`` for the rest.
-
-        Records what was generated (the live batch as the step's entry, or appended to the entry the
-        step already has, so that no recorded group is lost).
-        """
-        from stepskip.matching import concat_batches, select_batch_rows
-
-        start = time.perf_counter()
-        sources: list[Any] = []
-        offsets: dict[str, tuple[int, dict[int, int]]] = {}  # entry -> (its first row in sources, row map)
-        nbytes, saved, base = 0, 0.0, 0
-        for path, (selected, rows, meta, size) in split.loaded.items():  # match_split read every found entry
-            nbytes += size
-            recorded_rows = len(meta.get("row_prompts") or ()) or len(rows)
-            saved += _seconds(meta.get("generation_seconds")) * len(rows) / recorded_rows
-            sources.append(selected)
-            offsets[path] = (base, {row: i for i, row in enumerate(rows)})
-            base += len(rows)
-        if not split.found:
-            merged = generated
-        else:
-            generated_at = {row: base + i for i, row in enumerate(split.missing_rows)}
-            order = []
-            for live_row in range(len(split.digests)):
-                if live_row in split.found:
-                    path, recorded_row = split.found[live_row]
-                    first, positions = offsets[path]
-                    order.append(first + positions[recorded_row])
-                else:
-                    order.append(generated_at[live_row])
-            if generated is not None:
-                sources.append(generated)
-            merged = select_batch_rows(concat_batches(sources), order)
-            self._rebind(merged, prompts)
-        replayed = len(split.found)
-        self.stats.add(rows_replayed=replayed, rows_generated=len(split.missing_rows), bytes_read=nbytes,
-                       load_seconds=time.perf_counter() - start if split.found else 0.0, saved_seconds=saved,
-                       hits=0 if split.missing_rows else 1, misses=1 if split.missing_rows else 0)
-        if split.found:
-            origin = ", ".join(f"{n} from {self._short(path)}" for path, n in sorted(split.sources.items()))
-            logger.info("%s match: step %d replayed %d of %d rows (%d prompt groups: %s); %d rows generated",
-                        self.name, step, replayed, len(split.digests), sum(split.sources.values()), origin,
-                        len(split.missing_rows))
-        if split.missing_rows:
-            self._record_match(step, split, prompts, merged, generated)
-        return merged
-
-    def match_rejoin(self, step: int, split: Any, prompts: Any, generated: Any
-                     ) -> tuple[Any, list[int], Any] | None:
-        """After generation: drop the recorded entries whose rows cannot be joined with ``generated``.
-
-        An entry of other columns, dtypes or trailing shapes than the live rows (a crafted entry, or
-        one another version recorded) is counted corrupt and forgotten by the index; its groups must
-        then be generated as well, so that the live generation is never lost to a failed join.
-
-        Returns:
-            None when every loaded entry joins; else ``(the split without those entries, the live
-            rows they were to serve, those rows' prompts)``: call the function with those prompts and
-            pass its result to :meth:`match_regenerated`.
-        """
-        from stepskip.matching import join_problem, select_batch_rows
-
-        if not split.found or generated is None or not split.loaded:
-            return None
-        bad: list[str] = []
-        for path, (selected, _, _, _) in split.loaded.items():
-            problem = join_problem([generated, selected])
-            if problem is not None:
-                self._report_corrupt(step, path, f"{problem} (the live rows')")
-                bad.append(path)
-        if not bad:
-            return None
-        with self._index_lock:
-            if self._index is not None:
-                for path in bad:
-                    self._index.forget(path)
-        redo = sorted(row for row, (path, _) in split.found.items() if path in bad)
-        logger.warning("%s match: step %d generates %d more rows: their recorded entries do not join the live "
-                       "rows", self.name, step, len(redo))
-        narrowed = split.keeping({p: v for p, v in split.loaded.items() if p not in bad}, prompts, bad)
-        return narrowed, redo, select_batch_rows(prompts, redo)
-
-    def match_regenerated(self, split: Any, narrowed: Any, redo: list[int], generated: Any, regenerated: Any) -> Any:
-        """The rows of ``narrowed.missing_rows`` in order, from the first generation and the second.
-
-        Args:
-            split: the split ``generated`` was made for (rows ``split.missing_rows``).
-            narrowed: the split :meth:`match_rejoin` returned for it; ``redo``: the rows it added.
-            generated: the first call's rows; ``regenerated``: the rows of ``redo``, in order.
-
-        Returns:
-            One batch of the generated rows, in the order of ``narrowed.missing_rows``.
-        """
-        from stepskip.matching import concat_batches, select_batch_rows
-
-        at = {row: i for i, row in enumerate(split.missing_rows)}
-        at.update({row: len(split.missing_rows) + i for i, row in enumerate(redo)})
-        return select_batch_rows(concat_batches([generated, regenerated]), [at[row] for row in narrowed.missing_rows])
-
-    def _record_match(self, step: int, split: Any, prompts: Any, merged: Any, generated: Any) -> None:
-        from stepskip.fidelity import prompt_row_digests
-        from stepskip.matching import concat_batches, join_problem, rows_unlike_prompts, select_batch_rows
-
-        path = self.step_dump_dir(step)
-        info = CURRENT_CALL.get()
-        seconds = info.generation_seconds if info is not None else None
-        to_write, digests = merged, list(split.digests)
-        # the step recorded other prompts before: keep them (unless this call found that entry damaged)
-        if path not in split.damaged and self._probe(path).state is EntryState.PRESENT:
-            try:
-                existing, meta, _, _ = self.load_entry(step)
-                recorded = meta.get("row_prompts")
-                problem = rows_unlike_prompts(existing, recorded) or join_problem([generated, existing])
-                if isinstance(recorded, list) and problem is not None:
-                    self._report_corrupt(step, path, problem)  # the live rows are written alone
-                elif isinstance(recorded, list):
-                    subset = select_batch_rows(prompts, split.missing_rows) if split.found else prompts
-                    to_write = concat_batches([existing, generated])
-                    digests = list(recorded) + prompt_row_digests(subset, [*self.rebind_keys,
-                                                                           *added_columns(subset)])
-            except UnreadableEntryError:
-                raise  # intact but not readable here: never regenerated over
-            except CacheMissError as err:  # damaged (counted) or vanished: the live batch replaces it
-                logger.warning("%s match: step %d's entry is not kept (%s); writing this call's rows", self.name,
-                               step, err)
-        prepared = self._snapshot(step, path, to_write, copy=self.async_dump,
-                                  meta=lambda: self._entry_meta(step, seconds, row_prompts=digests))
-        if prepared is not None:
-            self._submit_write(path, step, *prepared)
-        with self._index_lock:
-            if self._index is not None:
-                self._index.forget(path)  # re-read from the entry once it is written
-            self._covered.get(self.project_dump_dir, set()).discard(path.rpartition("/")[2])
-
-    def _short(self, path: str) -> str:
-        """``step N`` for an entry of this run directory, ``{run}/step N`` for one of another."""
-        run_dir, _, step = path.rpartition("/")
-        return f"step {step}" if run_dir == self.project_dump_dir else f"{run_dir.rsplit('/', 1)[-1]} step {step}"
-
-    def _snapshot(self, step: int, path: str, value: Any, copy: bool,
-                  meta: Callable[[], dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
-        """``(frozen value, meta)`` for a dump, or None after counting a failure (the dump boundary)."""
-        try:
-            return self.format.freeze(value, copy=copy), meta()
-        except Exception as err:  # the dump boundary: nothing about a result may stop the training run
-            self._dump_failed(step, path, err)
-            return None
-
-    def _entry_meta(self, step: int, generation_seconds: float | None, **extra: Any) -> dict[str, Any]:
-        return {
-            "global_steps": int(step),
-            "role": self.name,
-            "format": self.format_spec.name,
-            "stepskip_version": __version__,
-            "run_id": self.run_id,
-            "created_unix": time.time(),
-            "generation_seconds": generation_seconds,
-            "fingerprint": self.fingerprint,
-            **extra,
-        }
-
-    def _submit_write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> None:
-        if not self.async_dump:
-            try:
-                self._write(path, step, frozen, meta)
-            finally:  # after a subclass's own publication too (rollout_tq's whole step)
-                self._forget_listing()
-            return
-        done = threading.Event()
-        with self._pending_lock:
-            self._pending[path] = done
-        try:
-            dump = _Dump(self, path, step, frozen, meta, done)
-            nbytes = _small_size(frozen)
-            # consecutive small dumps are committed together (fsyncs batched) where the store can, unless a
-            # subclass writes its own way
-            batches = nbytes is not None and self.store.capabilities.batched_fsync \
-                and type(self)._write is CachedRole._write
-            group = self._write_batch if batches else None
-            default_worker().submit(dump, nbytes=nbytes, group=group)
-        except BaseException as err:  # never queued (no thread to start, an interrupt): nothing waits for it
-            self._finish_dump(path, done)
-            if not isinstance(err, Exception):
-                raise
-            self._dump_failed(step, path, err)  # the dump boundary: training goes on
-
-    def _finish_dump(self, path: str, done: threading.Event) -> None:
-        self._forget_listing()  # every queued write ends here, batched or not
-        with self._pending_lock:
-            if self._pending.get(path) is done:
-                del self._pending[path]
-        done.set()
-
-    def _write_batch(self, dumps: list[_Dump]) -> None:
-        """Write consecutive queued dumps as one batch (the worker's group for small entries).
-
-        The store publishes each entry atomically and makes it durable before it counts as
-        written, as :meth:`_write` does, with the fsyncs of the whole batch issued together; a
-        failure is counted for its own entry alone. Only dumps to a store that batches fsyncs come
-        here. On a local store the batch goes to the helper processes once ready
-        (:mod:`stepskip.helper`: encoding there leaves this process's GIL to the caller), else it is
-        written on this thread.
-        """
-        from stepskip.helper import HelperUnavailable, helper_enabled, write_small_entries, write_with_helpers
-
-        try:
-            start = time.perf_counter()
-            items = [(dump.path, dump.frozen, dump.meta) for dump in dumps]
-            sent: list[int | Exception | None] = [None] * len(items)
-            if self.config.dump_process and helper_enabled() and self.store.capabilities.local_files \
-                    and self.store.root is not None and self.format_spec.name == "safe":
-                try:
-                    sent = write_with_helpers(self.store.root, self.format_spec.name, str(self.config.compress),
-                                              items)
-                except HelperUnavailable:
-                    pass  # not ready, or not for these snapshots: written here
-            here = [i for i, result in enumerate(sent) if result is None]  # what the helpers did not write
-            for i, result in zip(here, write_small_entries(self.store, self.format, [items[i] for i in here])):
-                sent[i] = result
-            results = cast("list[int | Exception]", sent)  # one result per entry now
-            written = [(d, r) for d, r in zip(dumps, results) if not isinstance(r, Exception)]
-            seconds = (time.perf_counter() - start) / max(1, len(written))  # each entry's share of the batch
-            self._hint_written([(d.path, d.meta) for d, _ in written])
-            for dump, result in zip(dumps, results):
-                if isinstance(result, Exception):
-                    self._dump_failed(dump.step, dump.path, result)
-                    continue
-                self.stats.add(dumps=1, dump_seconds=seconds, bytes_written=result)
-                logger.info("%s dump: step %d written to %s (%d bytes, one of a batch of %d)",
-                            self.name, dump.step, dump.path, result, len(dumps))
-        finally:
-            for dump in dumps:
-                self._finish_dump(dump.path, dump.done)
-
-    def _dump_failed(self, step: int, path: str, err: BaseException) -> None:
-        self.stats.add(dump_failures=1)
-        logger.error("%s dump failed: step %d not written to %s: %s: %s",
-                     self.name, step, path, type(err).__name__, err)
-
-    def _await_pending(self, path: str) -> None:
-        """Wait for this run's queued dump of ``path``: a call at that step then replays it
-        instead of generating (and dumping) the same step a second time."""
-        done = self._pending.get(path)
-        if done is not None and not default_worker().on_worker_thread():  # a job never waits for itself
-            done.wait()
-
-    def _write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> bool:
-        """Encode and write one entry; False after counting a failure (the dump boundary)."""
-        start = time.perf_counter()
-        try:
-            files = encode_entry(self.format, frozen)
-            written = self.store.write_entry(path, files, meta)
-        except Exception as err:  # the dump boundary: no storage error may stop the training run
-            self._dump_failed(step, path, err)
-            return False
-        seconds = time.perf_counter() - start
-        self.stats.add(dumps=1, dump_seconds=seconds, bytes_written=written)
-        logger.info("%s dump: step %d written to %s (%d bytes, %.3fs)", self.name, step, path, written, seconds)
-        self._hint_written([(path, meta)])
-        return True
-
-    def _hint_written(self, written: list[tuple[str, dict[str, Any]]]) -> None:
-        """Describe the entries just ``written`` (``(path, meta)``) in this writer's digest table and
-        rewrite it once (:mod:`stepskip.hints`); a table that grows past ``TABLE_ROLL_BYTES`` is written
-        as it was and the next one starts. A failure is logged, never raised (the dump boundary)."""
-        if self.v1 or not self.row_wise:
-            return
-        records = []
-        for path, meta in written:
-            parent, _, name = path.rpartition("/")
-            if parent == self.project_dump_dir and isinstance(meta.get("row_prompts"), list):
-                records.append((name, meta))
-        if not records:
-            return
-        from stepskip.hints import TableWriter, table_name
-
-        with self._hint_lock:
-            try:
-                if self._table is None:
-                    self._table = TableWriter()
-                for token, data in self._table.add(records):
-                    self._put_hint_file(table_name, token, data)
-            except Exception as err:  # a hint is an optimisation: the entries are written, the run goes on
-                logger.warning("%s: could not write the digest table of %s: %s: %s", self.name,
-                               ", ".join(name for name, _ in records), type(err).__name__, err)
-
-    def _add_hints(self, records: list[tuple[str, Callable[[Any], bool]]]) -> None:
-        """Add ``records`` (entry name, a function adding it to a document) to this writer's document and
-        write it once; a document that grows past ``HINTS_ROLL_BYTES`` is written as it was and the
-        next one starts. A failure is logged, never raised (the dump boundary)."""
-        if not records:
-            return
-        from stepskip.hints import HINTS_DIR, HINTS_ROLL_BYTES, HintDocument, new_writer_token
-
-        with self._hint_lock:
-            try:
-                changed = False
-                for name, add in records:
-                    if self._hints is None:
-                        self._hints, self._hint_name = HintDocument(self.run_id, self.name), new_writer_token()
-                    if not add(self._hints):
-                        continue
-                    changed = True
-                    if len(self._hints.entries) > 1 and self._hints.size > HINTS_ROLL_BYTES:
-                        # the current document is full: written as it was, the next one starts with this entry
-                        self._hints.remove(name)
-                        self._put_hints(HINTS_DIR)
-                        stem, _, shard = self._hint_name.partition("-")
-                        self._hints = HintDocument(self.run_id, self.name)
-                        add(self._hints)
-                        self._hint_name = f"{stem}-{int(shard or 0) + 1}"
-                if changed:
-                    self._put_hints(HINTS_DIR)
-            except Exception as err:  # a hint is an optimisation: the entries are written, the run goes on
-                logger.warning("%s: could not write the prompt hints of %s: %s: %s", self.name,
-                               ", ".join(name for name, _ in records), type(err).__name__, err)
-
-    def _put_hints(self, hints_dir: str) -> None:
-        from stepskip.hints import document_name
-
-        self._put_hint_file(document_name, self._hint_name, self._hints.to_bytes(), hints_dir)
-
-    def _put_hint_file(self, naming: Callable[[str, str | None, str], str], token: str, data: bytes,
-                       hints_dir: str = "") -> None:
-        """Write one of this writer's hint documents or digest tables (named by ``naming`` for ``token``) atomically."""
-        from stepskip.hints import HINTS_DIR
-
-        layout = self.layout
-        name = naming(layout.run_name, safe_component(layout.subdir) if layout.subdir else None, token)
-        self.store.put_small(f"{layout.experiment_dir}/{hints_dir or HINTS_DIR}/{name}", data)
+    def match_merge(self, step: int, split: MatchSplit, prompts: Any, generated: Any) -> Any:
+        """The live batch in live row order, what was generated recorded
+        (:meth:`stepskip._matching.matcher.Matcher.merge`)."""
+        return self.matcher.merge(step, split, prompts, generated)
 
     # ------------------------------------------------------------------ loading
 
@@ -1664,133 +572,7 @@ class CachedRole(BaseSkip):
             SkipConfigError: a fingerprint or prompt mismatch under the ``error`` policy.
         """
         step = load_step if step is None else step
-        return self._read_entry(self.step_dump_dir(load_step), step, load_step, prompts)
-
-    def _read_entry(self, path: str, step: int, load_step: int | None = None,
-                    prompts: Any = None) -> tuple[Any, dict[str, Any], float, int]:
-        start = time.perf_counter()
-        try:  # the store reads one version, and retries itself when a writer replaces the entry meanwhile
-            value, meta, nbytes = self._read_entry_once(path, step, load_step, prompts)
-        except CorruptEntryError as err:
-            self._report_corrupt(step, path, str(err))
-            raise
-        return value, meta, time.perf_counter() - start, nbytes
-
-    def _read_entry_once(self, path: str, step: int, load_step: int | None,
-                         prompts: Any, probe: Probe | None = None) -> tuple[Any, dict[str, Any], int]:
-        load_step = step if load_step is None else load_step
-        chosen: list[FormatSpec] = []
-
-        def files_of(meta: dict[str, Any]) -> tuple[str, ...]:
-            """Called with the checked meta of the version being read, before any data is read."""
-            chosen.clear()
-            probe = self._classify(path, Probe(EntryState.PRESENT, meta))
-            if probe.state is EntryState.UNREADABLE:
-                raise self._unreadable(probe.reason)
-            self._check_fidelity(meta, path, step, load_step, prompts)
-            spec = format_spec(meta.get("format", self.legacy.name))
-            assert spec is not None  # _classify made sure
-            if spec.uses_pickle and not self.allow_pickle:
-                raise PickleRefusedError(
-                    f"{path} holds a pickle-based entry (format {spec.name!r}, as verl writes it) and "
-                    f"skip.{self.name}.allow_pickle is false. Either set skip.{self.name}.allow_pickle=true "
-                    "(read through an allow-list unpickler), or convert the cache once with "
-                    "`stepskip convert SRC DST --to safe --allow-pickle`. The entry was left untouched."
-                )
-            chosen.append(spec)
-            return spec.files
-
-        try:  # one version of the entry, even while a writer replaces it
-            # big files in recycled pages, for the format that reads buffers (the unpicklers read bytes)
-            meta, files = self.store.read_entry(path, self.legacy.files, files_of, self.verify,
-                                                allocator=lambda size: None if chosen[0].uses_pickle
-                                                else _recycled(size), probe=probe)
-        except CorruptEntryError:
-            raise
-        except CacheMissError as err:
-            raise ReplayMissError(f"{self.name}: the entry at {path} vanished (removed while it was read)") from err
-        from stepskip.formats import get_format
-
-        spec = chosen[0]
-        nbytes = sum(len(b) for b in files.values())
-        try:
-            value = get_format(spec.name).decode(files, consume=True, max_bytes=self.config.max_decode_bytes)
-            return value, meta, nbytes
-        except CorruptEntryError as err:
-            raise self._decode_failure(path, meta, spec, err) from err
-
-    def _decode_failure(self, path: str, meta: dict[str, Any], spec: FormatSpec, err: CorruptEntryError) -> Exception:
-        """Bytes that did not decode: damage only when they are provably not what was written."""
-        listed = meta.get("files")
-        if isinstance(listed, dict) and listed:
-            if not self.verify:  # the bytes were not checked: check them now, to tell damage apart
-                try:
-                    self.store.read_files(path, meta, spec.files, True)
-                except CorruptEntryError as damage:
-                    return damage
-            intact = "its files match their checksums"
-        elif isinstance(err, TruncatedEntryError):
-            return err  # no checksums (verl wrote it), but the bytes end early: damage
-        else:
-            intact = "its file is complete"
-        return self._unreadable(
-            f"the entry at {path} cannot be decoded by this stepskip although {intact}: {err}. It was left "
-            "untouched; read it with the stepskip (or verl) that wrote it, or re-record the step with action: record"
-        )
-
-    def _check_fidelity(self, meta: dict[str, Any], path: str, step: int, load_step: int, prompts: Any) -> None:
-        """Compare the entry's run fingerprint and prompt digest with the live run and call."""
-        recorded = meta.get("fingerprint")
-        if isinstance(recorded, dict):
-            diffs = fingerprint_diff(recorded, self.fingerprint)
-            if diffs:
-                message = (f"{self.name}: the entry at {path} was recorded with other rollout settings: "
-                           + "; ".join(diffs))
-                if self.on_mismatch is OnMismatch.ERROR:
-                    raise FingerprintMismatchError(message + f" (skip.{self.name}.on_mismatch = error)")
-                if self.on_mismatch is OnMismatch.REGENERATE:
-                    logger.warning("%s; regenerating step %d", message, step)
-                    raise CacheMissError(message)
-                if tuple(diffs) not in self._warned:
-                    self._warned.add(tuple(diffs))
-                    logger.warning("%s; replaying it anyway (set skip.%s.on_mismatch to error or regenerate)",
-                                   message, self.name)
-        recorded_digest = meta.get("prompt_digest")
-        if self.check_prompts is CheckPrompts.OFF or load_step != step or prompts is None or not recorded_digest:
-            return
-        from stepskip.fidelity import DIGEST_PREFIX
-
-        if not str(recorded_digest).startswith(DIGEST_PREFIX):
-            return  # recorded under an earlier digest scheme: not comparable, so not a mismatch
-        digest = _prompt_digest(prompts, self.rebind_keys)
-        if digest is None or digest == recorded_digest:
-            return
-        message = (f"{self.name}: step {step} was recorded for other prompts than this call's (entry {path}); "
-                   "the data order or dataset changed since it was recorded (e.g. another shuffle seed)")
-        if self.check_prompts is CheckPrompts.ERROR:
-            raise PromptMismatchError(message + f" (skip.{self.name}.check_prompts = error)")
-        logger.warning("%s; replaying it anyway (set skip.%s.check_prompts to error or off)", message, self.name)
-
-    def _report_corrupt(self, step: int, path: str, reason: str) -> None:
-        self.stats.add(corrupt=1)
-        if self.action is SkipAction.REPLAY:
-            logger.error("%s corrupt entry for step %d at %s: %s", self.name, step, path, reason)
-        else:
-            logger.warning("%s corrupt entry for step %d at %s: %s; it will be regenerated and overwritten",
-                           self.name, step, path, reason)
-
-    def _rebind(self, value: Any, prompts: Any) -> None:
-        """Copy identity columns (``rebind_keys``) row-wise from the live prompts onto a replayed batch."""
-        target = getattr(value, "non_tensor_batch", None)
-        source = getattr(prompts, "non_tensor_batch", None)
-        if not self.rebind_keys or not isinstance(target, dict) or not isinstance(source, dict):
-            return
-        for key in self.rebind_keys:
-            if key in target and key in source and len(target[key]) == len(source[key]):
-                target[key] = np.array(source[key], copy=True)
-            elif key in target and key in source:
-                logger.debug("%s: not rebinding %r: %d replayed rows vs %d live rows",
-                             self.name, key, len(target[key]), len(source[key]))
+        return self.reader.read(self.step_dump_dir(load_step), step, load_step, prompts)
 
     # ------------------------------------------------------------------ verl's names (its tests and trainer use them)
 
@@ -1804,14 +586,14 @@ class CachedRole(BaseSkip):
         return self._path(self.step_dump_dir(step))
 
     def _check_valid_step_path(self, path: Any) -> bool:
-        return self._probe(str(path)).state is EntryState.PRESENT
+        return self.reader.probe(str(path)).state is EntryStatus.PRESENT
 
     def _get_available_steps(self) -> list[int]:
         return self.available_steps()
 
     def _find_latest_step(self, step: int) -> int:
         for candidate in load_candidates(SkipAction.REPEAT, step, self.listed_steps()):
-            if self._present(candidate):
+            if self.entries.present(candidate):
                 return candidate
         return -1
 
@@ -1841,177 +623,3 @@ class CachedRole(BaseSkip):
 
     prompt_length = prompt_len
     response_length = response_len
-
-
-#: A snapshot holding less than this (tensors and estimated non-tensor part) is a small dump: it may
-#: queue beyond the job bound and be committed in a batch with the small dumps queued next to it.
-SMALL_DUMP_BYTES = 1 << 20
-
-
-class _Dump:
-    """One queued background dump; called alone, it writes its entry as :meth:`CachedRole._write`."""
-
-    __slots__ = ("role", "path", "step", "frozen", "meta", "done")
-
-    def __init__(self, role: CachedRole, path: str, step: int, frozen: Any, meta: dict[str, Any],
-                 done: threading.Event) -> None:
-        self.role, self.path, self.step, self.frozen, self.meta, self.done = role, path, step, frozen, meta, done
-
-    def __call__(self) -> None:
-        try:
-            self.role._write(self.path, self.step, self.frozen, self.meta)
-        finally:
-            self.role._finish_dump(self.path, self.done)
-
-
-#: At most this many non-tensor objects are looked at to size a snapshot; more make it a large dump.
-_SIZED_OBJECTS = 4096
-_CONTAINERS = (list, tuple, set, frozenset)
-
-
-def _small_size(frozen: Any) -> int | None:
-    """The bytes a snapshot holds when it is a small dump; None for a large or unknown one.
-
-    Its tensors are counted exactly; its non-tensor part (the snapshot tree: text, message
-    lists, numpy arrays ...) by :func:`_rough_bytes`, an estimate that bounds the queue's
-    memory as the tensors' bytes do. A snapshot that is not sized cheaply is a large dump.
-    """
-    tensors = getattr(frozen, "tensors", None)
-    if not isinstance(tensors, dict):
-        return None
-    total = 0
-    for tensor in tensors.values():
-        nbytes = getattr(tensor, "nbytes", None)
-        if not isinstance(nbytes, int):
-            return None
-        total += nbytes
-        if total >= SMALL_DUMP_BYTES:
-            return None
-    if not total:  # no tensors: not the one-sample entry that small dumps are for
-        return None
-    # a snapshot that lists the non-tensor values of its tree is sized by those (the rest of the tree is
-    # a node per tensor or value, counted below), without walking every node
-    leaves = getattr(frozen, "leaves", None)
-    rest = _rough_bytes(leaves if isinstance(leaves, list) else getattr(frozen, "tree", None),
-                        SMALL_DUMP_BYTES - total)
-    if rest is None:
-        return None
-    nodes = len(tensors) + (len(leaves) if isinstance(leaves, list) else 0)
-    return total + rest + 256 * nodes + 4096  # the tree's nodes, and the meta
-
-
-def _rough_bytes(tree: Any, limit: int) -> int | None:
-    """An estimate of the memory a snapshot tree holds outside its tensors, or None once it
-    reaches ``limit`` or :data:`_SIZED_OBJECTS` objects (each distinct object counted once).
-
-    numpy arrays count their ``nbytes`` (object arrays their items too), strings and bytes
-    ``sys.getsizeof``, containers 8 bytes an item plus their items; deferred snapshots their
-    snapshot. Other leaves (numbers, None) count 32 bytes.
-    """
-    total, seen, todo = 0, set(), [tree]
-    while todo:
-        value = todo.pop()
-        if id(value) in seen:
-            continue
-        seen.add(id(value))
-        if len(seen) > _SIZED_OBJECTS:
-            return None
-        sized = isinstance(value, (dict, *_CONTAINERS))
-        items = value.size if isinstance(value, np.ndarray) else len(value) if sized else 0
-        if items > _SIZED_OBJECTS:
-            return None  # too many items to look at: given up before copying them into ``todo``
-        if isinstance(value, (str, bytes)):
-            total += sys.getsizeof(value)
-        elif isinstance(value, np.ndarray):
-            total += value.nbytes
-            if value.dtype.hasobject:
-                todo.extend(value.reshape(-1).tolist())
-        elif isinstance(getattr(value, "nbytes", None), int):  # a tensor (torch is imported lazily here)
-            total += value.nbytes
-        elif isinstance(value, dict):
-            total += 16 * len(value)
-            todo.extend(value.keys())
-            todo.extend(value.values())
-        elif isinstance(value, _CONTAINERS):
-            total += 8 * len(value)
-            todo.extend(value)
-        elif hasattr(value, "snapshot") and hasattr(value, "items"):  # safe's deferred leaf
-            todo.append(value.snapshot)
-        else:
-            total += 32
-        if total >= limit:
-            return None
-    return total
-
-
-@dataclasses.dataclass(eq=False)
-class _Claims:
-    """A digest table a reader uses (:meth:`CachedRole._read_tables`): the table, the run directory
-    whose entries it describes, the names of the entries it was taken to cover, and whether it is
-    still believed."""
-
-    table: Any  # a stepskip.hints.KeyTable
-    project: str
-    generation: int  # the call of CachedRole._match_index that read it (how its entries rank in a tie)
-    covered: set[str] = dataclasses.field(default_factory=set)
-    alive: bool = True
-
-    def first_covered(self, heads: dict[int, int], end: int, best: tuple[Any, ...], covered: AbstractSet[str],
-                      scan: list[int]) -> tuple[tuple[int, tuple[int, str]], _Claims, int, int] | None:
-        """``((step, rank), self, its index here, step)`` of the latest entry of one key's rows, from
-        ``heads[id(self)]`` to ``end`` (latest first), that is still ``covered`` and would beat ``best``
-        (``(step, rank)`` of the entry the index serves the prompt from) once indexed; None when there is
-        none. The head moves past the entries indexed already; each row looked at counts against
-        ``scan[0]`` (None once it is spent)."""
-        table, head = self.table, heads[id(self)]
-        found = None
-        while head < end:
-            scan[0] -= 1
-            if scan[0] < 0:
-                break
-            entry = int(table.owners[head])
-            step = int(table.names[entry])
-            key = (step, (self.generation, f"{self.project}/{step}"))
-            if key <= best:
-                break  # the rest are earlier steps: none of them could win this prompt
-            if str(step) in covered:
-                found = (key, self, entry, step)
-                break
-            head += 1
-        heads[id(self)] = head
-        return found
-
-
-def _step_names(names: list[str]) -> frozenset[str]:
-    """The names among ``names`` that are step directories' (``0``, ``12``: ASCII digits, no leading zero).
-
-    Checked by C-level passes (``str.isdigit``, then one scan of the digit names joined for a
-    non-ASCII digit, a leading zero or a 20th digit), one by one only when some name has one: 10,000
-    names cost well under a millisecond.
-    """
-    digits = frozenset(filter(str.isdigit, names))
-    joined = "\n" + "\n".join(digits)
-    if not joined.isascii() or _ODD_DIGITS.search(joined):
-        return frozenset(name for name in digits if _STEP_NAME.fullmatch(name))
-    return digits
-
-
-def _step_of(meta: dict[str, Any]) -> int:
-    step = meta.get("global_steps")
-    return step if isinstance(step, int) and not isinstance(step, bool) else -1
-
-
-def _row_count(value: Any) -> int:
-    """The rows of a call's result, for the counters: 0 for a value without rows, or one that cannot say
-    (reading it is the snapshot's job, which reports what is wrong with it)."""
-    try:
-        return max(batch_rows(value), 0)
-    except Exception:
-        return 0
-
-
-def _seconds(value: Any) -> float:
-    """A recorded duration as a float; anything else (a planted string, a NaN) counts as zero."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
-        return 0.0
-    return float(value)

@@ -26,29 +26,23 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
-import uuid
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from stepskip._storage import TMP_PREFIX, EntryState, Probe, Tree
+from stepskip._dumping.commit import StepCommit, StepPublisher
+from stepskip._matching.v1 import StepMatcher, StepMatchIndex
+from stepskip._reading.classify import EntryStatus
+from stepskip._reading.compare import StepComparer
+from stepskip._reading.reader import prompt_digest, seconds_of
+from stepskip._reading.steps import V1Steps, complete
 from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 from stepskip.layout import Layout
-from stepskip.manifest import (
-    MANIFEST_FILE,
-    StepRoot,
-    is_recording,
-    may_need_clean_up,
-    new_recording,
-    publish_manifest,
-    remove_stale_recordings,
-    resolve_step,
-)
-from stepskip.policies import MatchN, SkipAction
+from stepskip.manifest import StepRoot
+from stepskip.policies import SkipAction
 from stepskip.resolve import EXACT_ACTIONS, load_candidates, remap_v1
 from stepskip.roles.base import register_skip
-from stepskip.roles.cached import _HINTED_FROM, ROW_WISE_ACTIONS, _prompt_digest, _seconds, _step_of
+from stepskip.roles.cached import ROW_WISE_ACTIONS
 from stepskip.roles.rollout import RolloutSkip
 
 if TYPE_CHECKING:
@@ -72,15 +66,30 @@ class RolloutTqSkip(RolloutSkip):
 
     The two phases speak a small protocol that ``SkipManager.annotate_tq`` drives through the same
     decision plan as ``annotate``: :meth:`meet_precondition`, :meth:`inject` (the cached result),
-    :meth:`begin_recording` (a miss submitted to rollout), :meth:`should_save` and :meth:`save_sample`.
+    :meth:`begin_recording` (a miss submitted to rollout), :meth:`should_save` and :meth:`save_sample`;
+    under ``action: match`` :meth:`match_inject`, under ``action: compare`` :meth:`compare_submit` and
+    :meth:`compare_sample`.
     """
 
     config_class: ClassVar[type[Any]] = RolloutTqSkipConfig
     support_actions = ROW_WISE_ACTIONS
     v1 = True
 
-    def __init__(self, local_config: Any, global_config: Any) -> None:
-        super().__init__(local_config, global_config)
+    def __init__(self, local_config: Any, global_config: Any, *, publisher: StepPublisher | None = None) -> None:
+        index = StepMatchIndex(self)
+        #: The steps this run records, each published once its inner entries are written, by ``publisher``
+        #: (None: the one the store supports, see :mod:`stepskip._dumping.commit`).
+        self.step_commit = StepCommit(self, publisher, replacing=index.forget_step, published=self._hint_step)
+        #: A step is ``parameter_sync_step`` inner entries, in place or in the recording its manifest names.
+        self.entries: V1Steps = V1Steps(self)
+        #: ``action: compare``: a recorded step read at submit, compared as its trajectories are sampled.
+        self.comparer: StepComparer = StepComparer(self)
+        super().__init__(local_config, global_config, commit=self.step_commit, entries=self.entries,
+                         match_index=index, comparer=self.comparer)
+        self.match_index: StepMatchIndex = index
+        #: Steps whose submit phase the cache served whole (their engine work is skipped: ``was_replayed``).
+        self.replayed_steps: set[int] = set()
+        self.step_matcher = StepMatcher(self, index)
         mode = select(global_config, "trainer.v1.trainer_mode")
         key = f"trainer.v1.{mode}.parameter_sync_step"
         sync_step = select(global_config, key, 1) if mode else 1
@@ -90,39 +99,6 @@ class RolloutTqSkip(RolloutSkip):
                 f"{key} = {sync_step!r} is not valid; expected an int from 1 to {MAX_PARAMETER_SYNC_STEP}"
             )
         self.parameter_sync_step = sync_step
-        self._lock = threading.Lock()
-
-    def _new_run(self) -> None:
-        super()._new_run()
-        self._saved: dict[int, int] = {}  # step -> inner entries this run has written or queued
-        self._clock: dict[int, float] = {}  # step -> when its rollout (or last inner sample) began
-        self._recording: set[int] = set()  # steps this run decided to (re)generate at submit time
-        self._digests: dict[int, str | None] = {}  # step -> digest of the prompts submitted
-        self._uid_prompts: dict[int, dict[str, str]] = {}  # step -> live prompt uid -> its prompt digest
-        self._staging: dict[int, str] = {}  # step -> the hidden directory its inner entries are built in
-        self._written: dict[int, int] = {}  # step -> inner entries written into its staging directory
-        self._failed: set[int] = set()  # steps with an inner entry that could not be written
-        self._indexed: dict[str, list[str]] = {}  # step directory -> its inner entries in the prompt index
-        self._inner_metas: dict[int, dict[int, dict[str, Any]]] = {}  # step -> inner -> meta written (for hints)
-        self._hinted_steps: dict[str, Any] = {}  # step directory -> the StepHint it was indexed from, until validated
-        self._replayed: set[int] = set()  # steps whose submit phase the cache served whole
-        self._compared: dict[int, Any] = {}  # step -> its recording joined on the live prompts (tq_compare.Compared)
-
-    def clean_up(self, tree: Tree | None) -> None:
-        super().clean_up(tree)
-        if tree is None:
-            steps = self.listed_steps()
-        else:  # the run directory's listing: only the steps it leaves room for a leftover in are looked at
-            steps = sorted(s for s in map(Layout.parse_step, tree.dirs(self.project_dump_dir)) if s is not None)
-        for step in steps:  # inner entries are built inside their step directory: clean there too
-            step_dir = self.step_dump_dir(step)
-            if tree is not None and not may_need_clean_up(self.store, tree, step_dir):
-                continue
-            where = self._step_root(step)  # the manifest read once for both clean-ups
-            # recordings no manifest names, once stale
-            remove_stale_recordings(self.store, step_dir, where=where, tree=tree)
-            # an inner write's temporaries lie beside its entry: in the recording a manifest names, else in place
-            self.store.remove_leftovers(where.root if where.manifest is not None else step_dir, tree=tree)
 
     # ------------------------------------------------------------------ queue and paths
 
@@ -144,45 +120,19 @@ class RolloutTqSkip(RolloutSkip):
     def inner_dump_dir(self, step: int, inner_idx: int) -> str:
         """The entry directory of one sample call of ``step``: in the recording the step's manifest
         names (object stores), else ``{step}/{inner_idx}``."""
-        return f"{self._step_root(step).root}/{int(inner_idx)}"
-
-    def _step_root(self, step: int) -> StepRoot:
-        """Where ``step``'s inner entries are, its manifest read once (see :mod:`stepskip.manifest`)."""
-        return resolve_step(self.store, self.step_dump_dir(step))
-
-    def _probed(self, step: int, where: StepRoot | None = None) -> list[tuple[str, Probe]]:
-        """``(path, probe)`` of every inner entry of ``step``, all below one resolved root (``where``, else
-        resolved here); one damaged or unreadable probe of the manifest when it cannot be used."""
-        where = self._step_root(step) if where is None else where
-        if where.state is not EntryState.PRESENT:
-            return [(f"{self.step_dump_dir(step)}/{MANIFEST_FILE}", Probe(where.state, reason=where.reason))]
-        out = [(f"{where.root}/{i}", self._probe(f"{where.root}/{i}")) for i in range(self.parameter_sync_step)]
-        manifest = where.manifest
-        if manifest is not None:  # written after every inner entry it counts: one of them missing is damage
-            present = [i for i, (_, p) in enumerate(out) if p.state is not EntryState.MISSING]
-            lacking = [i for i in manifest.lacking(present) if i < len(out)]  # of the inner entries this run reads
-            if lacking:
-                return [(f"{self.step_dump_dir(step)}/{MANIFEST_FILE}",
-                         Probe(EntryState.DAMAGED, reason=manifest.lacking_reason(lacking)))]
-        return out
-
-    def _probes(self, step: int) -> list[Probe]:
-        return [probe for _, probe in self._probed(step)]
-
-    def _present(self, step: int) -> bool:
-        return _complete(self._probed(step))
+        return Layout.inner_path(self.entries.root(step).root, inner_idx)
 
     def _resolve_root(self, step: int) -> tuple[int, StepRoot | None]:
         """:meth:`resolve_load_step` and the root it validated: the step's inner entries are then read
         from the recording that was probed, its manifest not read again."""
         listed = () if self.action in EXACT_ACTIONS else self.listed_steps()
         for candidate in load_candidates(self.action, step, listed, self.seed):
-            where = self._step_root(candidate)
-            if _complete(self._probed(candidate, where)):
+            where = self.entries.root(candidate)
+            if complete(self.entries.probed(candidate, where)):
                 return candidate, where
         return -1, None
 
-    # ------------------------------------------------------------------ the seed's V1 interface
+    # ------------------------------------------------------------------ verl's V1 interface
 
     def has_v1_cache(self, step: int) -> bool:
         """True when the action would load a complete cached step for ``step``."""
@@ -195,14 +145,14 @@ class RolloutTqSkip(RolloutSkip):
         elif action is SkipAction.REPLAY:
             return True
         else:
-            probed = self._probed(step)
+            probed = self.entries.probed(step)
             for path, probe in probed:
-                if probe.state is EntryState.UNREADABLE:
-                    raise self._unreadable(probe.reason)  # the step would be re-recorded over it: never
-                if action is SkipAction.CACHE and probe.state is EntryState.DAMAGED:
-                    self._report_corrupt(step, path, probe.reason)
+                if probe.state.kept:
+                    raise self.reader.unreadable(probe.reason)  # the step would be re-recorded over it: never
+                if action is SkipAction.CACHE and probe.state is EntryStatus.DAMAGED:
+                    self.reader.report_corrupt(step, path, probe.reason)
             # cache loads the step itself: what was just probed decides (its manifest is not read again)
-            hit = _complete(probed) if action is SkipAction.CACHE else self.has_v1_cache(step)
+            hit = complete(probed) if action is SkipAction.CACHE else self.has_v1_cache(step)
         if not hit:
             self.stats.add(misses=1)
             logger.info("%s miss: step %d has no complete entry under %s; generating and dumping it",
@@ -213,10 +163,11 @@ class RolloutTqSkip(RolloutSkip):
         """True when a train-partition sample of ``step`` must be written (no complete cache yet)."""
         if partition_id != "train":
             return False
-        with self._lock:
-            if self._saved.get(step, 0) >= self.parameter_sync_step:
+        with self.step_commit.lock:
+            record = self.step_commit.records.get(step)
+            if record is not None and record.saved >= self.parameter_sync_step:
                 return False
-            if step in self._recording:
+            if record is not None and record.regenerate:
                 return True
         if self.action is SkipAction.MATCH:
             return False  # every prompt was replayed: nothing new to record
@@ -226,7 +177,7 @@ class RolloutTqSkip(RolloutSkip):
                               prompts: Any = None) -> bool:
         """Inject the cached step into the queue under the new uids; False (a miss) when there is none.
 
-        The seed's one-call form of the submit phase (``SkipManager.annotate_tq`` drives the same
+        The one-call form of the submit phase (``SkipManager.annotate_tq`` drives the same
         steps): on a miss the step is marked for recording.
 
         Args:
@@ -266,17 +217,13 @@ class RolloutTqSkip(RolloutSkip):
 
     def begin_recording(self, step: int, prompts: Any = None) -> None:
         """The submit phase's miss: the step's samples are to be saved as they are drawn."""
-        digest = _prompt_digest(prompts, self.rebind_keys) if prompts is not None else None
-        uid_prompts = self._uid_prompts_of(prompts)
-        with self._lock:
-            self._clock[step] = time.perf_counter()
-            self._saved.pop(step, None)
-            self._recording.add(step)  # a damaged cached step must be overwritten, not kept
-            self._digests[step] = digest
-            self._uid_prompts[step] = uid_prompts
-            self._new_staging(step)
+        digest = prompt_digest(prompts, self.rebind_keys) if prompts is not None else None
+        uid_prompts = self.uid_prompts_of(prompts)
+        with self.step_commit.lock:  # a damaged cached step must be overwritten, not kept
+            self.step_commit.new_recording(step, clock=time.perf_counter(), regenerate=True, digest=digest,
+                                           uid_prompts=uid_prompts)
 
-    def _uid_prompts_of(self, prompts: Any) -> dict[str, str]:
+    def uid_prompts_of(self, prompts: Any) -> dict[str, str]:
         """Live prompt uid -> the digest of its prompt (``rebind_keys`` excluded); empty when unknown."""
         if prompts is None:
             return {}
@@ -290,21 +237,12 @@ class RolloutTqSkip(RolloutSkip):
             return {}
         return dict(zip(uids, digests)) if len(uids) == len(digests) else {}
 
-    def _new_staging(self, step: int) -> None:
-        """Start a fresh staging directory for ``step`` (caller holds ``_lock``)."""
-        self._written.pop(step, None)
-        self._failed.discard(step)
-        if self.store.capabilities.atomic_dir_publish:
-            self._staging[step] = f"{self.project_dump_dir}/{TMP_PREFIX}{int(step)}-{uuid.uuid4().hex[:12]}"
-        else:  # object stores: a recording of its own, committed by the step's manifest
-            self._staging[step] = f"{self.step_dump_dir(step)}/{new_recording()}"
-
     def save_sample(self, step: int, sampled: Any) -> None:
         """The sample phase: save what ``ReplayBuffer.sample`` drew as the step's next inner entry."""
         self.prepare_data(step=step, batch=sampled, global_steps=step)
 
     def prepare_data(self, step: int, batch: Any = None, global_steps: int | None = None,  # type: ignore[override]
-                     *args: Any, **kwargs: Any) -> None:  # verl's V1 signature (seed §4), not the flat one
+                     *args: Any, **kwargs: Any) -> None:  # verl's V1 signature, not the flat one
         """Save one sample call of ``step``: every field of ``batch.keys`` read back from the queue.
 
         Args:
@@ -316,22 +254,19 @@ class RolloutTqSkip(RolloutSkip):
             batch = args[0] if args else kwargs.get("result")
         global_steps = step if global_steps is None else global_steps
         now = time.perf_counter()
-        with self._lock:
-            inner = self._saved.get(step, 0)
+        with self.step_commit.lock:
+            record = self.step_commit.records.get(step)
+            if record is None:  # saved without a submit phase: a fresh recording
+                record = self.step_commit.new_recording(step)
+            inner = record.saved
             if inner >= self.parameter_sync_step:
                 return
-            self._saved[step] = inner + 1
-            started = self._clock.get(step)
-            self._clock[step] = now
-            digest = self._digests.get(step)
-            uid_prompts = self._uid_prompts.get(step, {})
-            if inner == 0 and step not in self._recording:  # saved without a submit phase: a fresh staging
-                self._new_staging(step)
-            # set by begin_recording or just above; removed only once all parameter_sync_step entries were written
-            staging = self._staging[step]
+            record.saved = inner + 1
+            started, record.clock = record.clock, now
+            digest, uid_prompts, staging = record.digest, record.uid_prompts, record.staging
         from stepskip.tq.rows import num_rows
 
-        path = f"{staging}/{inner}"
+        path = Layout.inner_path(staging, inner)
         keys = list(batch.keys)
         row_prompts = [uid_prompts.get(str(key).split("_")[0]) for key in keys]
         try:
@@ -346,64 +281,18 @@ class RolloutTqSkip(RolloutSkip):
         payload = {"tensordict": data, "tags": [dict(t) for t in batch.tags], "keys": keys,
                    "global_steps": int(global_steps)}
         seconds = None if started is None else now - started
-        prepared = self._snapshot(  # the read-back is already a private copy
+        prepared = self.dumper.snapshot(  # the read-back is already a private copy (a failure fails the step)
             step, path, payload, copy=False,
-            meta=lambda: self._entry_meta(global_steps, seconds, num_trajectories=len(keys), inner_idx=inner,
-                                          prompt_digest=digest, parameter_sync_step=self.parameter_sync_step,
-                                          row_prompts=row_prompts if any(row_prompts) else None))
-        if prepared is None:
-            with self._lock:
-                self._failed.add(step)
-            return
-        self._submit_write(path, step, *prepared)
+            meta=lambda: self.dumper.entry_meta(global_steps, seconds, num_trajectories=len(keys), inner_idx=inner,
+                                                prompt_digest=digest, parameter_sync_step=self.parameter_sync_step,
+                                                row_prompts=row_prompts if any(row_prompts) else None))
+        if prepared is not None:
+            self.dumper.submit(path, step, *prepared)
 
-    def _write(self, path: str, step: int, frozen: Any, meta: dict[str, Any]) -> bool:
-        """Write one inner entry; after the step's last one, publish the step (see the module docstring)."""
-        ok = super()._write(path, step, frozen, meta)
-        with self._lock:
-            if not ok:
-                self._failed.add(step)
-                self._inner_metas.pop(step, None)  # a step that is not published gets no hint
-                return False
-            inner = meta.get("inner_idx")
-            if isinstance(inner, int) and self.row_wise and step not in self._failed:
-                self._inner_metas.setdefault(step, {})[inner] = meta
-            written = self._written[step] = self._written.get(step, 0) + 1
-            complete = written == self.parameter_sync_step and step not in self._failed
-            staging = self._staging.pop(step) if complete else ""  # every inner entry was written into it
-        if complete:
-            self._complete_step(step, staging)
-        return True
-
-    def _complete_step(self, step: int, staging: str) -> None:
-        target = self.step_dump_dir(step)
-        with self._index_lock:
-            indexed = self._indexed.pop(target, [])  # re-read from the step once it is published
-            if self._index is not None:
-                for path in indexed:
-                    self._index.forget(path)
-        try:
-            if self.store.capabilities.atomic_dir_publish:
-                self.store.publish_dir(staging, target)
-            else:  # the manifest, written last, commits the recording (stepskip.manifest)
-                publish_manifest(self.store, target, staging.rsplit("/", 1)[-1], self.parameter_sync_step,
-                                 self.run_id)
-        except Exception as err:  # the dump boundary: publishing may fail like any write
-            self.stats.add(dump_failures=1)
-            logger.error("%s dump failed: step %d not published from %s to %s: %s: %s",
-                         self.name, step, staging, target, type(err).__name__, err)
-            with self._lock:
-                self._inner_metas.pop(step, None)
-            return
-        logger.info("%s dump: step %d published at %s (%d inner entries)", self.name, step, target,
-                    self.parameter_sync_step)
-        with self._lock:
-            metas = self._inner_metas.pop(step, {})
-        if sorted(metas) == list(range(self.parameter_sync_step)):  # the hint of the step as published
-            recording = None if self.store.capabilities.atomic_dir_publish else staging.rsplit("/", 1)[-1]
-            ordered = [metas[i] for i in range(self.parameter_sync_step)]
-            self._add_hints([(str(step), functools.partial(_add_step_hint, name=str(step), recording=recording,
-                                                           metas=ordered))])
+    def _hint_step(self, step: int, recording: str | None, metas: list[dict[str, Any]]) -> None:
+        """The hint of a step just published (``action: match`` reads it before the step's entries)."""
+        self.hints.add([(str(step), functools.partial(_add_step_hint, name=str(step), recording=recording,
+                                                      metas=metas))])
 
     def load_dump_data(self, step: int, new_prompt_uids: list[str], n: int, global_steps: int,
                        partition_id: str = "train", prompts: Any = None) -> None:
@@ -420,11 +309,11 @@ class RolloutTqSkip(RolloutSkip):
         """
         load_step, where = self._resolve_root(step)
         if where is None and self.action is SkipAction.REPLAY:  # say why: damaged and unreadable are not missing
-            for path, probe in self._probed(step):
-                if probe.state is EntryState.UNREADABLE:
-                    raise self._unreadable(probe.reason)
-                if probe.state is EntryState.DAMAGED:
-                    self._report_corrupt(step, path, probe.reason)
+            for path, probe in self.entries.probed(step):
+                if probe.state.kept:
+                    raise self.reader.unreadable(probe.reason)
+                if probe.state is EntryStatus.DAMAGED:
+                    self.reader.report_corrupt(step, path, probe.reason)
                     raise CorruptEntryError(f"{self.name}: step {step} at {path} is damaged: {probe.reason}")
         if where is None:
             raise CacheMissError(
@@ -437,27 +326,27 @@ class RolloutTqSkip(RolloutSkip):
         # every inner entry comes from the recording whose probes made the step complete (manifest read once)
         parts, keys, tags, nbytes, saved = [], [], [], 0, 0.0
         for inner in range(self.parameter_sync_step):
-            path = f"{where.root}/{inner}"
-            payload, meta, _, size = self._read_entry(path, step, load_step, prompts if inner == 0 else None)
+            path = Layout.inner_path(where.root, inner)
+            payload, meta, _, size = self.reader.read(path, step, load_step, prompts if inner == 0 else None)
             problem = payload_problem(payload)  # checksums prove the bytes, not that they are a V1 payload
             if problem is not None:
-                self._report_corrupt(step, path, problem)
+                self.reader.report_corrupt(step, path, problem)
                 raise CorruptEntryError(f"{self.name}: step {load_step} at {path} is damaged: {problem}")
             parts.append(payload["tensordict"])
             keys.extend(payload["keys"])
             tags.extend(payload["tags"])
             nbytes += size
-            saved += _seconds(meta.get("generation_seconds"))
+            saved += seconds_of(meta.get("generation_seconds"))
         try:
             data = concat_rows(parts)
             rows = num_rows(data)
         except Exception as err:  # inner entries of other columns, dtypes or shapes (crafted or damaged)
             reason = f"step {load_step}'s inner entries cannot be joined ({type(err).__name__}: {err})"
-            self._report_corrupt(step, self.step_dump_dir(load_step), reason)
+            self.reader.report_corrupt(step, self.step_dump_dir(load_step), reason)
             raise CorruptEntryError(f"{self.name}: {reason}") from err
         if rows != len(keys):
             reason = f"step {load_step} holds {rows} rows for {len(keys)} keys"
-            self._report_corrupt(step, self.step_dump_dir(load_step), reason)
+            self.reader.report_corrupt(step, self.step_dump_dir(load_step), reason)
             raise CorruptEntryError(f"{self.name}: {reason}")
 
         try:
@@ -478,12 +367,15 @@ class RolloutTqSkip(RolloutSkip):
                                   for _ in new_prompt_uids])
         seconds = time.perf_counter() - start
         self.stats.add(hits=1, load_seconds=seconds, bytes_read=nbytes, saved_seconds=saved)
-        with self._lock:
-            self._replayed.add(step)
+        self.replayed_steps.add(step)
         logger.info("%s hit: step %d replayed from step %d at %s: %d trajectories for %d prompts x %d "
                     "(%d bytes, %.3fs)",
                     self.name, step, load_step, self.step_dump_dir(load_step), len(new_keys),
                     len(new_prompt_uids), sessions, nbytes, seconds)
+
+    def was_replayed(self, step: int) -> bool:
+        """True when the submit phase of ``step`` was served from the cache whole (nothing was generated)."""
+        return step in self.replayed_steps
 
     # ------------------------------------------------------------------ action: compare
 
@@ -491,26 +383,22 @@ class RolloutTqSkip(RolloutSkip):
         """The submit phase of ``action: compare``: the batch goes to rollout either way; a complete recorded
         step is read and joined on the live prompts, to be compared as its trajectories are sampled; a
         step without one (or with a damaged one: counted and reported) is recorded as under ``cache``
-        (see :func:`stepskip.roles.tq_compare.submit`).
+        (:meth:`stepskip._reading.compare.StepComparer.submit`).
 
         Raises:
             UnreadableEntryError: an inner entry is intact but cannot be read here (never recorded over).
         """
-        from stepskip.roles import tq_compare
-
-        tq_compare.submit(self, step, prompts)
+        self.comparer.submit(step, prompts)
 
     def compare_sample(self, step: int, sampled: Any) -> None:
         """The sample phase of ``action: compare``: compare the sampled trajectories with the recorded ones and,
-        under ``train_on: recorded``, put the recorded fields in the queue (see
-        :func:`stepskip.roles.tq_compare.sample`).
+        under ``train_on: recorded``, put the recorded fields in the queue
+        (:meth:`stepskip._reading.compare.StepComparer.sample`).
 
         Raises:
             DriftError: a field drifted and ``on_drift`` is ``error``.
         """
-        from stepskip.roles import tq_compare
-
-        tq_compare.sample(self, step, sampled)
+        self.comparer.sample(step, sampled)
 
     # ------------------------------------------------------------------ action: match
 
@@ -530,66 +418,7 @@ class RolloutTqSkip(RolloutSkip):
         Raises:
             SkipConfigError: the batch has no rows or no ``uid`` column.
         """
-        from stepskip.matching import select_batch_rows
-
-        start = time.perf_counter()
-        digests, found, nbytes, saved, sources = self._inject_by_prompt(step, prompts, partition_id)
-        missing = [row for row in range(len(digests)) if row not in found]
-        replayed = len(found)
-        self.stats.add(rows_replayed=replayed, rows_generated=len(missing), bytes_read=nbytes,
-                       load_seconds=time.perf_counter() - start if found else 0.0, saved_seconds=saved,
-                       hits=0 if missing else 1, misses=1 if missing else 0)
-        if not missing:
-            with self._lock:
-                self._replayed.add(step)
-        if found:
-            origin = ", ".join(f"{count} from {self._short(path)}" for path, count in sorted(sources.items()))
-            logger.info("%s match: step %d injected %d of %d prompts (%s); %d prompts submitted to rollout",
-                        self.name, step, replayed, len(digests), origin, len(missing))
-        if not missing:
-            return None
-        self.begin_recording(step, prompts)
-        return prompts if not found else select_batch_rows(prompts, missing)
-
-    def _inject_by_prompt(self, step: int, prompts: Any, partition_id: str
-                          ) -> tuple[list[str], set[int], int, float, dict[str, int]]:
-        """Inject the recorded group of every prompt of ``prompts`` the cache holds, under its live uid.
-
-        Returns:
-            The prompts' digests, the rows injected, the bytes read, the generation seconds saved and
-            how many rows each step directory served.
-
-        Raises:
-            SkipConfigError: the batch has no rows or no ``uid`` column.
-        """
-        from stepskip.fidelity import prompt_row_digests
-
-        try:
-            digests = prompt_row_digests(prompts, self.rebind_keys)
-            uids = [str(u) for u in prompts["uid"]]
-        except (KeyError, TypeError, ValueError) as err:
-            raise SkipConfigError(f"skip.{self.name}: prompts are looked up in the cache from the batch of "
-                                  f"_next_train_batch, with one row per prompt and a 'uid' column: {err}") from err
-        index = self._match_index()
-        strict = self.config.match_n is MatchN.STRICT
-        n = self.layout.n
-        while True:  # each round validates the hinted steps it chose: the hinted set shrinks, so it ends
-            wanted: dict[str, list[int]] = {}  # inner entry -> live rows it serves
-            for row, digest in enumerate(digests):
-                where = index.groups.get(digest)
-                if where is not None and not (strict and len(where[1]) != n):
-                    wanted.setdefault(where[0], []).append(row)
-            hinted = sorted({_step_dir_of(path) for path in wanted} & set(self._hinted_steps))
-            if not hinted:
-                break
-            self._validate_step_hints(index, hinted)
-        found, nbytes, saved, sources = self._inject_found(step, wanted, digests, uids, index, partition_id)
-        return digests, found, nbytes, saved, sources
-
-    def was_replayed(self, step: int) -> bool:
-        """True when the submit phase of ``step`` was served from the cache whole (nothing was generated)."""
-        with self._lock:
-            return step in self._replayed
+        return self.step_matcher.inject(step, prompts, partition_id)
 
     def inject_extra(self, step: int, prompts: Any, partition_id: str = "train") -> Any:
         """Serve prompts added to a replayed step from the cache, by prompt: never generated.
@@ -597,7 +426,8 @@ class RolloutTqSkip(RolloutSkip):
         verl adds prompts to a step outside its submit phase: the replay buffer's refill (groups
         evicted as stale, failed or filtered) and, after a resume, the re-issued in-flight prompts.
         On a step the cache replays they must not reach the engine: each prompt whose group was
-        recorded (at any step, as ``action: match`` finds it) is injected under its live uid.
+        recorded (at any step, as ``action: match`` finds it) is injected under its live uid
+        (:meth:`stepskip._matching.v1.StepMatcher.inject_extra`).
 
         Args:
             step: the replayed step.
@@ -608,188 +438,7 @@ class RolloutTqSkip(RolloutSkip):
             The prompts the cache does not hold (None when it held them all): the caller decides
             what happens to them; they are never generated here.
         """
-        from stepskip.matching import select_batch_rows
-
-        start = time.perf_counter()
-        digests, found, nbytes, saved, sources = self._inject_by_prompt(step, prompts, partition_id)
-        missing = [row for row in range(len(digests)) if row not in found]
-        self.stats.add(rows_replayed=len(found), bytes_read=nbytes, saved_seconds=saved,
-                       load_seconds=time.perf_counter() - start if found else 0.0)
-        origin = ", ".join(f"{count} from {self._short(path)}" for path, count in sorted(sources.items())) or "none"
-        logger.info("%s: %d prompts added to replayed step %d: %d served from the cache (%s), %d not recorded",
-                    self.name, len(digests), step, len(found), origin, len(missing))
-        if not missing:
-            return None
-        return prompts if not found else select_batch_rows(prompts, missing)
-
-    def _inject_found(self, step: int, wanted: dict[str, list[int]], digests: list[str], uids: list[str],
-                      index: Any, partition_id: str) -> tuple[set[int], int, float, dict[str, int]]:
-        """Put the recorded trajectories of the ``wanted`` live rows into the queue; the rows injected."""
-        from stepskip.matching import join_problem
-        from stepskip.tq.rows import concat_rows, num_rows, payload_problem, select_rows
-
-        parts, keys, tags = [], [], []
-        accepted: list[tuple[str, Any, tuple[list[str], list[dict[str, Any]], set[int]], float]] = []
-        found: set[int] = set()
-        nbytes, saved = 0, 0.0
-        sources: dict[str, int] = {}
-        for path, rows in wanted.items():
-            try:
-                payload, meta, _, size = self._read_entry(path, step, -1)
-                recorded = meta.get("row_prompts")
-                if not isinstance(recorded, list):
-                    raise CacheMissError(f"{path} no longer records the prompts of its trajectories")
-            except CacheMissError as err:  # damaged, vanished or replaced since indexed: generate those prompts
-                logger.warning("%s match: %s; submitting its %d prompts to rollout", self.name, err, len(rows))
-                with self._index_lock:
-                    index.forget(path)
-                continue
-            try:  # metadata and data that disagree (a crafted or damaged entry) must not reach the trainer
-                problem = payload_problem(payload, recorded)
-                if problem is None:
-                    entry_keys, entry_tags = list(payload["keys"]), list(payload["tags"])
-                    picked: list[int] = []
-                    entry_out: tuple[list[str], list[dict[str, Any]], set[int]] = ([], [], set())
-                    for row in rows:
-                        group = [i for i, d in enumerate(recorded) if d == digests[row]]
-                        if not group:  # the entry was replaced by one of other prompts since it was indexed
-                            continue
-                        plan = remap_v1([entry_keys[i] for i in group], [entry_tags[i] for i in group],
-                                        [uids[row]], self.layout.n, step)
-                        picked.extend(group[r] for r in plan.rows)
-                        entry_out[0].extend(plan.keys)
-                        entry_out[1].extend(plan.tags)
-                        entry_out[2].add(row)
-                    part = select_rows(payload["tensordict"], picked) if picked else None
-            except (IndexError, KeyError, TypeError, ValueError) as err:
-                problem = f"its trajectories cannot be selected ({type(err).__name__}: {err})"
-            if problem is not None:
-                self._report_corrupt(step, path, problem)
-                logger.warning("%s match: submitting the %d prompts of %s to rollout", self.name, len(rows), path)
-                with self._index_lock:
-                    index.forget(path)
-                continue
-            nbytes += size
-            if part is not None:
-                accepted.append((path, part, entry_out,
-                                 _seconds(meta.get("generation_seconds")) * len(set(picked)) / max(len(entry_keys), 1)))
-        # parts that would not join the others (other columns, dtypes, trailing shapes) cost their own
-        # prompts, never the step: the ones that agree with the part serving the most trajectories stay
-        reference = max(accepted, key=lambda a: num_rows(a[1]))[1] if len(accepted) > 1 else None
-        for path, part, entry_out, entry_saved in accepted:
-            problem = None if reference is None or part is reference else join_problem([reference, part])
-            if problem is not None:
-                self._report_corrupt(step, path, problem)
-                logger.warning("%s match: submitting the %d prompts of %s to rollout", self.name,
-                               len(entry_out[2]), path)
-                with self._index_lock:
-                    index.forget(path)
-                continue
-            parts.append(part)
-            keys.extend(entry_out[0])
-            tags.extend(entry_out[1])
-            found |= entry_out[2]
-            step_dir = _step_dir_of(path)
-            sources[step_dir] = sources.get(step_dir, 0) + len(entry_out[2])
-            saved += entry_saved
-        if found:
-            try:
-                fields = concat_rows(parts)
-            except Exception as err:  # each part was checked above; should the join still fail, generate them all
-                logger.error("%s match: step %d's recorded trajectories cannot be joined (%s: %s); submitting every "
-                             "prompt to rollout", self.name, step, type(err).__name__, err)
-                return set(), nbytes, 0.0, {}
-            client = self.tq_client
-            client.kv_batch_put(keys=keys, fields=fields, tags=tags, partition_id=partition_id)
-            client.kv_batch_put(keys=[uids[row] for row in sorted(found)], partition_id=partition_id,
-                                tags=[{"is_prompt": True, "status": "finished", "global_steps": step} for _ in found])
-        return found, nbytes, saved, sources
-
-    def _match_index(self) -> Any:
-        """The prompt index over the inner entries of every complete step this role could replay.
-
-        Spans the run directories :meth:`_match_sources` lists; a step directory is read once (its
-        inner entries probed) the first time it is listed, and forgotten when it is no longer there.
-        """
-        from stepskip.matching import PromptIndex
-
-        with self._index_lock:
-            if self._index is None:
-                self._index = PromptIndex()
-            index = self._index
-            listed = set(self._match_sources())
-            for step_dir in [d for d in self._indexed if d not in listed]:
-                for path in self._indexed.pop(step_dir):
-                    index.forget(path)
-                self._hinted_steps.pop(step_dir, None)
-            new = sorted(listed - set(self._indexed))
-            hints = self._read_hints({d.rsplit("/", 1)[0] for d in new}, set(new)) if len(new) >= _HINTED_FROM else {}
-            from stepskip.hints import StepHint
-
-            for step_dir in new:
-                hint = hints.get(step_dir)
-                if isinstance(hint, StepHint) and len(hint.inner) == self.parameter_sync_step:
-                    root = f"{step_dir}/{hint.recording}" if hint.recording else step_dir
-                    paths = [f"{root}/{inner}" for inner in range(len(hint.inner))]
-                    for path, part in zip(paths, hint.inner):  # validated when a call chooses the step
-                        index.add(path, hint.step, part.digests)
-                    self._indexed[step_dir] = paths
-                    self._hinted_steps[step_dir] = hint
-                    continue
-                added = self._index_step(index, step_dir)
-                if added is not None:
-                    self._indexed[step_dir] = added
-            return index
-
-    def _hint_holds(self, path: str, hint: Any) -> bool:
-        """Whether a step's hint says what its first inner entry holds now (identity, step, digests)."""
-        from stepskip.hints import StepHint
-
-        if not isinstance(hint, StepHint) or not hint.inner:
-            return False
-        root = f"{path}/{hint.recording}" if hint.recording else path
-        return super()._hint_holds(f"{root}/0", hint.inner[0])
-
-    def _validate_step_hints(self, index: Any, step_dirs: list[str]) -> None:
-        """Index the hinted steps a call chose from their manifest and inner entries, as without hints
-        (:meth:`_index_step`): what the hint said is replaced by what the step holds."""
-        with self._index_lock:
-            for step_dir in step_dirs:
-                hint = self._hinted_steps.pop(step_dir, None)
-                if hint is None:
-                    continue
-                hinted = self._indexed.pop(step_dir, [])
-                for path in hinted:
-                    index.forget(path)
-                added = self._index_step(index, step_dir)
-                if added is not None:
-                    self._indexed[step_dir] = added
-                if added != hinted:
-                    logger.debug("%s match: %s changed since its hint was written; indexed from its entries",
-                                 self.name, step_dir)
-
-    def _index_step(self, index: Any, step_dir: str) -> list[str] | None:
-        """Index the inner entries of a complete step; None (looked at again next time) for any other."""
-        where = resolve_step(self.store, step_dir)
-        if where.state is not EntryState.PRESENT:
-            return None
-        root = where.root
-        inner_names = sorted(int(n) for n in self.store.list_dir(root, dirs_only=True) if n.isascii() and n.isdigit())
-        probes = [(f"{root}/{i}", self._probe(f"{root}/{i}")) for i in inner_names]
-        metas = [p.meta or {} for _, p in probes]
-        declared = metas[0].get("parameter_sync_step", 1) if metas else 0
-        complete = (bool(probes) and inner_names == list(range(len(probes))) and declared == len(probes)
-                    and all(p.state is EntryState.PRESENT and self._servable(p.meta or {}) for _, p in probes)
-                    and len({m.get("run_id") for m in metas}) == 1)
-        if not complete:
-            return None  # half-written or mixed: never served
-        added = []
-        for (path, _), meta in zip(probes, metas):
-            recorded = meta.get("row_prompts")
-            if isinstance(recorded, list) and all(d is None or isinstance(d, str) for d in recorded):
-                index.add(path, _step_of(meta), [d or "" for d in recorded])
-                added.append(path)
-        return added
+        return self.step_matcher.inject_extra(step, prompts, partition_id)
 
     # ------------------------------------------------------------------ verl's names (its tests and trainer use them)
 
@@ -797,14 +446,14 @@ class RolloutTqSkip(RolloutSkip):
         return self._path(self.inner_dump_dir(step, inner_idx))
 
     def _check_valid_v1_step(self, step: int) -> bool:
-        return self._present(step)
+        return self.entries.present(step)
 
     def _check_valid_v1_step_path(self, path: Any) -> bool:
-        return self._probe(str(path)).state is EntryState.PRESENT
+        return self.reader.probe(str(path)).state is EntryStatus.PRESENT
 
     def _find_first_missing_inner(self, step: int) -> int:
-        for inner, probe in enumerate(self._probes(step)):
-            if probe.state is not EntryState.PRESENT:
+        for inner, (_, probe) in enumerate(self.entries.probed(step)):
+            if probe.state is not EntryStatus.PRESENT:
                 return inner
         return -1
 
@@ -817,17 +466,3 @@ class RolloutTqSkip(RolloutSkip):
 
 def _add_step_hint(doc: Any, name: str, recording: str | None, metas: list[dict[str, Any]]) -> bool:
     return bool(doc.add_step(name, recording, metas))
-
-
-def _complete(probed: list[tuple[str, Probe]]) -> bool:
-    """True when every inner entry probed is present and one run wrote them all."""
-    if any(p.state is not EntryState.PRESENT for _, p in probed):
-        return False
-    runs = {(p.meta or {}).get("run_id") for _, p in probed}
-    return len(runs) == 1  # a step half-written by a crashed run is never completed by another
-
-
-def _step_dir_of(path: str) -> str:
-    """The step directory of an inner entry path (``{step}/{inner}`` or ``{step}/rec-{token}/{inner}``)."""
-    parent, _, name = path.rsplit("/", 1)[0].rpartition("/")
-    return parent if is_recording(name) else f"{parent}/{name}"

@@ -316,7 +316,7 @@ class ViewSource:
 
     def _compared(self, step: StepDir) -> bool:
         """Whether ``action: compare`` wrote a drift record beside the step (one listing per directory of steps)."""
-        from stepskip.drift import DRIFT_DIR
+        from stepskip.layout import DRIFT_DIR
 
         parent, _, name = step.path.rstrip("/").rpartition("/")
         names = self._drift_names.get(parent)

@@ -111,7 +111,7 @@ def replayed_markers(store, step: int = 1) -> set[int]:
 
 def run_ids(store, step: int = 1) -> set[str]:
     reader = Recorder(store, action="cache")
-    return {(p.meta or {}).get("run_id") for p in reader.role._probes(step)}
+    return {(p.meta or {}).get("run_id") for _, p in reader.role.entries.probed(step)}
 
 
 def step_dir(store) -> str:
@@ -172,14 +172,14 @@ def test_a_recorder_blocked_before_its_manifest_is_invisible_and_then_wins(objec
         b.record(1, marker=20)
         assert replayed_markers(object_store) == {20}
         holder = Recorder(object_store, action="cache")
-        held = holder.role._step_root(1)  # a reader that resolved B's manifest ...
+        held = holder.role.entries.root(1)  # a reader that resolved B's manifest ...
     finally:
         release_a.set()
         thread.join(300)
     assert not errors
     assert replayed_markers(object_store) == {10}  # A's manifest was written last
     for inner in range(SYNC):  # ... still reads B's recording whole (retired, within the grace period)
-        payload, meta, _, _ = holder.role._read_entry(f"{held.root}/{inner}", 1, 1)
+        payload, meta, _, _ = holder.role.reader.read(f"{held.root}/{inner}", 1, 1)
         assert meta["run_id"] == b.run_id
         assert {int(r[0]) // 1000 for r in payload["tensordict"]["responses"]} == {20}
 
@@ -500,14 +500,14 @@ def test_a_cache_hit_reads_the_manifest_once_per_phase_and_loads_the_recording_i
         self, path, limit))
     assert reader.role.meet_precondition(1)
     assert reads == [f"{where}/{MANIFEST_FILE}"]
-    probed = reader.role._probed
+    probed = reader.role.entries.probed
 
     def then_renamed(step, *args):
         out = probed(step, *args)  # then another manifest, naming a recording that is not there
         store.put_small(f"{where}/{MANIFEST_FILE}", StepManifest("rec-ffffffffffff", SYNC, "other").to_bytes())
         return out
 
-    monkeypatch.setattr(reader.role, "_probed", then_renamed)
+    monkeypatch.setattr(reader.role.entries, "probed", then_renamed)
     reads.clear()
     uids = ["a", "b", "c", "d"]
     reader.role.inject(1, uids)

@@ -39,7 +39,9 @@ def test_roles_live_where_the_layout_puts_them(root):
           fingerprint={"actor_rollout_ref.rollout.n": 2})
     write(root, f"{RUN}/2", role="async_rollout")
     write(root, f"{RUN}/ref_log_prob/1", role="ref_log_prob")
-    write(root, f"{RUN}/ref_log_prob/3", role="something-else")  # the directory decides, not meta.json
+    # the directory decides whose step it is, not meta.json; recorded by another role, the role of the
+    # directory cannot replay it (as that role itself says): kept, never removed
+    write(root, f"{RUN}/ref_log_prob/3", role="something-else")
     for inner in (0, 1):
         write(root, f"{RUN}/5/{inner}", role="rollout_tq", run_id="r1", parameter_sync_step=2, inner_idx=inner)
 
@@ -47,8 +49,12 @@ def test_roles_live_where_the_layout_puts_them(root):
     (run,) = index.runs()
     assert run.name == RUN and run.shape == {"gbs": 4, "n": 2, "prompt_len": 8, "response_len": 6}
     summary = {r.role: r.steps for r in run.roles()}
-    assert summary == {"rollout": [1], "async_rollout": [2], "rollout_tq": [5], "ref_log_prob": [1, 3]}
+    assert summary == {"rollout": [1], "async_rollout": [2], "rollout_tq": [5], "ref_log_prob": [1]}
     assert list(summary) == ["rollout", "async_rollout", "rollout_tq", "ref_log_prob"]
+    assert [r.invalid_steps for r in run.roles() if r.role == "ref_log_prob"] == [[3]]
+    foreign = next(s for s in run.steps if s.role == "ref_log_prob" and s.step == 3).entries[0]
+    assert foreign.state is EntryStatus.UNREADABLE and foreign.kept
+    assert "recorded by role 'something-else'" in foreign.reason
     v1 = next(s for s in run.steps if s.kind is StepKind.V1)
     assert (v1.role, v1.expected_inner, [e.inner for e in v1.entries], v1.valid) == ("rollout_tq", 2, [0, 1], True)
     first = next(s for s in run.steps if s.role == "rollout").entries[0]

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 from stepskip import SkipManager
-from stepskip.hints import (
+from stepskip._matching.hints import (
     HINTS_DIR,
     TABLE_SUFFIX,
     digest_keys,

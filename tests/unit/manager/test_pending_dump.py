@@ -11,7 +11,7 @@ import threading
 import torch
 
 from stepskip import Batch, SkipManager
-from stepskip.roles.rollout import RolloutSkip
+from stepskip._dumping.dumper import Dumper
 
 WAIT_S = 300  # only reached when the behaviour under test is broken (a hang guard, not a timing)
 
@@ -33,19 +33,19 @@ def _prompts() -> Batch:
 def test_second_call_waits_for_the_queued_dump_and_replays_it(tmp_path, monkeypatch):
     release = threading.Event()  # set by the test: the background write may go on
     waiting = threading.Event()  # set when the second call is waiting for the pending dump
-    original_write, original_await = RolloutSkip._write, RolloutSkip._await_pending
+    original_write, original_await = Dumper.write, Dumper.await_pending
 
     def held_write(self, *args):
         assert release.wait(WAIT_S), "the test never released the background write"
         return original_write(self, *args)
 
     def observed_await(self, path):
-        if self._pending.get(path) is not None:
+        if self.pending.get(path) is not None:
             waiting.set()
         return original_await(self, path)
 
-    monkeypatch.setattr(RolloutSkip, "_write", held_write)
-    monkeypatch.setattr(RolloutSkip, "_await_pending", observed_await)
+    monkeypatch.setattr(Dumper, "write", held_write)
+    monkeypatch.setattr(Dumper, "await_pending", observed_await)
     SkipManager.init({"skip": {"rollout": {"enable": True, "steps": [1], "dump_dir": str(tmp_path)}}})
     SkipManager.set_step(1)
     loop = Loop()
@@ -77,9 +77,9 @@ def test_second_call_waits_for_the_queued_dump_and_replays_it(tmp_path, monkeypa
 
 def test_a_failed_queued_dump_lets_the_next_call_generate(tmp_path, monkeypatch):
     def failing_write(self, path, step, frozen, meta):
-        self.stats.add(dump_failures=1)
+        self.owner.stats.add(dump_failures=1)
 
-    monkeypatch.setattr(RolloutSkip, "_write", failing_write)
+    monkeypatch.setattr(Dumper, "write", failing_write)
     SkipManager.init({"skip": {"rollout": {"enable": True, "steps": [1], "dump_dir": str(tmp_path)}}})
     SkipManager.set_step(1)
     loop = Loop()

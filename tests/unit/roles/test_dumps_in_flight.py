@@ -18,8 +18,8 @@ import torch
 from skip_configs import run_path, training_config
 
 from stepskip import Batch, SkipManager
-from stepskip.roles.cached import CachedRole
-from stepskip.worker import DumpWorker
+from stepskip._dumping.worker import DumpWorker
+from stepskip._reading.reader import EntryReader
 
 WAIT_S = 300  # a hang guard, reached only when the behaviour under test is broken
 HERE = Path(__file__).resolve()
@@ -71,14 +71,14 @@ def test_repeat_replays_a_step_whose_background_dump_is_still_queued(tmp_path, m
     assert SkipManager.skip_instances["rollout"].listed_steps() == [1]
     role = SkipManager.skip_instances["rollout"]
     step_1 = role.step_dump_dir(1)
-    original_wait = role._await_pending
+    original_wait = role.dumper.await_pending
 
     def wait_releasing(path):  # the held write goes on only once step 2 waits for step 1's dump
         if path == step_1:
             release.set()
         original_wait(path)
 
-    monkeypatch.setattr(role, "_await_pending", wait_releasing)
+    monkeypatch.setattr(role.dumper, "await_pending", wait_releasing)
     SkipManager.set_step(2)
     out = loop.generate_sequences(PROMPTS)
     release.set()  # (already set when step 2 waited, as it should)
@@ -131,7 +131,7 @@ def test_a_dump_the_worker_refuses_is_a_counted_failure_and_strands_no_call(tmp_
     SkipManager.set_step(1)
     assert loop.generate_sequences(PROMPTS).batch["x"][0, 0].item() == 1.0
     assert stats()["dump_failures"] == 1
-    assert SkipManager.skip_instances["rollout"]._pending == {}
+    assert SkipManager.skip_instances["rollout"].dumper.pending == {}
     done = threading.Event()
     threading.Thread(target=lambda: (loop.generate_sequences(PROMPTS), done.set()), daemon=True).start()
     assert done.wait(WAIT_S), "a call at the refused step waits for a dump that was never queued"
@@ -162,14 +162,14 @@ def test_hits_in_flight_at_once_each_read_with_the_probe_they_took(tmp_path, mon
     asyncio.run(feed())
     SkipManager.reset()
     taken = []
-    original = CachedRole._take_probe
+    original = EntryReader.take_probe
 
     def take(self, path):
         probe = original(self, path)
         taken.append(probe is not None)
         return probe
 
-    monkeypatch.setattr(CachedRole, "_take_probe", take)
+    monkeypatch.setattr(EntryReader, "take_probe", take)
     SkipManager.init(config)
     asyncio.run(feed())
     assert SkipManager.stats()["skip/async_rollout/hits"] == 64

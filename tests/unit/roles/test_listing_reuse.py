@@ -35,9 +35,9 @@ def _recorded(tmp_path, steps):
 @pytest.fixture(autouse=True)
 def _still_clock(monkeypatch):
     """The reuse clock stands still (a listing never gets too old here) unless a test moves it."""
-    from stepskip.roles import cached
+    from stepskip._reading import listing
 
-    monkeypatch.setattr(cached, "_monotonic", lambda: 1000.0)
+    monkeypatch.setattr(listing, "_monotonic", lambda: 1000.0)
 
 
 def _age(path, seconds: float) -> None:
@@ -125,16 +125,16 @@ def test_an_mtime_set_back_after_a_change_still_changes_the_version(tmp_path, mo
 
 
 def test_a_reused_listing_is_taken_afresh_after_a_while(tmp_path, monkeypatch):
-    from stepskip.roles import cached
+    from stepskip._reading import listing
 
     skip = _recorded(tmp_path, [1])
     _fixed_version(monkeypatch, skip)
     now = [1000.0]
-    monkeypatch.setattr(cached, "_monotonic", lambda: now[0])
+    monkeypatch.setattr(listing, "_monotonic", lambda: now[0])
     calls = _count_listings(monkeypatch, skip)
     assert skip.listed_steps() == [1] and len(calls) == 1
     (run_path(tmp_path) / "6").mkdir()  # another writer; the fixed version cannot show it
-    now[0] += cached.LISTING_MAX_AGE - 1
+    now[0] += listing.LISTING_MAX_AGE - 1
     assert skip.listed_steps() == [1] and len(calls) == 1
     now[0] += 2
     assert skip.listed_steps() == [1, 6] and len(calls) == 2

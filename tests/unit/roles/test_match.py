@@ -178,7 +178,7 @@ def test_a_prompt_recurring_while_its_dump_is_queued_is_replayed(tmp_path, monke
     generating again. The worker is held until that wait begins, so the entry is still queued then."""
     import threading
 
-    from stepskip.worker import default_worker
+    from stepskip._dumping.worker import default_worker
 
     SkipManager.init(config(tmp_path, async_dump=True))
     skip = SkipManager.skip_instances["rollout"]
@@ -186,14 +186,14 @@ def test_a_prompt_recurring_while_its_dump_is_queued_is_replayed(tmp_path, monke
     default_worker().submit(lambda: (running.set(), release.wait(60)))
     assert running.wait(60)
     waited: list[bool] = []
-    await_pending = skip._await_pending
+    await_pending = skip.dumper.await_pending
 
     def waiting_for(path):
         waited.append(os.path.exists(f"{path}/meta.json"))  # not written yet: only queued
         release.set()
         await_pending(path)
 
-    monkeypatch.setattr(skip, "_await_pending", waiting_for)
+    monkeypatch.setattr(skip.dumper, "await_pending", waiting_for)
     rollout = Rollout(seed=0)
     SkipManager.set_step(1)
     first = rollout.generate_sequences(prompts_for([1, 2], "a"))

@@ -1,5 +1,5 @@
 """``action: match`` finds the recorded prompts of a run through the writers' digest tables
-(``stepskip.hints``), not by reading every entry's ``meta.json``: the first call looks at as many
+(``stepskip._matching.hints``), not by reading every entry's ``meta.json``: the first call looks at as many
 entries with 200 entries as with 10 (the two a table is checked on, and those holding the live
 prompts). The tables are hints: a damaged, oversized, lying, misplaced or planted one is ignored (with
 a warning) and the entries read directly; a claim to a removed entry is skipped; one to an entry
@@ -26,13 +26,14 @@ import pytest
 import torch
 from skip_configs import training_config
 
-import stepskip.hints as hints_module
-import stepskip.roles.cached as cached_module
+import stepskip._matching.hints as hints_module
+import stepskip._matching.tables as tables_module
+import stepskip._reading.listing as listing_module
 from stepskip import Batch, SkipManager
+from stepskip._matching.hints import HINTS_DIR, DigestTable, identity_key, parse_table, table_of
 from stepskip._storage import EntryStore
 from stepskip.cli.verify import verify_runs
 from stepskip.fidelity import prompt_row_digests
-from stepskip.hints import HINTS_DIR, DigestTable, identity_key, parse_table, table_of
 from stepskip.index import CacheIndex
 
 N = 2
@@ -336,7 +337,8 @@ def test_a_lying_table_is_dropped_alone(dump_dir, monkeypatch, caplog) -> None:
     assert {entry(dump_dir, s) for s in range(10)} <= set(looked)
     assert not {entry(dump_dir, s) for s in (13, 14, 16, 17, 18)} & set(looked)
     role = SkipManager.skip_instances["rollout"]
-    assert [claims.table.document.rsplit("/", 1)[1] for claims in role._tables] != [liar] and len(role._tables) == 1
+    claims = role.match_index.tables.claims
+    assert [claim.table.document.rsplit("/", 1)[1] for claim in claims] != [liar] and len(claims) == 1
 
 
 def test_parse_table_bounds_the_keys_of_a_reader() -> None:
@@ -396,14 +398,14 @@ def test_a_planted_table_claiming_every_entry_hides_nothing(dump_dir, monkeypatc
     out, rollout, looked = match_call(dump_dir, [0, 1, 2, 3, 22], monkeypatch)
     assert replayed(out, [0, 1, 2, 3, 22]) == dict.fromkeys([0, 1, 2, 3, 22], 1) and rollout.seen == []
     role = SkipManager.skip_instances["rollout"]
-    assert len(role._tables) == (1 if kept else 0)
+    assert len(role.match_index.tables.claims) == (1 if kept else 0)
 
 
 def test_tables_naming_entries_without_serving_them_end_the_use_of_tables(dump_dir, monkeypatch, caplog) -> None:
     """A table right about the entries it is checked on, then filing a live prompt under every other
     entry with identities of other versions (each such claim looks like an entry rewritten since, not
     a lie): a call reads at most ``_CANDIDATE_READS + 2 x prompts`` of them, then reads every entry directly."""
-    monkeypatch.setattr(cached_module, "_CANDIDATE_READS", 2)
+    monkeypatch.setattr(tables_module, "CANDIDATE_READS", 2)
     cache_of(dump_dir, 20)
     metas = {s: meta_of(dump_dir, s) for s in range(20)}
     bait = metas[0]["row_prompts"][0]  # prompt 0
@@ -416,7 +418,7 @@ def test_tables_naming_entries_without_serving_them_end_the_use_of_tables(dump_d
     assert replayed(out, [0, 30]) == {0: 1, 30: 1} and rollout.seen == []
     assert "without serving them" in caplog.text
     assert len(set(looked)) == 20  # every entry, once
-    assert not SkipManager.skip_instances["rollout"]._tables
+    assert not SkipManager.skip_instances["rollout"].match_index.tables.claims
 
 
 # --------------------------------------------------------------------------- entries that changed, keys shared
@@ -442,7 +444,7 @@ def test_a_claim_to_an_entry_rewritten_since_is_corrected_from_the_entry(dump_di
     out, rollout, _ = match_call(dump_dir, [10, 50, 18], monkeypatch)
     assert replayed(out, [10, 50, 18]) == {10: 2, 50: 3, 18: 1}  # 10 is no longer recorded anywhere
     assert rollout.seen == [[10]]
-    assert len(SkipManager.skip_instances["rollout"]._tables) == 1  # a stale claim is no lie
+    assert len(SkipManager.skip_instances["rollout"].match_index.tables.claims) == 1  # a stale claim is no lie
 
 
 def test_an_entry_two_tables_describe_is_served_as_it_is_now(dump_dir, monkeypatch) -> None:
@@ -466,7 +468,7 @@ def test_a_key_two_prompts_share_costs_a_read_and_serves_the_right_rows(dump_dir
         out, rollout, looked = match_call(dump_dir, [0, 7, 22, 99_999], monkeypatch)
     assert replayed(out, [0, 7, 22, 99_999]) == {0: 1, 7: 1, 22: 1, 99_999: 2}
     assert rollout.seen == [[99_999]] and "digest table" not in caplog.text
-    assert len(SkipManager.skip_instances["rollout"]._tables) == 1
+    assert len(SkipManager.skip_instances["rollout"].match_index.tables.claims) == 1
 
 
 # --------------------------------------------------------------------------- the latest step wins
@@ -483,7 +485,7 @@ def test_the_latest_step_wins_among_an_indexed_entry_and_a_tabled_one(dump_dir, 
     assert replayed(out, [7, 30, 21]) == {7: 1, 30: 3, 21: 1} and rollout.seen == []
     role = SkipManager.skip_instances["rollout"]
     digests = prompt_row_digests(prompts_for([7, 30, 21], "x"), role.rebind_keys)[::N]
-    assert [role._index.groups[d][0].rsplit("/", 1)[1] for d in digests] == ["15", "40", "12"]
+    assert [role.match_index.prompts.groups[d][0].rsplit("/", 1)[1] for d in digests] == ["15", "40", "12"]
     assert entry(dump_dir, 10) not in looked
 
 
@@ -613,7 +615,7 @@ def test_later_calls_reuse_the_listing_of_settled_directories_until_one_changes(
     changes the directory's version, and the next call lists it again and finds the new step."""
     dump_dir = str(tmp_path / "dump")
     cache_of(dump_dir, 10)
-    monkeypatch.setattr(cached_module, "_monotonic", lambda: 1000.0)  # the listing never gets too old here
+    monkeypatch.setattr(listing_module, "_monotonic", lambda: 1000.0)  # the listing never gets too old here
     then = os.path.getmtime(tmp_path) - 60
     for path in (f"{dump_dir}/exp_proj", f"{dump_dir}/{RUN}"):
         os.utime(path, (then, then))
@@ -636,13 +638,13 @@ def test_later_calls_reuse_the_listing_of_settled_directories_until_one_changes(
     out = Rollout(marker=2).generate_sequences(prompts_for([2, 3], "live"))
     assert replayed(out, [2, 3]) == {2: 1, 3: 1} and f"{dump_dir}/{RUN}" in listed
     digests = prompt_row_digests(prompts_for([2, 3], "x"), role.rebind_keys)
-    assert {role._index.groups[d][0] for d in digests} == {entry(dump_dir, 40)}  # the latest step wins
+    assert {role.match_index.prompts.groups[d][0] for d in digests} == {entry(dump_dir, 40)}  # the latest step wins
 
 
 def test_a_table_filing_a_key_under_many_unlisted_entries_costs_a_bounded_scan(dump_dir, monkeypatch, caplog) -> None:
     """Right about its two lowest entries, then filing a live prompt's key under 500 steps that do not
     exist: a call looks at no more than ``_CANDIDATE_SCAN`` of those rows, then reads every entry directly."""
-    monkeypatch.setattr(cached_module, "_CANDIDATE_SCAN", 50)
+    monkeypatch.setattr(tables_module, "CANDIDATE_SCAN", 50)
     cache_of(dump_dir, 10)
     metas = {s: meta_of(dump_dir, s) for s in range(2)}
     bait = meta_of(dump_dir, 4)["row_prompts"][0]  # prompt 8
@@ -653,7 +655,7 @@ def test_a_table_filing_a_key_under_many_unlisted_entries_costs_a_bounded_scan(d
         out, rollout, looked = match_call(dump_dir, [8, 18], monkeypatch)
     assert replayed(out, [8, 18]) == {8: 1, 18: 1} and rollout.seen == []
     assert "filed more than 50 keys" in caplog.text and len(set(looked)) == 10
-    assert not SkipManager.skip_instances["rollout"]._tables
+    assert not SkipManager.skip_instances["rollout"].match_index.tables.claims
 
 
 def test_the_first_call_reuses_the_start_up_listing_of_a_settled_run_directory(tmp_path, monkeypatch) -> None:
@@ -662,7 +664,7 @@ def test_the_first_call_reuses_the_start_up_listing_of_a_settled_run_directory(t
     dump_dir = str(tmp_path / "dump")
     cache_of(dump_dir, 10)
     then = os.path.getmtime(tmp_path) - 60
-    monkeypatch.setattr(cached_module, "_monotonic", lambda: 1000.0)
+    monkeypatch.setattr(listing_module, "_monotonic", lambda: 1000.0)
     for changed in (False, True):
         os.utime(f"{dump_dir}/{RUN}", (then, then))
         SkipManager.init(config(dump_dir, "match"))
@@ -680,7 +682,7 @@ def test_the_first_call_reuses_the_start_up_listing_of_a_settled_run_directory(t
         out = Rollout(marker=2).generate_sequences(prompts_for([2, 18], "live"))
         assert replayed(out, [2, 18]) == {2: 1, 18: 1}
         assert (f"{dump_dir}/{RUN}" in listed) is changed, listed
-        served = role._index.groups[prompt_row_digests(prompts_for([2], "x"), role.rebind_keys)[0]][0]
+        served = role.match_index.prompts.groups[prompt_row_digests(prompts_for([2], "x"), role.rebind_keys)[0]][0]
         assert served == entry(dump_dir, 40 if changed else 1)
         SkipManager.reset()
 
@@ -706,12 +708,13 @@ def test_a_tie_between_run_directories_is_broken_as_without_tables(dump_dir, mon
 def test_a_call_looking_at_exactly_its_scan_of_key_rows_keeps_the_tables(dump_dir, monkeypatch, caplog) -> None:
     """Prompt 8 is filed once (step 4): a call looks at its row, reads step 4, then looks at that row
     again (no longer covered) and ends: two rows, which a scan of two allows; the tables stay in use."""
-    monkeypatch.setattr(cached_module, "_CANDIDATE_SCAN", 2)
+    monkeypatch.setattr(tables_module, "CANDIDATE_SCAN", 2)
     cache_of(dump_dir, 10)
     with caplog.at_level(logging.WARNING, logger="stepskip"):
         out, rollout, looked = match_call(dump_dir, [8], monkeypatch)
     assert replayed(out, [8]) == {8: 1} and rollout.seen == []
-    assert "without serving them" not in caplog.text and len(SkipManager.skip_instances["rollout"]._tables) == 1
+    assert "without serving them" not in caplog.text
+    assert len(SkipManager.skip_instances["rollout"].match_index.tables.claims) == 1
     assert entry(dump_dir, 5) not in looked
 
 
@@ -743,7 +746,7 @@ def test_tables_or_not_the_index_serves_each_prompt_from_the_same_entry(tmp_path
         out, _, _ = match_call(dump_dir, ids, monkeypatch)
         role = SkipManager.skip_instances["rollout"]
         digests = prompt_row_digests(prompts_for(ids, "x"), role.rebind_keys)[::N]
-        served[tabled] = ([role._index.groups.get(d, ("",))[0] for d in digests], replayed(out, ids))
+        served[tabled] = ([role.match_index.prompts.groups.get(d, ("",))[0] for d in digests], replayed(out, ids))
         monkeypatch.undo()
         SkipManager.reset()
     assert served[True] == served[False]
@@ -783,4 +786,4 @@ def test_a_table_whose_lowest_entries_were_recorded_again_is_checked_on_others(d
         out, rollout, looked = match_call(dump_dir, [30, 51, 0], monkeypatch)
     assert replayed(out, [30, 51, 0]) == {30: 1, 51: 3, 0: 2} and rollout.seen == [[0]]
     assert "ignoring the digest table" not in caplog.text
-    assert len(SkipManager.skip_instances["rollout"]._tables) == 2 and len(set(looked)) <= 10, looked
+    assert len(SkipManager.skip_instances["rollout"].match_index.tables.claims) == 2 and len(set(looked)) <= 10, looked

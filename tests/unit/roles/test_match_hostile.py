@@ -49,7 +49,7 @@ def test_row_prompts_naming_more_rows_than_the_data_are_damage_not_a_crash(tmp_p
     assert stats["skip/rollout/rows_generated"] == 2 * N
     assert stats["skip/rollout/rows_replayed"] == 0
     assert sorted(p.name for p in (run_path(tmp_path) / "1").iterdir()) == before  # kept, not deleted
-    index = SkipManager.skip_instances["rollout"]._index
+    index = SkipManager.skip_instances["rollout"].match_index.prompts
     assert str(run_path(tmp_path) / "1") not in {where[0] for where in index.groups.values()}
 
 

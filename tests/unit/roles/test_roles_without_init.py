@@ -239,7 +239,7 @@ def test_a_disabled_role_binds_without_touching_the_dump_dir(tmp_path):
 def test_a_role_bound_again_writes_hints_of_its_new_run_only(tmp_path):
     """The prompt hints a role keeps describe the entries of the run it writes: after another bind,
     none of the entries it wrote for the run it bound itself to."""
-    from stepskip.hints import parse_table
+    from stepskip._matching.hints import parse_table
 
     config = verl_config(tmp_path / "dump")
     role = RolloutSkip(config.skip.rollout, config)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stepskip import SkipConfigError
+from stepskip import RunIdentity, SkipConfigError
 from stepskip._storage import check_dump_dir
 from stepskip.layout import Layout
 
@@ -75,20 +75,20 @@ def test_usable_dump_dirs_pass(tmp_path: Path) -> None:
     check_dump_dir(f"local://{tmp_path}/dump", key=KEY)
     check_dump_dir(f"file://{tmp_path}/dump", key=KEY)
     check_dump_dir("memory://bucket/dump", key=KEY)
-    lay = Layout(str(tmp_path), "exp" * 40, "proj" * 20)
+    lay = Layout(str(tmp_path), RunIdentity("exp" * 40, "proj" * 20))
     check_dump_dir(str(tmp_path), key=KEY, entry_dir=lay.project_dir)
 
 
 def test_an_experiment_name_too_long_for_a_file_name(tmp_path: Path) -> None:
-    lay = Layout(str(tmp_path), "e" * 250, "project")
+    lay = Layout(str(tmp_path), RunIdentity("e" * 250, "project"))
     message = error_of(lambda: check_dump_dir(str(tmp_path), key=KEY, entry_dir=lay.step_dir(3)))
     assert message and KEY in message and "255" in message and "trainer.experiment_name" in message
 
 
 def test_multibyte_names_are_measured_in_bytes(tmp_path: Path) -> None:
-    lay = Layout(str(tmp_path), "é" * 120, "p")  # 120 characters, 241 bytes + "_p"
+    lay = Layout(str(tmp_path), RunIdentity("é" * 120, "p"))  # 120 characters, 241 bytes + "_p"
     check_dump_dir(str(tmp_path), key=KEY, entry_dir=lay.project_dir)
-    lay = Layout(str(tmp_path), "é" * 130, "p")  # 261 bytes
+    lay = Layout(str(tmp_path), RunIdentity("é" * 130, "p"))  # 261 bytes
     assert error_of(lambda: check_dump_dir(str(tmp_path), key=KEY, entry_dir=lay.project_dir))
 
 

@@ -294,6 +294,38 @@ def test_annotate_tq_rejects_unknown_phase():
         SkipManager.annotate_tq(role="rollout_tq", phase="collect")
 
 
+def test_annotate_tq_drives_only_a_two_phase_role(tmp_path):
+    """A role without the submit and sample phases is refused with an error naming what it lacks, not an
+    AttributeError from deep inside the decorator; rollout_tq is a two-phase role."""
+    from stepskip.roles import TwoPhaseRole
+
+    class Owner:
+        def _next_train_batch(self):
+            return {"uid": ["a"]}
+
+        def _submit_batch_to_rollout(self, batch):
+            return batch
+
+        @SkipManager.annotate_tq(role="rollout", phase="submit")
+        def _add_batch_to_generate(self):
+            return "untouched"
+
+        @SkipManager.annotate_tq(role="rollout", phase="sample")
+        def sample(self):
+            return "sampled"
+
+    SkipManager.init({"skip": {"rollout": {"enable": True, "steps": [1], "dump_dir": str(tmp_path)}}})
+    SkipManager.set_step(1)
+    for phase in (Owner()._add_batch_to_generate, Owner().sample):
+        with pytest.raises(ValueError, match=r"skip.rollout is a RolloutSkip.*lacks .*begin_recording"):
+            phase()
+    SkipManager.set_step(2)  # not an eligible step: passed through untouched
+    assert Owner()._add_batch_to_generate() == "untouched"
+    SkipManager.reset()
+    SkipManager.init(make_config(tmp_path), tq_client=InProcessTQClient())
+    assert isinstance(SkipManager.skip_instances["rollout_tq"], TwoPhaseRole)
+
+
 def test_verl_format_writes_tq_batch_pt_and_replays(tmp_path):
     _, recorded, replayer, replayed = record_and_replay(tmp_path, steps=1, format="verl", allow_pickle=True)
     assert (project_dir(tmp_path) / "1" / "0" / "tq_batch.pt").is_file()
@@ -406,4 +438,5 @@ def test_a_step_that_fails_to_publish_keeps_nothing_for_its_hint(tmp_path, monke
 
     monkeypatch.setattr(role.store, "publish_dir", refused)
     record_step_1(role, tq)
-    assert role.stats["dump_failures"] == 1 and role._inner_metas == {}
+    assert role.stats["dump_failures"] == 1
+    assert [record.metas for record in role.step_commit.records.values()] == [{}]

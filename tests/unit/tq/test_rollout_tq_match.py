@@ -148,7 +148,7 @@ def test_a_damaged_source_entry_is_generated_instead(tmp_path):
     project = next(Path(tmp_path).glob("*/GBS4_N2_in0_out0"))
     live = V1Trainer(make_config(tmp_path, steps=[1], action="match"), InProcessTQClient(), prompts_per_step=4)
     SkipManager.init(live.config, tq_client=live.tq)
-    SkipManager.skip_instances["rollout_tq"]._match_index()  # indexed while intact
+    SkipManager.skip_instances["rollout_tq"].match_index.refresh()  # indexed while intact
     data = project / "1" / "0" / "data.safetensors"
     raw = bytearray(data.read_bytes())
     raw[-1] ^= 0xFF

@@ -1,5 +1,5 @@
 """rollout_tq under ``action: match``: the first submit phase of a run indexes the recorded steps from
-the recorder's hint document (``stepskip.hints``: per step, the recording its manifest named and each
+the recorder's hint document (``stepskip._matching.hints``: per step, the recording its manifest named and each
 inner entry's identity and prompt digests) instead of reading every step's manifest and inner
 entries; only the steps it chooses are read, as without hints, before anything is injected. Driven
 through annotate_tq by the V1 harness over the in-process queue (the agent loop stands in for the
@@ -16,8 +16,8 @@ import pytest
 from v1_harness import V1Trainer
 
 from stepskip import SkipManager
+from stepskip._matching.hints import HINTS_DIR, StepHint, document_of, parse_hints
 from stepskip._storage import EntryStore, open_store
-from stepskip.hints import HINTS_DIR, StepHint, document_of, parse_hints
 from stepskip.tq import InProcessTQClient
 
 

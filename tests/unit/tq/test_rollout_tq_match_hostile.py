@@ -63,7 +63,7 @@ def test_an_inner_entry_whose_data_disagrees_is_damage_and_its_prompts_are_gener
     assert stats["skip/rollout_tq/corrupt"] == 1
     assert (stats["skip/rollout_tq/rows_replayed"], stats["skip/rollout_tq/rows_generated"]) == (2, 2)
     assert sorted(p.name for p in inner(tmp_path, 1).iterdir()) == files  # kept
-    index = SkipManager.skip_instances["rollout_tq"]._index
+    index = SkipManager.skip_instances["rollout_tq"].match_index.prompts
     assert str(inner(tmp_path, 1)) not in index.entries
     SkipManager.reset()
 

@@ -16,7 +16,7 @@ from async_samples import rollouter, sample_prompts
 from skip_configs import run_path, training_config
 
 from stepskip import Batch, SkipManager
-from stepskip.worker import DumpWorker, default_worker
+from stepskip._dumping.worker import DumpWorker, default_worker
 
 WAIT_S = 60  # only reached when the behaviour under test is broken (a hang guard, not a timing)
 
@@ -167,7 +167,7 @@ def test_a_failure_in_a_batch_is_counted_alone(tmp_path, monkeypatch):
     assert len(batches) == 1 and len(batches[0]) == 5  # the failed one never reached the store
     run = run_path(tmp_path, gbs=1, n=1)
     assert sorted(p.name for p in run.iterdir()) == ["0", "1", "2", "4", "5"]
-    assert not skip._pending  # every queued dump was finished, the failed one too
+    assert not skip.dumper.pending  # every queued dump was finished, the failed one too
     assert np.array_equal(skip.load_entry(4)[0].batch["responses"].numpy(), _output(4).batch["responses"].numpy())
 
 
@@ -179,7 +179,7 @@ def test_a_batch_that_fails_as_a_whole_counts_each_dump_once(tmp_path, monkeypat
     assert len(batches) == 1 and len(batches[0]) == 2
     assert stats["skip/async_rollout/dumps"] == 0 and stats["skip/async_rollout/dump_failures"] == 5
     assert sorted(p.name for p in run_path(tmp_path, gbs=1, n=1).iterdir()) == ["0", "1"]
-    assert not skip._pending
+    assert not skip.dumper.pending
 
 
 def test_an_unexpected_error_publishing_one_entry_costs_that_entry_alone(tmp_path, monkeypatch):
@@ -204,7 +204,7 @@ def test_the_non_tensor_part_of_a_snapshot_counts_toward_its_small_size():
     """Text, message lists and numpy images ride in the snapshot tree, not its tensors: they are
     sized too, so 1024 queued one-sample snapshots cannot hold gigabytes beyond the budget."""
     from stepskip.formats.safe import SafeFormat
-    from stepskip.roles.cached import SMALL_DUMP_BYTES, _small_size
+    from stepskip._dumping.dumper import SMALL_DUMP_BYTES, small_size as _small_size
 
     fmt = SafeFormat()
 
@@ -254,7 +254,7 @@ def test_plain_values_held_by_the_tree_count_toward_the_small_size_too():
     from tensordict import NonTensorData, TensorDict
 
     from stepskip.formats.safe import SafeFormat
-    from stepskip.roles.cached import SMALL_DUMP_BYTES, _small_size
+    from stepskip._dumping.dumper import SMALL_DUMP_BYTES, small_size as _small_size
 
     fmt = SafeFormat()
     td = TensorDict({"x": torch.ones(1, 4)}, batch_size=[1])

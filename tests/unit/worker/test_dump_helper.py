@@ -1,4 +1,4 @@
-"""Small async dumps written by the helper processes (stepskip.helper), with real child processes.
+"""Small async dumps written by the helper processes (stepskip._dumping.helper), with real child processes.
 
 The dump worker is held on an event while the dumps queue behind it, so the batch is fixed by the
 test; the helpers are waited for (``wait_ready``) before anything is recorded, so every entry of
@@ -19,10 +19,17 @@ from async_samples import rollouter, sample_prompts
 from skip_configs import run_path, training_config
 
 from stepskip import Batch, SkipManager
-from stepskip import helper as helpers_module
+from stepskip._dumping import helper as helpers_module
+from stepskip._dumping.helper import (
+    ENV,
+    _pack_tensor,
+    _unpack_tensor,
+    close_default,
+    default_helpers,
+    write_with_helpers,
+)
+from stepskip._dumping.worker import default_worker
 from stepskip.formats import get_format
-from stepskip.helper import ENV, _pack_tensor, _unpack_tensor, close_default, default_helpers, write_with_helpers
-from stepskip.worker import default_worker
 
 WAIT_S = 120  # only reached when the behaviour under test is broken (a hang guard, not a timing)
 COUNT = 16  # two shares of MIN_SHARE: both helpers take part

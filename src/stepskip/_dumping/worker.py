@@ -188,6 +188,6 @@ def _flush_at_exit() -> None:
     if _default is not None and _default.pending:
         logger.info("stepskip: waiting for %d pending dump(s) before exit", _default.pending)
         _default.flush()
-    helper = sys.modules.get("stepskip.helper")
+    helper = sys.modules.get("stepskip._dumping.helper")
     if helper is not None:  # every dump is flushed: the helper processes may go (each exits once its pipe closes)
         helper.close_default()

@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 ENV = "STEPSKIP_DUMP_PROCESS"
 #: The child's program: this stepskip (its directory put on the path unless there already), then :func:`main`.
 _CHILD = ("import sys; root = sys.argv[1]; root in sys.path or sys.path.insert(0, root); "
-          "from stepskip.helper import main; sys.exit(main(sys.argv[2:]))")
+          "from stepskip._dumping.helper import main; sys.exit(main(sys.argv[2:]))")
 _HEAD = struct.Struct("<QI")  # pickle bytes, out-of-band buffers (each then as a little-endian u64 size)
 _MAX_IOV = 512
 #: Helper processes per training process: entries are dealt out between them, so that creating their

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from stepskip.calls import is_dataproto_like
 
-__all__ = ["group_rows", "PromptIndex", "MatchSplit", "select_batch_rows", "concat_batches", "batch_rows",
-           "rows_unlike_prompts", "join_problem"]
+__all__ = ["group_rows", "PromptIndex", "MatchSplit", "select_batch_rows", "concat_batches", "batch_rows", "row_count",
+           "rows_unlike_prompts", "join_problem", "Recorded", "RecordedRow", "LoadedRows"]
 
 
 def batch_rows(value: Any) -> int:
@@ -34,6 +34,15 @@ def batch_rows(value: Any) -> int:
     return -1
 
 
+def row_count(value: Any) -> int:
+    """The rows of a call's result, for the counters: 0 for a value without rows, or one that cannot say
+    (reading it is the snapshot's job, which reports what is wrong with it)."""
+    try:
+        return max(batch_rows(value), 0)
+    except Exception:
+        return 0
+
+
 def group_rows(digests: Sequence[str]) -> dict[str, list[int]]:
     """The rows of each prompt group, groups in order of first appearance.
 
@@ -47,9 +56,40 @@ def group_rows(digests: Sequence[str]) -> dict[str, list[int]]:
     return groups
 
 
+class Recorded(NamedTuple):
+    """Where a prompt group was recorded: the entry and the group's rows in it."""
+
+    path: str
+    rows: list[int]
+
+
+class RecordedRow(NamedTuple):
+    """Where one live row's response was recorded: the entry and the row in it."""
+
+    path: str
+    row: int
+
+
+@dataclass
+class LoadedRows:
+    """The recorded rows of one entry a split replays, read and checked when the split was made.
+
+    Args:
+        rows: those rows, as a batch.
+        indices: their indices in the entry.
+        meta: the entry's ``meta.json``.
+        nbytes: the bytes read.
+    """
+
+    rows: Any
+    indices: list[int]
+    meta: dict[str, Any]
+    nbytes: int
+
+
 @dataclass
 class PromptIndex:
-    """Prompt digest -> ``(entry path, rows)`` of an entry that recorded its responses.
+    """Prompt digest -> the entry and rows (:class:`Recorded`) of an entry that recorded its responses.
 
     Built from the ``row_prompts`` of the entries' ``meta.json`` — written atomically with each
     entry — so it never points at an entry that does not exist or holds other rows, and can
@@ -58,7 +98,7 @@ class PromptIndex:
     :meth:`add`, then the last added.
     """
 
-    groups: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
+    groups: dict[str, Recorded] = field(default_factory=dict)
     entries: dict[str, int] = field(default_factory=dict)  # entry path -> its step
     by_dir: dict[str, set[str]] = field(default_factory=dict)  # directory -> names of its entries indexed
     _rows: dict[str, dict[str, list[int]]] = field(default_factory=dict, repr=False)  # path -> digest -> rows
@@ -80,8 +120,8 @@ class PromptIndex:
         for digest, rows in grouped.items():
             self._holders.setdefault(digest, {})[path] = self._added
             current = self.groups.get(digest)
-            if current is None or current[0] not in self.entries or self.key_of(current[0]) <= (step, *order):
-                self.groups[digest] = (path, rows)
+            if current is None or current.path not in self.entries or self.key_of(current.path) <= (step, *order):
+                self.groups[digest] = Recorded(path, rows)
 
     def key_of(self, path: str) -> tuple[int, tuple[Any, ...], int]:
         """What decides between ``path`` and another indexed entry recording the same prompt (the greater
@@ -106,9 +146,9 @@ class PromptIndex:
             if not holders:
                 self._holders.pop(digest, None)
                 self.groups.pop(digest, None)
-            elif self.groups.get(digest, ("",))[0] == path:
+            elif digest in self.groups and self.groups[digest].path == path:
                 best = max(holders, key=self.key_of)
-                self.groups[digest] = (best, self._rows[best][digest])
+                self.groups[digest] = Recorded(best, self._rows[best][digest])
 
 
 @dataclass
@@ -117,29 +157,28 @@ class MatchSplit:
 
     Args:
         digests: one per live row.
-        found: live row -> ``(entry path, recorded row)`` for every row that is replayed.
+        found: live row -> where it was recorded, for every row that is replayed.
         missing_rows: live rows to generate, in live order.
         subset: the live prompts restricted to ``missing_rows`` (None when nothing is missing).
         sources: entry path -> how many prompt groups are taken from it.
-        loaded: entry path -> ``(its recorded rows that are replayed, their indices in the entry, its
-            meta, its bytes)``, read and checked when the split was made.
+        loaded: entry path -> its recorded rows that are replayed, read and checked when the split was made.
         damaged: entries found damaged while the split was made (counted once).
     """
 
     digests: list[str]
-    found: dict[int, tuple[str, int]]
+    found: dict[int, RecordedRow]
     missing_rows: list[int]
     subset: Any = None
     sources: dict[str, int] = field(default_factory=dict)
-    loaded: dict[str, tuple[Any, list[int], dict[str, Any], int]] = field(default_factory=dict)
+    loaded: dict[str, LoadedRows] = field(default_factory=dict)
     damaged: list[str] = field(default_factory=list)
 
-    def keeping(self, loaded: dict[str, tuple[Any, list[int], dict[str, Any], int]], prompts: Any,
+    def keeping(self, loaded: dict[str, LoadedRows], prompts: Any,
                 damaged: Sequence[str] = ()) -> MatchSplit:
         """This split replaying only the entries of ``loaded``: the rows of any other entry are generated
         too (``prompts``: the live call's, for the new ``subset``; ``damaged``: entries to add to it)."""
-        found = {row: where for row, where in self.found.items() if where[0] in loaded}
-        missing = sorted(self.missing_rows + [row for row, where in self.found.items() if where[0] not in loaded])
+        found = {row: where for row, where in self.found.items() if where.path in loaded}
+        missing = sorted(self.missing_rows + [row for row, where in self.found.items() if where.path not in loaded])
         subset = None if not missing else prompts if not found else select_batch_rows(prompts, missing)
         return MatchSplit(digests=self.digests, found=found, missing_rows=missing, subset=subset,
                           sources={path: n for path, n in self.sources.items() if path in loaded},

@@ -21,13 +21,13 @@ key counts, a CRC-32 of the body), then the step names of the entries the writer
 and a 64-bit key of each one's identity (:func:`identity_key`: ``run_id`` and ``created_unix`` of
 its ``meta.json``), then the 64-bit keys of their row digests (:func:`digest_key`, one per distinct
 digest of an entry), ascending, the latest entry first among equal keys, with the index of the entry
-holding each. A reader (``CachedRole._match_index``) reads each table once, with ``np.frombuffer``:
-no parsing per entry. A ``match`` call looks its live prompts' keys up (``np.searchsorted``) and
-indexes, from their own ``meta.json``, only the entries they point at, the latest step first and
-only while a table names one that would beat the entry the index already serves the prompt from (a
-later step, or the same step where reading every entry in path order would have let it win the tie)
-— so the index is what reading every entry would have built ("the latest step wins") for the prompts
-asked.
+holding each. A reader (:class:`~stepskip._matching.tables.DigestTables`) reads each table once,
+with ``np.frombuffer``: no parsing per entry. A ``match`` call looks its live prompts' keys up
+(``np.searchsorted``) and indexes, from their own ``meta.json``, only the entries they point at, the
+latest step first and only while a table names one that would beat the entry the index already
+serves the prompt from (a later step, or the same step where reading every entry in path order would
+have let it win the tie) — so the index is what reading every entry would have built ("the latest
+step wins") for the prompts asked.
 
 **Hint documents** (``rollout_tq``'s V1 steps: :class:`HintDocument`, :func:`parse_hints`) are JSON::
 
@@ -88,6 +88,7 @@ import numpy as np
 import xxhash
 
 from stepskip._storage.meta import META_MAX_BYTES, is_number, load_json
+from stepskip.layout import HINTS_DIR
 
 __all__ = ["HINTS_DIR", "HINTS_MAX_BYTES", "HINTS_ROLL_BYTES", "HINTS_VERSION", "Hint", "HintDocument", "StepHint",
            "TABLE_MAGIC", "TABLE_MAX_BYTES", "TABLE_ROLL_BYTES", "TABLE_SUFFIX", "TABLE_VERSION", "DigestTable",
@@ -96,7 +97,6 @@ __all__ = ["HINTS_DIR", "HINTS_MAX_BYTES", "HINTS_ROLL_BYTES", "HINTS_VERSION", 
            "same_version", "table_name", "table_of"]
 
 #: The directory (in an experiment's directory, beside its run directories) holding the hint documents.
-HINTS_DIR = ".stepskip-index"
 HINTS_VERSION = 1
 #: A hint document larger than this is ignored (the entries it covers are read directly).
 HINTS_MAX_BYTES = 4 << 20
