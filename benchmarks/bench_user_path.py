@@ -1211,7 +1211,7 @@ def main() -> None:
     lines += render_targets(results["targets"], curve_targets(results.get("curve", [])), processes)
     results["targets"] += curve_targets(results.get("curve", []))
     lines.append("\nratios in the tables of each part: stepskip / verl (best against best, the ratio of medians "
-                 "beside it); targets from issue 11; noise = median/best - 1 of stepskip's runs; the targets table "
+                 "beside it); noise = median/best - 1 of stepskip's runs; the targets table "
                  "judges by medians")
     print("\n".join(lines))
     if args.json:

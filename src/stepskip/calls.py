@@ -40,7 +40,7 @@ def find_prompts(*args: Any, **kwargs: Any) -> Any:
 
 
 def is_validation(*args: Any, **kwargs: Any) -> bool:
-    """The seed's validation bypass: the prompts carry ``meta_info["validate"]`` or a TensorDict's
+    """verl's validation bypass: the prompts carry ``meta_info["validate"]`` or a TensorDict's
     ``non_tensor_data["validate"]``, truthy."""
     prompts = find_prompts(*args, **kwargs)
     if prompts is None:

@@ -1,6 +1,6 @@
 """Configuration of the ``skip`` section: dataclasses, strict validation and step sets.
 
-Every role reads the same fields (the seed's four plus stepskip's extensions). Values are
+Every role reads the same fields (verl's four — enable, action, steps, dump_dir — plus stepskip's extensions). Values are
 validated when a dataclass is constructed; a bad value raises :class:`SkipConfigError` whose
 message names the key, the value given and what is allowed.
 """
@@ -618,7 +618,7 @@ def _plain_config(config_class: type, body: Any, where: str) -> Any:
 
 
 def disable_legacy_flag(config: Any, skip_config: SkipManagerConfig) -> None:
-    """Seed §2.7: when both skip mechanisms are on, warn and turn the legacy one off in place."""
+    """verl's rule: when both skip mechanisms are on, warn and turn the legacy one off in place."""
     if not skip_config.rollout.enable:
         return
     legacy = select(config, "actor_rollout_ref.rollout.skip")

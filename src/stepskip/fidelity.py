@@ -33,7 +33,7 @@ __all__ = ["FINGERPRINT_KEYS", "DIGEST_PREFIX", "run_fingerprint", "fingerprint_
 #: hold digests that cannot be compared with this one: a reader should skip the check for them.
 DIGEST_PREFIX = "xxh3v2:"
 
-#: verl's config keys that determine what a rollout produces (SPEC §1).
+#: verl's config keys that determine what a rollout produces.
 FINGERPRINT_KEYS = VERL_FINGERPRINT_KEYS
 
 

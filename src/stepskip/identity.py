@@ -17,7 +17,7 @@ from stepskip.errors import SkipConfigError
 
 __all__ = ["RunIdentity", "VERL_FINGERPRINT_KEYS", "fingerprint_of", "fingerprint_diff"]
 
-#: verl's config keys that determine what a rollout produces (SPEC §1); never a run id, time or host.
+#: verl's config keys that determine what a rollout produces; never a run id, time or host.
 VERL_FINGERPRINT_KEYS = (
     "actor_rollout_ref.model.path",
     "actor_rollout_ref.rollout.name",
@@ -140,9 +140,9 @@ class RunIdentity:
 
     @classmethod
     def from_config(cls, config: Any) -> RunIdentity:
-        """verl's mapping (seed §2.5): ``trainer.{experiment,project}_name``, ``data.gen_batch_size``
+        """verl's mapping: ``trainer.{experiment,project}_name``, ``data.gen_batch_size``
         (else ``data.train_batch_size``), ``actor_rollout_ref.rollout.n``,
-        ``data.max_{prompt,response}_length`` and the fingerprint keys of SPEC §1."""
+        ``data.max_{prompt,response}_length`` and the fingerprint keys of :data:`VERL_FINGERPRINT_KEYS`."""
         gbs = select(config, "data.gen_batch_size")
         if gbs is None:
             gbs = select(config, "data.train_batch_size", 0)

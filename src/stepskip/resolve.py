@@ -23,7 +23,7 @@ def load_candidates(action: SkipAction, step: int, listed: Iterable[int], seed: 
     """The steps ``action`` would load for a call at ``step``, best first, among ``listed`` steps.
 
     The caller validates candidates in order and takes the first valid one; an invalid candidate
-    only costs the next one. ``cache``/``replay``/``compare``: ``step`` alone. ``repeat`` (seed §2.3):
+    only costs the next one. ``cache``/``replay``/``compare``: ``step`` alone. ``repeat`` (as verl defines it):
     ``step``, then the smaller steps downwards, then the larger ones upwards. ``random``: steps
     drawn reproducibly from ``seed`` and ``step`` without replacement (when every listed step is
     valid, the first draw is uniform over them). ``record``, ``empty`` and ``match`` (which looks
@@ -86,7 +86,7 @@ class V1Remap:
 
 def remap_v1(recorded_keys: Sequence[Any], recorded_tags: Sequence[dict[str, Any]], new_prompt_uids: Sequence[str],
              n: int, global_steps: int) -> V1Remap:
-    """The seed's V1 remap (§4): group trajectories by parent uid, cycle groups and sessions.
+    """verl's V1 remap: group trajectories by parent uid, cycle groups and sessions.
 
     Trajectories are grouped by ``key.split("_")[0]`` (any key order; groups in order of first
     appearance); prompt ``i`` gets group ``i % groups``; session ``s`` in ``[0, n)`` gets

@@ -1,4 +1,4 @@
-"""A small V1 trainer and replay buffer over a TransferQueue client, wired like verl's (seed §4)."""
+"""A small V1 trainer and replay buffer over a TransferQueue client, wired like verl's."""
 
 from __future__ import annotations
 

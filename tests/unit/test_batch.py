@@ -1,4 +1,4 @@
-"""``Batch``: the tensors accessor and row-wise concatenation (SPEC §3's container)."""
+"""``Batch``: the tensors accessor and row-wise concatenation."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ SPEC_NAMES = {
     "RolloutSkipConfig", "RolloutTqSkipConfig", "AsyncRolloutSkipConfig", "SkipConfigError",
     "CacheMissError", "CorruptEntryError", "RolloutSkip", "RolloutTqSkip", "AsyncRolloutSkip",
     "parse_async_rollout_sample_step", "Batch",
-    # round 2 (SPEC §6)
+    # round 2
     "SkipRoleConfig", "RunIdentity", "UnreadableEntryError",
     # round 3
     "StepskipError",

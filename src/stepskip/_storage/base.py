@@ -74,7 +74,7 @@ class _Tokens:
 token = _Tokens()
 
 class EntryState(enum.Enum):
-    """What a look at an entry found (SPEC §6): damaged entries are regenerated, unreadable ones kept."""
+    """What a look at an entry found: damaged entries are regenerated, unreadable ones kept."""
 
     MISSING = "missing"
     PRESENT = "present"

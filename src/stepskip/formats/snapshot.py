@@ -1,7 +1,7 @@
 """Private snapshots of non-tensor values, cheap enough to take on the caller's thread.
 
 A miss hands the background writer a snapshot: what is replayed must equal what was returned,
-even if the caller changes the returned objects afterwards (SPEC §3). Encoding the non-tensor
+even if the caller changes the returned objects afterwards. Encoding the non-tensor
 columns to JSON-ready data would give such a snapshot, but costs tens of milliseconds of Python
 per batch; the snapshot below costs a fraction of it and the encoding runs in the background:
 

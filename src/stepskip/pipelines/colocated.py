@@ -1,6 +1,6 @@
 """Colocated GRPO — verl's ``RayPPOTrainer`` path and the ``rollout`` role.
 
-Wiring (seed §3):
+Wiring (as verl's colocated trainer does):
 
 - :meth:`ColocatedTrainer.fit` calls ``SkipManager.init(config)`` once and
   ``SkipManager.set_step(global_steps)`` at every step;

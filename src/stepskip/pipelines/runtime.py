@@ -2,7 +2,7 @@
 
 Configs are the packaged Hydra YAML files in ``stepskip/pipelines/configs``, composed with
 Hydra's compose API (no output directory, nothing written to the working directory), so the
-seed's command lines work as written::
+command lines of verl's skip guide work as written::
 
     python -m stepskip.pipelines.colocated skip.rollout.enable=True skip.rollout.steps=[1,2,3] skip.rollout.action=cache
 """

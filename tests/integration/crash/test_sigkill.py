@@ -1,4 +1,4 @@
-"""Crash safety (SPEC §3): a writer SIGKILLed at any instant leaves no entry or a complete one.
+"""Crash safety: a writer SIGKILLed at any instant leaves no entry or a complete one.
 
 A warm writer server forks a child that records steps in a loop (``async_dump`` false and true,
 actions ``record`` and ``cache``, ~2 MiB per entry); the test kills the child at a random instant,

@@ -25,7 +25,7 @@ def skip_overrides(role: str, dump_dir: Path, steps: list[int], action: str = "c
 
 
 def project_dir(dump_dir: Path, experiment: str, gbs: int = 4, n: int = 4, prompt: int = 5, response: int = 12) -> Path:
-    """The run directory the layout derives from the pipelines' config (SPEC §3)."""
+    """The run directory the layout derives from the pipelines' config."""
     return Path(dump_dir) / f"{experiment}_stepskip_pipelines" / f"GBS{gbs}_N{n}_in{prompt}_out{response}"
 
 

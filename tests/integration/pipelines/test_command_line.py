@@ -1,4 +1,4 @@
-"""The seed's command lines (§2.4) against the packaged Hydra configs, and ``stepskip demo``'s contract."""
+"""verl's skip command lines against the packaged Hydra configs, and ``stepskip demo``'s contract."""
 
 from __future__ import annotations
 

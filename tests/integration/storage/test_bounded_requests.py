@@ -1,5 +1,5 @@
 """What a run costs on a real S3-compatible server (moto, counting every HTTP request it serves) does not
-grow with the number of entries (issue 11, item 3): ``SkipManager.init``'s start-up clean-up lists the
+grow with the number of entries: ``SkipManager.init``'s start-up clean-up lists the
 run directory once and looks only at the entries that listing shows may hold a leftover.
 
 Each count is taken at two cache sizes holding the same leftovers; the sizes stay below 1,000 objects,

@@ -1,4 +1,4 @@
-"""V1 steps on object stores are committed by a per-step manifest (issue 10 A): ``{step}/step.json``,
+"""V1 steps on object stores are committed by a per-step manifest: ``{step}/step.json``,
 written last, names the one recording (``{step}/rec-{token}/``) readers use.
 
 On ``memory://`` and a real S3 server (moto): two recorders racing on one step (interleaved

@@ -4,7 +4,7 @@ Ray + TransferQueue take ~10 s and ~1.5 GiB to start, so they start once for thi
 (shut down after the last test here that uses them, so nothing keeps running while the rest of the
 suite does) and every test starts and ends with an empty queue (``real_tq``).
 
-Facts this relies on (see /work/shared/NOTES.md):
+Facts this relies on (measured on this machine):
 - ``tq.init()`` waits forever on a 2-CPU Ray cluster with its default two storage units (controller
   and each unit reserve one CPU): we start exactly one storage unit, which fits ``num_cpus=2``.
 - Ray 2.60 turns token auth on by default and writes ``~/.ray/auth_token``: ``RAY_AUTH_MODE=disabled``,

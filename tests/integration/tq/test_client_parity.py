@@ -4,7 +4,7 @@ Each test runs one sequence of ``kv_batch_put`` / ``kv_batch_get`` / ``kv_list``
 calls against both clients and compares what came back, normalised: tensors by layout, dtype and
 per-row values (a jagged tensor by its ``unbind()`` rows), non-tensor fields by their row values,
 ``KVBatchMeta`` by keys, tags, partition and fields, an exception as "raised" (types may differ).
-SPEC §4 says the in-process client "behaves like the real one": every sequence here must match.
+The in-process client is meant to behave like the real one: every sequence here must match.
 """
 
 from __future__ import annotations

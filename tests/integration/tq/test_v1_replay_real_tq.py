@@ -1,10 +1,10 @@
-"""rollout_tq (SPEC §4) over the REAL ``transfer_queue``, driven by the V1 harness of the unit tests.
+"""rollout_tq over the REAL ``transfer_queue``, driven by the V1 harness of the unit tests.
 
 Run 1 records steps through ``annotate_tq`` (submit + sample phases) while a small V1 trainer,
 agent loop and replay buffer (tests/support/v1_harness.py) move trajectories through the real
 queue; a fresh run (new ``SkipManager.init``, new trainer, queue emptied) replays them. What the
 trainer reads back from the queue on a replayed step must be the recorded trajectories under the
-new run's keys ``{new_uid}_{session}_0``: row for row as SPEC §4 maps them (prompt ``i`` of the new
+new run's keys ``{new_uid}_{session}_0``: row for row as the V1 remap maps them (prompt ``i`` of the new
 batch gets recorded group ``i``, groups in order of first appearance, session ``s`` gets
 ``group[s % len(group)]``), tags with the current step and without ``is_prompt``.
 """
@@ -97,7 +97,7 @@ def merged(reads: list) -> tuple[list[str], dict[str, tuple]]:
 
 
 def expected_replay(recorded_reads: list, new_uids: list[str], step: int) -> dict[str, tuple]:
-    """SPEC §4's remapping of one recorded step onto the new uids (groups by first appearance)."""
+    """The V1 remapping of one recorded step onto the new uids (groups by first appearance)."""
     keys, by_key = merged(recorded_reads)
     groups: dict[str, list[str]] = {}
     for key in keys:

@@ -1,6 +1,6 @@
 """`format: verl` reads verl's caches and keeps non-tensor columns under tensordict 0.10.0 and the current one.
 
-Regressions of issue 16: under tensordict 0.10 (verl 0.9.1's pin) `torch.load(weights_only=True)`
+Regressions: under tensordict 0.10 (verl 0.9.1's pin) `torch.load(weights_only=True)`
 refused tensordict's rebuild functions, so stepskip could read no verl entry and regenerated over
 the user's cache; and `TensorDict.contiguous()` dropped `NonTensorStack` columns from the V1 entries
 it wrote. tensordict_checks.py runs the same checks in this interpreter (current tensordict) and in

@@ -1,4 +1,4 @@
-"""``stepskip convert`` over entries whose bytes are intact but whose contents are invalid (issue 10).
+"""``stepskip convert`` over entries whose bytes are intact but whose contents are invalid.
 
 An entry rewritten with a jagged tensor whose offsets do not describe its values, and one with
 a trim width far beyond its bytes, both with valid checksums (whoever writes a cache can compute

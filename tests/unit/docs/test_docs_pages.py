@@ -77,3 +77,18 @@ def test_no_page_names_a_document_outside_the_repo(page: Path) -> None:
         found = pattern.search(text)
         context = text[max(0, found.start() - 80):found.end() + 80] if found else ""
         assert found is None, f"{page.name} names {found.group(0)!r}: {context!r}"
+
+
+#: The same for code and comments: a ``SPEC`` or ``NOTES`` file, a section sign, a numbered issue.
+OUTSIDE_IN_CODE = re.compile(r"\bSPEC(\.md| §)|\bNOTES\.md\b|\bseed's\b|\bseed §|§\d|\bissue \d+")
+CODE = [path for folder in ("src", "tests", "benchmarks", "tools", "examples")
+        for path in sorted((ROOT / folder).rglob("*")) if path.suffix in (".py", ".yaml", ".toml", ".sh")]
+
+
+def test_no_source_file_names_a_document_outside_the_repo() -> None:
+    own = Path(__file__).resolve()
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in CODE if path.resolve() != own
+             for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+             if OUTSIDE_IN_CODE.search(line)]
+    assert found == [], "code or comments cite a document outside the repo:\n" + "\n".join(found)

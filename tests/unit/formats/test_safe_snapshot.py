@@ -2,7 +2,7 @@
 
 verl's rows share non-tensor objects across the n samples of a prompt (``np.repeat`` of object
 arrays); the snapshot copies each shared object once, and what is replayed must still equal what
-was returned even when the caller changes those objects after the call (SPEC §3).
+was returned even when the caller changes those objects after the call.
 """
 
 from __future__ import annotations

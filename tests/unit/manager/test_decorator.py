@@ -1,7 +1,7 @@
 """``SkipManager.annotate`` on sync functions: the decision path, actions, storage failures, stats.
 
 Everything goes through the public API (``import stepskip``); the on-disk layout is checked
-against the exact paths of the seed §2.5 / SPEC §3.
+against the exact paths verl's layout gives.
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ async def test_wrappers_keep_metadata_and_kind():
     assert Loop.generate_sequences.__doc__ == "Generate one batch of rollouts."
 
 
-# --------------------------------------------------------------------------- the seed §2.6 workflow
+# --------------------------------------------------------------------------- verl's debugging workflow
 
 
 def test_record_then_replay_then_partial_cache(tmp_path):

@@ -1,4 +1,4 @@
-"""``action: match`` over an entry whose metadata and data disagree (issue 10 B): ``meta["row_prompts"]``
+"""``action: match`` over an entry whose metadata and data disagree: ``meta["row_prompts"]``
 names more rows than the data holds (a crafted or damaged cache, checksums recomputed by whoever wrote
 it). The entry is counted corrupt, dropped from the prompt index, never deleted, and the groups it was
 to serve are generated; nothing reaches the trainer."""

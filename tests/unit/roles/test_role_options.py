@@ -1,4 +1,4 @@
-"""Role options added beyond the seed's four: compress, storage_options, and the format name table."""
+"""Role options added beyond verl's four: compress, storage_options, and the format name table."""
 
 from __future__ import annotations
 

@@ -205,7 +205,7 @@ def test_registry_cleanup_between_tests():
 
 @dataclass
 class PlainMemoConfig:
-    """A plain config dataclass with the seed's four fields, as verl's own role configs are written."""
+    """A plain config dataclass with verl's four fields, as verl's own role configs are written."""
 
     enable: bool = False
     dump_dir: str = "~/.verl/rollout_dump"

@@ -1,5 +1,5 @@
 """``stepskip.manifest``: a V1 step manifest is hostile data; whatever its bytes, parsing it either yields a
-manifest naming only a recording directory of its step, or raises a typed error (issue 10)."""
+manifest naming only a recording directory of its step, or raises a typed error."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Two V1 recorders of one step end with ONE complete step, all its inner entries from one run
-(issue 10 item 6): real recorder processes, interleaved deterministically on events (each waits
+real recorder processes, interleaved deterministically on events (each waits
 for the other's signal, never for time)."""
 
 from __future__ import annotations

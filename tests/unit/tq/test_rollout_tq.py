@@ -1,4 +1,4 @@
-"""rollout_tq (SPEC §4) driven through annotate_tq by a small V1 trainer over the in-process queue."""
+"""rollout_tq driven through annotate_tq by a small V1 trainer over the in-process queue."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""rollout_tq under action: match (issue 13): the submit phase injects the recorded prompt groups of the
+"""rollout_tq under action: match: the submit phase injects the recorded prompt groups of the
 batch and submits only the missing prompts; driven through annotate_tq by the V1 harness over the
 in-process queue (the agent loop stands in for the inference servers, which cannot run here)."""
 

@@ -1,4 +1,4 @@
-"""rollout_tq under action: match over inner entries whose metadata and data disagree (issue 10 B):
+"""rollout_tq under action: match over inner entries whose metadata and data disagree:
 a crafted or damaged cache (checksums recomputed) whose ``row_prompts``, keys or tags describe other
 rows than its tensordict holds. The entry is counted corrupt, dropped from the prompt index, kept,
 and its prompts are submitted to rollout; nothing reaches the trainer. The V1 harness's agent loop
