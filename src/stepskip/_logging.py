@@ -34,7 +34,7 @@ class FallbackHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self.setLevel(logging.WARNING)
         self.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> TextIO:
         # looked up at each record, as the standard library's last resort does: a redirected or
         # replaced stderr (a test's capture, a daemonised process) gets the message

@@ -542,7 +542,8 @@ class SkipManagerConfig:
     def role(self, name: str) -> SkipRoleConfig | None:
         """The configuration of role ``name``, or None when the section does not know it."""
         if name in ROLLOUT_ROLES:
-            return getattr(self, name)
+            built: SkipRoleConfig = getattr(self, name)
+            return built
         return self.extra.get(name)
 
     @classmethod

@@ -175,11 +175,11 @@ class EntryRecord:
     @property
     def rows(self) -> int | None:
         """Trajectories recorded in ``meta.json`` (``num_trajectories``), when it says."""
-        return _number((self.meta or {}).get("num_trajectories"), int)
+        return _int((self.meta or {}).get("num_trajectories"))
 
     @property
     def generation_seconds(self) -> float | None:
-        value = _number((self.meta or {}).get("generation_seconds"), float)
+        value = _float((self.meta or {}).get("generation_seconds"))
         return None if value is None else float(value)
 
     @property
@@ -188,10 +188,14 @@ class EntryRecord:
         return value if isinstance(value, dict) else None
 
 
-def _number(value: Any, kind: type) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return value if kind is float or isinstance(value, int) else None
+def _int(value: Any) -> int | None:
+    """``value`` when metadata holds a whole number there (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> float | None:
+    """``value`` when metadata holds a number there (not a bool), else None."""
+    return None if isinstance(value, bool) or not isinstance(value, (int, float)) else value
 
 
 class StepKind(str, enum.Enum):
@@ -853,7 +857,7 @@ class CacheIndex:
             role = meta["role"]
         look = classify(path, probe, legacy, role=role if fixed_role else None, v1=inner is not None, listing=names)
         if meta is not None and look.meta is not None:
-            created = _number(meta.get("created_unix"), float)
+            created = _float(meta.get("created_unix"))
             when = float(created) if created is not None else ((meta_item.mtime if meta_item else None) or when)
         return EntryRecord(path, step, inner, role, look.format, look.state, look.reason, look.meta, size, when, call)
 

@@ -115,7 +115,7 @@ class Comparer:
             raise PromptMismatchError(f"{owner.name}: step {step} was recorded for other prompts than this call's "
                                       f"(entry {path}); action: compare cannot judge the live result "
                                       f"(skip.{owner.name}.check_prompts = error)")
-        return digest == recorded
+        return bool(digest == recorded)
 
     def result(self, step: int, recorded: Recorded, live: Any, prompts: Any) -> Any:
         """Compare the live result of ``step`` with its recording, report the drift, and return the result

@@ -105,17 +105,18 @@ class RolloutTqSkip(RolloutSkip):
     @property
     def tq_client(self) -> TQClient:
         """The TransferQueue client: ``runtime["tq_client"]`` or the ``transfer_queue`` module."""
-        client = self.runtime.get("tq_client")
+        client: TQClient | None = self.runtime.get("tq_client")
         if client is not None:
             return client
         try:
-            import transfer_queue  # type: ignore[import-not-found]
+            import transfer_queue
         except ImportError as err:
             raise SkipConfigError(
                 "skip.rollout_tq needs a TransferQueue client: install `transferqueue`, or pass one with "
                 "SkipManager.init(config, tq_client=...) (stepskip.tq.InProcessTQClient for an in-process queue)"
             ) from err
-        return transfer_queue
+        module: TQClient = transfer_queue  # the module's functions are the client's interface
+        return module
 
     def inner_dump_dir(self, step: int, inner_idx: int) -> str:
         """The entry directory of one sample call of ``step``: in the recording the step's manifest
