@@ -38,7 +38,7 @@ import torch
 
 from stepskip import SkipManager
 from stepskip._storage import EntryStore, LocalBackend
-from stepskip.formats import get_format
+from stepskip._formats import get_format
 from stepskip.testing import make_rollout_batch
 
 ROOT = Path(__file__).resolve().parents[1]

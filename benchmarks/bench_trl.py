@@ -31,8 +31,8 @@ def ragged_codec(rows: int = 512, width: int = 2048, repeats: int = 5) -> None:
     import random
     import time
 
-    import stepskip.formats.values as values
-    from stepskip.formats import get_format
+    import stepskip._formats.values as values
+    from stepskip._formats import get_format
 
     rng = random.Random(0)
     ids = [[rng.randrange(150_000) for _ in range(rng.randrange(width // 2, width + 1))] for _ in range(rows)]

@@ -67,7 +67,7 @@ from tensordict import TensorDict
 
 from stepskip import Batch, SkipManager
 from stepskip._matching.hints import HINTS_DIR, TableWriter
-from stepskip.fidelity import prompt_digest, prompt_row_digests, shared_object_digests
+from stepskip._fidelity import prompt_digest, prompt_row_digests, shared_object_digests
 from stepskip.testing import make_rollout_batch
 from stepskip.tq import InProcessTQClient, KVBatchMeta
 

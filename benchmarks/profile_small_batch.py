@@ -189,7 +189,7 @@ def components(size: str, calls: int, workdir: str) -> list[str]:
     role's and the store's own functions on the entry a hit reads (some of them the role's private
     ones: this follows the code as it is, and may need adjusting when it changes)."""
     from stepskip._storage.meta import check_meta, checksum
-    from stepskip.formats import get_format
+    from stepskip._formats import get_format
     from stepskip.roles.cached import HIT_KEEP_BYTES
 
     inputs = _inputs(size)
@@ -248,7 +248,7 @@ def components(size: str, calls: int, workdir: str) -> list[str]:
 
 
 def skip_digest(prompts: Any, skip: Any) -> Any:
-    from stepskip.fidelity import prompt_digest
+    from stepskip._fidelity import prompt_digest
 
     return prompt_digest(prompts, skip.rebind_keys)
 

@@ -124,8 +124,8 @@ def _yaml(value: Any) -> str:
 
 def _choices(cls: type, f: dataclasses.Field[Any]) -> list[str]:
     """The values a string-valued key accepts, read from the code that validates it."""
-    from stepskip import policies
-    from stepskip.entries import CONFIG_FORMATS
+    from stepskip import _policies as policies
+    from stepskip._entries import CONFIG_FORMATS
 
     if f.name == "action":
         return list(cls.allowed_actions)  # type: ignore[attr-defined]
@@ -392,12 +392,12 @@ def _size(nbytes: int) -> str:
 
 def format_versions() -> str:
     """The storage formats and every versioned file of a cache, with the versions and bounds readers hold."""
-    from stepskip import manifest
+    from stepskip import _manifest as manifest
     from stepskip._matching import hints
     from stepskip._storage import meta as store
-    from stepskip.entries import FORMATS
+    from stepskip._entries import FORMATS
 
-    safe = _module_constants("stepskip/formats/safe.py")
+    safe = _module_constants("stepskip/_formats/safe.py")
     out = ["| `format` in meta.json | selected by `format:` | written for | pickle | data files |",
            "|---|---|---|---|---|"]
     for spec in FORMATS.values():
@@ -407,7 +407,7 @@ def format_versions() -> str:
                      safe["INLINE_VERSION"]: "trimmed tensors of few rows with inline runs",
                      safe["SHARED_VERSION"]: "object columns whose rows share items"}
     if max(tree_versions) != safe["READ_VERSION"]:
-        raise DocsBuildError("stepskip/formats/safe.py reads a data.json version the docs do not describe")
+        raise DocsBuildError("stepskip/_formats/safe.py reads a data.json version the docs do not describe")
     out += ["", "| file | version field | versions this stepskip reads | size bound |", "|---|---|---|---|",
             f"| `meta.json` | — | — | {_size(store.META_MAX_BYTES)} |",
             f"| `data.json` (`format: safe`) | `version` | 1 to {safe['READ_VERSION']} "
@@ -425,14 +425,14 @@ def format_versions() -> str:
 
 def metrics() -> str:
     """The counters of ``SkipManager.stats()``, as the stats module names them."""
-    from stepskip.stats import STAT_NAMES
+    from stepskip._stats import STAT_NAMES
 
     return "Counters, per role: " + ", ".join(f"`{name}`" for name in STAT_NAMES) + ".\n"
 
 
 def fingerprint_keys() -> str:
     """The config keys of verl's whose values make up a run's fingerprint by default."""
-    from stepskip.identity import VERL_FINGERPRINT_KEYS
+    from stepskip._identity import VERL_FINGERPRINT_KEYS
 
     return "\n".join(f"- `{key}`" for key in VERL_FINGERPRINT_KEYS) + "\n"
 

@@ -17,7 +17,7 @@ from stepskip._version import __version__
 install_fallback(__name__)
 
 _WHERE = {
-    "SkipManager": "stepskip.manager",
+    "SkipManager": "stepskip._manager",
     "SkipAction": "stepskip.roles",
     "BaseSkip": "stepskip.roles",
     "register_skip": "stepskip.roles",
@@ -33,9 +33,9 @@ _WHERE = {
     "RolloutTqSkip": "stepskip.roles",
     "AsyncRolloutSkip": "stepskip.roles",
     "parse_async_rollout_sample_step": "stepskip.roles",
-    "Batch": "stepskip.batch",
+    "Batch": "stepskip._batch",
     "SkipRoleConfig": "stepskip.config",
-    "RunIdentity": "stepskip.identity",
+    "RunIdentity": "stepskip._identity",
     "UnreadableEntryError": "stepskip.errors",
     "StepskipError": "stepskip.errors",
 }
@@ -62,7 +62,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from stepskip.batch import Batch
+    from stepskip._batch import Batch
     from stepskip.config import (
         AsyncRolloutSkipConfig,
         RolloutSkipConfig,
@@ -77,8 +77,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         StepskipError,
         UnreadableEntryError,
     )
-    from stepskip.identity import RunIdentity
-    from stepskip.manager import SkipManager
+    from stepskip._identity import RunIdentity
+    from stepskip._manager import SkipManager
     from stepskip.roles import (
         SKIP_REGISTRY,
         AsyncRolloutSkip,

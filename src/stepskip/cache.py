@@ -29,7 +29,7 @@ from stepskip.cli.convert import ConvertedEntry, ConvertReport, convert_cache, p
 from stepskip.cli.errors import CliError
 from stepskip.cli.prune import PrunePlan, apply_prune, plan_prune
 from stepskip.cli.verify import Problem, RepairResult, VerifyReport, repair, verify_runs
-from stepskip.index import (
+from stepskip._index import (
     CacheIndex,
     EntryRecord,
     EntryStatus,

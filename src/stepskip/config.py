@@ -18,9 +18,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from stepskip.entries import CONFIG_FORMATS
+from stepskip._entries import CONFIG_FORMATS
 from stepskip.errors import SkipConfigError
-from stepskip.policies import (
+from stepskip._policies import (
     CheckPrompts,
     Compress,
     Engines,

@@ -44,7 +44,7 @@ class TruncatedEntryError(CorruptEntryError):
 
 
 class DecodeLimitError(CorruptEntryError):
-    """Decoding an entry would allocate more than the decode bound (see :mod:`stepskip.formats.bounds`).
+    """Decoding an entry would allocate more than the decode bound (see :mod:`stepskip._formats.bounds`).
 
     Shapes, widths and sizes recorded in the entry ask for far more memory than its bytes justify:
     the entry is damaged or hostile. The message names the file, the field and the bound.

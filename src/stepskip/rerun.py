@@ -4,7 +4,7 @@ A stage role recorded with ``record_inputs: true`` keeps, beside each step's res
 arguments its function was called with (those after a method's ``self``). :func:`rerun_stage`
 calls another function — the same reward function on another machine, a changed one, a new
 advantage estimator — on those arguments, on CPU, without a trainer, and compares what it returns
-with the recorded result under the comparison of ``action: compare`` (:mod:`stepskip.compare`).
+with the recorded result under the comparison of ``action: compare`` (:mod:`stepskip._compare`).
 ``stepskip rerun`` is its command line. :func:`grpo_advantages` is a ready function for an
 ``advantage`` stage.
 
@@ -45,7 +45,7 @@ class RerunStep:
         step: the step.
         path: the entry.
         passed: the function's result matched the recorded one.
-        record: the comparison (:meth:`stepskip.compare.Drift.as_record`); None when the step could not be
+        record: the comparison (:meth:`stepskip._compare.Drift.as_record`); None when the step could not be
             compared.
         error: why the step could not be compared (a damaged entry, the function raised ...), else None.
     """
@@ -169,11 +169,11 @@ def _stage_steps(index: Any, stage: str) -> list[tuple[Any, Any]]:
 
 def _read_step(index: Any, entry: Any, allow_pickle: bool) -> tuple[Any, list[Any], dict[str, Any]]:
     """The recorded result and arguments of one entry, read as one version."""
-    from stepskip.entries import FORMATS, legacy_format
+    from stepskip._entries import FORMATS, legacy_format
     from stepskip.errors import CorruptEntryError, UnreadableEntryError
-    from stepskip.formats import get_format
-    from stepskip.index import PickleNotAllowedError
-    from stepskip.stage_inputs import INPUT_FILES, decode_inputs
+    from stepskip._formats import get_format
+    from stepskip._index import PickleNotAllowedError
+    from stepskip._stage_inputs import INPUT_FILES, decode_inputs
 
     spec = FORMATS.get(str(entry.format))
     if spec is None or not entry.valid:
@@ -213,11 +213,11 @@ def rerun_stage(dump_dir: str, stage: str, fn: Callable[..., Any] | str, steps: 
             function that cannot be imported.
         SkipConfigError: a bad ``steps`` value, or ``dump_dir`` holds no cache.
     """
-    from stepskip.compare import Tolerance, compare_values
+    from stepskip._compare import Tolerance, compare_values
     from stepskip.config import StepSet
     from stepskip.errors import UnreadableEntryError
-    from stepskip.index import CacheIndex
-    from stepskip.stage_inputs import has_inputs
+    from stepskip._index import CacheIndex
+    from stepskip._stage_inputs import has_inputs
 
     chosen = None if steps is None else StepSet.parse(_steps_list(steps), "--steps")
     index = CacheIndex(dump_dir, storage_options)
@@ -328,7 +328,7 @@ def grpo_advantages(scores: Any, uids: Sequence[Any] | None = None, response_mas
 
 
 def _batch_columns(batch: Any, response_mask: Any) -> tuple[Any, Any, Any]:
-    from stepskip.compare import columns_of
+    from stepskip._compare import columns_of
 
     columns = columns_of(batch)
     scores = next((columns[k] for k in ("token_level_rewards", "token_level_scores", "scores") if k in columns), None)

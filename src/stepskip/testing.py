@@ -14,7 +14,7 @@ import uuid
 import numpy as np
 import torch
 
-from stepskip.batch import Batch
+from stepskip._batch import Batch
 
 __all__ = ["make_rollout_batch"]
 

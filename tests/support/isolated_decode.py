@@ -28,7 +28,7 @@ import json, os, pickle, resource, signal, sys
 import torch
 torch.set_num_threads(1)
 from stepskip.errors import CorruptEntryError, UnreadableEntryError
-from stepskip.formats import get_format
+from stepskip._formats import get_format
 
 cases_path, progress_path, headroom, timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 with open(cases_path, "rb") as fh:

@@ -159,7 +159,7 @@ def rewrite_inner_entry(path: str, change: Any) -> None:
     """Rewrite the V1 inner entry at ``path`` with ``change(payload)`` applied to its decoded payload,
     its meta.json fields (row_prompts, ...) kept and its checksums valid: a crafted entry."""
     from stepskip._storage import open_store
-    from stepskip.formats import get_format
+    from stepskip._formats import get_format
 
     store = open_store(path.rsplit("/", 1)[0])
     meta, files = store.read_entry(path)

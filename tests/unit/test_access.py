@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stepskip.access import describe_store_access_error, is_store_access_error
+from stepskip._access import describe_store_access_error, is_store_access_error
 
 
 def test_client_library_failures_are_access_errors():

@@ -55,7 +55,7 @@ def test_a_non_tensor_column_of_another_length_than_the_rows_is_refused():
 
 def test_a_safe_entry_whose_column_is_short_does_not_decode():
     from stepskip.errors import CorruptEntryError
-    from stepskip.formats.safe import SafeFormat
+    from stepskip._formats.safe import SafeFormat
 
     fmt = SafeFormat()
     value = Batch.from_dict(tensors={"ids": torch.zeros(3, 2)}, non_tensors={"uid": ["a", "b", "c"]})

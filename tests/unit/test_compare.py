@@ -1,4 +1,4 @@
-"""The comparison behind ``action: compare`` and ``stepskip rerun`` (stepskip.compare): pure, field by field."""
+"""The comparison behind ``action: compare`` and ``stepskip rerun`` (stepskip._compare): pure, field by field."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 
 from stepskip import Batch
-from stepskip.compare import Tolerance, columns_of, compare_values
+from stepskip._compare import Tolerance, columns_of, compare_values
 from stepskip.testing import make_rollout_batch
 
 

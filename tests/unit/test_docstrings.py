@@ -38,7 +38,7 @@ MODULES = _modules_with_examples()
 
 
 def test_the_walk_finds_the_documented_modules():
-    assert {"stepskip.manager", "stepskip.config", "stepskip.roles.rollout", "stepskip.batch"} <= set(MODULES)
+    assert {"stepskip._manager", "stepskip.config", "stepskip.roles.rollout", "stepskip._batch"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from tensordict import NonTensorStack, TensorDict
 
 from stepskip import Batch
-from stepskip.fidelity import (
+from stepskip._fidelity import (
     DIGEST_PREFIX,
     fingerprint_diff,
     prompt_digest,
@@ -151,7 +151,7 @@ def test_prompt_digest_is_the_same_in_another_process_whatever_the_hash_seed():
     script = (
         "import numpy as np, torch\n"
         "from stepskip import Batch\n"
-        "from stepskip.fidelity import prompt_digest\n"
+        "from stepskip._fidelity import prompt_digest\n"
         "col = np.empty(3, dtype=object)\n"
         "col[:] = [{'s': {'a', 'b', 'c'}, 't': ('x', 1)}, [{'role': 'user', 'content': 'hi'}], 'z']\n"
         "b = Batch.from_dict(tensors={'ids': torch.arange(6).reshape(3, 2)}, non_tensors={'v': col})\n"
@@ -244,7 +244,7 @@ def test_shared_object_digests_gives_the_values_computed_without_it():
 
 def test_shared_object_digests_hashes_each_distinct_object_once_for_both_digests(monkeypatch):
     """What the block is for: a miss computes row digests and the prompt digest over the same columns."""
-    from stepskip import fidelity
+    from stepskip import _fidelity as fidelity
 
     calls = []
     value_digest = fidelity._value_digest
@@ -278,7 +278,7 @@ def test_object_columns_in_any_layout_hash_each_distinct_object_once_by_content(
     """The ids of a column's items are read from its object array: a strided view and a view with a
     negative stride of the same objects give the digests of a column of equal copies, and each
     distinct object is still hashed once."""
-    from stepskip import fidelity
+    from stepskip import _fidelity as fidelity
 
     messages = [[{"role": "user", "content": f"q{i}"}] for i in range(3)]
     rows = [messages[i // 2] for i in range(6)]  # two rows share each message

@@ -9,9 +9,9 @@ import pytest
 from stepskip import RunIdentity
 from stepskip._matching.hints import document_name, document_of, table_name, table_of
 from stepskip._storage import open_store
-from stepskip.drift import drift_records
-from stepskip.layout import DRIFT_DIR, Layout, normalize_location
-from stepskip.manifest import MANIFEST_FILE, is_recording, new_recording
+from stepskip._drift import drift_records
+from stepskip._layout import DRIFT_DIR, Layout, normalize_location
+from stepskip._manifest import MANIFEST_FILE, is_recording, new_recording
 
 IDENTITY = RunIdentity("exp", "proj", gbs=4, n=2, prompt_len=8, response_len=6, fingerprint={"model": "tiny"})
 

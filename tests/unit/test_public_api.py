@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import stepskip
 
@@ -94,3 +95,27 @@ def test_manager_api_is_classmethods():
     for name in ("init", "set_step", "annotate", "annotate_tq", "flush", "close", "reset", "stats", "will_replay"):
         assert inspect.ismethod(getattr(stepskip.SkipManager, name)), name
     assert stepskip.SkipManager.annotate.__doc__
+
+
+#: The modules code outside the package may import; every other module's name starts with ``_``.
+PUBLIC_MODULES = {
+    "stepskip", "stepskip.cache", "stepskip.config", "stepskip.errors", "stepskip.rerun", "stepskip.testing",
+    "stepskip.roles", "stepskip.tq", "stepskip.integrations", "stepskip.integrations.verl",
+    "stepskip.integrations.trl", "stepskip.pipelines", "stepskip.cli", "stepskip.view",
+}
+
+
+def test_implementation_modules_are_private():
+    root = Path(stepskip.__file__).parent
+    public = set()
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        name = ".".join(["stepskip", *parts])
+        if not any(part.startswith("_") for part in parts) and name.count(".") <= 2:
+            public.add(name)
+    # A public package's own submodules (the pipelines, the roles, the CLI commands) are part of it.
+    stray = {name for name in public if name not in PUBLIC_MODULES
+             and not any(name.startswith(package + ".") for package in PUBLIC_MODULES - {"stepskip"})}
+    assert stray == set(), f"modules outside the public namespaces without a leading underscore: {sorted(stray)}"

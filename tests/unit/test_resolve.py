@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stepskip.policies import SkipAction
-from stepskip.resolve import load_candidates, remap_v1, resolve_load_step
+from stepskip._policies import SkipAction
+from stepskip._resolve import load_candidates, remap_v1, resolve_load_step
 
 LISTED = [2, 4, 6, 8]
 

@@ -1,4 +1,4 @@
-"""``stepskip.tracker``: each step's skip metrics for a tracker, the roles' sampled trajectories, and what the
+"""``stepskip._tracker``: each step's skip metrics for a tracker, the roles' sampled trajectories, and what the
 backends get (TensorBoard and MLflow for real, when installed; W&B is read back in the integration tests)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from skip_configs import training_config
 
 from stepskip import Batch, SkipConfigError, SkipManager
 from stepskip.config import MAX_LOG_SAMPLES, RolloutSkipConfig
-from stepskip.policies import LogMetrics
-from stepskip.tracker import (
+from stepskip._policies import LogMetrics
+from stepskip._tracker import (
     SAMPLE_COLUMNS,
     StepMetrics,
     add_rewards,
@@ -223,7 +223,7 @@ def test_samples_wait_only_for_a_few_steps(tmp_path):
 
 def test_ids_rows_and_rewards_added_later(tmp_path):
     """Results that are rows of completion ids (TRL's calls) with their prompt rows; rewards come after."""
-    from stepskip.tracker import offer_samples
+    from stepskip._tracker import offer_samples
 
     init(tmp_path, log_samples=2)
     role = SkipManager.skip_instances["rollout"]
@@ -239,7 +239,7 @@ def test_ids_rows_and_rewards_added_later(tmp_path):
 
 
 def test_a_result_without_rows_offers_nothing_and_a_broken_one_never_raises(tmp_path, caplog):
-    from stepskip.tracker import offer_samples
+    from stepskip._tracker import offer_samples
 
     init(tmp_path, log_samples=2)
     role = SkipManager.skip_instances["rollout"]

@@ -7,7 +7,7 @@ from ``parameter_sync_step`` inner entries and becomes visible whole once the la
 - :class:`PublishDirectory`: the inner entries are written into a hidden ``.tmp-{step}-{token}``
   directory beside the step, which is then renamed over it (stores that publish directories).
 - :class:`PublishManifest`: they are written into a recording ``{step}/rec-{token}/`` and committed
-  by the step's manifest, written last (object stores; :mod:`stepskip.manifest`).
+  by the step's manifest, written last (object stores; :mod:`stepskip._manifest`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from stepskip.layout import Layout
-from stepskip.manifest import new_recording, publish_manifest
-from stepskip.stats import RoleStats
+from stepskip._layout import Layout
+from stepskip._manifest import new_recording, publish_manifest
+from stepskip._stats import RoleStats
 
 __all__ = ["Commit", "EntryCommit", "PublishDirectory", "PublishManifest", "StepCommit", "StepPublisher",
            "StepRecording", "Written", "publisher_for"]

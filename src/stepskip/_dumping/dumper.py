@@ -21,11 +21,11 @@ import numpy as np
 from stepskip._dumping.commit import Commit, Written
 from stepskip._dumping.worker import default_worker
 from stepskip._version import __version__
-from stepskip.calls import CURRENT_CALL
+from stepskip._calls import CURRENT_CALL
 from stepskip.config import SkipRoleConfig
-from stepskip.entries import FormatSpec
-from stepskip.stage_inputs import encode_entry
-from stepskip.stats import RoleStats
+from stepskip._entries import FormatSpec
+from stepskip._stage_inputs import encode_entry
+from stepskip._stats import RoleStats
 
 __all__ = ["Dumper", "DumpOwner", "SMALL_DUMP_BYTES", "small_size"]
 
@@ -111,7 +111,7 @@ class Dumper:
                     kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         """The snapshot of a result with its call's arguments beside it (``record_inputs``); the result alone,
         with a warning naming the argument, when they cannot be stored safely."""
-        from stepskip.stage_inputs import WithInputs, call_arguments, freeze_inputs, inputs_meta
+        from stepskip._stage_inputs import WithInputs, call_arguments, freeze_inputs, inputs_meta
 
         info = CURRENT_CALL.get()
         positional, keyword, method_of = call_arguments(info.function if info is not None else None, args, kwargs)

@@ -71,7 +71,7 @@ CLOSE_WAIT_SECONDS = 30.0
 #: A result frame larger than this is not a result of ours: the helper is not used again.
 MAX_RESULT_BYTES = 64 << 20
 
-#: One entry to write: its path, its snapshot (:class:`~stepskip.formats.safe.Frozen` or another
+#: One entry to write: its path, its snapshot (:class:`~stepskip._formats.safe.Frozen` or another
 #: format's), its meta.json fields.
 Item = tuple[str, Any, dict[str, Any]]
 
@@ -217,7 +217,7 @@ def receive_frame(fd: int, limit: int | None = None) -> tuple[Any, list[bytearra
 
 
 def _check_item(frozen: Any) -> None:
-    from stepskip.formats.safe import Frozen
+    from stepskip._formats.safe import Frozen
 
     if type(frozen) is not Frozen or not all(t.device.type == "cpu" for t in frozen.tensors.values()):
         raise HelperUnavailable("a snapshot the helper does not take (not a CPU 'safe' snapshot)")
@@ -233,7 +233,7 @@ def _pack_item(item: Item, buffers: list[Any]) -> tuple[str, Any, dict[str, Any]
 
 
 def _unpack_item(packed: tuple[str, Any, dict[str, Any]], buffers: list[bytearray]) -> Item:
-    from stepskip.formats.safe import Frozen
+    from stepskip._formats.safe import Frozen
 
     path, (tensors, tree, deferred, holders), meta = packed
     frozen = Frozen(tensors={ref: _unpack_tensor(spec, buffers) for ref, spec in tensors.items()}, tree=tree,
@@ -501,7 +501,7 @@ def _serve(requests: int, results: int, header: Any, stores: dict[str, Any], cod
            ) -> None:
     """Write one batch: its entries are read as the store asks for them; its results sent at the end."""
     from stepskip._storage import open_store
-    from stepskip.formats import get_format
+    from stepskip._formats import get_format
 
     _, root, format_name, compress, count = header
     slots: list[bool] = []  # per entry: written here, or left to the parent (not sent, or not rebuilt here)
@@ -559,7 +559,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle: it closes the pipe
     logging.basicConfig(level=logging.WARNING, format=f"stepskip dump helper {os.getpid()}: %(levelname)s %(message)s")
     torch.set_num_threads(1)
-    from stepskip.formats import get_format
+    from stepskip._formats import get_format
 
     codecs: dict[tuple[str, str], Any] = {("safe", "auto"): get_format("safe", compress="auto")}
     _warm_up(codecs["safe", "auto"])

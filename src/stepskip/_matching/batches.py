@@ -3,7 +3,7 @@
 A *prompt group* is the set of rows of a batch whose prompt content is the same (the
 ``rebind_keys`` columns excluded): a GRPO group of ``n`` samples is one group. Every entry a
 row-wise role writes records one digest per row (``meta["row_prompts"]``, from
-:func:`stepskip.fidelity.prompt_row_digests`); the index maps a digest to the entry and rows that
+:func:`stepskip._fidelity.prompt_row_digests`); the index maps a digest to the entry and rows that
 hold its responses.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from stepskip.calls import is_dataproto_like
+from stepskip._calls import is_dataproto_like
 
 __all__ = ["group_rows", "PromptIndex", "MatchSplit", "select_batch_rows", "concat_batches", "batch_rows", "row_count",
            "rows_unlike_prompts", "join_problem", "Recorded", "RecordedRow", "LoadedRows"]
@@ -272,6 +272,6 @@ def _rebuild(like: Any, batch: Any, non_tensor: Mapping[str, np.ndarray], meta_i
     try:
         return type(like)(batch=batch, non_tensor_batch=dict(non_tensor), meta_info=meta_info)
     except TypeError:
-        from stepskip.batch import Batch
+        from stepskip._batch import Batch
 
         return Batch(batch=batch, non_tensor_batch=dict(non_tensor), meta_info=meta_info)

@@ -88,7 +88,7 @@ import numpy as np
 import xxhash
 
 from stepskip._storage.meta import META_MAX_BYTES, is_number, load_json
-from stepskip.layout import HINTS_DIR
+from stepskip._layout import HINTS_DIR
 
 __all__ = ["HINTS_DIR", "HINTS_MAX_BYTES", "HINTS_ROLL_BYTES", "HINTS_VERSION", "Hint", "HintDocument", "StepHint",
            "TABLE_MAGIC", "TABLE_MAX_BYTES", "TABLE_ROLL_BYTES", "TABLE_SUFFIX", "TABLE_VERSION", "DigestTable",

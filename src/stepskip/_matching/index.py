@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from stepskip._matching.batches import PromptIndex
 from stepskip._reading.classify import EntryStatus, Look
 from stepskip.errors import CorruptEntryError
-from stepskip.layout import RUN_DIR
+from stepskip._layout import RUN_DIR
 
 if TYPE_CHECKING:
     from stepskip.roles.cached import CachedRole

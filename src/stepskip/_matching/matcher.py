@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 from stepskip._matching.batches import LoadedRows, MatchSplit, RecordedRow
 from stepskip._reading.classify import EntryStatus
 from stepskip._reading.reader import seconds_of
-from stepskip.calls import CURRENT_CALL, added_columns
+from stepskip._calls import CURRENT_CALL, added_columns
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError, UnreadableEntryError
-from stepskip.policies import MatchN
+from stepskip._policies import MatchN
 
 if TYPE_CHECKING:
     from stepskip.roles.cached import CachedRole
@@ -47,7 +47,7 @@ class Matcher:
                 TensorDict prompts).
         """
         from stepskip._matching.batches import group_rows
-        from stepskip.fidelity import prompt_row_digests
+        from stepskip._fidelity import prompt_row_digests
 
         owner = self.owner
         try:
@@ -240,7 +240,7 @@ class Matcher:
 
     def _record(self, step: int, split: MatchSplit, prompts: Any, merged: Any, generated: Any) -> None:
         from stepskip._matching.batches import concat_batches, join_problem, rows_unlike_prompts, select_batch_rows
-        from stepskip.fidelity import prompt_row_digests
+        from stepskip._fidelity import prompt_row_digests
 
         owner = self.owner
         path = owner.step_dump_dir(step)
@@ -288,7 +288,7 @@ def row_prompts(prompts: Any, result: Any, exclude: list[str]) -> list[str] | No
     if prompts is None:
         return None
     from stepskip._matching.batches import batch_rows
-    from stepskip.fidelity import prompt_row_digests
+    from stepskip._fidelity import prompt_row_digests
 
     rows = batch_rows(result)
     if rows < 0 or batch_rows(prompts) != rows:

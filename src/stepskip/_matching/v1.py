@@ -19,10 +19,10 @@ from stepskip._matching.index import HINTED_FROM, MatchIndex, step_of
 from stepskip._reading.classify import EntryStatus, root_state
 from stepskip._reading.reader import seconds_of
 from stepskip.errors import CacheMissError, SkipConfigError
-from stepskip.layout import Layout
-from stepskip.manifest import resolve_step
-from stepskip.policies import MatchN
-from stepskip.resolve import remap_v1
+from stepskip._layout import Layout
+from stepskip._manifest import resolve_step
+from stepskip._policies import MatchN
+from stepskip._resolve import remap_v1
 
 if TYPE_CHECKING:
     from stepskip.roles.rollout_tq import RolloutTqSkip
@@ -219,7 +219,7 @@ class StepMatcher:
         Raises:
             SkipConfigError: the batch has no rows or no ``uid`` column.
         """
-        from stepskip.fidelity import prompt_row_digests
+        from stepskip._fidelity import prompt_row_digests
 
         owner = self.owner
         try:

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stepskip._storage import DirItem, EntryState, Probe
-from stepskip.entries import FormatSpec, format_spec, unsupported_format_message
+from stepskip._entries import FormatSpec, format_spec, unsupported_format_message
 
 if TYPE_CHECKING:
-    from stepskip.manifest import StepRoot
+    from stepskip._manifest import StepRoot
 
 __all__ = ["EntryStatus", "Look", "classify", "kind_words", "root_state"]
 
@@ -83,7 +83,7 @@ def classify(path: str, probe: Probe, legacy: FormatSpec, *, role: str | None = 
             of the entry itself.
 
     Example:
-        >>> from stepskip.entries import legacy_format
+        >>> from stepskip._entries import legacy_format
         >>> meta = {"global_steps": 1, "format": "safe-v9", "files": {}}
         >>> classify("/d/1", Probe(EntryState.PRESENT, meta), legacy_format(False)).state
         <EntryStatus.UNSUPPORTED: 'unsupported'>
@@ -136,7 +136,7 @@ def classify(path: str, probe: Probe, legacy: FormatSpec, *, role: str | None = 
 
 
 def root_state(where: StepRoot) -> EntryStatus:
-    """The state of a V1 step's manifest as resolved (:func:`stepskip.manifest.resolve_step`): present
+    """The state of a V1 step's manifest as resolved (:func:`stepskip._manifest.resolve_step`): present
     (or none: the step is read in place), damaged, or of a version this stepskip does not know (unsupported)."""
     return {EntryState.PRESENT: EntryStatus.PRESENT, EntryState.UNREADABLE: EntryStatus.UNSUPPORTED}.get(
         where.state, EntryStatus.DAMAGED)

@@ -2,7 +2,7 @@
 
 A flat role reads the step's entry before the call (:meth:`Comparer.read`) and compares it with the
 live result after it (:meth:`Comparer.result`); the drift is counted, said and written beside the
-entry (:mod:`stepskip.drift`), and the call returns the result ``train_on`` names. A step with nothing
+entry (:mod:`stepskip._drift`), and the call returns the result ``train_on`` names. A step with nothing
 to compare with (no entry, a damaged one, one of other settings to regenerate) is recorded as under
 ``cache``. The V1 role compares a whole step, sample call by sample call (:class:`StepComparer`).
 
@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 from stepskip._reading.classify import EntryStatus
 from stepskip._reading.reader import prompt_digest
 from stepskip._reading.steps import complete
-from stepskip.calls import added_columns
-from stepskip.drift import Recorded
+from stepskip._calls import added_columns
+from stepskip._drift import Recorded
 from stepskip.errors import CacheMissError, CorruptEntryError, PromptMismatchError
-from stepskip.layout import Layout
-from stepskip.policies import CheckPrompts, TrainOn
-from stepskip.resolve import remap_v1
+from stepskip._layout import Layout
+from stepskip._policies import CheckPrompts, TrainOn
+from stepskip._resolve import remap_v1
 
 if TYPE_CHECKING:
-    from stepskip.compare import Tolerance
+    from stepskip._compare import Tolerance
     from stepskip.roles.cached import CachedRole
     from stepskip.roles.rollout_tq import RolloutTqSkip
 
@@ -53,7 +53,7 @@ class Comparer:
     @property
     def tolerance(self) -> Tolerance:
         """What ``action: compare`` requires of a live result (``rtol``, ``atol``, ``compare_min_match``)."""
-        from stepskip.compare import Tolerance
+        from stepskip._compare import Tolerance
 
         config = self.owner.config
         return Tolerance(rtol=config.rtol, atol=config.atol, min_match=config.compare_min_match)
@@ -104,7 +104,7 @@ class Comparer:
         recorded = meta.get("prompt_digest")
         if owner.check_prompts is CheckPrompts.OFF or prompts is None or not recorded:
             return None
-        from stepskip.fidelity import DIGEST_PREFIX
+        from stepskip._fidelity import DIGEST_PREFIX
 
         if not str(recorded).startswith(DIGEST_PREFIX):
             return None  # an earlier digest scheme: not comparable
@@ -125,7 +125,7 @@ class Comparer:
             DriftError: a field drifted and ``on_drift`` is ``error``.
             PromptMismatchError: the prompts differ and ``check_prompts`` is ``error``.
         """
-        from stepskip.compare import compare_values
+        from stepskip._compare import compare_values
 
         owner = self.owner
         recorded.prompts_equal = self.prompts_equal(step, recorded.path, recorded.meta, prompts)
@@ -276,7 +276,7 @@ class StepComparer(Comparer):
         Raises:
             DriftError: a field drifted and ``on_drift`` is ``error``.
         """
-        from stepskip.compare import compare_values
+        from stepskip._compare import compare_values
         from stepskip.tq.rows import concat_rows, select_rows
 
         owner = self.owner

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepskip._storage import settled
-from stepskip.layout import RUN_DIR, Layout
+from stepskip._layout import RUN_DIR, Layout
 
 __all__ = ["LISTING_MAX_AGE", "StepListing", "step_names"]
 

@@ -17,7 +17,7 @@ import numpy as np
 from stepskip._reading.classify import EntryStatus, Look, classify
 from stepskip._storage import EntryState, Probe
 from stepskip.config import SkipRoleConfig
-from stepskip.entries import FormatSpec, format_spec
+from stepskip._entries import FormatSpec, format_spec
 from stepskip.errors import (
     CacheMissError,
     CorruptEntryError,
@@ -28,9 +28,9 @@ from stepskip.errors import (
     TruncatedEntryError,
     UnreadableEntryError,
 )
-from stepskip.identity import fingerprint_diff
-from stepskip.policies import CheckPrompts, OnMismatch, SkipAction
-from stepskip.stats import RoleStats
+from stepskip._identity import fingerprint_diff
+from stepskip._policies import CheckPrompts, OnMismatch, SkipAction
+from stepskip._stats import RoleStats
 
 __all__ = ["EntryReader", "ReadOwner", "prompt_digest", "seconds_of"]
 
@@ -185,7 +185,7 @@ class EntryReader:
             raise
         except CacheMissError as err:
             raise ReplayMissError(f"{owner.name}: the entry at {path} vanished (removed while it was read)") from err
-        from stepskip.formats import get_format
+        from stepskip._formats import get_format
 
         spec = chosen[0]
         nbytes = sum(len(b) for b in files.values())
@@ -235,7 +235,7 @@ class EntryReader:
         recorded_digest = meta.get("prompt_digest")
         if owner.check_prompts is CheckPrompts.OFF or load_step != step or prompts is None or not recorded_digest:
             return
-        from stepskip.fidelity import DIGEST_PREFIX
+        from stepskip._fidelity import DIGEST_PREFIX
 
         if not str(recorded_digest).startswith(DIGEST_PREFIX):
             return  # recorded under an earlier digest scheme: not comparable, so not a mismatch
@@ -268,7 +268,7 @@ class EntryReader:
                                "restoring the random state (code drawing random numbers after the call will "
                                "differ from the recording; re-record with action: record)", owner.name, path)
             return
-        from stepskip.rng import restore_rng_state
+        from stepskip._rng import restore_rng_state
 
         try:
             skipped = restore_rng_state(recorded, path)
@@ -312,14 +312,14 @@ class EntryReader:
 def _recycled(size: int) -> memoryview | None:
     """Recycled pages for a big file of an entry read whole (a fresh buffer of its size would fault in
     every page); the page pool is imported only where a decoder that reads buffers asks for it."""
-    from stepskip.formats.pages import POOL
+    from stepskip._formats.pages import POOL
 
     return POOL.buffer(size)
 
 
 def prompt_digest(prompts: Any, exclude: Any) -> str | None:
     """The digest of a call's prompts (``exclude``: the identity columns), as an entry records it."""
-    from stepskip.fidelity import prompt_digest as digest  # hashes tensors: torch loads with the first dump
+    from stepskip._fidelity import prompt_digest as digest  # hashes tensors: torch loads with the first dump
 
     return digest(prompts, exclude)
 

@@ -2,7 +2,7 @@
 
 A role asks its steps collaborator for the probes of a step and whether it is complete; it never
 needs to know which kind it holds. A V1 step (``{step}/{inner}/``, or the recording its manifest
-names, ``{step}/rec-{token}/{inner}/``: :mod:`stepskip.manifest`) is complete only when every inner
+names, ``{step}/rec-{token}/{inner}/``: :mod:`stepskip._manifest`) is complete only when every inner
 entry is present and one run wrote them all.
 """
 
@@ -13,8 +13,8 @@ from typing import Any, Protocol
 from stepskip._reading.classify import EntryStatus, Look, root_state
 from stepskip._reading.reader import EntryReader
 from stepskip._storage import Tree
-from stepskip.layout import Layout
-from stepskip.manifest import StepRoot, may_need_clean_up, remove_stale_recordings, resolve_step
+from stepskip._layout import Layout
+from stepskip._manifest import StepRoot, may_need_clean_up, remove_stale_recordings, resolve_step
 
 __all__ = ["FlatSteps", "StepEntries", "V1Steps", "complete"]
 
@@ -81,7 +81,7 @@ class V1Steps:
         self.owner = owner
 
     def root(self, step: int) -> StepRoot:
-        """Where ``step``'s inner entries are, its manifest read once (see :mod:`stepskip.manifest`)."""
+        """Where ``step``'s inner entries are, its manifest read once (see :mod:`stepskip._manifest`)."""
         return resolve_step(self.owner.store, self.owner.step_dump_dir(step))
 
     def probed(self, step: int, where: StepRoot | None = None) -> list[tuple[str, Look]]:

@@ -31,7 +31,7 @@ from typing import Any
 from stepskip._env import env_bytes
 from stepskip._storage.base import Allocator, BadFile, DirItem
 from stepskip._storage.meta import META_FILE, TMP_PREFIX
-from stepskip.entries import FileBytes
+from stepskip._entries import FileBytes
 
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: a FIFO cannot hang open()

@@ -31,7 +31,7 @@ from stepskip._storage._linux import (
 )
 from stepskip._storage.base import Allocator, Batch, PinnedEntry, Raced, Staging, token
 from stepskip._storage.meta import META_FILE, META_MAX_BYTES, TMP_PREFIX, TRASH_PREFIX
-from stepskip.entries import FileBytes
+from stepskip._entries import FileBytes
 
 __all__ = ["LocalEntry", "LocalStaging", "LocalBatch", "publish_rename", "publish_dir_at", "put_at", "retire_at"]
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepskip.entries import FileBytes
+from stepskip._entries import FileBytes
 
 __all__ = [
     "EntryState", "Probe", "DirItem", "Tree", "Capabilities", "Allocator", "Backend", "PinnedEntry", "Staging",

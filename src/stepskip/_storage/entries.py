@@ -49,7 +49,7 @@ from stepskip._storage.meta import (
     stored_name,
     valid_name,
 )
-from stepskip.entries import FileBytes
+from stepskip._entries import FileBytes
 from stepskip.errors import CacheMissError, CorruptEntryError
 
 __all__ = ["EntryStore", "Names"]

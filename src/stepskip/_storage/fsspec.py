@@ -18,7 +18,7 @@ from typing import Any
 from stepskip._storage.base import Backend, Capabilities, DirItem, Tree
 from stepskip._storage.meta import MANIFEST_FILE, META_FILE
 from stepskip._storage.objects import ObjectBackend
-from stepskip.entries import FileBytes
+from stepskip._entries import FileBytes
 from stepskip.errors import SkipConfigError
 
 __all__ = ["FsspecBackend"]

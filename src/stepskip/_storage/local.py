@@ -21,7 +21,7 @@ from stepskip._storage._linux import NotFollowed, dir_item, lstat_at, open_below
 from stepskip._storage._localfs import LocalBatch, LocalEntry, LocalStaging, publish_dir_at, put_at, retire_at
 from stepskip._storage.base import Backend, BadFile, Capabilities, DirItem, NotAnEntry
 from stepskip._storage.meta import TMP_PREFIX, TRASH_PREFIX, valid_name
-from stepskip.entries import FileBytes
+from stepskip._entries import FileBytes
 
 __all__ = ["LocalBackend", "local_path"]
 

@@ -36,7 +36,7 @@ from stepskip._storage.base import (
     token,
 )
 from stepskip._storage.meta import META_FILE, META_MAX_BYTES, TMP_PREFIX, valid_name
-from stepskip.entries import FileBytes
+from stepskip._entries import FileBytes
 
 __all__ = ["MemoryBackend"]
 

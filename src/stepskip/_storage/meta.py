@@ -17,7 +17,7 @@ from typing import Any
 
 import xxhash
 
-from stepskip.entries import FileBytes
+from stepskip._entries import FileBytes
 
 __all__ = [
     "META_FILE", "MANIFEST_FILE", "TMP_PREFIX", "TRASH_PREFIX", "STALE_SECONDS", "META_MAX_BYTES", "META_MAX_DEPTH",
@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 META_FILE = "meta.json"
-#: A V1 step's manifest on object stores (:mod:`stepskip.manifest`): the one object that commits the step.
+#: A V1 step's manifest on object stores (:mod:`stepskip._manifest`): the one object that commits the step.
 MANIFEST_FILE = "step.json"
 #: Hidden names beside an entry: a writer's staging directory, an entry being deleted.
 TMP_PREFIX = ".tmp-"

@@ -36,7 +36,7 @@ from stepskip._storage.meta import (
     stored_name,
     valid_name,
 )
-from stepskip.entries import FileBytes
+from stepskip._entries import FileBytes
 
 if TYPE_CHECKING:
     from stepskip._storage.entries import EntryStore

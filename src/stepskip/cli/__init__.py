@@ -1,7 +1,7 @@
 """The ``stepskip`` command line: ``ls``, ``info``, ``verify``, ``prune``, ``convert``, ``show``, ``demo``.
 
 The typer layer (:mod:`stepskip.cli.app`) parses arguments and renders; the cache itself is read,
-checked and pruned through the library's index (:mod:`stepskip.index`), so every command works on
+checked and pruned through the library's index (:mod:`stepskip._index`), so every command works on
 every store the library writes to (local paths, ``memory://``, ``s3://``, any fsspec URL, with
 ``--storage-option`` for its options). Scripts use :mod:`stepskip.cache`, the public face of these
 modules; each returns data classes:

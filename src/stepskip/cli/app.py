@@ -14,11 +14,11 @@ import typer
 from rich.markup import escape
 
 from stepskip._version import __version__
-from stepskip.access import describe_store_access_error, is_store_access_error
+from stepskip._access import describe_store_access_error, is_store_access_error
 from stepskip.cli import render
 from stepskip.cli.errors import CliError
 from stepskip.config import SkipRoleConfig
-from stepskip.entries import CONFIG_FORMATS
+from stepskip._entries import CONFIG_FORMATS
 from stepskip.errors import SkipConfigError
 
 __all__ = ["app"]
@@ -123,7 +123,7 @@ def storage_options(values: list[str] | None) -> dict[str, Any]:
 
 
 def _index(path: str, options: list[str] | None) -> Any:
-    from stepskip.index import CacheIndex  # not stepskip.cache: listing a cache loads no codec (nor torch)
+    from stepskip._index import CacheIndex  # not stepskip.cache: listing a cache loads no codec (nor torch)
 
     return CacheIndex(path, storage_options(options))
 
@@ -384,7 +384,7 @@ def show_command(
     """
     from stepskip.cli.content import load_tokenizer, recorded_tokenizer, row_count, sample_rows
     from stepskip.errors import CorruptEntryError, UnreadableEntryError
-    from stepskip.index import IssueKind, PickleNotAllowedError
+    from stepskip._index import IssueKind, PickleNotAllowedError
 
     index = _index(entry, options)
     step_dir, inner = index.resolve(step=step)
@@ -424,8 +424,8 @@ def _join_stage_rewards(index: Any, step_dir: Any, samples: list[Any], rows: int
     (``skip.reward``), as stepskip view joins them; nothing when no stage role holds one reward per row."""
     from stepskip.cli.content import scores_rows
     from stepskip.errors import CacheMissError, UnreadableEntryError
-    from stepskip.index import CacheIndex, is_leftover
-    from stepskip.layout import RUN_DIR, Layout
+    from stepskip._index import CacheIndex, is_leftover
+    from stepskip._layout import RUN_DIR, Layout
 
     parent, _, _ = step_dir.path.rpartition("/")
     run = parent if RUN_DIR.match(parent.rpartition("/")[2]) else parent.rpartition("/")[0]

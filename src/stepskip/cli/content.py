@@ -1,6 +1,6 @@
 """What a decoded entry holds: its fields, response-length and reward statistics, sample rows.
 
-Values are read by the cache index (:meth:`stepskip.index.CacheIndex.read_step`); this module
+Values are read by the cache index (:meth:`stepskip._index.CacheIndex.read_step`); this module
 only looks at them, and is the one part of the command line that imports torch.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase, is_non_tensor
 
-from stepskip.calls import is_dataproto_like
+from stepskip._calls import is_dataproto_like
 from stepskip.cli.errors import CliError
 
 __all__ = [

@@ -1,9 +1,9 @@
 """``stepskip convert``: re-encode a cache in another format, keeping its layout and ``meta.json``.
 
 ``--to safe`` imports caches verl wrote (``gen_batch.dp``, V1 ``tq_batch.pt``) through the
-allow-list readers of :mod:`stepskip.formats.verl`; ``--to verl`` exports to the files verl 0.9
+allow-list readers of :mod:`stepskip._formats.verl`; ``--to verl`` exports to the files verl 0.9
 reads (``gen_batch.dp`` for flat entries, ``tq_batch.pt`` for V1 inner entries); the targets and
-their V1 variants come from the format registry (:data:`stepskip.entries.FORMATS`). SRC and DST
+their V1 variants come from the format registry (:data:`stepskip._entries.FORMATS`). SRC and DST
 are any stores (local paths, ``memory://``, ``s3://``). Every entry is written through the
 store's ``write_entry`` (atomic, checksummed) and read back and compared with its source before
 the next one starts. DST must not lie inside SRC, compared by real path (a link to SRC is SRC).
@@ -22,11 +22,11 @@ from typing import Any
 from stepskip._version import __version__
 from stepskip.cli.content import value_digest
 from stepskip.cli.errors import CliError
-from stepskip.entries import CONFIG_FORMATS, FORMATS, storage_format
+from stepskip._entries import CONFIG_FORMATS, FORMATS, storage_format
 from stepskip.errors import CorruptEntryError, UnreadableEntryError, UnstorableValueError
-from stepskip.formats import Format, get_format
-from stepskip.index import CacheIndex, EntryRecord, EntryStatus, Issue
-from stepskip.manifest import MANIFEST_FILE
+from stepskip._formats import Format, get_format
+from stepskip._index import CacheIndex, EntryRecord, EntryStatus, Issue
+from stepskip._manifest import MANIFEST_FILE
 
 __all__ = ["ConvertReport", "ConvertedEntry", "TARGETS", "convert_cache", "plan_convert"]
 
@@ -158,8 +158,8 @@ def _new_meta(entry: EntryRecord, target: Format) -> dict[str, Any]:
 def _recorded_inputs(src: CacheIndex, entry: EntryRecord) -> dict[str, bytes]:
     """The call arguments a stage recorded beside its result (``record_inputs``), checksums checked: they are
     stored in a format of their own, so they go to the converted entry byte for byte."""
-    from stepskip.entries import legacy_format
-    from stepskip.stage_inputs import INPUT_FILES, has_inputs
+    from stepskip._entries import legacy_format
+    from stepskip._stage_inputs import INPUT_FILES, has_inputs
 
     if not has_inputs(entry.meta):
         return {}

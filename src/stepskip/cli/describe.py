@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stepskip.errors import CorruptEntryError, UnreadableEntryError
-from stepskip.index import CacheIndex, EntryRecord, Issue, IssueKind, PickleNotAllowedError, StepDir
+from stepskip._index import CacheIndex, EntryRecord, Issue, IssueKind, PickleNotAllowedError, StepDir
 
 if TYPE_CHECKING:  # the content helpers import torch: only when an entry is decoded
     from stepskip.cli.content import FieldInfo, Stat
@@ -32,7 +32,7 @@ class EntryInfo:
         stats: response-length and reward statistics, when decoded and present.
         meta_info: the batch's ``meta_info``, when it has one.
         note: why the content was not decoded (a pickle without ``--allow-pickle``, damage).
-        drift: the drift records ``action: compare`` wrote beside the step (see :mod:`stepskip.drift`).
+        drift: the drift records ``action: compare`` wrote beside the step (see :mod:`stepskip._drift`).
     """
 
     path: str
@@ -90,7 +90,7 @@ def _kind(step_dir: StepDir, inner: EntryRecord | None) -> str:
     return "call" if inner.call is not None else "v1-inner"
 def drift_of(index: CacheIndex, step_dir: StepDir) -> list[dict[str, Any]]:
     """The drift records written beside a step by ``action: compare`` (empty when it was never compared)."""
-    from stepskip.drift import drift_records
+    from stepskip._drift import drift_records
 
     return drift_records(index.store, step_dir.path)
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from stepskip.cli.errors import CliError
 from stepskip.config import StepSet
 from stepskip.errors import SkipConfigError
-from stepskip.index import CacheIndex, Issue, IssueKind, NotACacheError, RunDir, StepDir
-from stepskip.layout import RUN_DIR
+from stepskip._index import CacheIndex, Issue, IssueKind, NotACacheError, RunDir, StepDir
+from stepskip._layout import RUN_DIR
 
 __all__ = ["PrunePlan", "apply_prune", "parse_duration", "parse_steps", "plan_prune"]
 

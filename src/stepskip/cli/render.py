@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from stepskip.index import EntryRecord, IssueKind, RunDir, compress_steps
+from stepskip._index import EntryRecord, IssueKind, RunDir, compress_steps
 
 if TYPE_CHECKING:  # types only: importing them at run time would load torch for every command
     from stepskip.cli.content import SampleRow

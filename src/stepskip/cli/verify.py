@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stepskip.entries import format_spec
-from stepskip.index import CacheIndex, EntryRecord, Issue, IssueKind, NotACacheError, RunDir, StepKind
+from stepskip._entries import format_spec
+from stepskip._index import CacheIndex, EntryRecord, Issue, IssueKind, NotACacheError, RunDir, StepKind
 
 __all__ = ["Problem", "RepairResult", "VerifyReport", "count_entries", "repair", "verify_runs"]
 

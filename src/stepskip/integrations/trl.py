@@ -38,13 +38,13 @@ from trl import GRPOTrainer
 from stepskip._reading.classify import EntryStatus
 from stepskip._reading.reader import seconds_of
 from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
-from stepskip.identity import RunIdentity
+from stepskip._identity import RunIdentity
 from stepskip.integrations._trl_config import TrlGenerateConfig
-from stepskip.manager import SkipManager
-from stepskip.policies import SkipAction
+from stepskip._manager import SkipManager
+from stepskip._policies import SkipAction
 from stepskip.roles.base import RunContext, register_skip
 from stepskip.roles.cached import CachedRole
-from stepskip.tracker import (
+from stepskip._tracker import (
     StepSamples,
     add_rewards,
     decoder,
@@ -67,7 +67,7 @@ _HIT, _MISS, _ERROR = 0, 1, 2  # ordered: the all_reduce MAX of the ranks' outco
 
 @dataclass
 class CallRecord:
-    """One generation call of the trainer, as the caller sees it afterwards (``trainer.stepskip.calls``).
+    """One generation call of the trainer, as the caller sees it afterwards (``trainer.stepskip._calls``).
 
     Args:
         step: the optimizer step being computed (``state.global_step + 1``).
@@ -113,7 +113,7 @@ class _Attempt:
 
 def _prompts_of_call(*args: Any, **kwargs: Any) -> Any:
     """The call's ``prompt_ids`` (``list[list[int]]``): the prompt digest hashes such rows packed, row
-    boundaries included (:func:`stepskip.fidelity.prompt_digest`)."""
+    boundaries included (:func:`stepskip._fidelity.prompt_digest`)."""
     return kwargs.get("prompt_ids", args[1] if len(args) > 1 else None)
 
 
@@ -124,7 +124,7 @@ def _never(*args: Any, **kwargs: Any) -> bool:
 # ---------------------------------------------------------------------- stored form of a call's result
 #
 # A call's ``(completion_ids, logprobs)`` is stored as it is: ``format: safe`` packs ragged number
-# rows into tensors itself (:mod:`stepskip.formats.values`). Entries written before it did hold the
+# rows into tensors itself (:mod:`stepskip._formats.values`). Entries written before it did hold the
 # integration's own packing, a dict tagged ``_PACKED``; they are still read.
 
 _PACKED = "stepskip.trl.generation/1"  # the tag of the integration's own packing (older entries)
@@ -284,7 +284,7 @@ class TrlGenerateSkip(CachedRole):
             return _Attempt(_ERROR, error=err)
 
     def _load(self, step: int, load_step: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Loaded:
-        from stepskip.calls import call_prompts
+        from stepskip._calls import call_prompts
 
         path = self.step_dump_dir(load_step)
         prompts = call_prompts(args, kwargs)
@@ -299,7 +299,7 @@ class TrlGenerateSkip(CachedRole):
         if recorded is None:
             self.restore_rng(meta, step, path)  # warns once; sets nothing
             return None
-        from stepskip.rng import parse_rng_state
+        from stepskip._rng import parse_rng_state
 
         try:
             return parse_rng_state(recorded, path)

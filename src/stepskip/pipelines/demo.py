@@ -100,7 +100,7 @@ def stage_roles(config: Any) -> list[str]:
 
 def experiment_dir(pipeline: str, config: Any) -> str:
     """The ``{experiment}_{project}`` directory a pipeline's run records into."""
-    from stepskip.layout import Layout
+    from stepskip._layout import Layout
 
     return Layout.from_config(str(config.skip[ROLES[pipeline]].dump_dir), config).experiment_dir
 

@@ -8,8 +8,8 @@ from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from stepskip.config import SkipRoleConfig, StepSet
 from stepskip.errors import SkipConfigError
-from stepskip.identity import RunIdentity
-from stepskip.policies import SkipAction
+from stepskip._identity import RunIdentity
+from stepskip._policies import SkipAction
 
 __all__ = ["SkipAction", "BaseSkip", "RunContext", "TwoPhaseRole", "register_skip", "SKIP_REGISTRY"]
 

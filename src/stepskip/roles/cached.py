@@ -33,19 +33,19 @@ from stepskip._reading.listing import StepListing
 from stepskip._reading.reader import EntryReader, prompt_digest, seconds_of
 from stepskip._reading.steps import FlatSteps, StepEntries
 from stepskip._storage import Tree, check_dump_dir, open_store
-from stepskip.access import check_writable, describe_store_access_error, is_store_access_error
-from stepskip.calls import CURRENT_CALL, added_columns, call_prompts
+from stepskip._access import check_writable, describe_store_access_error, is_store_access_error
+from stepskip._calls import CURRENT_CALL, added_columns, call_prompts
 from stepskip.config import ROLLOUT_ROLES, SkipRoleConfig
-from stepskip.entries import FormatSpec, legacy_format, storage_format
+from stepskip._entries import FormatSpec, legacy_format, storage_format
 from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
-from stepskip.identity import RunIdentity, fingerprint_of
-from stepskip.layout import Layout, is_url
-from stepskip.drift import DriftLog, Recorded
-from stepskip.policies import SkipAction
-from stepskip.resolve import EXACT_ACTIONS, load_candidates
+from stepskip._identity import RunIdentity, fingerprint_of
+from stepskip._layout import Layout, is_url
+from stepskip._drift import DriftLog, Recorded
+from stepskip._policies import SkipAction
+from stepskip._resolve import EXACT_ACTIONS, load_candidates
 from stepskip.roles.base import BaseSkip, RunContext
-from stepskip.stats import COMPARE_STAT_NAMES, RoleStats
-from stepskip.tracker import offer_samples
+from stepskip._stats import COMPARE_STAT_NAMES, RoleStats
+from stepskip._tracker import offer_samples
 
 __all__ = ["CachedRole", "ALL_ACTIONS", "ROW_WISE_ACTIONS"]
 
@@ -264,7 +264,7 @@ class CachedRole(BaseSkip):
     def format(self) -> Any:
         """The codec that writes this role's entries (imported on first use)."""
         if self._codec is None:
-            from stepskip.formats import get_format
+            from stepskip._formats import get_format
 
             self._codec = get_format(self.format_spec.name, compress=str(self.config.compress))
         return self._codec
@@ -472,7 +472,7 @@ class CachedRole(BaseSkip):
         offer_samples(self, step, step, result, prompts, replayed=False)
 
         def meta() -> dict[str, Any]:
-            from stepskip.fidelity import shared_object_digests
+            from stepskip._fidelity import shared_object_digests
 
             with shared_object_digests():  # both digests hash the same prompt objects: each is hashed once
                 digests = row_prompts(prompts, result, exclude) if self.row_wise else None
@@ -515,7 +515,7 @@ class CachedRole(BaseSkip):
         right after the recorded call returns."""
         if not self.config.restore_rng:
             return {}
-        from stepskip.rng import capture_rng_state
+        from stepskip._rng import capture_rng_state
 
         return {"rng_state": capture_rng_state()}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from stepskip.calls import call_prompts
+from stepskip._calls import call_prompts
 from stepskip.config import AsyncRolloutSkipConfig, RolloutSkipConfig
 from stepskip.roles.base import register_skip
 from stepskip.roles.cached import ALL_ACTIONS, CachedRole

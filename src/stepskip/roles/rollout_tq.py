@@ -11,7 +11,7 @@ published whole (one rename, or an exchange with the step it replaces) once its 
 is written: two runs recording one step at once end with one complete step, all of it from the
 run that published last; a crashed recorder leaves only a stale temporary (``remove_leftovers``).
 Object stores cannot rename a directory: there each recording goes to ``{step}/rec-{token}/{inner}/``
-and is committed by the step's manifest ``{step}/step.json``, written last (:mod:`stepskip.manifest`):
+and is committed by the step's manifest ``{step}/step.json``, written last (:mod:`stepskip._manifest`):
 readers resolve the manifest once and read only the recording it names, so two runs recording one
 step at once also end with one complete step (the one whose manifest was written last), and a
 crashed recorder's recording stays invisible until it is removed as stale. Steps without a manifest
@@ -37,10 +37,10 @@ from stepskip._reading.reader import prompt_digest, seconds_of
 from stepskip._reading.steps import V1Steps, complete
 from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
-from stepskip.layout import Layout
-from stepskip.manifest import StepRoot
-from stepskip.policies import SkipAction
-from stepskip.resolve import EXACT_ACTIONS, load_candidates, remap_v1
+from stepskip._layout import Layout
+from stepskip._manifest import StepRoot
+from stepskip._policies import SkipAction
+from stepskip._resolve import EXACT_ACTIONS, load_candidates, remap_v1
 from stepskip.roles.base import register_skip
 from stepskip.roles.cached import ROW_WISE_ACTIONS
 from stepskip.roles.rollout import RolloutSkip
@@ -228,7 +228,7 @@ class RolloutTqSkip(RolloutSkip):
         """Live prompt uid -> the digest of its prompt (``rebind_keys`` excluded); empty when unknown."""
         if prompts is None:
             return {}
-        from stepskip.fidelity import prompt_row_digests
+        from stepskip._fidelity import prompt_row_digests
 
         try:
             digests = prompt_row_digests(prompts, self.rebind_keys)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_non_tensor
 
-from stepskip.formats.bounds import jagged_problem
+from stepskip._formats.bounds import jagged_problem
 
 __all__ = ["select_rows", "concat_rows", "num_rows", "payload_problem"]
 

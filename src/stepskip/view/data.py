@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepskip.errors import CacheMissError, SkipConfigError, UnreadableEntryError
-from stepskip.index import CacheIndex, IssueKind, RunDir, StepDir
+from stepskip._index import CacheIndex, IssueKind, RunDir, StepDir
 
 __all__ = ["MAX_PAGE", "StepRows", "ViewError", "ViewNotFound", "ViewSource", "compare_groups", "percentiles",
            "query_rows"]
@@ -316,7 +316,7 @@ class ViewSource:
 
     def _compared(self, step: StepDir) -> bool:
         """Whether ``action: compare`` wrote a drift record beside the step (one listing per directory of steps)."""
-        from stepskip.layout import DRIFT_DIR
+        from stepskip._layout import DRIFT_DIR
 
         parent, _, name = step.path.rstrip("/").rpartition("/")
         names = self._drift_names.get(parent)
@@ -330,7 +330,7 @@ class ViewSource:
         Raises:
             ViewNotFound: no such run, role or step.
         """
-        from stepskip.drift import drift_records
+        from stepskip._drift import drift_records
 
         return drift_records(self.index.store, self.step_dir(run, role, step).path)
 
@@ -386,7 +386,7 @@ class ViewSource:
         return table
 
     def _decode(self, step_dir: StepDir) -> Any:
-        from stepskip.index import PickleNotAllowedError
+        from stepskip._index import PickleNotAllowedError
 
         issues = [i for i in step_dir.issues() if i.kind is not IssueKind.LEFTOVER]
         if issues:

@@ -9,7 +9,7 @@ from cli_run import stepskip
 from store_runs import RECORDED_RUN, RECORDED_STEPS
 
 from stepskip.cli.content import value_digest
-from stepskip.index import CacheIndex
+from stepskip._index import CacheIndex
 
 
 def test_ls_info_show_on_every_store(store_cache):

@@ -44,7 +44,7 @@ def test_pending_dumps_are_written_at_exit_and_summarised(tmp_path):
     for step in (1, 2, 3):
         assert json.loads((run_dir / str(step) / "meta.json").read_text())["global_steps"] == step
     summary = [line for line in done.stdout.splitlines() if "summary" in line]
-    assert summary == ["stepskip.manager stepskip rollout summary: 0 hits, 3 misses, 3 dumps, 0 dump failures, "
+    assert summary == ["stepskip._manager stepskip rollout summary: 0 hits, 3 misses, 3 dumps, 0 dump failures, "
                        "0 corrupt, 0.0s of generation saved"]
     assert "dump failed" not in done.stdout
 

@@ -32,7 +32,7 @@ def test_write_probe_read_round_trip(backend):
 
 def test_a_big_entry_encoded_in_pooled_memory_round_trips(backend):
     """Format 'safe' hands a big tensor file over as a view of recycled pages: every store writes its bytes."""
-    from stepskip.formats.safe import SafeFormat
+    from stepskip._formats.safe import SafeFormat
 
     fmt = SafeFormat()
     value = {"ids": torch.randint(0, 150_000, (64, 8192)), "logp": torch.randn(64, 8192)}

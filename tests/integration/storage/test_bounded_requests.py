@@ -20,7 +20,7 @@ from v1_harness import V1Trainer
 from stepskip import Batch, SkipManager
 from stepskip._storage import STALE_SECONDS, EntryState, open_store
 from stepskip._storage import objects as store_module
-from stepskip.manifest import MANIFEST_FILE
+from stepskip._manifest import MANIFEST_FILE
 from stepskip.tq import InProcessTQClient
 
 LATER = 2 * STALE_SECONDS

@@ -28,9 +28,9 @@ from v1_harness import trajectory_fields
 from stepskip import CorruptEntryError, UnreadableEntryError
 from stepskip._storage import STALE_SECONDS, open_store
 from stepskip.cli.verify import repair, verify_runs
-from stepskip.identity import RunIdentity
-from stepskip.index import CacheIndex, IssueKind, StepKind
-from stepskip.manifest import (
+from stepskip._identity import RunIdentity
+from stepskip._index import CacheIndex, IssueKind, StepKind
+from stepskip._manifest import (
     MANIFEST_FILE,
     StepManifest,
     is_recording,
@@ -282,7 +282,7 @@ def test_a_step_republished_while_its_recording_is_listed_is_scanned_again(objec
 
     index.store.list_items = list_items
     index.tree_stats = lambda path: (0, 0.0)  # type: ignore[method-assign]  # list the recording in the scan only
-    with caplog.at_level("DEBUG", logger="stepskip.index"):
+    with caplog.at_level("DEBUG", logger="stepskip._index"):
         (run,) = index.runs()
     (step,) = run.steps
     assert getattr(list_items, "done", False) and "changed while it was scanned" in caplog.text
@@ -545,7 +545,7 @@ def test_the_cli_lists_verifies_shows_and_views_manifest_steps(object_store):
 
 def test_a_manifest_round_trips_and_names_only_recordings():
     manifest = StepManifest("rec-00112233aabb", 3, "run", 5.0, {"rec-ffeeddccbbaa": 1.0})
-    from stepskip.manifest import parse_manifest
+    from stepskip._manifest import parse_manifest
 
     assert parse_manifest(manifest.to_bytes()) == manifest
     assert not is_recording("rec-00112233aabb/..") and not is_recording("REC-00112233AABB")

@@ -96,7 +96,7 @@ def test_ls_info_show_and_view_report_every_trl_step(old_copy):
 
 def completions(entry: Path) -> list[list[int]]:
     """The completion ids a call's entry holds, decoded by its format's codec from the files it lists."""
-    from stepskip.formats import get_format
+    from stepskip._formats import get_format
 
     meta = json.loads((entry / "meta.json").read_text())
     ids, _ = get_format(meta["format"]).decode({name: (entry / name).read_bytes() for name in meta["files"]})

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
 
 from verl_fixtures import FIXTURE_RUN, check_load_module, comparable, expected_summary  # noqa: E402
 
-from stepskip.formats import get_format  # noqa: E402
+from stepskip._formats import get_format  # noqa: E402
 
 summarise = check_load_module().summarise
 CHECKS: list[Callable[[], str]] = []

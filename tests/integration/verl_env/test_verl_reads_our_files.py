@@ -18,7 +18,7 @@ import pytest
 import torch
 from verl_fixtures import FIXTURE_RUN, FIXTURES, check_load_module, comparable
 
-from stepskip.formats import get_format
+from stepskip._formats import get_format
 
 ROOT = Path(__file__).resolve().parents[3]
 RUN = FIXTURE_RUN

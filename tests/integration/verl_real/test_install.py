@@ -50,7 +50,7 @@ def assert_served(out: dict) -> None:
     assert all(out["served"].values()), out["served"]
     assert set(out["wrappers"]) == set(FIVE)
     for method, managers in out["wrappers"].items():
-        assert managers == ["stepskip.manager.SkipManager"], (method, managers)
+        assert managers == ["stepskip._manager.SkipManager"], (method, managers)
     assert out["ray_trainer_manager_is_stepskip"]
     replay = out["replay"]
     assert replay == {"type": "verl.protocol.DataProto", "responses_equal": True, "hits": 1.0, "misses": 0.0}
@@ -129,7 +129,7 @@ def test_launcher_reaches_verls_ray_actors(tmp_path):
     assert driver["runtime_env"]["worker_process_setup_hook"] == "stepskip.integrations.verl.setup_hook"
     assert actor["pid"] != driver["pid"]
     assert actor["problems"] == []
-    assert actor["manager"] == "stepskip.manager.SkipManager"
+    assert actor["manager"] == "stepskip._manager.SkipManager"
     assert set(actor["roles"].values()) <= {"stepskip.roles.rollout", "stepskip.roles.rollout_tq"}
     assert actor["rollout_enabled"]
     for pid in (driver["pid"], actor["pid"]):

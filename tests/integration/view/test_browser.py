@@ -383,7 +383,7 @@ def test_a_v1_step_counts_response_tokens_and_gives_its_text_room(dump, browser,
     """The V1 pipeline pads every response to 12 tokens and stores them jagged with their response_mask: the
     page counts response tokens (not the padding) and its text columns are not squeezed by the long queue
     keys and tags of V1 rows."""
-    from stepskip.index import CacheIndex
+    from stepskip._index import CacheIndex
 
     index = CacheIndex(str(dump / V1))
     value = index.read_step(next(s for s in index.runs()[0].steps if s.step == 1))

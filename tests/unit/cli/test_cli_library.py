@@ -16,7 +16,7 @@ from stepskip.cli.errors import CliError
 from stepskip.cli.prune import parse_duration, parse_steps
 from stepskip.cache import open_cache as open_index
 from stepskip.config import StepSet
-from stepskip.index import compress_steps
+from stepskip._index import compress_steps
 
 COMMANDS = ("ls", "info", "verify", "prune", "convert", "show")
 

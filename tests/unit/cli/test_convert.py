@@ -11,7 +11,7 @@ from cli_run import stepskip
 from v1_harness import V1Trainer
 
 from stepskip import SkipManager
-from stepskip.index import CacheIndex
+from stepskip._index import CacheIndex
 from stepskip.tq import InProcessTQClient
 
 

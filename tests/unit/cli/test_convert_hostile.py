@@ -19,7 +19,7 @@ from stepskip import Batch
 from stepskip._storage import EntryStore, LocalBackend
 from stepskip.cli.convert import convert_cache
 from stepskip.cache import open_cache as open_index
-from stepskip.formats.safe import SafeFormat
+from stepskip._formats.safe import SafeFormat
 
 
 def _rewrite(entry_dir: str, files: dict[str, bytes]) -> None:

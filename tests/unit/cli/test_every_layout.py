@@ -28,7 +28,7 @@ from cli_caches import V1Trainer
 from cli_run import stepskip
 
 from stepskip import SkipManager
-from stepskip.identity import RunIdentity
+from stepskip._identity import RunIdentity
 from stepskip.tq import InProcessTQClient
 
 AGE = 3 * 3600.0  # older than verify's default --grace of 1h
@@ -275,7 +275,7 @@ def test_entries_in_the_integrations_own_packing_show_as_rows():
     pytest.importorskip("trl")
     import torch
 
-    from stepskip.index import generation_rows
+    from stepskip._index import generation_rows
     from stepskip.integrations.trl import _PACKED
 
     packed = {"kind": _PACKED,

@@ -1,4 +1,4 @@
-"""The library's cache index (``stepskip.index``) on its own, on ``memory://`` and a local directory: the
+"""The library's cache index (``stepskip._index``) on its own, on ``memory://`` and a local directory: the
 role layout, V1 completeness, entry records, reading (pickle only when allowed) and retiring."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 from stepskip import Batch
 from stepskip._storage import open_store
 from stepskip.errors import CorruptEntryError, UnreadableEntryError
-from stepskip.formats import get_format
-from stepskip.index import CacheIndex, EntryStatus, IssueKind, NotACacheError, PickleNotAllowedError, StepKind
+from stepskip._formats import get_format
+from stepskip._index import CacheIndex, EntryStatus, IssueKind, NotACacheError, PickleNotAllowedError, StepKind
 
 RUN = "exp_proj/GBS4_N2_in8_out6"
 

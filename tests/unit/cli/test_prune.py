@@ -11,7 +11,7 @@ from cli_run import stepskip
 
 from stepskip.cli import main
 from stepskip.cli.verify import verify_runs
-from stepskip.index import CacheIndex
+from stepskip._index import CacheIndex
 
 
 def steps_of(path) -> list[int]:

@@ -75,7 +75,7 @@ def test_record_inputs_stores_the_arguments_after_self_beside_the_result(recorde
     assert meta["inputs"]["args"] == 1 and meta["inputs"]["kwargs"] == ["scale"]
     assert meta["inputs"]["self"] == "RewardManager"
     assert {"inputs.json", "inputs.safetensors"} <= set(meta["files"])  # checksummed with the entry
-    from stepskip.index import CacheIndex
+    from stepskip._index import CacheIndex
     from stepskip.rerun import _read_step
 
     index = CacheIndex(str(recorded))

@@ -15,7 +15,7 @@ from cli_caches import SAFE_RUN, V1_RUN
 from cli_run import stepskip
 
 from stepskip._storage import checksum
-from stepskip.index import CacheIndex, NotACacheError
+from stepskip._index import CacheIndex, NotACacheError
 
 
 def tree_digest(root: Path) -> dict[str, str]:
@@ -144,7 +144,7 @@ def test_hostile_metadata_values_are_damage_not_crashes(copy_cache):
 
 def test_a_huge_inner_count_is_never_materialised():
     """``StepDir.issues`` names a few missing inner entries, whatever count an inner meta.json claims."""
-    from stepskip.index import EntryRecord, EntryStatus, StepDir, StepKind
+    from stepskip._index import EntryRecord, EntryStatus, StepDir, StepKind
 
     entries = [EntryRecord(f"/c/run/1/{i}", 1, i, "rollout_tq", "safe", EntryStatus.PRESENT, "",
                            {"global_steps": 1, "parameter_sync_step": 10**9, "run_id": "r"}, 1, 0.0) for i in (0, 1)]

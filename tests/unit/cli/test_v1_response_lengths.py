@@ -72,7 +72,7 @@ def test_info_show_and_view_count_response_tokens_not_padding(tmp_path, padded):
 
 def stats_lengths(run: Path) -> list[int]:
     from stepskip.cli.content import response_lengths
-    from stepskip.index import CacheIndex
+    from stepskip._index import CacheIndex
 
     index = CacheIndex(str(run / "1"))
     step_dir, _ = index.resolve()

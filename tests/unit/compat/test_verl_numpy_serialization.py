@@ -22,7 +22,7 @@ from verl_fixtures import FIXTURES, check_load_module, comparable, expected_summ
 from stepskip import Batch, SkipManager
 from stepskip.cli.app import app
 from stepskip.errors import CorruptEntryError
-from stepskip.formats import verl as verl_format
+from stepskip._formats import verl as verl_format
 
 RUN = Path("fx_verl") / "GBS4_N2_in8_out6"
 NUMPY_RUN = FIXTURES / "cache_numpy" / RUN

@@ -82,7 +82,7 @@ def test_record_overwrites_a_verl_entry_with_a_safe_one(verl_cache):
 
 
 def test_tq_batch_written_by_verl_loads_through_the_allow_list(verl_cache):
-    from stepskip.formats import get_format
+    from stepskip._formats import get_format
 
     files = {"tq_batch.pt": (verl_cache / RUN / "3" / "0" / "tq_batch.pt").read_bytes()}
     payload = get_format("verl-tq").decode(files)

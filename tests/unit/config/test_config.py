@@ -25,7 +25,7 @@ from stepskip import (
     SkipManagerConfig,
 )
 from stepskip.config import SkipRoleConfig, StepSet, disable_legacy_flag, select
-from stepskip.index import compress_steps
+from stepskip._index import compress_steps
 
 ROLE_CLASSES = [RolloutSkipConfig, RolloutTqSkipConfig, AsyncRolloutSkipConfig]
 ROLE_NAMES = {RolloutSkipConfig: "rollout", RolloutTqSkipConfig: "rollout_tq", AsyncRolloutSkipConfig: "async_rollout"}

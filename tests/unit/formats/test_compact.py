@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepskip.formats import get_format
-from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, host_view, narrow, pack, unpack
+from stepskip._formats import get_format
+from stepskip._formats.compact import decode_tensor, encode_tensor, find_concat, host_view, narrow, pack, unpack
 from stepskip.testing import make_rollout_batch
 
 DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
@@ -64,7 +64,7 @@ def test_round_trip_is_bit_exact(rows, width, dtype, seed):
 @pytest.mark.parametrize("threshold", [1, 10**9], ids=["row-copy", "vectorised"])
 def test_both_trim_rebuilds_are_bit_exact(monkeypatch, threshold):
     """Wide rows' middles are gathered row by row, narrow ones' with masks: both give the tensor back."""
-    from stepskip.formats import compact
+    from stepskip._formats import compact
 
     monkeypatch.setattr(compact, "ROW_COPY_MIN_WIDTH", threshold)
     shapes = [(0, 5), (1, 2), (3, 7), (12, 40), (5, 300), (64, 513)]
@@ -105,7 +105,7 @@ def test_many_rows_rebuild_every_run_value(monkeypatch, mask_elements, odd_run_e
     """Rows decode by masked passes, a block of rows at a time: the runs that differ from the block's
     first left run are written after the middles, one row at a time or by a second mask, and every
     way gives the tensor back."""
-    from stepskip.formats import compact
+    from stepskip._formats import compact
 
     if odd_run_elements is not None:
         monkeypatch.setattr(compact, "_ODD_RUN_ELEMENTS", odd_run_elements)
@@ -122,8 +122,8 @@ def test_many_rows_rebuild_every_run_value(monkeypatch, mask_elements, odd_run_e
 def test_masked_runs_are_charged_before_they_are_listed(monkeypatch):
     """The second masked pass lists every run value: the decode budget is charged for them first."""
     from stepskip.errors import DecodeLimitError
-    from stepskip.formats import compact
-    from stepskip.formats.bounds import DecodeBudget
+    from stepskip._formats import compact
+    from stepskip._formats.bounds import DecodeBudget
 
     monkeypatch.setattr(compact, "_ODD_RUN_ELEMENTS", 10**9)
     t = position_like(16, 200, 16, seed=3)
@@ -251,7 +251,7 @@ def jagged_step(rows: int = 512) -> Any:
 
 def test_jagged_columns_are_narrowed_side_by_side_into_the_same_bytes(monkeypatch):
     """The columns of a V1 step are encoded on the codec pool together; the bytes do not depend on it."""
-    import stepskip.formats.safe as safe
+    import stepskip._formats.safe as safe
 
     step = {"tensordict": jagged_step(), "tags": [{"seq_len": i} for i in range(512)]}
     fmt = get_format("safe")
@@ -280,7 +280,7 @@ def test_jagged_columns_are_narrowed_side_by_side_into_the_same_bytes(monkeypatc
                                   lambda: {"tensordict": jagged_step()}], ids=["rollout", "v1-step"])
 def test_the_files_do_not_depend_on_which_pool_item_finishes_first(monkeypatch, make):
     """The pool's threads add the encoded parts in any order; the entry's bytes stay the same."""
-    import stepskip.formats.safe as safe
+    import stepskip._formats.safe as safe
 
     value, fmt = make(), get_format("safe")
     monkeypatch.setattr(safe, "PARALLEL_MIN_BYTES", 1 << 62)  # in order, on the calling thread
@@ -301,7 +301,7 @@ def test_a_concatenation_decodes_beside_its_parts_and_a_damaged_part_fails_witho
     import threading
 
     from stepskip.errors import CorruptEntryError
-    from stepskip.formats import safe
+    from stepskip._formats import safe
 
     monkeypatch.setattr(safe, "PARALLEL_MIN_BYTES", 0)  # this small entry decodes on the pool too
     decoded_on: set[str] = set()

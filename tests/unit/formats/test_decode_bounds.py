@@ -24,9 +24,9 @@ from tensordict import TensorDict
 
 from stepskip import Batch, CorruptEntryError
 from stepskip.errors import DecodeLimitError
-from stepskip.formats.bounds import DECODE_FLOOR, DECODE_RATIO, DecodeBudget, check_torch_zip, jagged_problem
-from stepskip.formats.safe import SafeFormat
-from stepskip.formats.verl import VerlFormat, VerlTqFormat
+from stepskip._formats.bounds import DECODE_FLOOR, DECODE_RATIO, DecodeBudget, check_torch_zip, jagged_problem
+from stepskip._formats.safe import SafeFormat
+from stepskip._formats.verl import VerlFormat, VerlTqFormat
 from stepskip.testing import make_rollout_batch
 from stepskip.tq.rows import concat_rows, select_rows
 

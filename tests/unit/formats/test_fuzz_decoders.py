@@ -30,9 +30,9 @@ from isolated_decode import decode_isolated
 from tensordict import TensorDict
 
 from stepskip import Batch
-from stepskip.formats.bounds import DECODE_FLOOR
-from stepskip.formats.safe import SafeFormat
-from stepskip.formats.verl import VerlFormat, VerlTqFormat
+from stepskip._formats.bounds import DECODE_FLOOR
+from stepskip._formats.safe import SafeFormat
+from stepskip._formats.verl import VerlFormat, VerlTqFormat
 
 ACCEPTED = {"value", "CorruptEntryError", "TruncatedEntryError", "DecodeLimitError", "UnreadableEntryError"}
 FUZZ = settings(derandomize=True, database=None, deadline=None, max_examples=150,

@@ -41,7 +41,7 @@ from stepskip._matching.hints import (
     parse_hints,
     parse_table,
 )
-from stepskip.index import CacheIndex
+from stepskip._index import CacheIndex
 from stepskip.tq import InProcessTQClient
 
 try:  # imported here: the role registers itself once, before any test's registry snapshot
@@ -117,7 +117,7 @@ def test_the_corpus_stays_small():
 
 def test_the_eras_cover_every_safe_tree_version_and_manifest_and_hint_format():
     """Each tree version this stepskip reads was written by some era (so reading it is tested)."""
-    from stepskip.formats import safe
+    from stepskip._formats import safe
 
     versions: set[int] = set()
     for era in ERAS:

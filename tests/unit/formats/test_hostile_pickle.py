@@ -27,8 +27,8 @@ from isolated_decode import decode_isolated
 from tensordict import TensorDict
 
 from stepskip import Batch, CorruptEntryError
-from stepskip.formats.bounds import DECODE_FLOOR
-from stepskip.formats.verl import VerlFormat, loads_dataproto, restricted_loads
+from stepskip._formats.bounds import DECODE_FLOOR
+from stepskip._formats.verl import VerlFormat, loads_dataproto, restricted_loads
 
 FILE = "gen_batch.dp"
 _reconstruct = np._core.multiarray._reconstruct  # type: ignore[attr-defined]

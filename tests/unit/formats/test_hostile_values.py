@@ -20,8 +20,8 @@ from safetensors.torch import save
 
 from stepskip import Batch, CorruptEntryError
 from stepskip.errors import DecodeLimitError
-from stepskip.formats.bounds import jagged_problem
-from stepskip.formats.safe import SafeFormat
+from stepskip._formats.bounds import jagged_problem
+from stepskip._formats.safe import SafeFormat
 
 FMT = SafeFormat()
 TREE = "data.json"
@@ -208,7 +208,7 @@ def test_shared_rows_are_charged_before_the_column_is_built() -> None:
 def test_a_reader_of_version_3_reports_shared_rows_unreadable(monkeypatch) -> None:
     """The tree says which readers can read it: one that reads up to version 3 keeps the entry."""
     from stepskip.errors import UnreadableEntryError
-    from stepskip.formats import safe
+    from stepskip._formats import safe
 
     files = shared_column_entry()
     assert json.loads(files[TREE])["version"] == safe.SHARED_VERSION == 4

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from safetensors.torch import load as st_load
 from tensordict import TensorDict
 
-import stepskip.formats.compact as compact
-import stepskip.formats.safe as safe
+import stepskip._formats.compact as compact
+import stepskip._formats.safe as safe
 from stepskip import Batch, CorruptEntryError, UnreadableEntryError
-from stepskip.formats.safe import INLINE_VERSION, VERSION, SafeFormat
+from stepskip._formats.safe import INLINE_VERSION, VERSION, SafeFormat
 from stepskip.testing import make_rollout_batch
 
 TREE, TENSORS = "data.json", "data.safetensors"

@@ -23,8 +23,8 @@ from tensordict import NonTensorData, TensorDict
 
 from stepskip import Batch, CorruptEntryError
 from stepskip.errors import DecodeLimitError
-from stepskip.formats.safe import SafeFormat
-from stepskip.formats.values import PACK_MIN_ITEMS
+from stepskip._formats.safe import SafeFormat
+from stepskip._formats.values import PACK_MIN_ITEMS
 
 TREE, TENSORS = "data.json", "data.safetensors"
 Files = dict[str, bytes]
@@ -254,7 +254,7 @@ def test_many_empty_rows_are_charged_before_they_are_built():
 
 def test_a_tree_with_packed_rows_says_so_in_its_version_and_others_keep_theirs():
     """Readers before packed rows meet a tag they do not know: such trees carry the version that has them."""
-    from stepskip.formats.safe import ROWS_VERSION, VERSION
+    from stepskip._formats.safe import ROWS_VERSION, VERSION
 
     assert json.loads(entry({"rows": ids()})[TREE])["version"] == ROWS_VERSION > VERSION
     assert json.loads(entry({"rows": [[1, 2]], "x": torch.ones(2)})[TREE])["version"] == VERSION  # not packed
@@ -278,7 +278,7 @@ def test_an_unknown_value_tag_is_a_typed_error_naming_it():
 
 
 def test_the_positions_of_holes_are_charged_to_the_decode_budget(monkeypatch):
-    from stepskip.formats import bounds
+    from stepskip._formats import bounds
 
     charged: list[int] = []
     charge = bounds.DecodeBudget.charge

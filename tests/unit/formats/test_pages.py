@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from stepskip.formats import get_format
-from stepskip.formats.pages import POOL, PagePool
+from stepskip._formats import get_format
+from stepskip._formats.pages import POOL, PagePool
 
 MB = 1 << 20
 
@@ -229,10 +229,10 @@ def test_a_released_pool_unmaps_what_comes_back_until_resumed():
 
 
 def test_a_bad_keep_bytes_setting_is_named(monkeypatch, caplog):
-    from stepskip.formats import pages
+    from stepskip._formats import pages
 
     monkeypatch.setenv("STEPSKIP_KEEP_BYTES", "4G")
-    with caplog.at_level("WARNING", logger="stepskip.formats.pages"):
+    with caplog.at_level("WARNING", logger="stepskip._formats.pages"):
         assert pages._keep_bytes() == 4 << 30
     assert "STEPSKIP_KEEP_BYTES='4G' is not a number of bytes" in caplog.text
     monkeypatch.setenv("STEPSKIP_KEEP_BYTES", "0")

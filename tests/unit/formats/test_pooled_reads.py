@@ -21,9 +21,9 @@ from tensordict import NonTensorData, TensorDict
 
 from stepskip import Batch, CorruptEntryError, SkipManager
 from stepskip._storage import EntryStore, LocalBackend
-from stepskip.formats import pages
-from stepskip.formats.safe import SafeFormat
-from stepskip.formats.st_read import load_view
+from stepskip._formats import pages
+from stepskip._formats.safe import SafeFormat
+from stepskip._formats.st_read import load_view
 from stepskip.testing import make_rollout_batch
 
 

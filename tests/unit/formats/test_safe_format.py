@@ -1,4 +1,4 @@
-"""format 'safe' (stepskip.formats.safe.SafeFormat): exact round-trips, snapshots, errors, no pickle."""
+"""format 'safe' (stepskip._formats.safe.SafeFormat): exact round-trips, snapshots, errors, no pickle."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 
 from stepskip import Batch, CorruptEntryError
 from stepskip.errors import UnstorableValueError
-from stepskip.formats import get_format
-from stepskip.formats.safe import SafeFormat
+from stepskip._formats import get_format
+from stepskip._formats.safe import SafeFormat
 
 Exact = Callable[[Any, Any], None]
 FMT = SafeFormat()

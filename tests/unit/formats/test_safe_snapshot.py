@@ -19,8 +19,8 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 
 from stepskip import Batch
 from stepskip.errors import UnstorableValueError
-from stepskip.formats.safe import SafeFormat, _Deferred, release_snapshot_buffers
-from stepskip.formats.snapshot import snapshot_object_array, snapshot_value
+from stepskip._formats.safe import SafeFormat, _Deferred, release_snapshot_buffers
+from stepskip._formats.snapshot import snapshot_object_array, snapshot_value
 
 Exact = Callable[[Any, Any], None]
 FMT = SafeFormat()

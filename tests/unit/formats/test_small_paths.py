@@ -9,10 +9,10 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-import stepskip.formats.compact as compact
-from stepskip.formats.pages import POOL
-from stepskip.formats.safe import SafeFormat
-from stepskip.formats.st_small import save_pooled, save_small
+import stepskip._formats.compact as compact
+from stepskip._formats.pages import POOL
+from stepskip._formats.safe import SafeFormat
+from stepskip._formats.st_small import save_pooled, save_small
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64, torch.uint16, torch.uint32, torch.uint64]

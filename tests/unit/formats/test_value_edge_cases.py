@@ -22,9 +22,9 @@ from tensordict import TensorDict
 
 from stepskip import Batch
 from stepskip.errors import UnstorableValueError
-from stepskip.formats import safe as safe_module
-from stepskip.formats.safe import SafeFormat
-from stepskip.formats.verl import VerlFormat
+from stepskip._formats import safe as safe_module
+from stepskip._formats.safe import SafeFormat
+from stepskip._formats.verl import VerlFormat
 
 Exact = Callable[[Any, Any], None]
 FORMATS = {"safe": SafeFormat(), "safe-uncompressed": SafeFormat("none"), "verl": VerlFormat()}

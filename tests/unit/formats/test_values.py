@@ -1,4 +1,4 @@
-"""Exact round-trips of stepskip.formats.values.encode_value / decode_value."""
+"""Exact round-trips of stepskip._formats.values.encode_value / decode_value."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepskip.errors import CorruptEntryError, UnstorableValueError
-from stepskip.formats.values import decode_object_array, decode_value, encode_object_array, encode_value
+from stepskip._formats.values import decode_object_array, decode_value, encode_object_array, encode_value
 
 Exact = Callable[[Any, Any], None]
 

@@ -1,4 +1,4 @@
-"""format 'verl' (stepskip.formats.verl): verl-compatible pickles, read through an allow-list only."""
+"""format 'verl' (stepskip._formats.verl): verl-compatible pickles, read through an allow-list only."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from tensordict import TensorDict
 
 from stepskip import Batch, CorruptEntryError
 from stepskip.errors import UnstorableValueError
-from stepskip.formats import get_format
-from stepskip.formats.verl import VerlFormat, dumps_dataproto, loads_dataproto, restricted_loads
+from stepskip._formats import get_format
+from stepskip._formats.verl import VerlFormat, dumps_dataproto, loads_dataproto, restricted_loads
 
 Exact = Callable[[Any, Any], None]
 FMT = VerlFormat()

@@ -19,8 +19,8 @@ import torch
 pytest.importorskip("trl")
 
 from stepskip.errors import UnreadableEntryError  # noqa: E402
-from stepskip.fidelity import prompt_digest  # noqa: E402
-from stepskip.formats import get_format  # noqa: E402
+from stepskip._fidelity import prompt_digest  # noqa: E402
+from stepskip._formats import get_format  # noqa: E402
 from stepskip.integrations.trl import _PACKED, _prompts_of_call, _unpack_generation  # noqa: E402
 
 

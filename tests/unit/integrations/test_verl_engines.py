@@ -20,10 +20,10 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 from v1_harness import V1Trainer
 
 from stepskip import SkipManager
-from stepskip.engines import decide
+from stepskip._engines import decide
 from stepskip.errors import EngineNotStartedError, ReplayMissError
 from stepskip.integrations.verl import _engines
-from stepskip.policies import Engines
+from stepskip._policies import Engines
 from stepskip.tq import InProcessTQClient
 
 

@@ -20,7 +20,7 @@ import torch
 from stepskip import Batch, SkipManager
 from stepskip.integrations import verl as integration
 from stepskip.integrations.verl import _tracking
-from stepskip.tracker import take_samples
+from stepskip._tracker import take_samples
 
 TRACKING = textwrap.dedent('''
     class Tracking:

@@ -6,9 +6,9 @@ import pytest
 from skip_configs import training_config
 
 from stepskip import Batch, SkipConfigError, SkipManager
-from stepskip.engines import EnginePlan, describe_steps
+from stepskip._engines import EnginePlan, describe_steps
 from stepskip.errors import EngineNotStartedError
-from stepskip.policies import Engines
+from stepskip._policies import Engines
 
 VALIDATION = "validation runs before training (val_before_train); turn it off with val_before_train=False"
 

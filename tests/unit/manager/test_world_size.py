@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from stepskip import SkipConfigError, SkipManager
-from stepskip.identity import RunIdentity
-from stepskip.layout import RUN_DIR
+from stepskip._identity import RunIdentity
+from stepskip._layout import RUN_DIR
 
 
 def rollout_dir(tmp_path, identity: RunIdentity) -> str:

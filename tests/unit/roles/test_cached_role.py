@@ -193,7 +193,7 @@ def _newer_tree(text: str, how: str) -> str:
 def test_intact_bytes_of_a_newer_stepskip_are_unreadable_and_never_regenerated_over(tmp_path, how):
     """A value tag (or tree version) this stepskip does not know, in an entry whose checksums match:
     written by a newer stepskip, so it is said and left untouched, never counted damaged and replaced."""
-    from stepskip.formats.safe import SafeFormat
+    from stepskip._formats.safe import SafeFormat
 
     entry = _record_one(tmp_path)
     value = batch(1.0)
@@ -239,7 +239,7 @@ def test_constructors_do_no_io_and_bind_starts_the_role(tmp_path):
     config = training_config(tmp_path)
     role = RolloutSkip(config["skip"]["rollout"], config)
     assert leftover.exists()  # nothing touched yet
-    from stepskip.identity import RunIdentity
+    from stepskip._identity import RunIdentity
 
     role.bind(RunContext(name="rollout", run_id="r1", identity=RunIdentity.from_config(config)))
     assert not leftover.exists()

@@ -33,8 +33,8 @@ from stepskip import Batch, SkipManager
 from stepskip._matching.hints import HINTS_DIR, DigestTable, identity_key, parse_table, table_of
 from stepskip._storage import EntryStore
 from stepskip.cli.verify import verify_runs
-from stepskip.fidelity import prompt_row_digests
-from stepskip.index import CacheIndex
+from stepskip._fidelity import prompt_row_digests
+from stepskip._index import CacheIndex
 
 N = 2
 RUN = "exp_proj/GBS4_N2_in8_out6"

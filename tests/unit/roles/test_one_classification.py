@@ -29,8 +29,8 @@ from skip_configs import training_config
 from v1_harness import V1Trainer
 
 from stepskip import Batch, SkipManager
-from stepskip.identity import RunIdentity
-from stepskip.index import CacheIndex
+from stepskip._identity import RunIdentity
+from stepskip._index import CacheIndex
 from stepskip.tq import InProcessTQClient
 
 pytest.importorskip("trl")

@@ -9,8 +9,8 @@ import torch
 from skip_configs import run_path, training_config
 
 from stepskip import Batch, SkipConfigError, SkipManager
-from stepskip.entries import FORMATS
-from stepskip.formats import get_format
+from stepskip._entries import FORMATS
+from stepskip._formats import get_format
 from stepskip.testing import make_rollout_batch
 
 

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from v1_harness import trajectory_fields
 
 from stepskip import Batch, CacheMissError, SkipConfigError, SkipManager
-from stepskip.identity import RunIdentity
+from stepskip._identity import RunIdentity
 from stepskip.roles import AsyncRolloutSkip, RolloutSkip, RolloutTqSkip
 from stepskip.roles.base import RunContext
 from stepskip.tq import InProcessTQClient, KVBatchMeta

@@ -24,7 +24,7 @@ from stepskip._storage import (
     may_hold_leftovers,
 )
 from stepskip._storage import objects as store_module
-from stepskip.manifest import MANIFEST_FILE, may_need_clean_up
+from stepskip._manifest import MANIFEST_FILE, may_need_clean_up
 
 FILES = {"data.json": b'{"x": 1}', "data.safetensors": b"0123456789"}
 LATER = 2 * STALE_SECONDS  # far enough ahead for every leftover to be stale and out of its grace period

@@ -95,8 +95,8 @@ def test_format_safes_pooled_tensor_file_goes_to_the_disk_uncopied(tmp_path, tak
 
     import torch
 
-    from stepskip.formats.pages import POOL
-    from stepskip.formats.st_small import save_pooled
+    from stepskip._formats.pages import POOL
+    from stepskip._formats.st_small import save_pooled
 
     monkeypatch.setattr(POOL, "released", False)
     data = save_pooled({"ids": torch.arange(BIG // 8 + 7, dtype=torch.int64)})

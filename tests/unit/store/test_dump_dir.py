@@ -17,7 +17,7 @@ import pytest
 
 from stepskip import RunIdentity, SkipConfigError
 from stepskip._storage import check_dump_dir
-from stepskip.layout import Layout
+from stepskip._layout import Layout
 
 KEY = "skip.rollout.dump_dir"
 NOBODY = 65534

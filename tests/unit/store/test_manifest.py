@@ -1,4 +1,4 @@
-"""``stepskip.manifest``: a V1 step manifest is hostile data; whatever its bytes, parsing it either yields a
+"""``stepskip._manifest``: a V1 step manifest is hostile data; whatever its bytes, parsing it either yields a
 manifest naming only a recording directory of its step, or raises a typed error."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from stepskip._storage import EntryState, EntryStore, LocalBackend
 from stepskip.errors import CorruptEntryError, UnreadableEntryError
-from stepskip.manifest import MANIFEST_MAX_BYTES, StepManifest, is_recording, parse_manifest, resolve_step
+from stepskip._manifest import MANIFEST_MAX_BYTES, StepManifest, is_recording, parse_manifest, resolve_step
 
 GOOD = {"stepskip_manifest": 1, "recording": "rec-0123456789ab", "inner_entries": 2, "run_id": "r",
         "created_unix": 1.0}

@@ -27,7 +27,7 @@ from stepskip._storage import (
     open_store,
 )
 from stepskip._storage.base import token as _token
-from stepskip.layout import Layout, safe_component
+from stepskip._layout import Layout, safe_component
 
 STORE = EntryStore(LocalBackend())
 FILES = {"data.safetensors": b"\x00\x01tensors" * 50, "data.json": b'{"root": 1}'}

@@ -384,7 +384,7 @@ def test_misaligned_prompts_are_reported(tmp_path, caplog):
 
 def bound_role(tmp_path, **fields):
     """A RolloutTqSkip bound to an in-process queue, as SkipManager.init binds it: ``(role, queue)``."""
-    from stepskip.identity import RunIdentity
+    from stepskip._identity import RunIdentity
     from stepskip.roles.base import RunContext
     from stepskip.roles.rollout_tq import RolloutTqSkip
 

@@ -12,7 +12,7 @@ from test_rollout_tq import make_config, project_dir
 from v1_harness import V1Trainer, rewrite_inner_entry
 
 from stepskip import CorruptEntryError, SkipManager
-from stepskip.index import CacheIndex
+from stepskip._index import CacheIndex
 from stepskip.tq import InProcessTQClient
 
 

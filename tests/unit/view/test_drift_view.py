@@ -80,7 +80,7 @@ def test_planted_drift_records_are_ignored_or_shown_as_data(compared, planted):
 
 
 def test_a_record_larger_than_the_bound_is_not_read(compared, monkeypatch):
-    import stepskip.drift
+    import stepskip._drift
 
-    monkeypatch.setattr(stepskip.drift, "MAX_RECORD_BYTES", 64)
+    monkeypatch.setattr(stepskip._drift, "MAX_RECORD_BYTES", 64)
     assert ViewSource(str(compared)).step_page(RUN, "rollout", 1)["drift"] == []

@@ -203,7 +203,7 @@ def test_an_unexpected_error_publishing_one_entry_costs_that_entry_alone(tmp_pat
 def test_the_non_tensor_part_of_a_snapshot_counts_toward_its_small_size():
     """Text, message lists and numpy images ride in the snapshot tree, not its tensors: they are
     sized too, so 1024 queued one-sample snapshots cannot hold gigabytes beyond the budget."""
-    from stepskip.formats.safe import SafeFormat
+    from stepskip._formats.safe import SafeFormat
     from stepskip._dumping.dumper import SMALL_DUMP_BYTES, small_size as _small_size
 
     fmt = SafeFormat()
@@ -253,7 +253,7 @@ def test_plain_values_held_by_the_tree_count_toward_the_small_size_too():
     """A string the snapshot keeps as itself (not copied: immutable) is sized with the snapshots."""
     from tensordict import NonTensorData, TensorDict
 
-    from stepskip.formats.safe import SafeFormat
+    from stepskip._formats.safe import SafeFormat
     from stepskip._dumping.dumper import SMALL_DUMP_BYTES, small_size as _small_size
 
     fmt = SafeFormat()

@@ -29,7 +29,7 @@ from stepskip._dumping.helper import (
     write_with_helpers,
 )
 from stepskip._dumping.worker import default_worker
-from stepskip.formats import get_format
+from stepskip._formats import get_format
 
 WAIT_S = 120  # only reached when the behaviour under test is broken (a hang guard, not a timing)
 COUNT = 16  # two shares of MIN_SHARE: both helpers take part

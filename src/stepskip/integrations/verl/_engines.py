@@ -40,7 +40,7 @@ from types import ModuleType
 from typing import Any
 
 from stepskip.config import select
-from stepskip.engines import EnginePlan
+from stepskip._engines import EnginePlan
 from stepskip.errors import ReplayMissError
 
 logger = logging.getLogger("stepskip.integrations.verl")
@@ -72,7 +72,7 @@ class Gate:
         with self._lock:
             if self._plan is not None and self._config is not None and self._config() is config:
                 return self._plan
-            from stepskip.manager import SkipManager
+            from stepskip._manager import SkipManager
 
             role = role_of(config)
             plan = SkipManager.engine_plan(role, planned_steps(config), validation=validation_need(config),
@@ -350,13 +350,13 @@ class SyncingWorker:
 
 
 def _current_step() -> int | None:
-    from stepskip.manager import SkipManager
+    from stepskip._manager import SkipManager
 
     return SkipManager.step if SkipManager.step >= 0 else None
 
 
 def _what(args: tuple[Any, ...]) -> str:
-    from stepskip.calls import is_validation
+    from stepskip._calls import is_validation
 
     batch = args[0] if args else None
     try:
@@ -462,7 +462,7 @@ def patch_checkpoint_engine(module: ModuleType) -> None:
 
 
 def _serving_tq_role() -> Any:
-    from stepskip.manager import SkipManager
+    from stepskip._manager import SkipManager
 
     return SkipManager._serving.get("rollout_tq")
 

@@ -59,7 +59,7 @@ def verl_wrapper_parts(fn: Any) -> tuple[str, str | None, Callable[..., Any]] | 
 
 def stepskip_wrapper(role: str, phase: str | None, func: Callable[..., Any]) -> Callable[..., Any]:
     """The same decoration by stepskip's ``SkipManager``."""
-    from stepskip.manager import SkipManager
+    from stepskip._manager import SkipManager
 
     if phase is None:
         return SkipManager.annotate(role=role)(func)
@@ -212,7 +212,7 @@ def forward_verl_manager(verl_manager: type) -> None:
     Covers references the module scan cannot see (a name bound inside a function, an alias held
     by an object): ``init``, ``set_step`` and both decorators then reach stepskip.
     """
-    from stepskip.manager import SkipManager
+    from stepskip._manager import SkipManager
 
     def init(cls: type, config: Any, **runtime: Any) -> None:
         SkipManager.init(config, **runtime)

@@ -2,7 +2,7 @@
 
 verl's trainers send each step's metrics through ``Tracking.log(data, step)``, which fans them out to
 every backend of ``trainer.logger`` (console, wandb, mlflow, tensorboard, file, ...). Wrapped by
-:func:`install`, each call also carries the step's skip metrics (:class:`stepskip.tracker.StepMetrics`:
+:func:`install`, each call also carries the step's skip metrics (:class:`stepskip._tracker.StepMetrics`:
 per-step deltas of ``SkipManager.stats()``, as each role's ``log_metrics`` chooses), so every backend
 receives them with no code of the user's. After the call, the sampled trajectories of the steps
 logged (``log_samples``) go to the backends that take them: a table to W&B and MLflow, text to
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from stepskip import tracker
+from stepskip import _tracker as tracker
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stepskip.policies import SkipAction
+from stepskip._policies import SkipAction
 
 __all__ = ["EXACT_ACTIONS", "load_candidates", "resolve_load_step", "V1Remap", "remap_v1"]
 

@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from stepskip.calls import is_dataproto_like
+from stepskip._calls import is_dataproto_like
 from stepskip.errors import CorruptEntryError, UnstorableValueError
-from stepskip.formats.bounds import DecodeBudget, check_jagged, shape_of
-from stepskip.formats.compact import narrow
+from stepskip._formats.bounds import DecodeBudget, check_jagged, shape_of
+from stepskip._formats.compact import narrow
 
 __all__ = ["encode_value", "decode_value", "encode_object_array", "decode_object_array", "unstorable_recursion",
            "unstorable_tensor", "PACK_MIN_ITEMS"]
@@ -307,7 +307,7 @@ def decode_value(data: Any, get_tensor: TensorSource = _no_source, budget: Decod
     Args:
         data: what :func:`encode_value` returned, parsed back from JSON.
         get_tensor: the tensor stored under a reference.
-        budget: charged for every array before it is allocated (see :mod:`stepskip.formats.bounds`).
+        budget: charged for every array before it is allocated (see :mod:`stepskip._formats.bounds`).
         field: where ``data`` lives, for error messages.
 
     Raises:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from stepskip.errors import EngineNotStartedError, SkipConfigError
-from stepskip.policies import Engines
+from stepskip._policies import Engines
 
 __all__ = ["EnginePlan", "decide", "describe_steps"]
 

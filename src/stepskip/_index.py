@@ -1,18 +1,18 @@
 """The cache index: runs, roles, steps and entries of a dump dir, on any store, found without decoding data.
 
 A dump dir holds ``{experiment}_{project}/GBS{gbs}_N{n}_in{p}_out{r}/`` run directories
-(:data:`stepskip.layout.RUN_DIR`). Inside a run directory:
+(:data:`stepskip._layout.RUN_DIR`). Inside a run directory:
 
 * ``{step}/`` with ``meta.json``: an entry of ``rollout`` or ``async_rollout`` (verl's layout);
 * ``{step}/{inner}/``: the inner entries of one ``rollout_tq`` (V1) step; on object stores
   ``{step}/step.json`` (the step's manifest) naming ``{step}/rec-{token}/{inner}/``, the one
-  recording readers use (:mod:`stepskip.manifest`); recordings it does not name are leftovers;
+  recording readers use (:mod:`stepskip._manifest`); recordings it does not name are leftovers;
 * ``{role}/{step}/``: the entries of every other role (stage and custom roles);
 * ``trl_generate/{step}/c{call}-r{rank}/``: the TRL integration's entries, one per generation call
   of the step and rank (``c{call}t{turn}-r{rank}/`` for a tool loop's turns), each an entry of its
-  own (:meth:`stepskip.layout.Layout.call_dir`);
+  own (:meth:`stepskip._layout.Layout.call_dir`);
 * ``.tmp-*`` / ``.trash-*``: leftovers of interrupted writes and replacements, never entries;
-* ``.stepskip-drift/``: the drift records of ``action: compare`` (:mod:`stepskip.drift`), beside the steps.
+* ``.stepskip-drift/``: the drift records of ``action: compare`` (:mod:`stepskip._drift`), beside the steps.
 
 The prompt hints the roles keep beside the run directories (``{experiment}/.stepskip-index/``,
 :mod:`stepskip._matching.hints`) are no run directory: the index neither lists nor removes them.
@@ -22,7 +22,7 @@ paths, ``memory://`` and ``s3://`` caches are indexed alike. A cache is data som
 have written, so the index never follows a symbolic link (a linked run, stage, step or data file
 is reported, not entered), accepts only file names in ``meta.json`` that are single path
 components naming regular files of the entry itself, and deletes only below the directory it
-was opened on. Format facts come from the registry (:data:`stepskip.entries.FORMATS`): a format
+was opened on. Format facts come from the registry (:data:`stepskip._entries.FORMATS`): a format
 it does not know is *unsupported* (written by a newer stepskip?), never damage. The index imports
 no torch; decoding an entry (:meth:`CacheIndex.read_entry`) loads the format's codec.
 
@@ -45,7 +45,7 @@ from typing import Any
 from stepskip._reading.classify import EntryStatus, classify, kind_words, root_state
 from stepskip._storage import META_FILE, TMP_PREFIX, TRASH_PREFIX, DirItem, EntryState, Probe, open_store
 from stepskip.config import ROLLOUT_ROLES
-from stepskip.entries import FORMATS, legacy_format
+from stepskip._entries import FORMATS, legacy_format
 from stepskip.errors import (
     CacheMissError,
     CorruptEntryError,
@@ -53,8 +53,8 @@ from stepskip.errors import (
     TruncatedEntryError,
     UnreadableEntryError,
 )
-from stepskip.layout import DEFAULT_ROLE, DRIFT_DIR, RUN_DIR, V1_ROLE, Layout, is_url, normalize_location
-from stepskip.manifest import MANIFEST_FILE, StepManifest, StepRoot, is_recording, resolve_step
+from stepskip._layout import DEFAULT_ROLE, DRIFT_DIR, RUN_DIR, V1_ROLE, Layout, is_url, normalize_location
+from stepskip._manifest import MANIFEST_FILE, StepManifest, StepRoot, is_recording, resolve_step
 
 __all__ = [
     "CacheIndex", "EntryRecord", "EntryStatus", "Issue", "IssueKind", "NotACacheError", "PickleNotAllowedError",
@@ -934,11 +934,11 @@ class CacheIndex:
         return f" (steps there: {compress_steps(steps)})" if steps else ""
 
     def read_entry(self, entry: EntryRecord, allow_pickle: bool = False, verify: bool = True) -> Any:
-        """Decode one entry with the codec of its format (:func:`stepskip.formats.get_format`).
+        """Decode one entry with the codec of its format (:func:`stepskip._formats.get_format`).
 
         Args:
             entry: a present entry of this index.
-            allow_pickle: read pickle-based formats (through the allow-list readers of ``stepskip.formats``).
+            allow_pickle: read pickle-based formats (through the allow-list readers of ``stepskip._formats``).
             verify: check the files' checksums.
 
         Returns:
@@ -965,7 +965,7 @@ class CacheIndex:
             raise
         except CacheMissError as err:
             raise NotACacheError(f"{entry.path}: no entry there any more (removed meanwhile)") from err
-        from stepskip.formats import get_format  # the codecs import torch: only when something is decoded
+        from stepskip._formats import get_format  # the codecs import torch: only when something is decoded
 
         try:
             return get_format(spec.name).decode(files)

@@ -8,7 +8,7 @@ need not be installed, and the TensorDict is saved unconsolidated (a consolidate
 with jagged tensors does not load under verl's tensordict 0.10). Reading: an allow-list
 unpickler accepts only the globals such a file contains, and rebuilds numpy values itself from
 exactly the shapes numpy writes (see the reader's section below); the TensorDict bytes go
-through ``torch.load(weights_only=True)`` after :func:`~stepskip.formats.bounds.check_torch_zip`.
+through ``torch.load(weights_only=True)`` after :func:`~stepskip._formats.bounds.check_torch_zip`.
 Anything else (a pickle reaching for ``os.system``, a forged dtype, a size the bytes do not back)
 is refused before it runs.
 """
@@ -33,12 +33,12 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from stepskip.batch import Batch
-from stepskip.calls import is_dataproto_like
-from stepskip.entries import GEN_BATCH_FILE, TQ_BATCH_FILE
+from stepskip._batch import Batch
+from stepskip._calls import is_dataproto_like
+from stepskip._entries import GEN_BATCH_FILE, TQ_BATCH_FILE
 from stepskip.errors import CorruptEntryError, TruncatedEntryError, UnstorableValueError
-from stepskip.formats.bounds import DecodeBudget, check_loaded, check_torch_zip
-from stepskip.formats.values import unstorable_recursion, unstorable_tensor
+from stepskip._formats.bounds import DecodeBudget, check_loaded, check_torch_zip
+from stepskip._formats.values import unstorable_recursion, unstorable_tensor
 
 __all__ = ["VerlFormat", "dumps_dataproto", "loads_dataproto", "restricted_loads"]
 

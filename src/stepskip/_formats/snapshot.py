@@ -9,7 +9,7 @@ per batch; the snapshot below costs a fraction of it and the encoding runs in th
 - containers (list, dict, tuple, set) are rebuilt, numpy arrays copied, tensors cloned;
 - each distinct object is copied once (memo by identity), so rows that shared an object (verl's
   ``DataProto.repeat`` ``np.repeat``-s its object arrays) share its copy, at the cost of one;
-- the same walk checks every type against what :func:`~stepskip.formats.values.encode_value` can
+- the same walk checks every type against what :func:`~stepskip._formats.values.encode_value` can
   store, so an unstorable value is still refused at freeze time, with the encoder's own message
   naming the field.
 """
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from stepskip.errors import UnstorableValueError
-from stepskip.formats.values import encode_object_array, encode_value
+from stepskip._formats.values import encode_object_array, encode_value
 
 __all__ = ["snapshot_value", "snapshot_object_array", "IMMUTABLE"]
 

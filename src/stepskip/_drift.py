@@ -1,6 +1,6 @@
 """Drift records of ``action: compare``: kept per role, counted, said once per step, written beside the entries.
 
-A compared step's record (:meth:`~stepskip.compare.Drift.as_record` plus where and when) is kept
+A compared step's record (:meth:`~stepskip._compare.Drift.as_record` plus where and when) is kept
 in memory for :meth:`stepskip.SkipManager.drift` and written to
 ``{directory of the role's steps}/.stepskip-drift/{entry}.json`` (``12.json`` for step 12; the
 entry's path below that directory with ``/`` as ``-`` for roles with several entries per step)
@@ -9,7 +9,7 @@ command line (``stepskip info``, ``stepskip show``) and ``stepskip view`` read i
 :func:`drift_records`; a record whose ``entry.run_id`` differs from the entry's own was made
 against an earlier recording of that step.
 
-Where a record goes is the role's layout's to say (:meth:`stepskip.layout.Layout.drift_path`).
+Where a record goes is the role's layout's to say (:meth:`stepskip._layout.Layout.drift_path`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepskip.errors import CorruptEntryError, DriftError
-from stepskip.layout import DRIFT_DIR, Layout
-from stepskip.policies import OnDrift
+from stepskip._layout import DRIFT_DIR, Layout
+from stepskip._policies import OnDrift
 
 __all__ = ["DRIFT_DIR", "Recorded", "DriftLog", "drift_records"]
 
@@ -123,7 +123,7 @@ class DriftLog:
         Args:
             role: the role (its ``name``, ``stats``, ``store``, ``config``, ``layout``).
             step: the step compared.
-            drift: the :class:`~stepskip.compare.Drift`.
+            drift: the :class:`~stepskip._compare.Drift`.
             recorded: what was read of the entry.
 
         Returns:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Generator, Iterable
 from typing import Any, ClassVar, TypeVar
 
 from stepskip._dumping.worker import default_worker
-from stepskip.calls import (
+from stepskip._calls import (
     CURRENT_CALL,
     BypassTest,
     CallInfo,
@@ -25,10 +25,10 @@ from stepskip.calls import (
     prompt_columns,
 )
 from stepskip.config import ROLLOUT_ROLES, SkipManagerConfig, SkipRoleConfig, disable_legacy_flag, select
-from stepskip.engines import EnginePlan, decide
+from stepskip._engines import EnginePlan, decide
 from stepskip.errors import CacheMissError, SkipConfigError
-from stepskip.identity import RunIdentity
-from stepskip.policies import Engines, SkipAction, parse_choice
+from stepskip._identity import RunIdentity
+from stepskip._policies import Engines, SkipAction, parse_choice
 from stepskip.roles.base import SKIP_REGISTRY, BaseSkip, RunContext, TwoPhaseRole
 
 __all__ = ["SkipManager"]
@@ -305,7 +305,7 @@ class SkipManager:
 
         Raises:
             SkipConfigError: a bad value, an unknown role under ``skip``, or an identity that is not
-                a :class:`~stepskip.identity.RunIdentity`.
+                a :class:`~stepskip._identity.RunIdentity`.
         """
         skip_config, run_id, instances, identity = cls._build(config, identity, runtime)
         cls.close()  # only now: a bad new config leaves the previous run untouched
@@ -319,7 +319,7 @@ class SkipManager:
         cls.skip_instances = instances
         cls._serving = {name: skip for name, skip in instances.items() if skip.is_enabled()}
         cls._closed = False
-        pages = sys.modules.get("stepskip.formats.pages")
+        pages = sys.modules.get("stepskip._formats.pages")
         if pages is not None:  # released by the last close(): hits keep their pages for reuse again
             pages.POOL.resume()
         if cls._serving:
@@ -335,7 +335,7 @@ class SkipManager:
         if identity is None:
             identity = RunIdentity.from_config(config)
         elif not isinstance(identity, RunIdentity):
-            raise SkipConfigError(f"identity = {identity!r} is not valid; expected a stepskip.identity.RunIdentity")
+            raise SkipConfigError(f"identity = {identity!r} is not valid; expected a stepskip._identity.RunIdentity")
         extra_classes: dict[str, type[SkipRoleConfig]] = {
             name: skip_cls.config_class for name, skip_cls in SKIP_REGISTRY.items() if name not in ROLLOUT_ROLES
         }
@@ -556,7 +556,7 @@ class SkipManager:
             runtime: with ``config``, the live objects of :meth:`init` (``rank=`` for per-rank entries).
 
         Returns:
-            The :class:`~stepskip.engines.EnginePlan`: ``start``, the steps that would generate, and
+            The :class:`~stepskip._engines.EnginePlan`: ``start``, the steps that would generate, and
             a sentence saying why, for the log.
 
         Raises:
@@ -598,7 +598,7 @@ class SkipManager:
         the lowest token field; None without token fields), ``worst_field`` with ``worst_match`` (its
         figure) and ``worst_delta`` (its largest ``|live - recorded|``), ``first_row``, ``passed`` and
         per-field figures; a step whose entry was damaged has ``damaged: True`` and ``reason``. The
-        same record is written beside the entry (see :mod:`stepskip.drift`).
+        same record is written beside the entry (see :mod:`stepskip._drift`).
 
         Raises:
             SkipConfigError: no role of that name in this run.
@@ -655,10 +655,10 @@ class SkipManager:
                     stats["dump_failures"], stats["corrupt"], stats["saved_seconds"],
                 )
             skip.close()
-        safe = sys.modules.get("stepskip.formats.safe")  # never imported just to be told to free nothing
+        safe = sys.modules.get("stepskip._formats.safe")  # never imported just to be told to free nothing
         if safe is not None:
             safe.release_snapshot_buffers()
-        pages = sys.modules.get("stepskip.formats.pages")
+        pages = sys.modules.get("stepskip._formats.pages")
         if pages is not None:  # the idle pages of hits, and those given back later (batches still held)
             pages.POOL.release()
 

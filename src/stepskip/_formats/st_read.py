@@ -3,7 +3,7 @@
 ``safetensors.torch.load`` takes ``bytes`` and copies every tensor into a fresh ``bytes`` object:
 for the big tensor file of a hit, both buffers are new pages, each faulted in on first write.
 :func:`load_view` reads the same layout from a memoryview (the store reads big files into
-recycled pages, :mod:`stepskip.formats.pages`) and copies each tensor into recycled pages too, or,
+recycled pages, :mod:`stepskip._formats.pages`) and copies each tensor into recycled pages too, or,
 for a reader that widens or decompresses the tensors on anyway, hands them out as views of the
 buffer (``views``), saving a copy of the file.
 
@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from stepskip.errors import CorruptEntryError
-from stepskip.formats.pages import POOL
-from stepskip.formats.st_small import SAFETENSORS_CODES
+from stepskip._formats.pages import POOL
+from stepskip._formats.st_small import SAFETENSORS_CODES
 
 __all__ = ["load_view"]
 

@@ -14,7 +14,7 @@ import os
 import tempfile
 
 from stepskip.errors import SkipConfigError
-from stepskip.layout import is_url, normalize_location
+from stepskip._layout import is_url, normalize_location
 
 __all__ = ["check_writable", "is_store_access_error", "describe_store_access_error"]
 

@@ -25,17 +25,17 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_non_tensor
 
-from stepskip.batch import Batch
-from stepskip.calls import is_dataproto_like
-from stepskip.entries import FileBytes
+from stepskip._batch import Batch
+from stepskip._calls import is_dataproto_like
+from stepskip._entries import FileBytes
 from stepskip.errors import CorruptEntryError, UnreadableEntryError, UnstorableValueError
-from stepskip.formats.bounds import DecodeBudget, check_jagged, shape_of
-from stepskip.formats.compact import decode_tensor, encode_tensor, find_concat, host_view, pack, unpack
-from stepskip.formats.pages import POOL
-from stepskip.formats.snapshot import IMMUTABLE, snapshot_object_array, snapshot_value
-from stepskip.formats.st_read import load_view
-from stepskip.formats.st_small import save_pooled, save_small
-from stepskip.formats.values import (
+from stepskip._formats.bounds import DecodeBudget, check_jagged, shape_of
+from stepskip._formats.compact import decode_tensor, encode_tensor, find_concat, host_view, pack, unpack
+from stepskip._formats.pages import POOL
+from stepskip._formats.snapshot import IMMUTABLE, snapshot_object_array, snapshot_value
+from stepskip._formats.st_read import load_view
+from stepskip._formats.st_small import save_pooled, save_small
+from stepskip._formats.values import (
     decode_object_array,
     decode_value,
     encode_value,
@@ -49,11 +49,11 @@ __all__ = ["SafeFormat", "release_snapshot_buffers"]
 TENSORS_FILE = "data.safetensors"
 TREE_FILE = "data.json"
 VERSION = 1
-#: The version of a tree holding packed rows (``{"__t": "rows"}``, see :mod:`stepskip.formats.values`):
+#: The version of a tree holding packed rows (``{"__t": "rows"}``, see :mod:`stepskip._formats.values`):
 #: a reader of an older version meets a tag it does not know. Trees without them keep :data:`VERSION`.
 ROWS_VERSION = 2
 #: The version of a tree holding trimmed tensors whose runs are inline (lists, not part names: see
-#: :data:`stepskip.formats.compact.INLINE_MAX_ROWS`); it may hold packed rows too.
+#: :data:`stepskip._formats.compact.INLINE_MAX_ROWS`); it may hold packed rows too.
 INLINE_VERSION = 3
 #: The version of a tree holding an object column whose rows share items (``"rows"``, see
 #: :func:`_encode_items`); it may hold every layout before it.
@@ -61,6 +61,9 @@ SHARED_VERSION = 4
 #: The newest tree version this stepskip reads; a newer one is unreadable (intact, never regenerated over).
 READ_VERSION = SHARED_VERSION
 _ROWS_MARK = '"__t":"rows"'
+#: The container names the format has always recorded, for classes whose module was renamed since
+#: (the bytes of an entry do not depend on where stepskip keeps its code).
+_RECORDED_NAMES = {"stepskip._batch.Batch": "stepskip.batch.Batch"}
 
 _STORABLE_DTYPES = {
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
@@ -72,7 +75,7 @@ _STORABLE_DTYPES = {
 class Frozen:
     """A snapshot of a value, independent of the caller's objects, ready to be written.
 
-    Non-tensor values are held as private snapshots (:mod:`stepskip.formats.snapshot`) in
+    Non-tensor values are held as private snapshots (:mod:`stepskip._formats.snapshot`) in
     ``_Deferred`` leaves of ``tree``; :meth:`SafeFormat.encode` encodes them, on the background
     worker for async dumps, so a miss blocks the caller only for the snapshot.
     """
@@ -96,7 +99,7 @@ class Frozen:
 #: Tensors at least this large are snapshot into pooled buffers.
 POOL_MIN_BYTES = 1 << 20
 #: CPU tensors of at most this many bytes are snapshot by a numpy copy (no torch call, see
-#: :func:`~stepskip.formats.compact.host_view`).
+#: :func:`~stepskip._formats.compact.host_view`).
 HOST_COPY_MAX_BYTES = 1 << 16
 #: Below this many bytes in all, the items of :func:`_parallel_map` run on the calling thread.
 PARALLEL_MIN_BYTES = 1 << 20
@@ -206,7 +209,7 @@ class _Encoder:
     def finish(self) -> None:
         """Copy the tensors :meth:`add` marked, side by side: a big one into a pooled buffer (a memcpy that
         releases the GIL; on a miss it is most of what the caller waits for), a small CPU one by numpy
-        (:func:`~stepskip.formats.compact.host_view`: no torch call), any other by ``clone``."""
+        (:func:`~stepskip._formats.compact.host_view`: no torch call), any other by ``clone``."""
         refs, self._clones = self._clones, []
         sources = [self.tensors[r] for r in refs]
         targets: list[torch.Tensor | np.ndarray | None] = []  # a pooled buffer, numpy's view of a small source, or None
@@ -312,9 +315,10 @@ class _Encoder:
     def batch_node(self, value: Any, path: str) -> dict[str, Any]:
         cls = type(value)
         td = value.batch
+        name = f"{cls.__module__}.{cls.__qualname__}"
         node = {
             "kind": "batch",
-            "cls": f"{cls.__module__}.{cls.__qualname__}",
+            "cls": _RECORDED_NAMES.get(name, name),
             "batch": None if td is None else self.tensordict_node(td, f"{path}.batch"),
             "non_tensor_batch": {k: self.array_node(_column(v, f"{path}.non_tensor_batch[{k!r}]"),
                                                     f"{path}.non_tensor_batch[{k!r}]")
@@ -694,8 +698,8 @@ class SafeFormat:
             consume: empty ``files`` (a dict) while reading, so the raw bytes are freed before
                 the tensors are expanded (lower peak memory when the caller is done with them).
             max_bytes: the most the decode may allocate (``max_decode_bytes``); by default
-                :data:`~stepskip.formats.bounds.DECODE_RATIO` x the files' size plus
-                :data:`~stepskip.formats.bounds.DECODE_FLOOR`.
+                :data:`~stepskip._formats.bounds.DECODE_RATIO` x the files' size plus
+                :data:`~stepskip._formats.bounds.DECODE_FLOOR`.
 
         Raises:
             CorruptEntryError: the files cannot be parsed, or a field does not fit the stored bytes

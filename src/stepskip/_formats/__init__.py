@@ -1,6 +1,6 @@
 """Storage formats: how a value becomes the files of an entry and back.
 
-Which formats exist is written once, in :data:`stepskip.entries.FORMATS` (torch-free); this
+Which formats exist is written once, in :data:`stepskip._entries.FORMATS` (torch-free); this
 package holds the codecs and imports each on first use.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol
 
-from stepskip.entries import FORMATS, FileBytes
+from stepskip._entries import FORMATS, FileBytes
 
 __all__ = ["Format", "get_format"]
 

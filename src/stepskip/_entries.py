@@ -1,7 +1,7 @@
 """What every part of stepskip agrees on about entries: data file names and the format registry.
 
 Free of heavy imports, so tools that only list, verify or prune caches start without torch; the
-codecs themselves (:mod:`stepskip.formats`) are imported only when an entry is encoded or decoded.
+codecs themselves (:mod:`stepskip._formats`) are imported only when an entry is encoded or decoded.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ GEN_BATCH_FILE = "gen_batch.dp"  # rollout / async_rollout entries written by ve
 TQ_BATCH_FILE = "tq_batch.pt"  # rollout_tq inner entries written by verl (torch.save of a V1 payload)
 
 #: The bytes of one file of an entry as a format encodes it: ``bytes``, or a ``memoryview`` of
-#: recycled memory (format ``safe``'s big tensor files, see :func:`stepskip.formats.st_small.save_pooled`).
+#: recycled memory (format ``safe``'s big tensor files, see :func:`stepskip._formats.st_small.save_pooled`).
 FileBytes = bytes | memoryview
 
 
@@ -46,9 +46,9 @@ class FormatSpec:
 FORMATS: dict[str, FormatSpec] = {
     spec.name: spec
     for spec in (
-        FormatSpec("safe", "safe", False, False, ("data.safetensors", "data.json"), "stepskip.formats.safe:SafeFormat"),
-        FormatSpec("verl", "verl", False, True, (GEN_BATCH_FILE,), "stepskip.formats.verl:VerlFormat"),
-        FormatSpec("verl-tq", "verl", True, True, (TQ_BATCH_FILE,), "stepskip.formats.verl:VerlTqFormat"),
+        FormatSpec("safe", "safe", False, False, ("data.safetensors", "data.json"), "stepskip._formats.safe:SafeFormat"),
+        FormatSpec("verl", "verl", False, True, (GEN_BATCH_FILE,), "stepskip._formats.verl:VerlFormat"),
+        FormatSpec("verl-tq", "verl", True, True, (TQ_BATCH_FILE,), "stepskip._formats.verl:VerlTqFormat"),
     )
 }
 

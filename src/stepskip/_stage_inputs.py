@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stepskip.entries import FileBytes
+from stepskip._entries import FileBytes
 from stepskip.errors import CorruptEntryError
 
 __all__ = ["INPUTS_TENSORS", "INPUTS_TREE", "INPUT_FILES", "WithInputs", "call_arguments", "freeze_inputs",
@@ -71,7 +71,7 @@ def freeze_inputs(positional: list[Any], keyword: Mapping[str, Any], copy: bool)
     Raises:
         UnstorableValueError: an argument cannot be stored safely; the message names it.
     """
-    from stepskip.formats.safe import SafeFormat
+    from stepskip._formats.safe import SafeFormat
 
     return SafeFormat().freeze(_tree(positional, keyword), copy=copy)
 
@@ -93,7 +93,7 @@ def encode_entry(codec: Any, frozen: Any) -> dict[str, FileBytes]:
     """An entry's files: the codec's for the result, and the arguments' files when ``frozen`` holds them."""
     if not isinstance(frozen, WithInputs):
         return dict(codec.encode(frozen))
-    from stepskip.formats.safe import SafeFormat
+    from stepskip._formats.safe import SafeFormat
 
     files = dict(codec.encode(frozen.output))
     encoded = SafeFormat().encode(frozen.inputs)
@@ -109,7 +109,7 @@ def decode_inputs(files: Mapping[str, bytes | memoryview], max_bytes: int | None
     Raises:
         CorruptEntryError: the files do not decode, or do not hold arguments.
     """
-    from stepskip.formats.safe import SafeFormat
+    from stepskip._formats.safe import SafeFormat
 
     renamed = {stored: bytes(files[name]) for name, stored in zip(INPUT_FILES, _SAFE_FILES)}
     tree = SafeFormat().decode(renamed, max_bytes=max_bytes)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepskip.identity import RunIdentity
+from stepskip._identity import RunIdentity
 
 __all__ = ["CALL_ENTRY", "CallEntry", "DEFAULT_ROLE", "DRIFT_DIR", "HINTS_DIR", "Layout", "V1_ROLE", "is_url",
            "normalize_location", "safe_component"]
@@ -207,8 +207,8 @@ class Layout:
         return f"{step_dir}/{recording}" if recording else step_dir
 
     def manifest_path(self, step: int) -> str:
-        """A V1 step's manifest (:mod:`stepskip.manifest`)."""
-        from stepskip.manifest import MANIFEST_FILE
+        """A V1 step's manifest (:mod:`stepskip._manifest`)."""
+        from stepskip._manifest import MANIFEST_FILE
 
         return f"{self.step_dir(step)}/{MANIFEST_FILE}"
 
@@ -286,7 +286,7 @@ class Layout:
             >>> Layout.step_dir_of("/d/run/3/rec-0123456789ab/1"), Layout.step_dir_of("/d/run/3/1")
             ('/d/run/3', '/d/run/3')
         """
-        from stepskip.manifest import is_recording
+        from stepskip._manifest import is_recording
 
         parent, _, name = inner_path.rsplit("/", 1)[0].rpartition("/")
         return parent if is_recording(name) else f"{parent}/{name}"

@@ -3,7 +3,7 @@
 The integrations use it with no code of yours (verl's ``Tracking``, TRL's ``report_to``); a loop of
 your own can send the same metrics with :class:`StepMetrics`::
 
-    from stepskip.tracker import StepMetrics
+    from stepskip._tracker import StepMetrics
 
     skip_metrics = StepMetrics()
     for step in range(1, steps + 1):
@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepskip.policies import LogMetrics
+from stepskip._policies import LogMetrics
 
 __all__ = [
     "SHORT_NAMES", "SAMPLE_COLUMNS", "Sample", "StepSamples", "StepMetrics", "select_metrics", "offer_samples",
@@ -55,7 +55,7 @@ def _split(key: str) -> tuple[str, str] | None:
 
 
 def _role_modes() -> dict[str, LogMetrics]:
-    from stepskip.manager import SkipManager
+    from stepskip._manager import SkipManager
 
     modes = {}
     for name, skip in SkipManager.skip_instances.items():
@@ -121,7 +121,7 @@ class StepMetrics:
         Returns:
             ``{"skip/{role}/{name}": value}``; empty when no role is enabled.
         """
-        from stepskip.manager import SkipManager
+        from stepskip._manager import SkipManager
 
         stats = SkipManager.stats()
         if not stats:
@@ -279,7 +279,7 @@ def add_rewards(role: str, rewards: Sequence[float]) -> bool:
 
 
 def _sample_rows(value: Any, prompts: Any, count: int, rng: random.Random) -> list[Sample]:
-    from stepskip.calls import is_dataproto_like
+    from stepskip._calls import is_dataproto_like
 
     if is_dataproto_like(value):
         return _batch_rows(value, count, rng)

@@ -7,7 +7,7 @@ one-sample entry that is most of its encoding time. And for a big entry it retur
 one in the host, so building a 40 MB file in new memory takes longer than copying the bytes.
 
 :func:`save_small` writes the same bytes for a few small tensors; :func:`save_pooled` writes them
-for big ones into memory recycled by :data:`~stepskip.formats.pages.POOL` (the pages go back to
+for big ones into memory recycled by :data:`~stepskip._formats.pages.POOL` (the pages go back to
 the pool when the returned view is dropped, after the store wrote them). Both lay the header out
 as safetensors does (tensors by descending dtype, then by name; compact JSON padded with spaces
 to 8 bytes), so files are identical whichever wrote them and any safetensors reader loads them.
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from stepskip.formats.pages import POOL
+from stepskip._formats.pages import POOL
 
 __all__ = ["save_small", "save_pooled", "SMALL_BYTES", "SAFETENSORS_CODES"]
 

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from stepskip.errors import CorruptEntryError, TruncatedEntryError
-from stepskip.formats.bounds import DecodeBudget, shape_of
-from stepskip.formats.pages import POOL
+from stepskip._formats.bounds import DecodeBudget, shape_of
+from stepskip._formats.pages import POOL
 
 __all__ = ["encode_tensor", "decode_tensor", "find_concat", "narrow", "pack", "unpack", "compress_bytes", "host_view"]
 

@@ -22,9 +22,9 @@ import torch
 import xxhash
 from tensordict import TensorDictBase, is_non_tensor
 
-from stepskip.calls import is_dataproto_like
-from stepskip.formats.compact import host_view
-from stepskip.identity import VERL_FINGERPRINT_KEYS, fingerprint_diff, fingerprint_of
+from stepskip._calls import is_dataproto_like
+from stepskip._formats.compact import host_view
+from stepskip._identity import VERL_FINGERPRINT_KEYS, fingerprint_diff, fingerprint_of
 
 __all__ = ["FINGERPRINT_KEYS", "DIGEST_PREFIX", "run_fingerprint", "fingerprint_diff", "prompt_digest",
            "prompt_row_digests", "shared_object_digests"]
