@@ -496,8 +496,13 @@ def loads_dataproto(data: bytes, budget: DecodeBudget | None = None,
 # (the arrays rebuilt from exactly their bytes); here each tensor is made only when its bytes are
 # exactly what its dtype and shape call for, on the CPU whatever device the writer named.
 
+_INTEGER_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16,
+                   torch.uint32, torch.uint64)
+# only dtypes whose values are plain bytes: a quantized, bits or sub-byte tensor viewed from raw
+# bytes has no quantizer or packing, and every copy or print of it fails
 _TORCH_DTYPES: dict[str, torch.dtype] = {
-    str(value).removeprefix("torch."): value for value in vars(torch).values() if isinstance(value, torch.dtype)
+    str(value).removeprefix("torch."): value for value in vars(torch).values()
+    if isinstance(value, torch.dtype) and (value.is_floating_point or value.is_complex or value in _INTEGER_DTYPES)
 }
 _NESTED_LAYOUTS = {"jagged": torch.jagged, "strided": torch.strided}
 

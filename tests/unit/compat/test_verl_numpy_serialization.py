@@ -172,3 +172,17 @@ def test_a_genuine_numpy_serialized_batch_fits_the_decode_bound_of_its_own_size(
     out = verl_format.VerlFormat().decode({"gen_batch.dp": data}, max_bytes=4 * len(data))
     assert out.batch["ids"].shape == (2, 1 << 15)
 
+
+
+@pytest.mark.parametrize("dtype", ["qint8", "quint4x2", "bits8", "uint4", "int1"])
+def test_a_tensor_of_a_dtype_without_values_is_refused(dtype):
+    """Quantized, opaque-bit and sub-byte dtypes viewed from raw bytes make tensors that no copy or print survives."""
+    with pytest.raises(CorruptEntryError, match="not a torch dtype"):
+        decode(numpy_pickle({"a": (dtype, torch.Size([2]), np.zeros(2, np.uint8))}))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.uint16, torch.complex64, torch.bool])
+def test_tensors_of_every_value_dtype_read_back(dtype):
+    tensor = torch.zeros(2, 3, dtype=dtype)
+    out = decode(numpy_pickle({"a": encoded(tensor)}))
+    assert out.batch["a"].dtype == dtype and out.batch["a"].clone().view(torch.uint8).sum() == 0
