@@ -49,11 +49,21 @@ def human_bytes(n: int | None) -> str:
 
 
 def human_time(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+    """``t`` as local time; ``?`` for one no calendar holds (a time in a cache is anything its writer put)."""
+    if t is None:
+        return "-"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+    except (OverflowError, ValueError, OSError):
+        return "?"
 
 
 def iso_time(t: float | None) -> str | None:
-    return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    """``t`` in ISO 8601, UTC; None as for an unknown time where no calendar holds it."""
+    try:
+        return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 def plural(count: int, one: str, many: str | None = None) -> str:

@@ -219,3 +219,17 @@ def test_retire_is_confined_to_the_index_root(copy_cache, tmp_path):
     assert (dump / "exp_v1").exists() and (tmp_path / "elsewhere").exists()
     index.retire(str(dump / SAFE_RUN / "1"))
     assert not (dump / SAFE_RUN / "1").exists()
+
+
+@pytest.mark.parametrize("created", [1e300, 1e20, -0.0])
+def test_a_time_no_calendar_holds_is_shown_as_unknown_not_a_crash(copy_cache, created):
+    """``created_unix`` may be any finite number >= 0 in a meta.json someone else wrote: ls and info print it."""
+    dump = copy_cache("dump")
+    meta_path = dump / SAFE_RUN / "2" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["created_unix"] = created
+    meta_path.write_text(json.dumps(meta))
+    for args in (["ls", dump], ["ls", dump, "--json"], ["info", dump / SAFE_RUN / "2"],
+                 ["info", dump / SAFE_RUN / "2", "--json"]):
+        result = stepskip(*args)
+        assert result.code == 0, result
