@@ -311,7 +311,8 @@ def render_drift(records: list[dict[str, Any]], entries: list[EntryRecord]) -> N
     for record in records:
         entry = record.get("entry")
         entry = entry if isinstance(entry, dict) else {}
-        stale = entry.get("run_id") is not None and runs and entry.get("run_id") not in runs
+        run_id = entry.get("run_id")
+        stale = isinstance(run_id, str) and runs and run_id not in runs
         compared = _figure(record.get("compared_unix"))
         when = human_time(compared) if compared is not None else "?"
         out.print(f"  {drift_line(record)}; compared {when}" + (" [yellow](against an earlier recording of this "

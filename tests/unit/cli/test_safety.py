@@ -233,3 +233,36 @@ def test_a_time_no_calendar_holds_is_shown_as_unknown_not_a_crash(copy_cache, cr
                  ["info", dump / SAFE_RUN / "2", "--json"]):
         result = stepskip(*args)
         assert result.code == 0, result
+
+
+HOSTILE_DRIFT = {
+    "nan": '{"step": 1, "token_match": NaN, "first_row": NaN, "worst_field": "x"}',
+    "infinity": '{"step": 1, "first_row": Infinity, "worst_field": "x"}',
+    "overflowing": '{"step": 1, "first_row": 1e999, "worst_field": "x"}',
+    "huge_int": '{"step": 1, "worst_match": ' + "9" * 4000 + ', "worst_field": "x"}',
+    "deep": '{"step": 1, "fields": ' + "[" * 900 + "]" * 900 + "}",
+    "run_id_list": '{"step": 1, "passed": true, "entry": {"run_id": ["a"]}}',
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_DRIFT))
+def test_a_planted_drift_record_is_never_a_crash(copy_cache, name):
+    """A drift record is a file beside the steps anyone may have written: info and show print the step
+    (the record passed over when it is not what action: compare writes), in text and in JSON."""
+    from stepskip.drift import drift_records
+    from stepskip.index import CacheIndex
+
+    dump = copy_cache("dump")
+    records = dump / SAFE_RUN / ".stepskip-drift"
+    records.mkdir()
+    (records / "1.json").write_text(HOSTILE_DRIFT[name])
+    (records / "1-x.json").write_text('{"step": 1, "passed": true, "token_match": 1.0}')  # a sound one beside it
+    step = dump / SAFE_RUN / "1"
+    for args in (["info", step], ["info", step, "--json"], ["show", step], ["show", step, "--json"]):
+        result = stepskip(*args)
+        assert result.code == 0, result
+        if "--json" in args:
+            assert json.loads(result.out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON output"))
+    kept = drift_records(CacheIndex(str(dump)).store, str(step))
+    assert {"step": 1, "passed": True, "token_match": 1.0} in kept
+    assert name == "run_id_list" or len(kept) == 1
