@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,8 @@ if TYPE_CHECKING:  # types only: importing them at run time would load torch for
     from stepskip.cli.verify import RepairResult, VerifyReport
 
 __all__ = ["err", "out", "plural", "print_json", "progress"]
+
+logger = logging.getLogger(__name__)
 
 # Long lines are not cut (soft wrap): the output stays greppable and pastes whole.
 out = Console(highlight=False, soft_wrap=True)
@@ -426,11 +429,20 @@ def render_convert(report: ConvertReport, src_root: str, dst_root: str, to: str)
 # --------------------------------------------------------------------------- show
 
 
+def _decoded(tokenizer: Any, ids: list[int]) -> str | None:
+    """The text of ``ids``; None when the tokenizer cannot take them (a float column, ids outside its vocabulary)."""
+    try:
+        return str(tokenizer.decode(ids, skip_special_tokens=False))
+    except Exception as err:  # an entry's columns are anything its writer put: the ids are shown instead
+        logger.debug("tokenizer could not decode %d ids: %s", len(ids), err)
+        return None
+
+
 def _tokens(ids: list[int] | None, tokenizer: Any, limit: int) -> str:
     if ids is None:
         return "-"
-    if tokenizer is not None:
-        return repr(tokenizer.decode(ids, skip_special_tokens=False))
+    if tokenizer is not None and (text := _decoded(tokenizer, ids)) is not None:
+        return repr(text)
     shown = ids if not limit or len(ids) <= limit else ids[:limit]
     more = f" … (+{len(ids) - len(shown)} more)" if len(shown) < len(ids) else ""
     return "[" + ", ".join(map(str, shown)) + "]" + more
@@ -441,8 +453,8 @@ def show_json(path: str, step: int, samples: list[SampleRow], tokenizer: Any,
     rows = [plain(s) for s in samples]
     if tokenizer is not None:
         for row, s in zip(rows, samples):
-            row["prompt_decoded"] = None if s.prompt is None else tokenizer.decode(s.prompt)
-            row["response_decoded"] = None if s.response is None else tokenizer.decode(s.response)
+            row["prompt_decoded"] = None if s.prompt is None else _decoded(tokenizer, s.prompt)
+            row["response_decoded"] = None if s.response is None else _decoded(tokenizer, s.response)
     return {"path": path, "step": step, "rows": rows, "drift": drift or []}
 
 

@@ -266,3 +266,32 @@ def test_a_planted_drift_record_is_never_a_crash(copy_cache, name):
     kept = drift_records(CacheIndex(str(dump)).store, str(step))
     assert {"step": 1, "passed": True, "token_match": 1.0} in kept
     assert name == "run_id_list" or len(kept) == 1
+
+
+def test_token_columns_a_tokenizer_cannot_take_are_shown_as_ids(tmp_path):
+    """An entry claiming the demo's model (so show picks the built-in tokenizer) whose token columns hold
+    NaN and infinity: show prints the ids instead of crashing, in text and JSON."""
+    import torch
+    from skip_configs import run_path, training_config
+
+    from stepskip import Batch, SkipManager
+    from stepskip.pipelines.tokenizer import MODEL_NAME
+
+    config = training_config(tmp_path, steps=[1])
+    config["actor_rollout_ref"]["model"] = {"path": MODEL_NAME}
+
+    class Loop:
+        @SkipManager.annotate(role="rollout")
+        def generate_sequences(self, prompts: Batch) -> Batch:
+            return Batch.from_dict(tensors={"prompts": torch.tensor([[1.0, float("nan")], [1.0, 3.0]]),
+                                            "responses": torch.tensor([[float("inf"), 4.0], [4.0, 5.0]])})
+
+    SkipManager.init(config)
+    SkipManager.set_step(1)
+    Loop().generate_sequences(Batch.from_dict(tensors={"input_ids": torch.zeros(2, 2)}))
+    SkipManager.close()
+    step = run_path(tmp_path) / "1"
+    shown = stepskip("show", step)
+    assert shown.code == 0 and "[inf, 4.0]" in shown.out and "'<s>0'" in shown.out, shown
+    rows = stepskip("show", step, "--json").json()["rows"]
+    assert rows[0]["prompt_decoded"] is None and rows[1]["response_decoded"] == "12"
