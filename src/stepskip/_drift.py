@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stepskip._storage.meta import is_number
 from stepskip.errors import CorruptEntryError, DriftError
 from stepskip._layout import DRIFT_DIR, Layout
 from stepskip._policies import OnDrift
@@ -35,6 +36,8 @@ logger = logging.getLogger(__name__)
 MAX_RECORD_BYTES = 8 << 20
 #: Drift records read back for one step (one per entry of the step: a role with several entries per step).
 MAX_RECORDS_PER_STEP = 64
+#: Nesting deeper than this is no drift record (the writer's nest 6 levels).
+MAX_RECORD_DEPTH = 32
 #: Records a role keeps in memory for ``SkipManager.drift`` (the oldest go first).
 MAX_KEPT = 10_000
 
@@ -73,13 +76,34 @@ def drift_records(store: Any, step_dir: str) -> list[dict[str, Any]]:
     for file_name in names[:MAX_RECORDS_PER_STEP]:
         try:
             raw = store.read_small(f"{where}/{file_name}", MAX_RECORD_BYTES)
-            record = json.loads(raw) if raw is not None else None
+            record = json.loads(raw, parse_constant=_refuse_constant) if raw is not None else None
         except (CorruptEntryError, ValueError, RecursionError) as err:
             logger.debug("drift record %s/%s not read: %s", where, file_name, err)
             continue
-        if isinstance(record, dict):
+        if isinstance(record, dict) and _as_written(record):
             out.append(record)
+        else:
+            logger.debug("drift record %s/%s passed over: not a record action: compare writes", where, file_name)
     return out
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} in a drift record (its writer never writes one)")
+
+
+def _as_written(record: dict[str, Any]) -> bool:
+    """Whether ``record`` holds only what :meth:`DriftLog.report` writes: finite numbers a float holds,
+    nesting no deeper than :data:`MAX_RECORD_DEPTH` (so no reader of it overflows or recurses out)."""
+    pending: list[tuple[Any, int]] = [(record, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_RECORD_DEPTH:
+                return False
+            pending.extend((item, depth + 1) for item in (value.values() if isinstance(value, dict) else value))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and not is_number(value):
+            return False
+    return True
 
 
 def _compact(record: Mapping[str, Any]) -> dict[str, Any]:

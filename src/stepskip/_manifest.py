@@ -41,7 +41,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepskip._storage.base import EntryState, Tree
+from stepskip._storage.base import EntryState, Tree, newest_below
 from stepskip._storage.meta import (
     GRACE_SECONDS,
     MANIFEST_FILE,
@@ -307,22 +307,6 @@ def publish_manifest(store: Any, step_dir: str, recording: str, inner_entries: i
     return removed
 
 
-def _newest(store: Any, path: str) -> float | None:
-    """The newest modification time below ``path`` (links never followed); None when unknown or empty."""
-    newest: float | None = None
-    pending = [path]
-    while pending:
-        current = pending.pop()
-        for item in store.list_items(current):
-            if item.kind == "dir":
-                pending.append(f"{current}/{item.name}")
-                continue
-            if item.mtime is None:
-                return None  # an object of unknown age: it may be being written
-            newest = item.mtime if newest is None else max(newest, item.mtime)
-    return newest
-
-
 def may_need_clean_up(store: Any, tree: Tree, step_dir: str, older_than: float = STALE_SECONDS,
                       now: float | None = None) -> bool:
     """False only when one recursive listing of the run directory (``tree``) shows that the start-up
@@ -395,7 +379,7 @@ def remove_stale_recordings(store: Any, step_dir: str, older_than: float = STALE
                 continue
         else:
             path = f"{step_dir}/{name}"
-            newest = tree.newest(path) if tree is not None and listed else _newest(store, path)
+            newest = tree.newest(path) if tree is not None and listed else newest_below(path, store.list_items)
             if newest is None or now - newest < older_than:
                 continue
         try:

@@ -456,11 +456,19 @@ def dumps_dataproto(batch: TensorDictBase | None, non_tensor_batch: Mapping[str,
     return out.getvalue()
 
 
-def loads_dataproto(data: bytes) -> tuple[TensorDictBase | None, dict[str, np.ndarray], dict[str, Any]]:
+def loads_dataproto(data: bytes, budget: DecodeBudget | None = None,
+                    ) -> tuple[TensorDictBase | None, dict[str, np.ndarray], dict[str, Any]]:
     """Read a verl ``gen_batch.dp`` through the allow-list; returns ``(batch, non_tensor_batch, meta_info)``.
+
+    Args:
+        data: the file's bytes.
+        budget: charged for every tensor of verl's numpy serialization before it is made (the
+            pickle memo lets one tensor's bytes be named by any number of fields); by default the
+            bound of a file of this size.
 
     Raises:
         pickle.UnpicklingError: the file holds something other than a verl DataProto.
+        DecodeLimitError: its tensors would need more memory than ``budget`` allows.
     """
     obj = restricted_loads(data)
     if not isinstance(obj, _DataProtoStandIn) or not isinstance(obj.state, tuple) or len(obj.state) != 3:
@@ -472,7 +480,7 @@ def loads_dataproto(data: bytes) -> tuple[TensorDictBase | None, dict[str, np.nd
         check_torch_zip(tensor_state, GEN_BATCH_FILE)  # before torch.load: no storage larger than the bytes
         batch = _weights_only_load(tensor_state)
     elif tensor_state is None or isinstance(tensor_state, tuple):
-        batch = _numpy_tensordict(tensor_state)
+        batch = _numpy_tensordict(tensor_state, budget or DecodeBudget.for_files({GEN_BATCH_FILE: data}))
     else:
         raise pickle.UnpicklingError("the DataProto batch is neither torch.save bytes nor verl's numpy serialization")
     if batch is not None and not isinstance(batch, TensorDictBase):
@@ -488,13 +496,18 @@ def loads_dataproto(data: bytes) -> tuple[TensorDictBase | None, dict[str, np.nd
 # (the arrays rebuilt from exactly their bytes); here each tensor is made only when its bytes are
 # exactly what its dtype and shape call for, on the CPU whatever device the writer named.
 
+_INTEGER_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16,
+                   torch.uint32, torch.uint64)
+# only dtypes whose values are plain bytes: a quantized, bits or sub-byte tensor viewed from raw
+# bytes has no quantizer or packing, and every copy or print of it fails
 _TORCH_DTYPES: dict[str, torch.dtype] = {
-    str(value).removeprefix("torch."): value for value in vars(torch).values() if isinstance(value, torch.dtype)
+    str(value).removeprefix("torch."): value for value in vars(torch).values()
+    if isinstance(value, torch.dtype) and (value.is_floating_point or value.is_complex or value in _INTEGER_DTYPES)
 }
 _NESTED_LAYOUTS = {"jagged": torch.jagged, "strided": torch.strided}
 
 
-def _numpy_tensor(encoded: Any, what: str) -> torch.Tensor:
+def _numpy_tensor(encoded: Any, what: str, budget: DecodeBudget) -> torch.Tensor:
     if not isinstance(encoded, tuple) or len(encoded) != 3:
         raise pickle.UnpicklingError(f"{what}: a tensor is encoded (dtype, shape, bytes)")
     name, shape, data = encoded
@@ -508,10 +521,11 @@ def _numpy_tensor(encoded: Any, what: str) -> torch.Tensor:
     if data.size != math.prod(shape) * size:
         raise pickle.UnpicklingError(f"{what}: {data.size} bytes for a {name} tensor of shape {shape} "
                                      f"({math.prod(shape) * size} expected)")
+    budget.charge(data.size, GEN_BATCH_FILE, what)  # the copy below: one array may back many fields
     return torch.from_numpy(data.copy()).view(dtype).view(shape)
 
 
-def _numpy_tensordict(state: Any) -> TensorDictBase | None:
+def _numpy_tensordict(state: Any, budget: DecodeBudget) -> TensorDictBase | None:
     """The TensorDict of a ``gen_batch.dp`` verl wrote under ``VERL_DATAPROTO_SERIALIZATION_METHOD=numpy``."""
     if state is None:
         return None
@@ -531,10 +545,11 @@ def _numpy_tensordict(state: Any) -> TensorDictBase | None:
             layout, parts = encoded
             if layout not in _NESTED_LAYOUTS or not isinstance(parts, list) or not parts:
                 raise pickle.UnpicklingError(f"field {key!r}: a nested tensor is (jagged or strided, [components])")
-            components = [_numpy_tensor(part, f"field {key!r}[{i}]") for i, part in enumerate(parts)]
+            components = [_numpy_tensor(part, f"field {key!r}[{i}]", budget) for i, part in enumerate(parts)]
+            budget.charge(sum(c.nbytes for c in components), GEN_BATCH_FILE, f"field {key!r}")  # joined: a copy
             tensors[key] = torch.nested.as_nested_tensor(components, layout=_NESTED_LAYOUTS[layout])
         else:
-            tensors[key] = _numpy_tensor(encoded, f"field {key!r}")
+            tensors[key] = _numpy_tensor(encoded, f"field {key!r}", budget)
     return TensorDict(tensors, batch_size=list(batch_size))
 
 
@@ -648,8 +663,9 @@ class VerlFormat:
         """
         try:
             data = files[GEN_BATCH_FILE]
-            DecodeBudget.for_files(files, max_bytes).charge(len(data), GEN_BATCH_FILE, "file")
-            batch, non_tensor, meta = loads_dataproto(data)
+            budget = DecodeBudget.for_files(files, max_bytes)
+            budget.charge(len(data), GEN_BATCH_FILE, "file")
+            batch, non_tensor, meta = loads_dataproto(data, budget)
             check_loaded(batch, GEN_BATCH_FILE, "batch")
         except (CorruptEntryError, MemoryError):  # the bound keeps hostile entries from causing a MemoryError
             raise

@@ -14,15 +14,15 @@ import enum
 import itertools
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepskip._entries import FileBytes
 
 __all__ = [
     "EntryState", "Probe", "DirItem", "Tree", "Capabilities", "Allocator", "Backend", "PinnedEntry", "Staging",
-    "Batch", "BadFile", "Raced", "NotAnEntry", "token", "settled", "SETTLED_NS",
+    "Batch", "BadFile", "Raced", "NotAnEntry", "token", "settled", "newest_below", "SETTLED_NS",
 ]
 
 #: Where a read puts a big file: given its size, a writable buffer of exactly that many bytes (the
@@ -178,18 +178,47 @@ class Tree:
 
     def newest(self, path: str) -> float | None:
         """The newest modification time of the files below ``path``; None when one has no time or there are none."""
-        newest: float | None = None
-        pending = [path.rstrip("/")]
-        while pending:
-            current = pending.pop()
-            for name, item in self._children(current).items():
-                if item is None:
-                    pending.append(f"{current}/{name}")
-                    continue
-                if item.mtime is None:
-                    return None  # a file of unknown age: it may be being written
-                newest = item.mtime if newest is None else max(newest, item.mtime)
-        return newest
+        return newest_below(path, self._items)
+
+    def _items(self, path: str) -> list[DirItem]:
+        # Everything given as a file stays one, whatever kind it claims: only the names above a file
+        # are directories of the tree.
+        return [DirItem(name, "dir") if item is None else item if item.kind != "dir" else replace(item, kind="file")
+                for name, item in self._children(path).items()]
+
+
+def newest_below(path: str, items: Callable[[str], Iterable[DirItem]]) -> float | None:
+    """The newest modification time of what lies below directory ``path``.
+
+    A link counts as a file (never followed), and a directory whose name is not one plain name
+    (empty, ``.``, ``..`` or holding ``/``) is not entered, so the walk stays below ``path`` and ends.
+
+    Args:
+        path: the directory to walk.
+        items: lists one directory: what is directly in it, as seen without following links.
+
+    Returns:
+        The newest time found; None when one file has no time (it may be being written) or there is none.
+
+    Example:
+        >>> listing = {"/r": [DirItem("a", "dir"), DirItem("x", "file", 1, 5.0)],
+        ...            "/r/a": [DirItem("y", "file", 1, 7.0)]}
+        >>> newest_below("/r", lambda d: listing.get(d, []))
+        7.0
+    """
+    newest: float | None = None
+    pending = [path.rstrip("/")]
+    while pending:
+        current = pending.pop()
+        for item in items(current):
+            if item.kind == "dir":
+                if item.name not in ("", ".", "..") and "/" not in item.name:
+                    pending.append(f"{current}/{item.name}")  # any other name could lead out of path, or back
+                continue
+            if item.mtime is None:
+                return None  # a file of unknown age: it may be being written
+            newest = item.mtime if newest is None else max(newest, item.mtime)
+    return newest
 
 
 @dataclass(frozen=True)

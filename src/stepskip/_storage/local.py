@@ -14,8 +14,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Mapping
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
 
 from stepskip._storage._linux import NotFollowed, dir_item, lstat_at, open_below, read_at, remove_at
 from stepskip._storage._localfs import LocalBatch, LocalEntry, LocalStaging, publish_dir_at, put_at, retire_at
@@ -24,6 +24,8 @@ from stepskip._storage.meta import TMP_PREFIX, TRASH_PREFIX, valid_name
 from stepskip._entries import FileBytes
 
 __all__ = ["LocalBackend", "local_path"]
+
+_T = TypeVar("_T")
 
 
 def local_path(path: str) -> str | None:
@@ -118,32 +120,29 @@ class LocalBackend(Backend):
 
     # ------------------------------------------------------------------ looking
 
-    def names(self, path: str, dirs_only: bool = False) -> list[str]:
+    def _listed(self, path: str, found: Callable[[int, list[os.DirEntry[str]]], list[_T]]) -> list[_T]:
+        """``found(fd, entries)`` over the directory ``path``; empty when it cannot be opened without
+        following a link, or listed."""
         try:
             fd = self.open_dir(path)
         except OSError:
             return []
         try:
             with os.scandir(fd) as it:
-                return [e.name for e in it if not dirs_only or e.is_dir(follow_symlinks=False)]
+                entries = list(it)
+            return found(fd, entries)
         except OSError:
             return []
         finally:
             os.close(fd)
 
+    def names(self, path: str, dirs_only: bool = False) -> list[str]:
+        return self._listed(path, lambda fd, entries: [e.name for e in entries
+                                                        if not dirs_only or e.is_dir(follow_symlinks=False)])
+
     def items(self, path: str) -> list[DirItem]:
-        try:
-            fd = self.open_dir(path)
-        except OSError:
-            return []
-        try:
-            with os.scandir(fd) as it:
-                names = [e.name for e in it]
-            return [dir_item(n, st) for n in names if (st := lstat_at(fd, n)) is not None]
-        except OSError:
-            return []
-        finally:
-            os.close(fd)
+        return self._listed(path, lambda fd, entries: [dir_item(e.name, st) for e in entries
+                                                        if (st := lstat_at(fd, e.name)) is not None])
 
     def stat(self, path: str) -> DirItem | None:
         full = self.absolute(path).rstrip("/") or "/"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,8 @@ if TYPE_CHECKING:  # types only: importing them at run time would load torch for
     from stepskip.cli.verify import RepairResult, VerifyReport
 
 __all__ = ["err", "out", "plural", "print_json", "progress"]
+
+logger = logging.getLogger(__name__)
 
 # Long lines are not cut (soft wrap): the output stays greppable and pastes whole.
 out = Console(highlight=False, soft_wrap=True)
@@ -49,11 +52,21 @@ def human_bytes(n: int | None) -> str:
 
 
 def human_time(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+    """``t`` as local time; ``?`` for one no calendar holds (a time in a cache is anything its writer put)."""
+    if t is None:
+        return "-"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+    except (OverflowError, ValueError, OSError):
+        return "?"
 
 
 def iso_time(t: float | None) -> str | None:
-    return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    """``t`` in ISO 8601, UTC; None as for an unknown time where no calendar holds it."""
+    try:
+        return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 def plural(count: int, one: str, many: str | None = None) -> str:
@@ -301,7 +314,8 @@ def render_drift(records: list[dict[str, Any]], entries: list[EntryRecord]) -> N
     for record in records:
         entry = record.get("entry")
         entry = entry if isinstance(entry, dict) else {}
-        stale = entry.get("run_id") is not None and runs and entry.get("run_id") not in runs
+        run_id = entry.get("run_id")
+        stale = isinstance(run_id, str) and runs and run_id not in runs
         compared = _figure(record.get("compared_unix"))
         when = human_time(compared) if compared is not None else "?"
         out.print(f"  {drift_line(record)}; compared {when}" + (" [yellow](against an earlier recording of this "
@@ -415,11 +429,20 @@ def render_convert(report: ConvertReport, src_root: str, dst_root: str, to: str)
 # --------------------------------------------------------------------------- show
 
 
+def _decoded(tokenizer: Any, ids: list[int]) -> str | None:
+    """The text of ``ids``; None when the tokenizer cannot take them (a float column, ids outside its vocabulary)."""
+    try:
+        return str(tokenizer.decode(ids, skip_special_tokens=False))
+    except Exception as err:  # an entry's columns are anything its writer put: the ids are shown instead
+        logger.debug("tokenizer could not decode %d ids: %s", len(ids), err)
+        return None
+
+
 def _tokens(ids: list[int] | None, tokenizer: Any, limit: int) -> str:
     if ids is None:
         return "-"
-    if tokenizer is not None:
-        return repr(tokenizer.decode(ids, skip_special_tokens=False))
+    if tokenizer is not None and (text := _decoded(tokenizer, ids)) is not None:
+        return repr(text)
     shown = ids if not limit or len(ids) <= limit else ids[:limit]
     more = f" … (+{len(ids) - len(shown)} more)" if len(shown) < len(ids) else ""
     return "[" + ", ".join(map(str, shown)) + "]" + more
@@ -430,8 +453,8 @@ def show_json(path: str, step: int, samples: list[SampleRow], tokenizer: Any,
     rows = [plain(s) for s in samples]
     if tokenizer is not None:
         for row, s in zip(rows, samples):
-            row["prompt_decoded"] = None if s.prompt is None else tokenizer.decode(s.prompt)
-            row["response_decoded"] = None if s.response is None else tokenizer.decode(s.response)
+            row["prompt_decoded"] = None if s.prompt is None else _decoded(tokenizer, s.prompt)
+            row["response_decoded"] = None if s.response is None else _decoded(tokenizer, s.response)
     return {"path": path, "step": step, "rows": rows, "drift": drift or []}
 
 

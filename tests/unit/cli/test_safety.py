@@ -219,3 +219,79 @@ def test_retire_is_confined_to_the_index_root(copy_cache, tmp_path):
     assert (dump / "exp_v1").exists() and (tmp_path / "elsewhere").exists()
     index.retire(str(dump / SAFE_RUN / "1"))
     assert not (dump / SAFE_RUN / "1").exists()
+
+
+@pytest.mark.parametrize("created", [1e300, 1e20, -0.0])
+def test_a_time_no_calendar_holds_is_shown_as_unknown_not_a_crash(copy_cache, created):
+    """``created_unix`` may be any finite number >= 0 in a meta.json someone else wrote: ls and info print it."""
+    dump = copy_cache("dump")
+    meta_path = dump / SAFE_RUN / "2" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["created_unix"] = created
+    meta_path.write_text(json.dumps(meta))
+    for args in (["ls", dump], ["ls", dump, "--json"], ["info", dump / SAFE_RUN / "2"],
+                 ["info", dump / SAFE_RUN / "2", "--json"]):
+        result = stepskip(*args)
+        assert result.code == 0, result
+
+
+HOSTILE_DRIFT = {
+    "nan": '{"step": 1, "token_match": NaN, "first_row": NaN, "worst_field": "x"}',
+    "infinity": '{"step": 1, "first_row": Infinity, "worst_field": "x"}',
+    "overflowing": '{"step": 1, "first_row": 1e999, "worst_field": "x"}',
+    "huge_int": '{"step": 1, "worst_match": ' + "9" * 4000 + ', "worst_field": "x"}',
+    "deep": '{"step": 1, "fields": ' + "[" * 900 + "]" * 900 + "}",
+    "run_id_list": '{"step": 1, "passed": true, "entry": {"run_id": ["a"]}}',
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_DRIFT))
+def test_a_planted_drift_record_is_never_a_crash(copy_cache, name):
+    """A drift record is a file beside the steps anyone may have written: info and show print the step
+    (the record passed over when it is not what action: compare writes), in text and in JSON."""
+    from stepskip._drift import drift_records
+    from stepskip._index import CacheIndex
+
+    dump = copy_cache("dump")
+    records = dump / SAFE_RUN / ".stepskip-drift"
+    records.mkdir()
+    (records / "1.json").write_text(HOSTILE_DRIFT[name])
+    (records / "1-x.json").write_text('{"step": 1, "passed": true, "token_match": 1.0}')  # a sound one beside it
+    step = dump / SAFE_RUN / "1"
+    for args in (["info", step], ["info", step, "--json"], ["show", step], ["show", step, "--json"]):
+        result = stepskip(*args)
+        assert result.code == 0, result
+        if "--json" in args:
+            assert json.loads(result.out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON output"))
+    kept = drift_records(CacheIndex(str(dump)).store, str(step))
+    assert {"step": 1, "passed": True, "token_match": 1.0} in kept
+    assert name == "run_id_list" or len(kept) == 1
+
+
+def test_token_columns_a_tokenizer_cannot_take_are_shown_as_ids(tmp_path):
+    """An entry claiming the demo's model (so show picks the built-in tokenizer) whose token columns hold
+    NaN and infinity: show prints the ids instead of crashing, in text and JSON."""
+    import torch
+    from skip_configs import run_path, training_config
+
+    from stepskip import Batch, SkipManager
+    from stepskip.pipelines.tokenizer import MODEL_NAME
+
+    config = training_config(tmp_path, steps=[1])
+    config["actor_rollout_ref"]["model"] = {"path": MODEL_NAME}
+
+    class Loop:
+        @SkipManager.annotate(role="rollout")
+        def generate_sequences(self, prompts: Batch) -> Batch:
+            return Batch.from_dict(tensors={"prompts": torch.tensor([[1.0, float("nan")], [1.0, 3.0]]),
+                                            "responses": torch.tensor([[float("inf"), 4.0], [4.0, 5.0]])})
+
+    SkipManager.init(config)
+    SkipManager.set_step(1)
+    Loop().generate_sequences(Batch.from_dict(tensors={"input_ids": torch.zeros(2, 2)}))
+    SkipManager.close()
+    step = run_path(tmp_path) / "1"
+    shown = stepskip("show", step)
+    assert shown.code == 0 and "[inf, 4.0]" in shown.out and "'<s>0'" in shown.out, shown
+    rows = stepskip("show", step, "--json").json()["rows"]
+    assert rows[0]["prompt_decoded"] is None and rows[1]["response_decoded"] == "12"

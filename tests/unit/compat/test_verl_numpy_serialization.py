@@ -21,7 +21,7 @@ from verl_fixtures import FIXTURES, check_load_module, comparable, expected_summ
 
 from stepskip import Batch, SkipManager
 from stepskip.cli.app import app
-from stepskip.errors import CorruptEntryError
+from stepskip.errors import CorruptEntryError, DecodeLimitError
 from stepskip._formats import verl as verl_format
 
 RUN = Path("fx_verl") / "GBS4_N2_in8_out6"
@@ -155,3 +155,34 @@ def test_a_torch_size_global_is_only_a_checked_shape():
     for dims in (("1",), (-1,), [2.0]):
         with pytest.raises(pickle.UnpicklingError, match="torch.Size"):
             verl_format.restricted_loads(pickle.dumps(_Forged(dims), protocol=4))
+
+
+def test_one_tensors_bytes_named_by_many_fields_are_charged_to_the_decode_bound():
+    """The pickle memo lets a 1 MiB tensor be named by 64 fields for a few bytes each: 64 MiB to rebuild."""
+    shared = encoded(torch.zeros(2, 1 << 17, dtype=torch.float32))  # 1 MiB
+    data = numpy_pickle({f"f{i}": shared for i in range(64)})
+    assert len(data) < 2 << 20
+    with pytest.raises(DecodeLimitError, match="decode bound"):
+        verl_format.VerlFormat().decode({"gen_batch.dp": data}, max_bytes=16 << 20)
+
+
+def test_a_genuine_numpy_serialized_batch_fits_the_decode_bound_of_its_own_size():
+    data = numpy_pickle({"ids": encoded(torch.arange(1 << 16).reshape(2, -1)),
+                         "j": ("jagged", [encoded(torch.ones(1 << 14)), encoded(torch.ones(1 << 15))])})
+    out = verl_format.VerlFormat().decode({"gen_batch.dp": data}, max_bytes=4 * len(data))
+    assert out.batch["ids"].shape == (2, 1 << 15)
+
+
+
+@pytest.mark.parametrize("dtype", ["qint8", "quint4x2", "bits8", "uint4", "int1"])
+def test_a_tensor_of_a_dtype_without_values_is_refused(dtype):
+    """Quantized, opaque-bit and sub-byte dtypes viewed from raw bytes make tensors that no copy or print survives."""
+    with pytest.raises(CorruptEntryError, match="not a torch dtype"):
+        decode(numpy_pickle({"a": (dtype, torch.Size([2]), np.zeros(2, np.uint8))}))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.uint16, torch.complex64, torch.bool])
+def test_tensors_of_every_value_dtype_read_back(dtype):
+    tensor = torch.zeros(2, 3, dtype=dtype)
+    out = decode(numpy_pickle({"a": encoded(tensor)}))
+    assert out.batch["a"].dtype == dtype and out.batch["a"].clone().view(torch.uint8).sum() == 0

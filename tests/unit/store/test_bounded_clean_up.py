@@ -24,6 +24,7 @@ from stepskip._storage import (
     may_hold_leftovers,
 )
 from stepskip._storage import objects as store_module
+from stepskip._storage.base import newest_below
 from stepskip._manifest import MANIFEST_FILE, may_need_clean_up
 
 FILES = {"data.json": b'{"x": 1}', "data.safetensors": b"0123456789"}
@@ -75,6 +76,24 @@ def test_tree_lists_dirs_files_and_newest_times() -> None:
     assert tree.files("s3://b/other/3") == {} and tree.dirs("s3://b/runner") == []
     unknown = Tree("r", {"1/a.json": DirItem("a.json", "file", 1, None), "1/b.json": DirItem("b.json", "file", 1, 5.0)})
     assert unknown.newest("r/1") is None  # a file of unknown age: the directory's age is unknown
+
+
+def test_the_newest_walk_enters_only_plain_directory_names() -> None:
+    """A listing naming a directory ``..`` (an object key holding ``/../``) or ``.`` would lead the walk
+    above the directory, or round in a loop: such a name is never entered."""
+    listing = {"r/1": [DirItem("..", "dir"), DirItem(".", "dir"), DirItem("", "dir"), DirItem("a/b", "dir"),
+                       DirItem("rec", "dir"), DirItem("x.json", "file", 1, 5.0)],
+               "r/1/rec": [DirItem("..", "dir"), DirItem("y.json", "file", 1, 7.0)],
+               "r": [DirItem("1", "dir"), DirItem("old.json", "file", 1, 99.0)]}
+    seen: list[str] = []
+
+    def items(path: str) -> list[DirItem]:
+        seen.append(path)
+        assert len(seen) < 10, "the walk went round"
+        return listing.get(path, [])
+
+    assert newest_below("r/1/", items) == 7.0
+    assert seen == ["r/1", "r/1/rec"]
 
 
 def test_scan_lists_every_object_below_the_path_only() -> None:
