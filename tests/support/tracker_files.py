@@ -4,6 +4,9 @@ TensorBoard: its own ``EventAccumulator`` over the event files. W&B offline: the
 (``run-*.wandb``: blocks of length-prefixed records, each a ``wandb_internal_pb2.Record``, read here
 because wandb no longer ships a Python reader) and its table files. MLflow: ``MlflowClient`` on the
 file store. Each function returns plain data: ``{tag: [(step, value), ...]}`` and row dicts.
+
+A test module that imports this one is skipped, naming the fix, where a backend is not installed
+(``make test`` installs them in both environments: the ``trackers`` extra and verl's).
 """
 
 from __future__ import annotations
@@ -13,6 +16,11 @@ import os
 import struct
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+for _backend in ("tensorboard", "wandb", "mlflow"):
+    pytest.importorskip(_backend, reason=f"{_backend} is not installed: pip install -e '.[trackers]' (make test does)")
 
 # ---------------------------------------------------------------------- TensorBoard
 

@@ -68,10 +68,13 @@ def test_float_fields_count_the_share_within_tolerance_and_the_deltas():
 
 
 def test_nan_equals_nan_and_differs_from_a_number():
-    f = compare_values(torch.tensor([math.nan, 1.0, math.nan]), torch.tensor([math.nan, 1.0, 0.0])).fields["value"]
-    assert f.match == pytest.approx(2 / 3) and f.max_delta is None or math.isinf(f.max_delta)
-    record = compare_values(torch.tensor([math.nan, 1.0, math.nan]), torch.tensor([math.nan, 1.0, 0.0])).as_record()
+    drift = compare_values(torch.tensor([math.nan, 1.0, math.nan]), torch.tensor([math.nan, 1.0, 0.0]))
+    f = drift.fields["value"]
+    assert f.match == pytest.approx(2 / 3) and f.first_row == 2  # the NaN row 0 is equal, row 2 is not
+    assert f.max_delta is not None and math.isinf(f.max_delta)  # a number against NaN: as far off as can be
+    record = drift.as_record()
     json.dumps(record, allow_nan=False)  # no NaN or infinity in a record
+    assert record["fields"]["value"]["max_delta"] is None and record["fields"]["value"]["row_match"] == [1.0, 1.0, 0.0]
 
 
 def test_non_tensor_columns_count_equal_rows():

@@ -3,25 +3,17 @@ for a settled filesystem. Nothing here looks at a timing: the disk wait's thresh
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[3]
+from scripts import script_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_user_path_helpers", ROOT / "benchmarks" / "bench_user_path.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    with script_module("benchmarks/bench_user_path.py", "bench_user_path_helpers") as module:
+        yield module
 
 
 def test_rounds_merge_their_runs_and_rates_are_the_best_of_all(bench):

@@ -3,23 +3,14 @@ Nothing here runs verl or looks at a timing (the scenario itself is tested by th
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[3]
+from scripts import script_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_replay_run", ROOT / "benchmarks" / "bench_replay_run.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    with script_module("benchmarks/bench_replay_run.py", "bench_replay_run") as module:
+        yield module
 
 
 def scenario_run(replicas: int, syncs: list[int], start: float) -> dict:

@@ -35,17 +35,23 @@ def unreachable_endpoint() -> Iterator[str]:
         yield endpoint
 
 
+#: Commands whose storage option has only its long name (``report``'s ``-o`` is its output file).
+LONG_NAME_ONLY = {"view", "report"}
+
+
 @pytest.mark.parametrize("command", [
     ["ls", URL], ["ls", URL, "--json"], ["verify", URL], ["info", f"{RUN}/1"], ["show", RUN, "--step", "1"],
-    ["prune", RUN, "--keep-last", "1", "--dry-run"], ["view", URL, "--port", "0"],
-])
-def test_an_endpoint_that_does_not_answer(command, unreachable_endpoint, monkeypatch):
+    ["prune", RUN, "--keep-last", "1", "--dry-run"], ["view", URL, "--port", "0"], ["report", URL],
+    ["rerun", URL, "--stage", "reward", "--fn", "stepskip.rerun:grpo_advantages"],
+], ids=lambda command: " ".join(command[:1] + command[2:]))
+def test_an_endpoint_that_does_not_answer(command, unreachable_endpoint, monkeypatch, tmp_path):
     bad_credentials(monkeypatch)  # never checked: nothing answers
     opts = option_args(unreachable_endpoint)
-    if command[0] == "view":  # its storage option has only the long name
+    if command[0] in LONG_NAME_ONLY:
         opts = [o.replace("-o", "--storage-option") if o == "-o" else o for o in opts]
-    result = stepskip(*command, *opts)
+    result = stepskip(*command, *opts, cwd=tmp_path)  # report would write report.html here
     assert_one_line_exit_2(result, command[1], "EndpointConnectionError")
+    assert list(tmp_path.iterdir()) == []  # nothing written on the local side
 
 
 def test_refused_credentials(monkeypatch):

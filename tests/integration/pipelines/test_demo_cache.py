@@ -7,13 +7,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import signal
 import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
-from interrupts import popen_interruptible
+from interrupts import view_command
 from pipeline_helpers import entry_dirs
 
 from stepskip.pipelines import demo
@@ -55,21 +54,14 @@ def test_the_dump_dir_is_a_cache_ls_show_and_report_open(demo_dir):
 def test_stepskip_view_serves_the_dump_dir(demo_dir):
     """The real console command on the demo's --dump-dir; Ctrl-C (SIGINT) stops it."""
     dump, _ = demo_dir
-    proc = popen_interruptible([sys.executable, "-m", "stepskip", "view", str(dump), "--port", "0"])
-    try:
-        line = proc.stdout.readline()
-        assert "http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
-        url = line.split(" at ")[1].split()[0]
-        with urllib.request.urlopen(f"{url}api/runs") as res:
+    with view_command(dump, "--port", "0") as view:
+        assert view.url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(f"{view.url}api/runs") as res:
             runs = json.load(res)["runs"]
         assert [r["name"] for r in runs] == [RUN]
-        with urllib.request.urlopen(f"{url}api/step?run={RUN}&role=rollout&step=2") as res:
+        with urllib.request.urlopen(f"{view.url}api/step?run={RUN}&role=rollout&step=2") as res:
             page = json.load(res)
         assert page["reward_source"].startswith("reward role") and isinstance(page["rows"][0]["response"], str)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "stopped" in out, err
 
 
 def test_the_view_shows_text_and_rewards(demo_dir):

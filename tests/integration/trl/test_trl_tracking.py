@@ -6,13 +6,7 @@ default, the full set and rollout samples when asked, read back from the real ba
 from __future__ import annotations
 
 import pytest
-from trl_support import copy_cache, run_trl, skip_section
-
-pytest.importorskip("tensorboard")
-pytest.importorskip("wandb")
-pytest.importorskip("mlflow")
-
-from tracker_files import (  # noqa: E402
+from tracker_files import (
     mlflow_metric,
     mlflow_run,
     mlflow_tables,
@@ -22,6 +16,7 @@ from tracker_files import (  # noqa: E402
     wandb_run_dir,
     wandb_table,
 )
+from trl_support import copy_cache, run_trl, skip_section
 
 pytestmark = pytest.mark.heavy
 

@@ -19,24 +19,38 @@ def losses(result: dict) -> list[float]:
     return [entry["loss"] for entry in logs_without_timings(result) if "loss" in entry]
 
 
-@pytest.fixture(scope="module", params=["colocate", "server"])
-def vllm_recording(request, tmp_path_factory):
-    """4 steps recorded with vLLM (the stand-in) started, in each vLLM mode."""
-    work = tmp_path_factory.mktemp(f"trl-vllm-{request.param}")
-    result, _ = run_trl(work, skip_section(work / "cache", steps=STEPS), name="record", vllm=request.param,
-                        stepskip_trainer=True)
-    assert result["error"] is None, result["error"]
-    return request.param, work / "cache", result
+MODES = ["colocate", "server"]
 
 
-def test_vllm_recording_starts_the_engine_and_generates_every_step(vllm_recording):
-    _, _, result = vllm_recording
+@pytest.fixture(scope="module")
+def vllm_recordings(tmp_path_factory):
+    """``recording(mode)``: 4 steps recorded with vLLM (the stand-in) started in that vLLM mode, made on first
+    use. Whether an engine starts for an uncached step does not depend on the mode, so the two tests of that
+    ask for colocate alone: no server recording is made only for a test that is then skipped."""
+    made: dict[str, tuple] = {}
+
+    def recording(mode: str) -> tuple:
+        if mode not in made:
+            work = tmp_path_factory.mktemp(f"trl-vllm-{mode}")
+            result, _ = run_trl(work, skip_section(work / "cache", steps=STEPS), name="record", vllm=mode,
+                                stepskip_trainer=True)
+            assert result["error"] is None, result["error"]
+            made[mode] = (mode, work / "cache", result)
+        return made[mode]
+
+    return recording
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_vllm_recording_starts_the_engine_and_generates_every_step(vllm_recordings, mode):
+    _, _, result = vllm_recordings(mode)
     assert result["vllm"] == {"constructed": 1, "weight_syncs": 4, "generations": 4}
     assert result["vllm_backend"] == "StandInVLLMGeneration" and result["generated_steps"] == STEPS
 
 
-def test_vllm_fully_cached_run_constructs_no_engine_and_moves_no_weights(vllm_recording, tmp_path):
-    mode, cache, recorded = vllm_recording
+@pytest.mark.parametrize("mode", MODES)
+def test_vllm_fully_cached_run_constructs_no_engine_and_moves_no_weights(vllm_recordings, mode, tmp_path):
+    mode, cache, recorded = vllm_recordings(mode)
     result, _ = run_trl(tmp_path, skip_section(cache, steps=STEPS, action="replay"), name="replay", vllm=mode,
                         stepskip_trainer=True)
     assert result["error"] is None, result["error"]
@@ -47,10 +61,8 @@ def test_vllm_fully_cached_run_constructs_no_engine_and_moves_no_weights(vllm_re
     assert losses(result) == losses(recorded) and len(losses(result)) == 4
 
 
-def test_vllm_one_uncached_step_starts_the_engine_and_syncs_weights_for_that_step_only(vllm_recording, tmp_path):
-    mode, cache, _ = vllm_recording
-    if mode != "colocate":
-        pytest.skip("one mode is enough: the decision does not depend on it")
+def test_vllm_one_uncached_step_starts_the_engine_and_syncs_weights_for_that_step_only(vllm_recordings, tmp_path):
+    mode, cache, _ = vllm_recordings("colocate")
     result, _ = run_trl(tmp_path, skip_section(copy_cache(cache, tmp_path), steps=[*STEPS, 5]), name="partial",
                         vllm=mode, stepskip_trainer=True, args={"max_steps": 5})
     assert result["error"] is None, result["error"]
@@ -59,10 +71,8 @@ def test_vllm_one_uncached_step_starts_the_engine_and_syncs_weights_for_that_ste
     assert result["generated_steps"] == [5]
 
 
-def test_vllm_engines_skip_refuses_to_start_a_run_that_needs_generation(vllm_recording, tmp_path):
-    mode, cache, _ = vllm_recording
-    if mode != "colocate":
-        pytest.skip("one mode is enough: the decision does not depend on it")
+def test_vllm_engines_skip_refuses_to_start_a_run_that_needs_generation(vllm_recordings, tmp_path):
+    mode, cache, _ = vllm_recordings("colocate")
     result, _ = run_trl(tmp_path, skip_section(copy_cache(cache, tmp_path), steps=[*STEPS, 5], engines="skip"),
                         name="refused", vllm=mode, stepskip_trainer=True, args={"max_steps": 5})
     assert result.get("init_failed") and result["error"]["type"] == "SkipConfigError"

@@ -88,6 +88,16 @@ def assert_recorded_with_the_engine(run: dict, steps: int) -> None:
     assert engine["weight_syncs"] == list(range(steps))
 
 
+def assert_generated_only_the_uncached_step(run: dict) -> None:
+    """Steps 1-3 replayed, step 4 generated: one engine, which saw step 3's weights (the only sync) and
+    generated step 4 alone; the actor trained every step."""
+    engine = no_error(run)["engine"]
+    assert engine["replicas_constructed"] == 1
+    assert [(g["step"], g["weights"]) for g in engine["generations"]] == [(4, 3)]
+    assert engine["weight_syncs"] == [3]
+    assert run["actor_updates"] == 4
+
+
 def assert_no_engine(run: dict) -> None:
     engine = run["engine"]
     assert engine["replicas_constructed"] == 0 and engine["replicas_started"] == 0 and engine["workers_started"] == 0
@@ -119,15 +129,11 @@ def test_v0_replay_only_run_builds_no_engine_syncs_no_weights_and_trains_the_rec
 
 def test_v0_one_uncached_step_starts_the_engine_and_generates_exactly_that_step(v0):
     _, runs = v0
-    run = no_error(runs["one_uncached"])
-    engine = run["engine"]
-    assert engine["replicas_constructed"] == 1
-    # steps 1-3 replayed: no weight moved and the replicas stayed asleep; step 4 saw step 3's weights
-    assert [(g["step"], g["weights"]) for g in engine["generations"]] == [(4, 3)]
-    assert engine["weight_syncs"] == [3]
-    assert run["gate"]["sleeps_skipped"] == 3
+    run = runs["one_uncached"]
+    assert_generated_only_the_uncached_step(run)
+    assert run["gate"]["sleeps_skipped"] == 3  # the replayed steps' replicas were never woken
     stats = role_stats(run, "rollout")
-    assert (stats["hits"], stats["misses"]) == (3, 1) and run["actor_updates"] == 4
+    assert (stats["hits"], stats["misses"]) == (3, 1)
 
 
 def test_v0_engines_skip_refuses_at_start_up_naming_the_uncached_step(v0):
@@ -166,12 +172,10 @@ def test_v1_replay_only_run_builds_no_engine_syncs_no_weights_and_trains_the_rec
 
 def test_v1_one_uncached_step_starts_the_engine_and_generates_exactly_that_step(v1):
     _, runs = v1
-    run = no_error(runs["one_uncached"])
-    engine = run["engine"]
-    assert engine["replicas_constructed"] == 1
-    assert [(g["step"], g["weights"]) for g in engine["generations"]] == [(4, 3)]
-    assert engine["weight_syncs"] == [3]
-    assert run["actor_updates"] == 4
+    run = runs["one_uncached"]
+    assert_generated_only_the_uncached_step(run)
+    stats = role_stats(run, "rollout_tq")
+    assert (stats["hits"], stats["misses"]) == (3, 1)
 
 
 def test_v1_refill_of_a_replayed_step_never_reaches_an_engine(v1):

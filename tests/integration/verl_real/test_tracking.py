@@ -18,13 +18,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from verl_real_support import needs_verl_env, ok, run_scenario
-
-pytest.importorskip("tensorboard")
-pytest.importorskip("wandb")
-pytest.importorskip("mlflow")
-
-from tracker_files import (  # noqa: E402
+from tracker_files import (
     mlflow_metric,
     mlflow_run,
     mlflow_tables,
@@ -34,6 +28,7 @@ from tracker_files import (  # noqa: E402
     wandb_run_dir,
     wandb_table,
 )
+from verl_real_support import needs_verl_env, ok, run_scenario
 
 pytestmark = [pytest.mark.heavy, needs_verl_env]
 

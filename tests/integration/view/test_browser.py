@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -26,7 +25,7 @@ sys.path.insert(0, str(TESTS / "integration" / "pipelines"))
 sys.path.insert(0, str(TESTS / "unit" / "cli"))
 
 from cli_caches import base_config, rollout_batch  # noqa: E402
-from interrupts import popen_interruptible  # noqa: E402
+from interrupts import view_command  # noqa: E402
 from pipeline_helpers import SMALL, skip_overrides  # noqa: E402
 
 RUN = "colocated_stepskip_pipelines/GBS4_N4_in5_out12"
@@ -90,14 +89,9 @@ def truth(dump) -> ViewSource:
 @pytest.fixture(scope="module")
 def server(dump):
     """``stepskip view DUMP --port 0 --allow-pickle`` as a real process; Ctrl-C (SIGINT) stops it."""
-    proc = popen_interruptible([sys.executable, "-m", "stepskip", "view", str(dump), "--port", "0", "--allow-pickle"])
-    line = proc.stdout.readline()
-    assert "http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
-    url = line.split(" at ")[1].split()[0]
-    yield url
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "stopped" in out, err
+    with view_command(dump, "--port", "0", "--allow-pickle") as view:
+        assert view.url.startswith("http://127.0.0.1:")
+        yield view.url
 
 
 def at(base: str, view: str, **params) -> str:
@@ -328,15 +322,9 @@ def test_a_site_that_rebinds_its_name_to_this_machine_reads_nothing(server, brow
 def remote(dump):
     """``stepskip view DUMP --host 0.0.0.0 --port 0 --allow-pickle``: the URL it prints (with the token) and the
     note it writes."""
-    proc = popen_interruptible([sys.executable, "-m", "stepskip", "view", str(dump), "--host", "0.0.0.0", "--port", "0",
-                                "--allow-pickle"])
-    line = proc.stdout.readline()
-    assert "?token=" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
-    note = proc.stderr.readline()
-    yield line.split(" at ")[1].split()[0], note
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "stopped" in out, err
+    with view_command(dump, "--host", "0.0.0.0", "--port", "0", "--allow-pickle") as view:
+        assert "?token=" in view.url
+        yield view.url, view.proc.stderr.readline()
 
 
 def test_a_server_other_machines_reach_opens_from_its_printed_url(remote, browser, tmp_path, truth):

@@ -117,6 +117,23 @@ def test_a_changed_function_fails_naming_the_first_divergent_step_row_and_field(
                     "--atol", "0.3").code == 0
 
 
+@pytest.mark.parametrize(("options", "code"), [
+    (["--rtol", "0.05"], 0),  # 0.25 is within 5 % of row 5's score at every step (6.7 to 7.5)
+    (["--rtol", "0.02"], 1),
+    (["--min-match", "0.85"], 0),  # one score of eight differs: 87.5 % of the field matches
+    (["--min-match", "0.9"], 1),
+])
+def test_rtol_and_min_match_decide_whether_a_changed_function_passes(recorded, tmp_path, options, code):
+    result = stepskip("rerun", recorded, "--stage", "reward", "--fn", f"{tmp_path}/my_rewards.py:changed", *options,
+                      "--json")
+    assert result.code == code, result
+    data = result.json()
+    assert data["passed"] is (code == 0)
+    flag, value = options
+    assert {s["record"][flag.removeprefix("--").replace("-", "_")] for s in data["steps"]} == {
+        float(value)}
+
+
 def test_a_function_that_raises_is_a_failed_step(recorded, tmp_path):
     result = stepskip("rerun", recorded, "--stage", "reward", "--fn", f"{tmp_path}/my_rewards.py:broken")
     assert result.code == 1 and "ValueError: no reward model here" in result.out
@@ -127,19 +144,24 @@ def test_a_module_function(recorded, tmp_path, monkeypatch):
     assert stepskip("rerun", recorded, "--stage", "reward", "--fn", "my_rewards:compute").code == 0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--stage", "rewards", "--fn", "my_rewards:compute"], "no stage 'rewards'"),
-    (["--stage", "reward", "--fn", "no_such_module_here:compute"], "importing no_such_module_here failed"),
-    (["--stage", "reward", "--fn", "my_rewards"], "names no function"),
-    (["--stage", "reward", "--fn", "/nowhere/r.py:compute"], "no file /nowhere/r.py"),
-    (["--stage", "reward", "--fn", "stepskip.rerun:nothing"], "has no 'nothing'"),
-    (["--stage", "reward", "--fn", "stepskip.rerun:grpo_advantages", "--steps", "7"], "no recorded step"),
+FN_FIX = "pass --fn module:function or --fn path/to/file.py:function"
+
+
+@pytest.mark.parametrize("args, message, fix", [
+    (["--stage", "rewards", "--fn", "my_rewards:compute"], "no stage 'rewards'",
+     "(roles recorded there: reward); pass --stage with the name of a stage role"),
+    (["--stage", "reward", "--fn", "no_such_module_here:compute"], "importing no_such_module_here failed", FN_FIX),
+    (["--stage", "reward", "--fn", "my_rewards"], "names no function", FN_FIX),
+    (["--stage", "reward", "--fn", "/nowhere/r.py:compute"], "no file /nowhere/r.py", FN_FIX),
+    (["--stage", "reward", "--fn", "stepskip.rerun:nothing"], "has no 'nothing'", FN_FIX),
+    (["--stage", "reward", "--fn", "stepskip.rerun:grpo_advantages", "--steps", "7"], "no recorded step in --steps 7",
+     "pass steps it recorded"),
 ])
-def test_usage_errors_exit_2_with_one_line_naming_the_fix(recorded, args, message):
+def test_usage_errors_exit_2_with_one_line_naming_the_fix(recorded, args, message, fix):
     result = stepskip("rerun", recorded, *args)
     assert result.code == 2, result
-    assert message in result.err and len(result.err.strip().splitlines()) == 1
-    assert "--fn" in result.err or "--stage" in result.err or "--steps" in result.err or "pass" in result.err
+    assert message in result.err and fix in result.err and len(result.err.strip().splitlines()) == 1, result
+    assert result.out == ""  # no step was run
 
 
 def test_a_stage_recorded_without_inputs_exits_2_with_the_fix(tmp_path):

@@ -9,48 +9,26 @@ from __future__ import annotations
 import io
 import json
 import pickle
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
-from verl_fixtures import FIXTURES, check_load_module, comparable, expected_summary
+from verl_fixtures import FIXTURES, RUN, EchoLoop, check_load_module, comparable, copy_fixture, expected_summary
+from verl_fixtures import fixture_config as config
 
-from stepskip import Batch, SkipManager
+from stepskip import Batch, SkipConfigError, SkipManager
 from stepskip.cli.app import app
 from stepskip.errors import CorruptEntryError, DecodeLimitError
 from stepskip._formats import verl as verl_format
 
-RUN = Path("fx_verl") / "GBS4_N2_in8_out6"
 NUMPY_RUN = FIXTURES / "cache_numpy" / RUN
-
-
-def config(dump_dir, **skip):
-    return {
-        "trainer": {"experiment_name": "fx", "project_name": "verl"},
-        "data": {"train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 6},
-        "actor_rollout_ref": {"rollout": {"n": 2}},
-        "skip": {"rollout": {"enable": True, "steps": [1, 2], "dump_dir": str(dump_dir), "rebind_keys": [], **skip}},
-    }
-
-
-class Loop:
-    def __init__(self):
-        self.calls = 0
-
-    @SkipManager.annotate(role="rollout")
-    def generate_sequences(self, prompts):
-        self.calls += 1
-        return prompts
 
 
 @pytest.fixture
 def numpy_cache(tmp_path):
-    shutil.copytree(NUMPY_RUN, tmp_path / RUN)
-    return tmp_path
+    return copy_fixture("cache_numpy", tmp_path)
 
 
 def test_the_fixture_is_verls_numpy_serialization():
@@ -65,7 +43,7 @@ def test_numpy_serialized_verl_cache_replays_exactly_and_needs_no_engine(numpy_c
     assert SkipManager.engine_plan("rollout", [1, 2], config=settings).start is False
     SkipManager.init(settings)
     SkipManager.set_step(step)
-    loop = Loop()
+    loop = EchoLoop()
     out = loop.generate_sequences(Batch.from_dict(non_tensors={"uid": ["x"] * 8}))
     assert loop.calls == 0 and isinstance(out, Batch)
     assert comparable(check_load_module().summarise(out)) == comparable(expected_summary(f"gen_batch_step{step}"))
@@ -73,9 +51,18 @@ def test_numpy_serialized_verl_cache_replays_exactly_and_needs_no_engine(numpy_c
         assert out.batch[key].dtype == tensor.dtype and torch.equal(out.batch[key], tensor), key
 
 
-def test_numpy_serialized_entries_are_refused_without_allow_pickle(numpy_cache):
+def test_numpy_serialized_entries_are_refused_without_allow_pickle_and_left_untouched(numpy_cache):
+    data = numpy_cache / RUN / "1" / "gen_batch.dp"
+    before = data.read_bytes()
     SkipManager.init(config(numpy_cache, action="cache"))
-    assert SkipManager.engine_plan("rollout", [1]).start is True
+    assert SkipManager.engine_plan("rollout", [1]).start is True  # an entry it may not read serves no step
+    SkipManager.set_step(1)
+    loop = EchoLoop()
+    with pytest.raises(SkipConfigError) as err:
+        loop.generate_sequences(Batch.from_dict(non_tensors={"uid": ["x"] * 8}))
+    assert "allow_pickle" in str(err.value) and "stepskip convert" in str(err.value)
+    SkipManager.flush()
+    assert loop.calls == 0 and data.read_bytes() == before
 
 
 def test_convert_turns_numpy_serialized_entries_into_safe_ones(numpy_cache, tmp_path):
@@ -90,7 +77,7 @@ def test_convert_turns_numpy_serialized_entries_into_safe_ones(numpy_cache, tmp_
         assert meta["format"] == "safe" and meta["converted_from"] == "verl"
     SkipManager.init(config(out, action="replay"))  # no pickle allowed: the converted cache is safe
     SkipManager.set_step(1)
-    loop = Loop()
+    loop = EchoLoop()
     replayed = loop.generate_sequences(Batch.from_dict(non_tensors={"uid": ["x"] * 8}))
     assert loop.calls == 0
     assert comparable(check_load_module().summarise(replayed)) == comparable(expected_summary("gen_batch_step1"))
@@ -133,13 +120,13 @@ def test_a_numpy_serialized_batch_written_here_reads_back():
     ({"a": ("int64", torch.Size([2]), np.zeros(2, np.int64))}, "1-D uint8"),
     ({"a": ("coo", [("int64", torch.Size([1]), np.zeros(8, np.uint8))])}, "nested"),
     ({"a": ("jagged", [])}, "nested"),
-    ({"a": ("int64", torch.Size([3]), np.zeros(24, np.uint8))}, "batch"),  # 3 rows in a batch of 2
+    ({"a": ("int64", torch.Size([3]), np.zeros(24, np.uint8))}, "batch dimension"),  # 3 rows in a batch of 2
     ({"a": ["int64", [2], b"\0" * 16]}, "encoded"),
 ])
 def test_a_forged_numpy_serialized_batch_is_refused(fields, why):
     with pytest.raises(CorruptEntryError) as err:
         decode(numpy_pickle(fields))
-    assert why in str(err.value) or why == "batch", err.value
+    assert why in str(err.value), err.value
 
 
 class _Forged:

@@ -3,41 +3,18 @@
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import sys
-from pathlib import Path
 
 import pytest
-from verl_fixtures import FIXTURE_RUN, check_load_module, comparable, expected_summary
+from verl_fixtures import RUN, EchoLoop, check_load_module, comparable, copy_fixture, expected_summary
+from verl_fixtures import fixture_config as config
 
 from stepskip import Batch, SkipConfigError, SkipManager
-
-RUN = Path("fx_verl") / "GBS4_N2_in8_out6"
-
-
-def config(dump_dir, **skip):
-    return {
-        "trainer": {"experiment_name": "fx", "project_name": "verl"},
-        "data": {"train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 6},
-        "actor_rollout_ref": {"rollout": {"n": 2}},
-        "skip": {"rollout": {"enable": True, "steps": [1, 2], "dump_dir": str(dump_dir), "rebind_keys": [], **skip}},
-    }
-
-
-class Loop:
-    def __init__(self):
-        self.calls = 0
-
-    @SkipManager.annotate(role="rollout")
-    def generate_sequences(self, prompts):
-        self.calls += 1
-        return prompts
 
 
 @pytest.fixture
 def verl_cache(tmp_path):
-    shutil.copytree(FIXTURE_RUN, tmp_path / RUN)
-    return tmp_path
+    return copy_fixture("cache", tmp_path)
 
 
 def test_verl_is_not_installed_here():
@@ -48,7 +25,7 @@ def test_verl_is_not_installed_here():
 def test_gen_batch_written_by_verl_replays_exactly(verl_cache, step):
     SkipManager.init(config(verl_cache, allow_pickle=True, action="replay"))
     SkipManager.set_step(step)
-    loop = Loop()
+    loop = EchoLoop()
     out = loop.generate_sequences(Batch.from_dict(non_tensors={"uid": ["x"] * 8}))
     assert loop.calls == 0
     assert isinstance(out, Batch)
@@ -61,7 +38,7 @@ def test_pickle_entry_is_refused_without_allow_pickle_and_left_untouched(verl_ca
     before = data.read_bytes()
     SkipManager.init(config(verl_cache))
     SkipManager.set_step(1)
-    loop = Loop()
+    loop = EchoLoop()
     with pytest.raises(SkipConfigError) as err:
         loop.generate_sequences(Batch.from_dict(non_tensors={"uid": ["x"] * 8}))
     assert "allow_pickle" in str(err.value) and "stepskip convert" in str(err.value)
@@ -73,7 +50,7 @@ def test_pickle_entry_is_refused_without_allow_pickle_and_left_untouched(verl_ca
 def test_record_overwrites_a_verl_entry_with_a_safe_one(verl_cache):
     SkipManager.init(config(verl_cache, action="record"))
     SkipManager.set_step(1)
-    loop = Loop()
+    loop = EchoLoop()
     loop.generate_sequences(Batch.from_dict(non_tensors={"uid": ["x"] * 8}))
     SkipManager.flush()
     assert loop.calls == 1

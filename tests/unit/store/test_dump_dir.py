@@ -1,26 +1,23 @@
 """check_dump_dir: a dump dir the process cannot use is a SkipConfigError naming the key and the fix.
 
-Permission cases run the check in a forked child that drops to an unprivileged user when the tests
-run as root (root ignores permissions), so the checks meet the filesystem's real answers.
+Permission cases run the check as a user without special rights (tests/support/unprivileged.py: root
+ignores permissions), so the checks meet the filesystem's real answers.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import unprivileged
 
 from stepskip import RunIdentity, SkipConfigError
 from stepskip._storage import check_dump_dir
 from stepskip._layout import Layout
 
 KEY = "skip.rollout.dump_dir"
-NOBODY = 65534
 
 
 def error_of(fn: Callable[[], None]) -> str | None:
@@ -33,40 +30,14 @@ def error_of(fn: Callable[[], None]) -> str | None:
 
 def as_unprivileged(fn: Callable[[], None]) -> str | None:
     """The SkipConfigError message ``fn`` raises when run by a user without special rights."""
-    if os.geteuid() != 0:
-        return error_of(fn)
-    context = multiprocessing.get_context("fork")
-    receive, send = context.Pipe(duplex=False)
-
-    def child() -> None:
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
-        try:
-            send.send(("ok", error_of(fn)))
-        except BaseException as err:  # noqa: BLE001 - reported to the parent
-            send.send(("raised", f"{type(err).__name__}: {err}"))
-
-    proc = context.Process(target=child)
-    proc.start()
-    proc.join(300)
-    assert proc.exitcode == 0
-    kind, value = receive.recv()
-    assert kind == "ok", value
-    return value
+    return unprivileged.as_unprivileged(lambda: error_of(fn))
 
 
 @pytest.fixture
 def open_tmp() -> Iterator[Path]:
     """A directory an unprivileged user may pass through (mode 0711), below /tmp."""
-    path = Path(tempfile.mkdtemp(prefix="stepskip-dd-", dir="/tmp"))
-    path.chmod(0o711)
-    try:
+    with unprivileged.passable_tmp_dir() as path:
         yield path
-    finally:
-        for sub in path.rglob("*"):
-            if sub.is_dir() and not sub.is_symlink():
-                sub.chmod(0o700)
-        shutil.rmtree(path)
 
 
 def test_usable_dump_dirs_pass(tmp_path: Path) -> None:

@@ -286,11 +286,15 @@ def test_readers_racing_writers_see_a_miss_or_one_whole_version(cache: Cache) ->
     stop, problems = threading.Event(), []
 
     def write() -> None:
-        for version in range(1, 60):
-            cache.store.write_entry(path, _content(version), {"global_steps": 3, "v": version})
-            if version % 7 == 0:
-                cache.store.retire_entry(path)
-        stop.set()
+        try:
+            for version in range(1, 60):
+                cache.store.write_entry(path, _content(version), {"global_steps": 3, "v": version})
+                if version % 7 == 0:
+                    cache.store.retire_entry(path)
+        except Exception as err:  # noqa: BLE001 - a failed write is a finding, and must stop the readers
+            problems.append(f"the writer failed: {type(err).__name__}: {err}")
+        finally:
+            stop.set()
 
     def read() -> None:
         while not stop.is_set():
@@ -300,6 +304,9 @@ def test_readers_racing_writers_see_a_miss_or_one_whole_version(cache: Cache) ->
                 problems.append(str(err))
             except CacheMissError:
                 continue
+            except Exception as err:  # noqa: BLE001 - anything else a reader raises is a finding too
+                problems.append(f"a reader failed: {type(err).__name__}: {err}")
+                return
             else:
                 if files != _content(meta["v"]):
                     problems.append(f"version {meta['v']} read with other files")

@@ -2,16 +2,15 @@
 
 Every reader here runs against real files (local) or a real fsspec memory:// filesystem. Reads that
 could hang or exhaust memory when broken (FIFOs, /dev/zero, deep nesting) run in a forked child with
-an address-space limit and a timeout, so a regression fails the test instead of the test run.
+an address-space limit and a hang guard (tests/support/forked.py), so a regression fails the test instead
+of the test run.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import os
-import resource
 import stat
 import uuid
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from forked import HANG_GUARD_S, limit_memory, run_forked
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
@@ -43,32 +43,10 @@ NAMES = list(FILES)
 # --------------------------------------------------------------------------- helpers
 
 
-def in_child(fn: Callable[[], Any], timeout: float = 300.0, extra_memory: int = 512 << 20) -> Any:
+def in_child(fn: Callable[[], Any], timeout: float = HANG_GUARD_S, extra_memory: int = 512 << 20) -> Any:
     """Run ``fn`` in a forked child limited to its current address space plus ``extra_memory``;
-    return its result, or fail when it hangs or dies."""
-    context = multiprocessing.get_context("fork")
-    receive, send = context.Pipe(duplex=False)
-
-    def child() -> None:
-        with open("/proc/self/status") as fh:
-            vm = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmSize:"))
-        resource.setrlimit(resource.RLIMIT_AS, (vm + extra_memory, vm + extra_memory))
-        try:
-            send.send(("ok", fn()))
-        except BaseException as err:  # noqa: BLE001 - reported to the parent
-            send.send(("raised", f"{type(err).__name__}: {err}"))
-
-    proc = context.Process(target=child)
-    proc.start()
-    proc.join(timeout)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
-        pytest.fail(f"the reader hung for {timeout}s")
-    assert proc.exitcode == 0, f"the reader died with exit code {proc.exitcode}"
-    kind, value = receive.recv()
-    assert kind == "ok", value
-    return value
+    return its result, or fail when it raises, hangs or dies."""
+    return run_forked(fn, before=limit_memory(extra_memory), timeout=timeout)
 
 
 def probe_in_child(store: Any, path: str, **kw: Any) -> tuple[str, str]:

@@ -65,18 +65,30 @@ def test_a_report_inlines_the_drift_record(compared):
 
 @pytest.mark.parametrize("planted", [b"not json", b"[1, 2]", b'{"step": "x", "token_match": "high"}',
                                      b"[" * 100_000, b'{"passed": true}' + b" " * 10])
-def test_planted_drift_records_are_ignored_or_shown_as_data(compared, planted):
+def test_planted_drift_records_are_ignored_or_shown_as_data(compared, planted, tmp_path_factory):
+    """A JSON object is shown as the data it is, anything else is passed over; a link is never followed."""
     where = run_path(compared) / ".stepskip-drift"
     (where / "2.json").write_bytes(planted)
-    (where / "2-extra.json").symlink_to("/etc/hostname")  # a link is never followed
+    outside = tmp_path_factory.mktemp("outside") / "record.json"
+    outside.write_text(json.dumps({"step": 2, "planted": "outside the dump dir"}))
+    (where / "2-extra.json").symlink_to(outside)
+    try:
+        parsed = json.loads(planted)
+    except (ValueError, RecursionError):
+        parsed = None
+    shown = [parsed] if isinstance(parsed, dict) else []
     source = ViewSource(str(compared))
     page = source.step_page(RUN, "rollout", 2)
-    assert all(isinstance(r, dict) for r in page["drift"])
+    assert page["drift"] == shown
     json.dumps(page["drift"])
     from stepskip.cli.render import drift_line
 
     for record in page["drift"]:
-        drift_line(record)  # text rendering never trusts a record's types
+        assert "step" in drift_line(record)  # text rendering never trusts a record's types
+    # the same record as a file of the dump dir is read: the link alone kept it out
+    (where / "2-extra.json").unlink()
+    (where / "2-extra.json").write_bytes(outside.read_bytes())
+    assert ViewSource(str(compared)).step_page(RUN, "rollout", 2)["drift"] == [json.loads(outside.read_text()), *shown]
 
 
 def test_a_record_larger_than_the_bound_is_not_read(compared, monkeypatch):

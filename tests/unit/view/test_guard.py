@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from cli_caches import SAFE_RUN
+from interrupts import view_command
 from view_helpers import tree_state
 
 import stepskip.view.guard as guard_module
@@ -385,30 +386,16 @@ def test_host_names_are_parsed_strictly():
 
 
 def test_the_view_command_on_every_address_prints_a_url_with_its_token(view_cache):
-    import signal
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
-    from interrupts import popen_interruptible
-
-    proc = popen_interruptible([sys.executable, "-m", "stepskip", "view", str(view_cache), "--port", "0",
-                                "--host", "0.0.0.0"])
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("stepskip view: serving ") and "http://127.0.0.1:" in line, proc.stderr.read()
-        url = line.split(" at ")[1].split()[0]
-        other = proc.stdout.readline()
+    with view_command(view_cache, "--port", "0", "--host", "0.0.0.0") as view:
+        url, port = view.url, view.port
+        other = view.proc.stdout.readline()
         assert f"http://{socket.gethostname()}:" in other and "?token=" in other
-        note = proc.stderr.readline()
+        note = view.proc.stderr.readline()
         assert "0.0.0.0" in note and "token" in note
-        port = int(url.split(":")[2].split("/")[0])
         token = url.split("?token=")[1]
         assert url == f"http://127.0.0.1:{port}/?token={token}" and len(token) >= 43
         assert ask(port).status == 403
         assert ask(port, f"/api/runs?token={token}").has_data
-    finally:
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "stopped" in out, err
 
 
 def test_the_view_command_refuses_a_short_token(view_cache):

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 from cli_caches import FIXTURE_RUN, ROWS, SAFE_RUN
-from interrupts import popen_interruptible
+from interrupts import view_command
 from view_helpers import tree_state
 
 from stepskip.view.data import ViewSource
@@ -121,21 +121,11 @@ def test_nothing_but_reads_is_accepted(server):
 
 
 def test_the_view_command_prints_its_url_and_stops_on_ctrl_c(view_cache):
-    import signal
-    import sys
-
     before = tree_state(view_cache)
-    proc = popen_interruptible([sys.executable, "-m", "stepskip", "view", str(view_cache), "--port", "0"])
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("stepskip view: serving ") and "http://127.0.0.1:" in line, proc.stderr.read()
-        url = line.split(" at ")[1].split()[0]
-        status, runs = get_json(f"{url}api/runs")
+    with view_command(view_cache, "--port", "0") as view:
+        assert view.url.startswith("http://127.0.0.1:")
+        status, runs = get_json(f"{view.url}api/runs")
         assert status == 200 and SAFE_RUN in [r["name"] for r in runs["runs"]]
-    finally:
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "stopped" in out, err
     assert tree_state(view_cache) == before
 
 
