@@ -656,7 +656,7 @@ def enable_stepskip(trainer: GRPOTrainer, skip: Any, *, identity: RunIdentity | 
             if reason is not None:
                 state.say_once(reason)
             return original(*args, **kwargs)
-        call.eligible = call.step in role._step_lookup
+        call.eligible = call.step in role.step_set
         call.path = role.entry_dir(call.step, call.name) if call.eligible else None
         SkipManager.set_step(call.step)
         token = _CALL.set(call)
@@ -718,7 +718,7 @@ def _warn_idle_steps(trainer: Any, role: TrlGenerateSkip) -> None:
     max_steps = int(getattr(trainer.args, "max_steps", -1) or -1)
     horizon = max_steps if max_steps > 0 else 10_000
     generating = set(generating_steps(trainer.args, horizon))
-    idle = [s for s in range(1, horizon + 1) if s in role._step_lookup and s not in generating]
+    idle = [s for s in range(1, horizon + 1) if s in role.step_set and s not in generating]
     if idle:
         shown = ", ".join(map(str, idle[:10])) + (" ..." if len(idle) > 10 else "")
         logger.warning(

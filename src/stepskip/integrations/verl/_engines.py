@@ -480,9 +480,11 @@ def patch_checkpoint_engine(cls: Any) -> None:
 
 
 def _serving_tq_role() -> Any:
+    """The run's ``rollout_tq`` role when it is on, else None."""
     from stepskip.manager import SkipManager
 
-    return SkipManager._serving.get("rollout_tq")
+    role = SkipManager.skip_instances.get("rollout_tq")
+    return role if role is not None and role.is_enabled() else None
 
 
 class _CacheOnlyManager:
@@ -563,7 +565,7 @@ def patch_v1_trainer(cls: Any) -> None:
         role = _serving_tq_role()
         plan = GATE.plan
         step = getattr(self, "global_steps", None)
-        if role is None or (plan is not None and not plan.start) or step in role._step_lookup:
+        if role is None or (plan is not None and not plan.start) or step in role.step_set:
             return warmup_original(self, num_warmup_batches)  # verl's own check turns it off under skip
         with _skip_flag_off(self.config):  # the first step is not a skipped one: warm up as without skip
             return warmup_original(self, num_warmup_batches)
