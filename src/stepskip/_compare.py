@@ -41,6 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from stepskip._calls import is_dataproto_like
+
 __all__ = ["Tolerance", "FieldDrift", "Drift", "compare_values", "columns_of"]
 
 #: The columns that say which positions of a column of the same shape hold data, in order of preference.
@@ -240,7 +242,7 @@ def _name(prefix: str, key: Any) -> str:
 def _collect(value: Any, prefix: str, out: dict[str, Any]) -> None:
     from tensordict import TensorDictBase, is_non_tensor
 
-    if hasattr(value, "non_tensor_batch") and hasattr(value, "batch") and hasattr(value, "meta_info"):
+    if is_dataproto_like(value):
         if value.batch is not None:
             _collect(value.batch, prefix, out)
         for key, column in (value.non_tensor_batch or {}).items():

@@ -134,6 +134,8 @@ class Engines(Choice):
     AUTO = "auto"
     START = "start"
     SKIP = "skip"
+
+
 class TrainOn(Choice):
     """``train_on``: under ``action: compare``, the call returns the ``recorded`` result (the run stays
     aligned with the recording) or the ``live`` one."""

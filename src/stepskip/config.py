@@ -259,6 +259,14 @@ def _number(key: str, value: Any, low: float, high: float | None) -> float:
     return float(value)
 
 
+def _integer(key: str, value: Any, expected: str, low: int | None = None, high: int | None = None) -> None:
+    """``value`` is an int (not a bool) in ``[low, high]`` (a missing bound is no bound); ``expected`` says
+    what is allowed, for the message."""
+    if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low) \
+            or (high is not None and value > high):
+        raise SkipConfigError(f"{key} = {value!r} is not valid; expected {expected}")
+
+
 def _str_list(key: str, value: Any) -> None:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise SkipConfigError(f"{key} = {value!r} is not valid; expected a list of strings")
@@ -380,8 +388,7 @@ class SkipRoleConfig:
         _boolean(f"{where}.async_dump", self.async_dump)
         _boolean(f"{where}.dump_process", self.dump_process)
         self.compress = parse_choice(Compress, self.compress, f"{where}.compress")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise SkipConfigError(f"{where}.seed = {self.seed!r} is not valid; expected an int")
+        _integer(f"{where}.seed", self.seed, "an int")
         _str_list(f"{where}.rebind_keys", self.rebind_keys)
         self.check_prompts = parse_choice(CheckPrompts, self.check_prompts, f"{where}.check_prompts")
         self.on_mismatch = parse_choice(OnMismatch, self.on_mismatch, f"{where}.on_mismatch")
@@ -389,20 +396,17 @@ class SkipRoleConfig:
         _boolean(f"{where}.restore_rng", self.restore_rng)
         self.match_n = parse_choice(MatchN, self.match_n, f"{where}.match_n")
         self.engines = parse_choice(Engines, self.engines, f"{where}.engines")
-        limit = self.max_decode_bytes
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
-            raise SkipConfigError(f"{where}.max_decode_bytes = {limit!r} is not valid; expected a positive int "
-                                  "(bytes) or null for the default bound")
+        if self.max_decode_bytes is not None:
+            _integer(f"{where}.max_decode_bytes", self.max_decode_bytes,
+                     "a positive int (bytes) or null for the default bound", low=1)
         self.train_on = parse_choice(TrainOn, self.train_on, f"{where}.train_on")
         self.on_drift = parse_choice(OnDrift, self.on_drift, f"{where}.on_drift")
         self.compare_min_match = _number(f"{where}.compare_min_match", self.compare_min_match, 0.0, 1.0)
         self.rtol = _number(f"{where}.rtol", self.rtol, 0.0, None)
         self.atol = _number(f"{where}.atol", self.atol, 0.0, None)
         self.log_metrics = parse_choice(LogMetrics, self.log_metrics, f"{where}.log_metrics")
-        samples = self.log_samples
-        if isinstance(samples, bool) or not isinstance(samples, int) or not 0 <= samples <= MAX_LOG_SAMPLES:
-            raise SkipConfigError(f"{where}.log_samples = {samples!r} is not valid; expected an int from 0 (none) "
-                                  f"to {MAX_LOG_SAMPLES} (trajectories of each recorded or replayed step)")
+        _integer(f"{where}.log_samples", self.log_samples, f"an int from 0 (none) to {MAX_LOG_SAMPLES} "
+                 "(trajectories of each recorded or replayed step)", low=0, high=MAX_LOG_SAMPLES)
         if not isinstance(self.storage_options, Mapping) or not all(isinstance(k, str) for k in self.storage_options):
             raise SkipConfigError(
                 f"{where}.storage_options = {self.storage_options!r} is not valid; expected a mapping of "

@@ -312,12 +312,9 @@ class TrlGenerateSkip(CachedRole):
         has one, from the same step."""
         if self.world_size <= 1:
             return attempt.status, attempt.load_step
-        import torch
-        import torch.distributed as dist
-
-        votes = torch.tensor([attempt.status, attempt.load_step, -attempt.load_step], dtype=torch.int64)
-        dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self._group)
-        status, highest, lowest = int(votes[0]), int(votes[1]), -int(votes[2])
+        status, highest, negated_lowest = _highest_of_ranks(
+            [attempt.status, attempt.load_step, -attempt.load_step], self._group)
+        lowest = -negated_lowest
         if status == _HIT and highest != lowest:
             status = _MISS  # the ranks would replay different steps: regenerate instead
         return status, highest
@@ -631,7 +628,7 @@ def enable_stepskip(trainer: GRPOTrainer, skip: Any, *, identity: RunIdentity | 
     original = previous.original if isinstance(previous, TrainerSkipState) else trainer._generate_single_turn
     world_size = int(trainer.accelerator.num_processes)
     rank = int(trainer.accelerator.process_index)
-    group = _gloo_group() if world_size > 1 else None
+    group = _gloo_group(trainer) if world_size > 1 else None
     SkipManager.init({"skip": {ROLE: skip}}, identity=identity or identity_of(trainer), rank=rank,
                      world_size=world_size, group=group)
     role = SkipManager.skip_instances[ROLE]
@@ -655,7 +652,7 @@ def enable_stepskip(trainer: GRPOTrainer, skip: Any, *, identity: RunIdentity | 
             if reason is not None:
                 state.say_once(reason)
             return original(*args, **kwargs)
-        call.eligible = call.step in role._step_lookup
+        call.eligible = call.step in role.step_set
         call.path = role.entry_dir(call.step, call.name) if call.eligible else None
         SkipManager.set_step(call.step)
         token = _CALL.set(call)
@@ -697,9 +694,15 @@ def _wrap_tool_loop(trainer: Any) -> None:
     trainer._tool_call_loop = tool_call_loop
 
 
-def _gloo_group() -> Any:
-    """The process group the ranks vote through: the default one when it is gloo, else a new gloo group
-    (created here, on every rank, outside any generation call)."""
+#: trainer -> the gloo group its ranks vote through, when the default group is not gloo (made once per trainer:
+#: the vLLM decision in ``__init__`` and every later vote share it).
+_GLOO_GROUPS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _gloo_group(trainer: Any) -> Any:
+    """The process group the ranks of ``trainer`` vote through: the default one when it is gloo, else a gloo
+    group made for the trainer (on every rank, outside any generation call, once) — votes are tiny CPU
+    tensors, which NCCL would not take."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
@@ -707,7 +710,20 @@ def _gloo_group() -> Any:
                               "initialised; launch with torchrun or accelerate launch")
     if dist.get_backend() == "gloo":
         return None
-    return dist.new_group(backend="gloo")
+    group = _GLOO_GROUPS.get(trainer)
+    if group is None:
+        group = _GLOO_GROUPS[trainer] = dist.new_group(backend="gloo")
+    return group
+
+
+def _highest_of_ranks(values: list[int], group: Any) -> list[int]:
+    """Each of ``values`` as the highest any rank holds: one ``all_reduce`` (MAX) through ``group``."""
+    import torch
+    import torch.distributed as dist
+
+    votes = torch.tensor(values, dtype=torch.int64)
+    dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=group)
+    return [int(v) for v in votes.tolist()]
 
 
 def _warn_idle_steps(trainer: Any, role: TrlGenerateSkip) -> None:
@@ -717,7 +733,7 @@ def _warn_idle_steps(trainer: Any, role: TrlGenerateSkip) -> None:
     max_steps = int(getattr(trainer.args, "max_steps", -1) or -1)
     horizon = max_steps if max_steps > 0 else 10_000
     generating = set(generating_steps(trainer.args, horizon))
-    idle = [s for s in range(1, horizon + 1) if s in role._step_lookup and s not in generating]
+    idle = [s for s in range(1, horizon + 1) if s in role.step_set and s not in generating]
     if idle:
         shown = ", ".join(map(str, idle[:10])) + (" ..." if len(idle) > 10 else "")
         logger.warning(
@@ -810,15 +826,10 @@ class _VLLMGate:
 
 
 def _agree_on_engines(trainer: Any, vote: int) -> int:
-    """The highest vote of every rank (0 no engine, 1 start it, 2 an error): one all_reduce on gloo."""
+    """The highest vote of every rank (0 no engine, 1 start it, 2 an error)."""
     if int(trainer.accelerator.num_processes) <= 1:
         return vote
-    import torch
-    import torch.distributed as dist
-
-    flag = torch.tensor([vote], dtype=torch.int64)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_gloo_group())
-    return int(flag.item())
+    return _highest_of_ranks([vote], _gloo_group(trainer))[0]
 
 
 class StepskipGRPOTrainer(GRPOTrainer):

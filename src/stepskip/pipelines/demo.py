@@ -98,11 +98,13 @@ def stage_roles(config: Any) -> list[str]:
     return [str(name) for name, section in config.skip.items() if section.get("kind") == "stage"]
 
 
-def experiment_dir(pipeline: str, config: Any) -> str:
-    """The ``{experiment}_{project}`` directory a pipeline's run records into."""
+def experiment_dir(pipeline: str, config: Any, dump_dir: str | None = None) -> str:
+    """The ``{experiment}_{project}`` directory a pipeline's run records into (under ``dump_dir``, default the
+    dump dir of the pipeline's role in ``config``)."""
     from stepskip._layout import Layout
 
-    return Layout.from_config(str(config.skip[ROLES[pipeline]].dump_dir), config).experiment_dir
+    root = str(config.skip[ROLES[pipeline]].dump_dir) if dump_dir is None else dump_dir
+    return Layout.from_config(root, config).experiment_dir
 
 
 def run_demo(pipeline: str, steps: int, replay_steps: list[int], dump_dir: str,
@@ -156,8 +158,7 @@ def _check_apart(pipelines: Sequence[str], overrides: Sequence[str]) -> None:
         return
     seen: dict[str, str] = {}
     for pipeline in pipelines:
-        config = load_config(pipeline, list(overrides))
-        name = f"{config.trainer.experiment_name}_{config.trainer.project_name}"
+        name = os.path.basename(experiment_dir(pipeline, load_config(pipeline, list(overrides)), dump_dir="/"))
         if name in seen:
             raise ValueError(f"pipelines {seen[name]} and {pipeline} would record into one experiment directory "
                              f"({name}): drop the trainer.experiment_name override, or run them one at a time")

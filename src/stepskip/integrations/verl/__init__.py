@@ -48,7 +48,7 @@ from pathlib import Path
 from types import ModuleType
 
 from stepskip._logging import FallbackHandler
-from stepskip.integrations.verl import _engines, _rewrap, _served, _tracking
+from stepskip.integrations.verl import _engines, _rewrap, _served
 from stepskip.integrations.verl._engines import engine_counts
 from stepskip.integrations.verl._served import SERVED_MODULES
 
@@ -116,9 +116,10 @@ def install() -> None:
     with _lock:
         if _served.installed_finder() is None:
             sys.meta_path.insert(0, _served.SkipFinder())
-        _tracking.install()  # each step's skip metrics and samples reach verl's Tracking backends
         how = "import hook"
-        _engines.patch_loaded()  # verl modules imported before install(): patched now, the others on import
+        # verl modules imported before install() get their patches now (engine gate, Tracking.log); the
+        # others as they are imported, through the finder
+        _served.patch_loaded()
         own = _rewrap.own_skip_modules()
         if own:
             how = _take_over(own)

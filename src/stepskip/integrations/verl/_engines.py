@@ -32,6 +32,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import os
 import sys
 import threading
 import weakref
@@ -204,8 +205,6 @@ def planned_steps(config: Any) -> list[int] | None:
 
 def resume_step(config: Any) -> int:
     """The step a verl run resumes from (0 for a fresh run), as its ``_load_checkpoint`` will find it."""
-    import os
-
     mode = select(config, "trainer.resume_mode", "disable")
     folder: str | None = None
     if mode == "auto":
@@ -381,15 +380,38 @@ def _is_patched(value: Any) -> bool:
     return bool(getattr(fn, _PATCHED, False))
 
 
+#: verl module -> the patch applied when it is imported (or at install() when it already was).
+PATCHES: dict[str, Callable[[ModuleType], None]] = {}
+#: verl module -> ``(class, attribute)``: the class each patch changes, and the attribute that shows it did.
+PATCHED_ATTRIBUTES: dict[str, tuple[str, str]] = {}
+
+
+def _patch_of(module_name: str, class_name: str, attribute: str) -> Callable[[Callable[[Any], None]],
+                                                                             Callable[[ModuleType], None]]:
+    """Declare ``patch(cls)`` as the patch of ``module_name``'s ``class_name``: the function made takes the
+    module and patches its class once (a class whose ``attribute`` is stepskip's already is left alone)."""
+
+    def register(patch_class: Callable[[Any], None]) -> Callable[[ModuleType], None]:
+        def patch(module: ModuleType) -> None:
+            cls = getattr(module, class_name, None)
+            if cls is not None and not _is_patched(cls.__dict__.get(attribute)):
+                patch_class(cls)
+
+        functools.update_wrapper(patch, patch_class)
+        PATCHES[module_name] = patch
+        PATCHED_ATTRIBUTES[module_name] = (class_name, attribute)
+        return patch
+
+    return register
+
+
 def _caller_is_async(depth: int = 2) -> bool:
     return bool(sys._getframe(depth).f_code.co_flags & inspect.CO_COROUTINE)
 
 
-def patch_llm_server(module: ModuleType) -> None:
+@_patch_of("verl.workers.rollout.llm_server", "LLMServerManager", "create")
+def patch_llm_server(cls: Any) -> None:
     """``LLMServerManager.create``: no replica and no router when the plan starts no engine."""
-    cls = getattr(module, "LLMServerManager", None)
-    if cls is None or _is_patched(cls.__dict__.get("create")):
-        return
     original = cls.__dict__["create"].__func__  # verl's auto_await wrapper
 
     def create(klass: type, *args: Any, **kwargs: Any) -> Any:
@@ -404,11 +426,9 @@ def patch_llm_server(module: ModuleType) -> None:
     cls.create = classmethod(_mark(create, original))
 
 
-def patch_agent_loop(module: ModuleType) -> None:
+@_patch_of("verl.experimental.agent_loop.agent_loop", "AgentLoopManager", "_init_agent_loop_workers")
+def patch_agent_loop(cls: Any) -> None:
     """``AgentLoopManager._init_agent_loop_workers``: no worker without an engine; a deferred sync before dispatch."""
-    cls = getattr(module, "AgentLoopManager", None)
-    if cls is None or _is_patched(cls.__dict__.get("_init_agent_loop_workers")):
-        return
     original = cls.__dict__["_init_agent_loop_workers"]
 
     async def _init_agent_loop_workers(self: Any) -> None:
@@ -423,11 +443,9 @@ def patch_agent_loop(module: ModuleType) -> None:
     cls._init_agent_loop_workers = _mark(_init_agent_loop_workers, original)
 
 
-def patch_checkpoint_engine(module: ModuleType) -> None:
+@_patch_of("verl.checkpoint_engine.base", "CheckpointEngineManager", "update_weights")
+def patch_checkpoint_engine(cls: Any) -> None:
     """``CheckpointEngineManager``: none over a run without engine; syncs deferred, asleep replicas not slept."""
-    cls = getattr(module, "CheckpointEngineManager", None)
-    if cls is None or _is_patched(cls.__dict__.get("update_weights")):
-        return
     update_original = cls.__dict__["update_weights"]
     sleep_original = cls.__dict__["sleep_replicas"]
     new_original = cls.__dict__.get("__new__")
@@ -462,9 +480,11 @@ def patch_checkpoint_engine(module: ModuleType) -> None:
 
 
 def _serving_tq_role() -> Any:
+    """The run's ``rollout_tq`` role when it is on, else None."""
     from stepskip._manager import SkipManager
 
-    return SkipManager._serving.get("rollout_tq")
+    role = SkipManager.skip_instances.get("rollout_tq")
+    return role if role is not None and role.is_enabled() else None
 
 
 class _CacheOnlyManager:
@@ -492,11 +512,9 @@ def _manager_swapped(trainer: Any, stand_in: _CacheOnlyManager) -> Iterator[None
         trainer.agent_loop_manager = real
 
 
-def patch_v1_trainer(module: ModuleType) -> None:
+@_patch_of("verl.trainer.ppo.v1.trainer_base", "PPOTrainer", "_add_prompts_to_generate")
+def patch_v1_trainer(cls: Any) -> None:
     """``PPOTrainer``: the refill and the resume of a replayed step go through the cache; warm-up per step."""
-    cls = getattr(module, "PPOTrainer", None)
-    if cls is None or _is_patched(cls.__dict__.get("_add_prompts_to_generate")):
-        return
     refill_original = cls.__dict__["_add_prompts_to_generate"]
     reissue_original = cls.__dict__["_reissue_inflight_prompts"]
     warmup_original = cls.__dict__["_add_async_warmup_batches"]
@@ -547,7 +565,7 @@ def patch_v1_trainer(module: ModuleType) -> None:
         role = _serving_tq_role()
         plan = GATE.plan
         step = getattr(self, "global_steps", None)
-        if role is None or (plan is not None and not plan.start) or step in role._step_lookup:
+        if role is None or (plan is not None and not plan.start) or step in role.step_set:
             return warmup_original(self, num_warmup_batches)  # verl's own check turns it off under skip
         with _skip_flag_off(self.config):  # the first step is not a skipped one: warm up as without skip
             return warmup_original(self, num_warmup_batches)
@@ -582,34 +600,6 @@ def _set_enable(node: Any, value: bool) -> None:
         node["enable"] = value
     else:
         node.enable = value
-
-
-#: verl module -> the patch applied when it is imported (or at install() when it already was).
-PATCHES: dict[str, Callable[[ModuleType], None]] = {
-    "verl.workers.rollout.llm_server": patch_llm_server,
-    "verl.experimental.agent_loop.agent_loop": patch_agent_loop,
-    "verl.checkpoint_engine.base": patch_checkpoint_engine,
-    "verl.trainer.ppo.v1.trainer_base": patch_v1_trainer,
-}
-
-#: The attribute of each patched class that shows whether the patch is in place.
-PATCHED_ATTRIBUTES: dict[str, tuple[str, str]] = {
-    "verl.workers.rollout.llm_server": ("LLMServerManager", "create"),
-    "verl.experimental.agent_loop.agent_loop": ("AgentLoopManager", "_init_agent_loop_workers"),
-    "verl.checkpoint_engine.base": ("CheckpointEngineManager", "update_weights"),
-    "verl.trainer.ppo.v1.trainer_base": ("PPOTrainer", "_add_prompts_to_generate"),
-}
-
-
-def patch_loaded() -> list[str]:
-    """Patch the verl modules already imported; the names patched."""
-    done = []
-    for name, patch in PATCHES.items():
-        module = sys.modules.get(name)
-        if isinstance(module, ModuleType):
-            patch(module)
-            done.append(name)
-    return done
 
 
 def unpatched() -> list[str]:

@@ -13,7 +13,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -77,11 +77,12 @@ class _Loader(importlib.abc.Loader):
 class _PatchingLoader(importlib.abc.Loader):
     """verl's own loader of a module, followed by the patch stepskip applies to it once it has run."""
 
-    def __init__(self, loader: Any, patch: Any) -> None:
+    def __init__(self, loader: Any, patch: Callable[[ModuleType], object]) -> None:
         self._loader, self._patch = loader, patch
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)  # type: ignore[no-any-return]
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
 
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)
@@ -91,10 +92,30 @@ class _PatchingLoader(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
+def after_import_patches() -> dict[str, Callable[[ModuleType], object]]:
+    """verl module -> what stepskip does to it once verl's code has run: the engine patches
+    (:mod:`~stepskip.integrations.verl._engines`) and the ``Tracking.log`` wrapper
+    (:mod:`~stepskip.integrations.verl._tracking`)."""
+    from stepskip.integrations.verl import _engines, _tracking
+
+    return {_tracking.MODULE: _tracking.patch, **_engines.PATCHES}
+
+
+def patch_loaded() -> list[str]:
+    """Apply :func:`after_import_patches` to the verl modules already imported; the names patched."""
+    done = []
+    for name, patch in after_import_patches().items():
+        module = sys.modules.get(name)
+        if isinstance(module, ModuleType):
+            patch(module)
+            done.append(name)
+    return done
+
+
 class SkipFinder(importlib.abc.MetaPathFinder):
     """Serves the five ``verl.utils.skip`` modules ahead of verl's files; every other name passes by,
-    except the few verl modules whose classes build inference engines: those load from verl's files
-    as always, then get stepskip's engine patches (:mod:`stepskip.integrations.verl._engines`).
+    except the few verl modules stepskip patches (:func:`after_import_patches`): those load from
+    verl's files as always, then get their patch.
 
     ``verl`` and ``verl.utils`` are still verl's own: only the skip package is replaced, so the
     served modules need verl installed exactly when verl's would.
@@ -106,9 +127,7 @@ class SkipFinder(importlib.abc.MetaPathFinder):
             return _spec(fullname)
         if not fullname.startswith("verl."):
             return None
-        from stepskip.integrations.verl._engines import PATCHES
-
-        patch = PATCHES.get(fullname)
+        patch = after_import_patches().get(fullname)
         if patch is None:
             return None
         for finder in sys.meta_path:  # the finder verl's own import would have used

@@ -8,8 +8,10 @@ receives them with no code of the user's. After the call, the sampled trajectori
 logged (``log_samples``) go to the backends that take them: a table to W&B and MLflow, text to
 TensorBoard, the console and the file logger.
 
-The class is patched when ``verl.utils.tracking`` is first imported (an import hook; nothing of
-verl is imported here), or at once when it already was. Skip counters are per process: the
+The class is patched when ``verl.utils.tracking`` is first imported (through the finder
+:func:`stepskip.integrations.verl.install` puts on ``sys.meta_path``, which applies every patch of
+:func:`~stepskip.integrations.verl._served.after_import_patches`; nothing of verl is imported here),
+or at once by ``install()`` when it already was. Skip counters are per process: the
 metrics are those of the process that logs, where verl's ``RayPPOTrainer`` and the V1 trainer
 run their rollout calls; the fully async Rollouter counts in its own actor (its summary line).
 """
@@ -17,8 +19,6 @@ run their rollout calls; the fully async Rollouter counts in its own actor (its 
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import logging
 import operator
 import sys
@@ -37,17 +37,6 @@ MARKER = "__stepskip_tracking__"
 
 _feeds: weakref.WeakKeyDictionary[Any, tracker.StepMetrics] = weakref.WeakKeyDictionary()
 _said: set[str] = set()
-
-
-def install() -> None:
-    """Wrap ``Tracking.log`` now if verl's tracking module is loaded, else when it is imported."""
-    module = sys.modules.get(MODULE)
-    if module is not None:
-        patch(module)
-    elif not any(type(f).__name__ == "TrackingFinder" and type(f).__module__ == __name__ for f in sys.meta_path):
-        # just before the finder of files, which would load the module: the finders ahead keep their place
-        at = next((i for i, f in enumerate(sys.meta_path) if f is importlib.machinery.PathFinder), len(sys.meta_path))
-        sys.meta_path.insert(at, TrackingFinder())
 
 
 def patch(module: ModuleType) -> bool:
@@ -151,35 +140,3 @@ def _say_once(key: str, message: str, *args: Any) -> None:
     if key not in _said:
         _said.add(key)
         logger.warning(message, *args)
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    """verl's own loader for the module, then the patch."""
-
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        create = getattr(self._loader, "create_module", None)
-        return create(spec) if create is not None else None
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        patch(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename ...: the file's loader answers
-        return getattr(self._loader, name)
-
-
-class TrackingFinder(importlib.abc.MetaPathFinder):
-    """Finds ``verl.utils.tracking`` where Python would and patches it once it has run; passes on every other name."""
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _PatchingLoader(spec.loader)
-        return spec
