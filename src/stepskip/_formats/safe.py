@@ -63,7 +63,7 @@ READ_VERSION = SHARED_VERSION
 _ROWS_MARK = '"__t":"rows"'
 #: The container names the format has always recorded, for classes whose module was renamed since
 #: (the bytes of an entry do not depend on where stepskip keeps its code).
-_RECORDED_NAMES = {"stepskip._batch.Batch": "stepskip._batch.Batch"}
+_RECORDED_NAMES = {"stepskip._batch.Batch": "stepskip.batch.Batch"}  # format-name: a name in the bytes, not an import
 
 _STORABLE_DTYPES = {
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
