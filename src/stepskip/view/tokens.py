@@ -42,6 +42,7 @@ FINGERPRINT_TOKENIZER_KEYS = ("actor_rollout_ref.model.tokenizer_path", "actor_r
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                     "config.json", "generation_config.json")
 _TOKENIZER_MAX_BYTES = 256 * 2**20
+_MAX_DIR_ENTRIES = 10_000
 
 
 @dataclass
@@ -121,21 +122,23 @@ _loading = threading.Lock()
 
 
 def _usable_dir(path: str) -> bool:
-    """A directory with a ``tokenizer.json`` whose known files are all regular files of bounded size."""
+    """A directory with a ``tokenizer.json``, holding only files and directories (no FIFO or device a loader
+    could hang on or read forever), whose tokenizer files are of bounded size."""
     try:
         if not stat.S_ISDIR(os.stat(path).st_mode):
             return False
-        found, total = False, 0
-        for name in _TOKENIZER_FILES:
-            try:
-                info = os.stat(os.path.join(path, name))
-            except FileNotFoundError:
-                continue
-            if not stat.S_ISREG(info.st_mode):  # a FIFO or device would hang or flood the reader
+        with os.scandir(path) as entries:
+            names = [e.name for _, e in zip(range(_MAX_DIR_ENTRIES + 1), entries)]
+        if len(names) > _MAX_DIR_ENTRIES or "tokenizer.json" not in names:
+            return False
+        total = 0
+        for name in names:
+            info = os.stat(os.path.join(path, name))  # through a link: what a loader would open
+            if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
                 return False
-            found = found or name == "tokenizer.json"
-            total += info.st_size
-        return found and total <= _TOKENIZER_MAX_BYTES
+            if name in _TOKENIZER_FILES:
+                total += info.st_size
+        return total <= _TOKENIZER_MAX_BYTES
     except (OSError, ValueError):
         return False
 

@@ -235,7 +235,8 @@ def test_a_trajectorys_log_prob_strip_and_the_equal_reward_groups(server, browse
     assert page.ready()
     expected = truth.token_strip(RUN, "rollout", 2, row)
     strip = page.root.find("section", id="strip")
-    assert strip.attrs["data-row"] == str(row) and strip.attrs["data-column"] == expected["column"] == "rollout_log_probs"
+    assert strip.attrs["data-row"] == str(row)
+    assert strip.attrs["data-column"] == expected["column"] == "rollout_log_probs"
     cells = strip.find_all("span")
     cells = [c for c in cells if "tok" in c.attrs.get("class", "").split()]
     assert [c.text for c in cells] == [t["t"] for t in expected["tokens"]] and len(cells) == expected["count"] > 0

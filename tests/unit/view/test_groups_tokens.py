@@ -133,7 +133,8 @@ def test_a_trajectorys_log_probs_token_by_token(grpo):
 
 
 @pytest.mark.parametrize("params, status", [
-    ({"row": ["99"]}, 404), ({"row": ["-1"]}, 404), ({"row": ["x"]}, 404), ({"row": ["1"], "column": ["<script>"]}, 404),
+    ({"row": ["99"]}, 404), ({"row": ["-1"]}, 404), ({"row": ["x"]}, 404),
+    ({"row": ["1"], "column": ["<script>"]}, 404),
     ({"row": ["1"], "column": ["prompts"]}, 404), ({}, 400),
 ])
 def test_strip_requests_for_what_is_not_there_are_refused(grpo, params, status):
@@ -144,7 +145,8 @@ def test_strip_requests_for_what_is_not_there_are_refused(grpo, params, status):
 def test_a_step_without_per_token_columns_has_no_strip(view_cache):
     source = ViewSource(str(view_cache))
     assert source.step_page(SAFE_RUN, "rollout", 1)["strip_columns"] == []
-    code, body = handle_api(source, "/api/tokens", {"run": [SAFE_RUN], "role": ["rollout"], "step": ["1"], "row": ["0"]})
+    query = {"run": [SAFE_RUN], "role": ["rollout"], "step": ["1"], "row": ["0"]}
+    code, body = handle_api(source, "/api/tokens", query)
     assert code == 404 and "per-token" in body["error"]
 
 
@@ -178,13 +180,16 @@ def test_a_named_tokenizer_that_is_no_safe_local_directory_leaves_the_ids(tmp_pa
     fifo = tmp_path / "fifo-model"
     fifo.mkdir()
     os.mkfifo(fifo / "tokenizer.json")
+    beside = word_tokenizer(tmp_path / "fifo-beside")
+    os.mkfifo(beside / "vocab.json")  # a loader may open any of its files
     remote = word_tokenizer(tmp_path / "remote-model")
     marker = tmp_path / "code-ran"
     (remote / "tokenization_evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
     config = json.loads((remote / "tokenizer_config.json").read_text())
     config.update(tokenizer_class="Evil", auto_map={"AutoTokenizer": [None, "tokenization_evil.Evil"]})
     (remote / "tokenizer_config.json").write_text(json.dumps(config))
-    for i, model in enumerate(["Qwen/Qwen2.5-0.5B", "models/tiny", str(fifo), str(remote), str(tmp_path / "none")]):
+    named = ["Qwen/Qwen2.5-0.5B", "models/tiny", str(fifo), str(beside), str(remote), str(tmp_path / "none")]
+    for i, model in enumerate(named):
         source = ViewSource(str(record(tmp_path / f"dump{i}", model=model)))
         row = source.step_page(RUN, "rollout", 1, limit=1)["rows"][0]
         assert row["response"] == [1, 2, 3, 4, 5], model
