@@ -101,7 +101,8 @@ class CharTokenizer:
 
 def tokenizer_for(fingerprint: Mapping[str, Any] | None) -> CharTokenizer | None:
     """The tokenizer of an entry recorded by the reference pipelines (its fingerprint names :data:`MODEL_NAME`),
-    else None: other models' tokenizers are never guessed nor loaded from a path a cache names.
+    else None: other models' tokenizers are never guessed here (``stepskip view`` loads one only from a local
+    directory the fingerprint names, offline and without its code: :mod:`stepskip.view.tokens`).
 
     Example:
         >>> tokenizer_for({"actor_rollout_ref.model.path": MODEL_NAME}).decode([13, 14, 2])

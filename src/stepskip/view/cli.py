@@ -22,7 +22,7 @@ StorageOptions = Annotated[Optional[list[str]], typer.Option(
     help="An fsspec option for URL caches, repeatable (anon=true, client_kwargs.endpoint_url=http://host:9000).")]
 
 
-def _source(path: str, tokenizer: str | None, allow_pickle: bool, options: list[str] | None) -> Any:
+def _source(path: str, tokenizer: str | None, allow_pickle: bool, options: list[str] | None, **more: Any) -> Any:
     from stepskip.cli.app import storage_options
     from stepskip.view.data import ViewSource
 
@@ -31,7 +31,7 @@ def _source(path: str, tokenizer: str | None, allow_pickle: bool, options: list[
         from stepskip.cli.content import load_tokenizer
 
         tok = load_tokenizer(tokenizer)
-    return ViewSource(path, storage_options(options), allow_pickle=allow_pickle, tokenizer=tok)
+    return ViewSource(path, storage_options(options), allow_pickle=allow_pickle, tokenizer=tok, **more)
 
 
 def view_command(
@@ -48,10 +48,19 @@ def view_command(
                                                  "with a loopback --host it is asked for there too.")] = None,
     allow_pickle: AllowPickle = False,
     options: StorageOptions = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Watch a run being recorded: new steps appear in "
+                                         "the open page without a reload.")] = False,
+    live_seconds: Annotated[float, typer.Option("--live-seconds", min=1, help="The run list marks a run as being "
+                                                "written when it recorded a step (or began writing one) this "
+                                                "recently.")] = 600.0,
 ) -> None:
     """Look at a cache in the browser: runs, steps, trajectories, rewards, lengths, two steps side by side.
 
     Read-only: the page never writes to the cache, and only GET requests are answered. Ctrl-C stops it.
+
+    With --follow the page asks every 2 seconds whether the cache changed (a few directory listings
+    per run) and shows the steps a live run records as they land; the run list marks the runs written
+    to within --live-seconds.
 
     Only this page can read the cache: a request is answered only when the browser addressed it to the
     bound address, localhost or a loopback address (another web site that points its own name at this
@@ -67,11 +76,12 @@ def view_command(
       stepskip view ~/.verl/rollout_dump --tokenizer /models/Qwen2.5-7B-Instruct
       stepskip view s3://bucket/rollout_dump --storage-option anon=true --port 9000
       stepskip view ~/.verl/rollout_dump --host 0.0.0.0   # prints http://127.0.0.1:8765/?token=...
+      stepskip view /data/rollout_dump --follow           # while a run records into it
     """
     from stepskip.errors import SkipConfigError
     from stepskip.view.server import make_server
 
-    source = _source(dump_dir, tokenizer, allow_pickle, options)
+    source = _source(dump_dir, tokenizer, allow_pickle, options, follow=follow, live_seconds=live_seconds)
     try:
         server = make_server(source, host, port, token)
     except SkipConfigError as err:

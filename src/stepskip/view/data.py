@@ -23,6 +23,9 @@ from typing import Any
 
 from stepskip.errors import CacheMissError, SkipConfigError, UnreadableEntryError
 from stepskip._index import CacheIndex, IssueKind, RunDir, StepDir
+from stepskip.view.follow import FOLLOW_SECONDS, LIVE_SECONDS, is_live, run_signature
+from stepskip.view.groups import equal_reward_groups, sum_equal_groups
+from stepskip.view.tokens import TokenStrips, fingerprint_tokenizer
 
 __all__ = ["MAX_PAGE", "StepRows", "ViewError", "ViewNotFound", "ViewSource", "compare_groups", "percentiles",
            "query_rows"]
@@ -69,6 +72,8 @@ class StepRows:
         columns: which optional columns exist (``reward``, ``length``, ``group``, ``text``).
         max_length: the response length a row hits when it was cut off (the run's ``out``, else the widest row).
         reward_source, length_source: the columns rewards and lengths were read from.
+        strips: the per-token columns of the rows (log-probs), when the step has any.
+        tokenizer: what decoded the text (``--tokenizer``, the directory the fingerprint names ...), or None.
     """
 
     rows: list[dict[str, Any]]
@@ -76,6 +81,8 @@ class StepRows:
     max_length: int | None
     reward_source: str | None
     length_source: str | None
+    strips: TokenStrips | None = None
+    tokenizer: str | None = None
 
 
 def _finite(values: Sequence[Any]) -> list[float]:
@@ -219,18 +226,26 @@ class ViewSource:
         root: a dump dir, an experiment or run directory: a local path or a URL (``memory://``, ``s3://``).
         storage_options: fsspec options for a URL.
         allow_pickle: decode verl-written (pickle-based) entries through the allow-list unpickler.
-        tokenizer: a loaded Hugging Face tokenizer (text instead of token ids), or None: then entries of
-            stepskip's reference pipelines (``stepskip demo``) are decoded with their character tokenizer.
+        tokenizer: a loaded Hugging Face tokenizer (text instead of token ids), or None: then a run whose
+            fingerprint names a local tokenizer directory is decoded with it (see :mod:`stepskip.view.tokens`),
+            and entries of stepskip's reference pipelines (``stepskip demo``) with their character tokenizer.
+        follow: the page asks every few seconds whether the cache changed, and shows new steps.
+        live_seconds: a run whose newest step (or staged write) is younger than this is marked as being written.
 
     Raises:
         NotACacheError: ``root`` holds no cache.
     """
 
     def __init__(self, root: str, storage_options: Mapping[str, Any] | None = None, allow_pickle: bool = False,
-                 tokenizer: Any = None) -> None:
+                 tokenizer: Any = None, follow: bool = False, live_seconds: float = LIVE_SECONDS) -> None:
         self.index = CacheIndex(root, storage_options)
         self.allow_pickle = allow_pickle
         self.tokenizer = tokenizer
+        self.follow_changes = follow
+        self.live_seconds = float(live_seconds)
+        self._version = 0
+        self._signatures: dict[str, tuple[tuple[Any, ...], float | None]] = {}  # run path -> its listing
+        self._followed = 0.0
         self._lock = threading.Lock()
         self._steps: OrderedDict[tuple[str, str, int], StepRows] = OrderedDict()
         self._runs: dict[str, RunDir] = {}
@@ -239,11 +254,67 @@ class ViewSource:
 
     def refresh(self) -> None:
         """Scan the cache again (new steps, removed ones)."""
-        runs = {run.name: run for run in self.index.runs()}
+        paths = self.index.find_run_dirs()
+        signatures = {p: run_signature(self.index.store, p) for p in paths}  # before the scan: a step
+        runs = {run.name: run for run in (self.index.scan_run(p) for p in paths)}  # landing between is seen next
         with self._lock:
             self._runs = runs
+            self._signatures = signatures
             self._steps.clear()
             self._drift_names = {}
+            self._version += 1
+
+    def follow(self, now: float | None = None) -> dict[str, Any]:
+        """What ``--follow`` polls: the listing's ``version`` (it grows whenever a run changed) and the runs being
+        written. Only runs whose directory listings changed are scanned again; the cache is looked at most
+        once a second, however many pages ask.
+        """
+        now = time.time() if now is None else now
+        with self._lock:
+            due = now - self._followed >= 1.0 or now < self._followed
+            if due:
+                self._followed = now
+        if due:
+            self._rescan_changed()
+        with self._lock:
+            return {"version": self._version, "live": self._live_runs(now)}
+
+    def _rescan_changed(self) -> None:
+        from stepskip._index import NotACacheError
+
+        try:
+            paths = self.index.find_run_dirs()
+        except NotACacheError:  # the cache went away meanwhile: show what was there
+            return
+        signatures = {p: run_signature(self.index.store, p) for p in paths}
+        with self._lock:
+            changed = [p for p in paths if self._signatures.get(p, (None,))[0] != signatures[p][0]]
+            gone = [p for p in self._signatures if p not in signatures]
+        scanned = {p: self.index.scan_run(p) for p in changed}
+        with self._lock:
+            if not changed and not gone:
+                return
+            names = {RunDir(p).name for p in [*changed, *gone]}
+            runs = {n: r for n, r in self._runs.items() if n not in names}
+            runs.update({r.name: r for r in scanned.values()})
+            self._runs = dict(sorted(runs.items()))
+            for p in gone:
+                del self._signatures[p]
+            self._signatures.update({p: signatures[p] for p in changed})
+            for k in [k for k in self._steps if k[0] in names]:
+                del self._steps[k]
+            self._drift_names = {}
+            self._version += 1
+            logger.debug("follow: %d run(s) changed, %d gone (version %d)", len(changed), len(gone), self._version)
+
+    def _live_runs(self, now: float) -> list[str]:
+        out = []
+        for path, (_, staged) in self._signatures.items():
+            run = self._runs.get(RunDir(path).name)
+            newest = max((s.time for s in run.steps if s.valid), default=None) if run is not None else None
+            if is_live(newest, staged, now, self.live_seconds):
+                out.append(RunDir(path).name)
+        return sorted(out)
 
     # ----------------------------------------------------------------- names -> listed things
 
@@ -272,6 +343,8 @@ class ViewSource:
         """
         now = time.time()
         runs = []
+        with self._lock:
+            live = set(self._live_runs(now))
         for name, run in sorted(self._runs.items()):
             roles = []
             for summary in run.roles():
@@ -281,11 +354,13 @@ class ViewSource:
                         step["rows"] = len(table.rows)
                 roles.append({"role": summary.role, "formats": summary.formats, "bytes": summary.bytes,
                               "valid_steps": summary.steps, "invalid_steps": summary.invalid_steps, "steps": steps})
-            runs.append({"name": name, "shape": run.shape, "roles": roles,
+            runs.append({"name": name, "shape": run.shape, "roles": roles, "live": name in live,
                          "issues": [{"kind": i.kind.value, "path": self._relative(i.path), "detail": i.detail}
                                     for i in run.issues()]})
         return {"root": self.index.given, "runs": runs, "allow_pickle": self.allow_pickle,
-                "tokenizer": self.tokenizer is not None}
+                "tokenizer": self.tokenizer is not None, "version": self._version,
+                "follow": {"seconds": FOLLOW_SECONDS, "live_seconds": self.live_seconds} if self.follow_changes
+                else None, "live_seconds": self.live_seconds}
 
     def _relative(self, path: str) -> str:
         root = self.index.root.rstrip("/") + "/"
@@ -298,6 +373,7 @@ class ViewSource:
         fingerprints = [e.fingerprint for e in entries if e.fingerprint]
         return {
             "step": step.step, "kind": step.kind.value, "bytes": step.bytes, "time": step.time,
+            "recorded_utc": _utc(step.time),
             "age_seconds": max(0.0, now - step.time) if step.time else None,
             "rows": sum(rows) if rows else None, "formats": step.formats,
             "fingerprint": _fingerprint_digest(fingerprints[0]) if fingerprints else None,
@@ -378,7 +454,13 @@ class ViewSource:
                 return self._steps[key]
         value = self._decode(step_dir)
         shape = self.run(run).shape
-        table = self._to_rows(value, shape.get("response_len") or None, self._tokenizer_of(step_dir))
+        decoded_by, tokenizer = self._tokenizer_of(step_dir)
+        table = self._to_rows(value, shape.get("response_len") or None, tokenizer)
+        table.tokenizer = decoded_by
+        try:
+            table.strips = TokenStrips.of(value)
+        except (TypeError, ValueError, RuntimeError, IndexError) as err:  # columns shaped unlike verl's: no strip
+            logger.debug("no token strips for %s: %s", step_dir.path, err)
         with self._lock:
             self._steps[key] = table
             while len(self._steps) > CACHED_STEPS:
@@ -404,14 +486,20 @@ class ViewSource:
             raise EntryProblem("unreadable", f"{step_dir.path}: too large or too deep to decode here "
                                f"({type(err).__name__})") from None
 
-    def _tokenizer_of(self, step_dir: StepDir) -> Any:
-        """The tokenizer given, else the one stepskip knows for the step's recorded fingerprint (its demo's)."""
+    def _tokenizer_of(self, step_dir: StepDir) -> tuple[str | None, Any]:
+        """What decodes a step's text, named: the tokenizer given, else the local directory the step's recorded
+        fingerprint names, else the one stepskip knows for it (its demo's); ``(None, None)``: token ids."""
         from stepskip.cli.content import recorded_tokenizer
 
         if self.tokenizer is not None:
-            return self.tokenizer
+            return "the tokenizer given (--tokenizer)", self.tokenizer
         fingerprints = [e.fingerprint for e in step_dir.entries if e.fingerprint]
-        return recorded_tokenizer(fingerprints[0]) if fingerprints else None
+        if not fingerprints:
+            return None, None
+        if (found := fingerprint_tokenizer(fingerprints[0])) is not None:
+            return f"the tokenizer at {found[0]} (named by the run's fingerprint)", found[1]
+        demo = recorded_tokenizer(fingerprints[0])
+        return ("stepskip demo's character tokenizer", demo) if demo is not None else (None, None)
 
     def _to_rows(self, value: Any, response_len: int | None, tokenizer: Any = None) -> StepRows:
         from stepskip.cli.content import response_lengths, rewards, row_count, sample_rows
@@ -469,7 +557,36 @@ class ViewSource:
         return {"run": run, "role": role, "step": int(step), "total": len(table.rows), "matched": len(chosen),
                 "offset": offset, "limit": limit, "rows": chosen[offset:offset + limit], "columns": table.columns,
                 "max_length": table.max_length, "reward_source": table.reward_source,
-                "length_source": table.length_source, "drift": self.drift(run, role, step)}
+                "length_source": table.length_source, "drift": self.drift(run, role, step),
+                "tokenizer": table.tokenizer, "strip_columns": list(table.strips.columns) if table.strips else []}
+
+    def token_strip(self, run: str, role: str, step: int | str, row: int | str, column: str | None = None
+                    ) -> dict[str, Any]:
+        """One trajectory's per-token values (log-probs), token by token (see :mod:`stepskip.view.tokens`).
+
+        Args:
+            row: the trajectory (its ``i``).
+            column: the per-token column (default: the first the step has, ``rollout_log_probs`` first).
+
+        Raises:
+            ViewNotFound: no such run, role, step or row, or the step has no such column.
+        """
+        table = self.rows(run, role, step)
+        if table.strips is None:
+            raise ViewNotFound(f"step {step} of {run!r} ({role}) has no per-token column "
+                               "(rollout_log_probs, old_log_probs ...)")
+        name = column or next(iter(table.strips.columns))
+        if name not in table.strips.columns:
+            raise ViewNotFound(f"step {step} has no per-token column {name[:100]!r} "
+                               f"(it has: {', '.join(table.strips.columns)})")
+        try:
+            index = int(row)
+            _, tokenizer = self._tokenizer_of(self.step_dir(run, role, step))
+            strip = table.strips.strip(index, name, tokenizer)
+        except (ValueError, IndexError):
+            raise ViewNotFound(f"step {step} has no row {str(row)[:40]!r} (rows 0-{len(table.rows) - 1})") from None
+        return {"run": run, "role": role, "step": int(step), "row": index, "column": name,
+                "columns": list(table.strips.columns), **strip}
 
     def step_stats(self, run: str, role: str, step: int | str) -> dict[str, Any]:
         """Reward and response-length distributions of a step (histograms and percentiles)."""
@@ -477,6 +594,7 @@ class ViewSource:
         rewards = [r.get("reward") for r in table.rows]
         lengths = [r.get("length") for r in table.rows]
         return {"run": run, "role": role, "step": int(step), "rows": len(table.rows),
+                "groups": equal_reward_groups(table.rows, self.run(run).shape.get("n")),
                 "reward": {"summary": percentiles(rewards), "histogram": histogram(rewards),
                            "source": table.reward_source},
                 "length": {"summary": percentiles(lengths), "histogram": histogram(lengths, integer=True),
@@ -485,6 +603,7 @@ class ViewSource:
     def trend(self, run: str, role: str) -> dict[str, Any]:
         """Mean and percentiles of reward and response length for every step of a role (unreadable ones named)."""
         steps, problems = [], []
+        counts: list[dict[str, Any] | None] = []
         for step_dir in self.run(run).steps:
             if step_dir.role != role:
                 continue
@@ -493,12 +612,16 @@ class ViewSource:
             except EntryProblem as err:
                 problems.append({"step": step_dir.step, "kind": err.kind, "detail": str(err)})
                 continue
+            groups = equal_reward_groups(table.rows, self.run(run).shape.get("n"))
+            counts.append(groups)
             steps.append({"step": step_dir.step, "rows": len(table.rows),
                           "reward": percentiles([r.get("reward") for r in table.rows]),
-                          "length": percentiles([r.get("length") for r in table.rows])})
+                          "length": percentiles([r.get("length") for r in table.rows]),
+                          "groups": groups})
         if not steps and not problems:
             raise ViewNotFound(f"run {run!r} has no steps of role {role!r}")
-        return {"run": run, "role": role, "steps": steps, "problems": problems}
+        return {"run": run, "role": role, "steps": steps, "problems": problems,
+                "groups": sum_equal_groups(counts)}
 
     def compare(self, a: tuple[str, str, int | str], b: tuple[str, str, int | str], offset: int = 0,
                 limit: int = 20) -> dict[str, Any]:
@@ -525,6 +648,16 @@ def _text(ids: list[int], tokenizer: Any) -> str | list[int]:
         logger.debug("tokenizer could not decode %d ids: %s", len(ids), err)
         return ids
     return text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT] + "…"
+
+
+def _utc(seconds: float | None) -> str | None:
+    """An absolute time as ISO-8601 in UTC (``2025-01-31T12:00:00Z``), for a report read later."""
+    if not seconds or not math.isfinite(seconds):
+        return None
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+    except (OverflowError, OSError, ValueError):  # a recorded time outside what the platform represents
+        return None
 
 
 def _fingerprint_digest(fingerprint: Mapping[str, Any]) -> str:

@@ -62,7 +62,7 @@ def build_report(source: ViewSource, max_rows: int = DEFAULT_MAX_ROWS) -> str:
                 steps[key] = page
             trends[f"{run['name']}|{role['role']}"] = source.trend(run["name"], role["role"])
     data = {"listing": _with_rows(source.listing(), steps), "steps": steps, "stats": stats, "trends": trends,
-            "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     html = static_file("index.html").decode()
     inline = {
         '<link rel="stylesheet" href="/static/style.css">': f"<style>\n{static_file('style.css').decode()}\n</style>",

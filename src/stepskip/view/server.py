@@ -10,7 +10,9 @@ site's page, and with the per-launch token when the server listens on an address
 Endpoints (all JSON):
     ``/api/runs``; ``/api/step?run=R&role=O&step=N&offset=&limit=&sort=&desc=1&filter=reward0&filter=lenmax&q=``;
     ``/api/stats?run=&role=&step=``; ``/api/trend?run=&role=``;
-    ``/api/compare?run=&role=&step=&run2=&role2=&step2=&offset=&limit=``.
+    ``/api/compare?run=&role=&step=&run2=&role2=&step2=&offset=&limit=``;
+    ``/api/tokens?run=&role=&step=&row=&column=`` (one trajectory's per-token log-probs);
+    ``/api/follow`` (the listing's version and the runs being written: what ``--follow`` polls).
 
 Example:
     >>> server = make_server(ViewSource("~/.verl/rollout_dump"), "127.0.0.1", 0)  # doctest: +SKIP
@@ -102,6 +104,12 @@ def handle_api(source: ViewSource, path: str, params: dict[str, list[str]]) -> t
         if path == "/api/stats":
             return 200, source.step_stats(_required(params, "run"), _required(params, "role"),
                                           _required(params, "step"))
+        if path == "/api/follow":
+            return 200, source.follow()
+        if path == "/api/tokens":
+            return 200, source.token_strip(_required(params, "run"), _required(params, "role"),
+                                           _required(params, "step"), _required(params, "row"),
+                                           _one(params, "column") or None)
         if path == "/api/trend":
             return 200, source.trend(_required(params, "run"), _required(params, "role"))
         if path == "/api/compare":

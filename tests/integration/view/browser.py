@@ -8,6 +8,7 @@ dumped; the page marks ``<body data-ready="1">`` when a view is complete, and th
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -137,3 +138,85 @@ class Page(HTMLParser):
         table = self.root.find("table", id=table_id)
         return [{td.attrs.get("data-col", str(i)): td.text for i, td in enumerate(tr.find_all("td"))}
                 for tr in table.find_all("tr") if tr.find_all("td")]
+
+
+class LivePage:
+    """One page held open in headless Chromium, driven over the DevTools protocol on a pipe
+    (``--remote-debugging-pipe``: commands on fd 3, answers on fd 4, each a JSON text ending in NUL).
+
+    The test changes the cache while the page stays open, then waits for what the page does about it:
+    :meth:`wait` evaluates a script that returns a Promise, and returns what it resolves to. Nothing
+    here waits on a clock; ``LIMIT_S`` only ends a test whose page never answers.
+    """
+
+    LIMIT_S = 120
+
+    def __init__(self, binary: str, profile: Path) -> None:
+        import fcntl
+
+        self._commands_r, self._commands_w = os.pipe()
+        self._answers_r, self._answers_w = os.pipe()
+        ends = (fcntl.fcntl(self._commands_r, fcntl.F_DUPFD, 10), fcntl.fcntl(self._answers_w, fcntl.F_DUPFD, 10))
+
+        def as_fd_3_and_4() -> None:  # in the child, before exec: where Chromium looks for the pipe
+            os.dup2(ends[0], 3)
+            os.dup2(ends[1], 4)
+
+        self.proc = subprocess.Popen(
+            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+             f"--user-data-dir={profile}", "--remote-debugging-pipe", "--window-size=1280,900", "about:blank"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(3, 4, *ends), preexec_fn=as_fd_3_and_4)
+        for fd in (*ends, self._commands_r, self._answers_w):
+            os.close(fd)
+        self._buffer = b""
+        self._next = 0
+        self.events: list[dict] = []
+        target = self.call("Target.createTarget", url="about:blank")["targetId"]
+        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        self.call("Page.enable", session=self.session)
+
+    def _message(self) -> dict:
+        import select
+
+        while b"\0" not in self._buffer:
+            ready, _, _ = select.select([self._answers_r], [], [], self.LIMIT_S)
+            assert ready, "Chromium did not answer"
+            chunk = os.read(self._answers_r, 1 << 20)
+            assert chunk, "Chromium closed its DevTools pipe"
+            self._buffer += chunk
+        text, _, self._buffer = self._buffer.partition(b"\0")
+        return json.loads(text)
+
+    def call(self, method: str, session: str | None = None, **params) -> dict:
+        self._next += 1
+        message = {"id": self._next, "method": method, "params": params}
+        if session:
+            message["sessionId"] = session
+        os.write(self._commands_w, json.dumps(message).encode() + b"\0")
+        while True:
+            answer = self._message()
+            if answer.get("id") == self._next:
+                assert "error" not in answer, answer["error"]
+                return answer["result"]
+            self.events.append(answer)
+
+    def open(self, url: str) -> None:
+        """Navigate, and return once the page's load event fired."""
+        self.events = [e for e in self.events if e.get("method") != "Page.loadEventFired"]
+        self.call("Page.navigate", session=self.session, url=url)
+        while not any(e.get("method") == "Page.loadEventFired" for e in self.events):
+            self.events.append(self._message())
+
+    def wait(self, promise: str):
+        """The value a script's Promise resolves to (the script runs in the page)."""
+        result = self.call("Runtime.evaluate", session=self.session, expression=promise, awaitPromise=True,
+                           returnByValue=True)
+        assert "exceptionDetails" not in result, result["exceptionDetails"]
+        return result["result"].get("value")
+
+    def close(self) -> None:
+        for fd in (self._commands_w, self._answers_r):
+            os.close(fd)
+        self.proc.terminate()
+        self.proc.wait(timeout=60)

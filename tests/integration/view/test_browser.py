@@ -15,7 +15,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
-from browser import Browser, find_chromium
+from browser import Browser, LivePage, find_chromium
 
 from stepskip import SkipManager
 from stepskip.view.data import ViewSource
@@ -24,7 +24,7 @@ TESTS = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(TESTS / "integration" / "pipelines"))
 sys.path.insert(0, str(TESTS / "unit" / "cli"))
 
-from cli_caches import base_config, rollout_batch  # noqa: E402
+from cli_caches import base_config, record_rollout, rollout_batch  # noqa: E402
 from interrupts import view_command  # noqa: E402
 from pipeline_helpers import SMALL, skip_overrides  # noqa: E402
 
@@ -219,6 +219,71 @@ def test_a_compared_step_shows_its_drift_record_beside_the_recorded_data(server,
     browser.screenshot(url, "drift")
 
 
+def test_a_trajectorys_log_prob_strip_and_the_equal_reward_groups(server, browser, truth):
+    """The colocated pipeline records rollout_log_probs: one row's strip opens from the URL, one cell per
+    response token, colored by a class picked from its value; token texts such as "</s>" stay text."""
+    marked = [i for i in range(16) if any("<" in t["t"] for t in truth.token_strip(RUN, "rollout", 2, i)["tokens"])]
+    row = marked[0]  # a response with "<pad>" or "</s>" among its tokens
+    url = at(server, "step", run=RUN, role="rollout", step=2, strip=row)
+    page = browser.dom(url)
+    assert page.ready()
+    expected = truth.token_strip(RUN, "rollout", 2, row)
+    strip = page.root.find("section", id="strip")
+    assert strip.attrs["data-row"] == str(row)
+    assert strip.attrs["data-column"] == expected["column"] == "rollout_log_probs"
+    cells = strip.find_all("span")
+    cells = [c for c in cells if "tok" in c.attrs.get("class", "").split()]
+    assert [c.text for c in cells] == [t["t"] for t in expected["tokens"]] and len(cells) == expected["count"] > 0
+    assert [float(c.attrs["data-v"]) for c in cells] == pytest.approx([t["v"] for t in expected["tokens"]])
+    assert all(any(k.startswith("lp") for k in c.attrs["class"].split()) and not c.children for c in cells)
+    assert any(c.text.startswith("<") for c in cells)  # as text: no element came of it
+    assert "character tokenizer" in page.root.find("span", id="decoded-by").text
+    assert len(page.root.find("table", id="rows").find_all("button")) == 16  # a strip for every row
+    groups = truth.step_stats(RUN, "rollout", 2)["groups"]
+    pill = page.root.find("span", id="equal-groups")
+    assert (pill.attrs["data-equal"], pill.attrs["data-groups"]) == (str(groups["equal"]), str(groups["groups"]))
+    assert groups["groups"] == 4  # 4 prompts, 4 samples each
+    trend = browser.dom(at(server, "trend", run=RUN, role="rollout"))
+    total = truth.trend(RUN, "rollout")["groups"]
+    assert f"{total['equal']} of {total['groups']}" in trend.root.find("p", id="groups-total").text
+    cells = [tr.find("td", data_col="groups").text for tr in trend.root.find("table", id="trend").find_all("tr")[1:]]
+    assert cells == [f"{s['groups']['equal']} of {s['groups']['groups']}" for s in truth.trend(RUN, "rollout")["steps"]]
+    browser.screenshot(url, "strip")
+
+
+def test_follow_shows_the_steps_a_live_run_records(browser, tmp_path):
+    """``stepskip view --follow`` with the page open: a step recorded meanwhile appears in the run list without
+    a reload (the page's own "stepskip:updated" event is awaited), and the run is marked as being written."""
+    dump = tmp_path / "dump"
+    record_rollout(dump, "live", [1])
+    run = "exp_live/GBS4_N2_in8_out6"
+    with view_command(dump, "--port", "0", "--follow") as view:
+        page = LivePage(browser.binary, tmp_path / "profile")
+        try:
+            page.open(view.url)
+            assert page.wait("""new Promise(done => {
+                const ready = () => document.body.getAttribute("data-ready") === "1";
+                if (ready()) return done(true);
+                new MutationObserver(() => ready() && done(true)).observe(document.body, { attributes: true });
+            })""")
+            assert page.wait(f"document.querySelector('section[data-run=\"{run}\"]').getAttribute('data-live')") == "1"
+            assert page.wait("[...document.querySelectorAll('tr[data-step]')].map(tr => tr.dataset.step)") == ["1"]
+            page.wait("window.notReloaded = true")
+
+            record_rollout(dump, "live", [2])  # the run records its next step while the page is open
+
+            row = page.wait("""new Promise(done => {
+                const row = () => document.querySelector('tr[data-step="2"]');
+                if (row()) return done(row().textContent);
+                document.addEventListener("stepskip:updated", () => row() && done(row().textContent));
+            })""")
+            assert "safe" in row and "ok" in row
+            assert page.wait("[...document.querySelectorAll('tr[data-step]')].map(tr => tr.dataset.step)") == ["1", "2"]
+            assert page.wait("window.notReloaded === true && document.body.dataset.follow") == "1"
+        finally:
+            page.close()
+
+
 def test_verl_fixture_v1_entries_and_a_damaged_step(server, browser, truth):
     page = browser.dom(at(server, "step", run=FX, role="rollout", step=1))
     assert len(page.table_rows("rows")) == truth.step_page(FX, "rollout", 1)["total"] == 8
@@ -243,6 +308,10 @@ def test_the_report_in_a_browser_without_network(dump, browser, truth, tmp_path)
     offline = ["--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>"]  # any fetch would fail
     page = browser.dom(base, *offline)
     assert page.ready() and {s.attrs["data-run"] for s in page.root.find_all("section")} == {RUN, COPY, BIG, FX, V1}
+    times = [td.text for td in page.root.find("section", data_run=RUN).find_all("td", data_col="recorded")]
+    steps = truth.listing()["runs"][[r["name"] for r in truth.listing()["runs"]].index(RUN)]["roles"]
+    assert times == [s["recorded_utc"] for role in steps for s in role["steps"]]  # absolute, in UTC: not "32 s ago"
+    assert all(t.endswith("Z") and "T" in t for t in times) and "created" in page.root.find("span", id="root").text
     step = browser.dom(at(base, "step", run=RUN, role="rollout", step=2, filter="lenmax"))
     expected = truth.step_page(RUN, "rollout", 2, filters=["lenmax"])
     assert len(step.table_rows("rows")) == expected["matched"]

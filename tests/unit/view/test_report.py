@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import sys
 from pathlib import Path
 
@@ -60,3 +61,14 @@ def test_report_command_writes_the_file_and_never_into_the_cache(view_cache, tmp
 def test_report_of_a_missing_directory_is_a_clear_error(tmp_path):
     result = stepskip("report", tmp_path / "nope", "-o", tmp_path / "r.html")
     assert result.code == 2 and "no such file or directory" in result.err
+
+
+def test_a_report_carries_absolute_times_in_utc(view_cache):
+    """A report is read later than it was written: its times are ISO-8601 UTC, never ages."""
+    data = embedded(build_report(ViewSource(str(view_cache)), max_rows=1))
+    iso = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
+    assert re.fullmatch(iso, data["created"])
+    steps = [s for run in data["listing"]["runs"] for role in run["roles"] for s in role["steps"]]
+    assert steps and all(re.fullmatch(iso, s["recorded_utc"]) for s in steps)
+    first = steps[0]
+    assert first["recorded_utc"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(first["time"]))

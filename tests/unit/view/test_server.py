@@ -141,3 +141,14 @@ def test_the_view_command_refuses_a_tokenizer_it_cannot_load_offline(view_cache,
     assert "no such directory" in result.err
     missing = stepskip("view", tmp_path / "nothing-here")
     assert missing.code == 2 and "no such file or directory" in missing.err
+
+
+def test_the_view_command_refuses_a_live_window_below_a_second(view_cache):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
+    from cli_run import stepskip
+
+    result = stepskip("view", view_cache, "--follow", "--live-seconds", "0")
+    assert result.code == 2 and "--live-seconds" in result.err

@@ -86,6 +86,7 @@ function local(endpoint, p) {
     const side = (s, r, o, st) => ({ run: r, role: o, step: +st, reward: summary(s.rows.map(x => x.reward)), length: summary(s.rows.map(x => x.length)) });
     return { a: side(a, p.run, p.role, p.step), b: side(b, p.run2 || p.run, p.role2 || p.role, p.step2), total: groups.length, offset, limit, groups: groups.slice(offset, offset + limit) };
   }
+  if (endpoint === "tokens") return { error: "per-token strips are shown by stepskip view (a report keeps no per-token values)", kind: "not-found" };
   return { error: "unknown view", kind: "not-found" };
 }
 
@@ -157,13 +158,15 @@ async function viewRuns() {
   app.append(el("h2", {}, "Runs"));
   if (!body.runs.length) app.append(el("p", { class: "muted" }, "no runs in this cache"));
   for (const run of body.runs) {
-    const sec = el("section", { class: "run", "data-run": run.name });
-    sec.append(el("h3", {}, run.name, " ", el("span", { class: "muted" }, Object.entries(run.shape).map(([k, v]) => `${k}=${v}`).join(" "))));
+    const sec = el("section", { class: "run", "data-run": run.name, "data-live": run.live ? "1" : "0" });
+    sec.append(el("h3", {}, run.name, " ", el("span", { class: "muted" }, Object.entries(run.shape).map(([k, v]) => `${k}=${v}`).join(" ")),
+      run.live ? el("span", { class: "pill live", title: `a step recorded (or being written) in the last ${age(body.live_seconds)}` },
+        REPORT ? "being written when reported" : "being written") : null));
     for (const role of run.roles) {
       sec.append(el("h3", {}, "role ", el("span", { class: "pill" }, role.role), " ", el("span", { class: "muted" }, `${role.formats.join(", ")} · ${bytes(role.bytes)} · `),
         link("trend across steps", hashFor("trend", { run: run.name, role: role.role }))));
       const t = el("table", { class: "steps", "data-role": role.role },
-        el("tr", {}, ["step", "kind", "rows", "format", "size", "age", "generation s", "fingerprint", "written by", "status", ""].map(h => el("th", {}, h))));
+        el("tr", {}, ["step", "kind", "rows", "format", "size", REPORT ? "recorded (UTC)" : "age", "generation s", "fingerprint", "written by", "status", ""].map(h => el("th", {}, h))));
       for (const s of role.steps) {
         const status = (s.valid ? "ok" : s.issues.join("; ")) + (s.compared ? " · compared" : "");
         const other = role.steps.find(x => x.step > s.step && x.valid);
@@ -171,7 +174,9 @@ async function viewRuns() {
           el("td", { class: "num" }, link(String(s.step), hashFor("step", { run: run.name, role: role.role, step: s.step }))),
           el("td", {}, s.kind + (s.inner.length ? ` (${s.inner.length} inner)` : "")),
           el("td", { class: "num" }, fmt(s.rows)), el("td", {}, s.formats.join(", ")),
-          el("td", { class: "num" }, bytes(s.bytes)), el("td", { class: "num" }, age(s.age_seconds)),
+          el("td", { class: "num" }, bytes(s.bytes)),
+          // a report is read later: an age would be wrong by then, an absolute time is not
+          REPORT ? el("td", { class: "num", "data-col": "recorded" }, fmt(s.recorded_utc)) : el("td", { class: "num", title: s.recorded_utc || "" }, age(s.age_seconds)),
           el("td", { class: "num" }, fmt(s.generation_seconds)),
           el("td", { title: s.fingerprint_values ? JSON.stringify(s.fingerprint_values, null, 1) : "" }, fmt(s.fingerprint)),
           el("td", {}, fmt(s.written_by)), el("td", {}, status),
@@ -253,13 +258,22 @@ async function viewStep(p) {
   const stats = await api("stats", { run: p.run, role: p.role, step: p.step });
   if (stats.error) { app.append(problem(stats)); return app; }
   app.append(el("div", { class: "controls" }, `${stats.rows} trajectories`, statsLine("reward", stats.reward.summary),
-    statsLine("response length", stats.length.summary)));
+    statsLine("response length", stats.length.summary), groupsLine(stats.groups)));
   app.append(el("div", { class: "charts" }, histChart("reward-hist", "Reward", stats.reward.histogram),
     histChart("length-hist", "Response length", stats.length.histogram)));
   const state = { sort: p.sort || "", desc: p.desc || "", q: p.q || "", filter: p.filter ? [].concat(p.filter) : [], offset: +(p.offset || 0) };
   const holder = el("div", {});
   const driftBox = el("div", {});
-  app.append(driftBox);
+  const stripBox = el("div", { id: "strip-box" });
+  app.append(driftBox, stripBox);
+  let stripColumns = [];
+  async function showStrip(row, column) {
+    const body = await api("tokens", { run: p.run, role: p.role, step: p.step, row, column });
+    stripBox.replaceChildren(body.error ? problem(body) : stripPanel(body, c => showStrip(row, c)));
+    const h = new URLSearchParams(location.hash.split("?")[1] || "");
+    h.set("strip", String(row)); if (column) h.set("strip_col", column); else h.delete("strip_col");
+    history.replaceState(null, "", location.pathname + location.search + "#/step?" + h);
+  }
   const box = (name, label) => {
     const c = el("input", { type: "checkbox", id: "f-" + name });
     c.checked = state.filter.includes(name);
@@ -276,6 +290,7 @@ async function viewStep(p) {
     const page = await api("step", Object.assign({ run: p.run, role: p.role, step: p.step, limit: PAGE }, state));
     if (page.error) { holder.replaceChildren(problem(page)); done(holder); return; }
     if (Array.isArray(page.drift) && page.drift.length && !driftBox.firstChild) driftBox.append(driftPanel(page.drift));
+    stripColumns = Array.isArray(page.strip_columns) ? page.strip_columns : [];
     const cols = ["i"].concat(page.columns);
     const head = el("tr", {}, cols.map(c => {
       const label = c === "length" ? "response length" : (c === "group" ? "group (uid)" : (c === "key" ? "trajectory key" : c));
@@ -283,11 +298,14 @@ async function viewStep(p) {
       return el("th", { class: "sortable", "data-col": c, onclick: () => { state.desc = state.sort === c && state.desc !== "1" ? "1" : ""; state.sort = c; load(); } }, label + mark);
     }));
     const table = el("table", { id: "rows", "data-total": page.total, "data-matched": page.matched }, head);
+    if (stripColumns.length) head.append(el("th", {}, "per token"));
     for (const r of page.rows) {
-      table.append(el("tr", { "data-row": r.i }, cols.map(c => {
+      const tr = el("tr", { "data-row": r.i }, cols.map(c => {
         const v = r[c], numeric = typeof v === "number";
         return el("td", { class: numeric ? "num" : (c === "prompt" || c === "response" ? "text" : ""), "data-col": c }, c === "reward" || c === "length" || c === "i" ? fmt(v) : (c === "tags" ? tagLines(v) : text(v)));
-      })));
+      }));
+      if (stripColumns.length) tr.append(el("td", {}, el("button", { class: "strip-go", "data-row": r.i, onclick: () => showStrip(r.i) }, "log-probs")));
+      table.append(tr);
     }
     const last = Math.min(page.offset + page.limit, page.matched);
     const nav = el("div", { class: "controls", id: "pager" },
@@ -295,14 +313,48 @@ async function viewStep(p) {
       el("span", { id: "page-info" }, `rows ${page.matched ? page.offset + 1 : 0}–${last} of ${page.matched}` + (page.matched !== page.total ? ` (filtered from ${page.total})` : "")),
       el("button", { id: "next", onclick: () => { state.offset += PAGE; load(); } }, "next ▶"),
       page.max_length != null ? el("span", { class: "muted" }, `max response length ${page.max_length}`) : null,
-      page.reward_source ? el("span", { class: "muted" }, `reward from ${page.reward_source}`) : null);
+      page.reward_source ? el("span", { class: "muted" }, `reward from ${page.reward_source}`) : null,
+      page.tokenizer ? el("span", { class: "muted", id: "decoded-by" }, `text decoded with ${page.tokenizer}`) : null);
     nav.querySelector("#prev").disabled = page.offset === 0;
     nav.querySelector("#next").disabled = last >= page.matched;
     holder.replaceChildren(nav, table);
     done(holder);
   }
   await load();
+  if (p.strip != null && stripColumns.length) await showStrip(p.strip, p.strip_col);
   return app;
+}
+
+// GRPO groups whose rewards are all equal: zero advantage, nothing learned from them.
+function groupsLine(g) {
+  if (!g || typeof g !== "object") return null;
+  const values = g.by_value && typeof g.by_value === "object" ? Object.entries(g.by_value).map(([k, n]) => `${fmt(num(n))} all ${k}`).join(", ") : "";
+  return el("span", { class: "pill", id: "equal-groups", "data-equal": fmt(num(g.equal)), "data-groups": fmt(num(g.groups)), title: `groups by ${text(g.grouped_by)}` },
+    `groups with equal rewards (zero advantage): ${fmt(num(g.equal))} of ${fmt(num(g.groups))}` + (values ? ` (${values})` : ""));
+}
+
+// One trajectory's tokens, each a cell colored by its value: a class picked from the number alone.
+function stripBucket(v, column, lo, hi) {
+  if (typeof v !== "number" || !isFinite(v)) return "lpnone";
+  const x = /log_prob/.test(column) ? Math.exp(Math.min(0, v)) : (hi > lo ? (v - lo) / (hi - lo) : 1);
+  return "lp" + Math.max(0, Math.min(9, Math.floor(x * 10)));
+}
+function stripPanel(s, choose) {
+  const box = el("section", { id: "strip", class: "strip", "data-row": text(s.row), "data-column": text(s.column) });
+  const pick = el("select", { id: "strip-column", onchange: () => choose(pick.value) }, (Array.isArray(s.columns) ? s.columns : []).map(c => el("option", { value: text(c) }, text(c))));
+  pick.value = text(s.column);
+  box.append(el("div", { class: "controls" }, el("strong", {}, `row ${text(s.row)} · per-token values`), pick,
+    el("span", { class: "pill" }, `${fmt(num(s.count))} tokens · mean ${fmt(num(s.mean))} · min ${fmt(num(s.min))} · max ${fmt(num(s.max))}`),
+    s.truncated ? el("span", { class: "muted" }, `first ${(s.tokens || []).length} shown`) : null));
+  const cells = el("div", { class: "tokens" });
+  const lo = num(s.min), hi = num(s.max);
+  for (const t of Array.isArray(s.tokens) ? s.tokens : []) {
+    if (!t || typeof t !== "object") continue;
+    const v = num(t.v);
+    cells.append(el("span", { class: "tok " + stripBucket(v, text(s.column), lo, hi), "data-v": v == null ? "" : String(v), title: v == null ? "–" : v.toFixed(4) }, text(t.t)));
+  }
+  box.append(cells);
+  return box;
 }
 
 async function viewTrend(p) {
@@ -315,12 +367,15 @@ async function viewTrend(p) {
     label: k, data: body.steps.map(s => pick(s) ? pick(s)[k] : null), borderColor: ["#1d4ed8", "#9ca3af", "#10b981", "#f59e0b"][i], borderDash: k === "mean" ? [] : [4, 3], spanGaps: true })) },
     options: { plugins: { title: { display: true, text: title } }, scales: { x: { title: { display: true, text: "step" } } } } });
   app.append(el("div", { class: "charts" }, line("reward-trend", "Reward across steps", s => s.reward), line("length-trend", "Response length across steps", s => s.length)));
-  const t = el("table", { id: "trend" }, el("tr", {}, ["step", "rows", "reward mean", "reward p50", "length mean", "length p10", "length p50", "length p90", "length max"].map(h => el("th", {}, h))));
+  const t = el("table", { id: "trend" }, el("tr", {}, ["step", "rows", "reward mean", "reward p50", "length mean", "length p10", "length p50", "length p90", "length max", "equal-reward groups"].map(h => el("th", {}, h))));
+  const equal = g => g ? `${fmt(num(g.equal))} of ${fmt(num(g.groups))}` : "–";
   for (const s of body.steps) {
     const r = s.reward || {}, l = s.length || {};
     t.append(el("tr", { "data-step": s.step }, el("td", {}, link(String(s.step), hashFor("step", { run: p.run, role: p.role, step: s.step }))),
-      [s.rows, r.mean, r.p50, l.mean, l.p10, l.p50, l.p90, l.max].map(v => el("td", { class: "num" }, fmt(v)))));
+      [s.rows, r.mean, r.p50, l.mean, l.p10, l.p50, l.p90, l.max].map(v => el("td", { class: "num" }, fmt(v))),
+      el("td", { class: "num", "data-col": "groups" }, equal(s.groups))));
   }
+  if (body.groups) app.append(el("p", { id: "groups-total" }, `GRPO groups with equal rewards (zero advantage) across ${fmt(num(body.groups.steps))} steps: ${equal(body.groups)}`));
   app.append(t);
   for (const pr of body.problems) app.append(problem({ error: `step ${pr.step}: ${pr.detail}`, kind: pr.kind }));
   return app;
@@ -390,9 +445,34 @@ async function route() {
   done();
 }
 
+// --follow: ask the server whether the cache changed; the run list and a trend are drawn again when it did
+// (a step's table is left alone: it may be mid-search). Each redraw ends with a "stepskip:updated" event.
+let followed = null;
+async function follow(seconds) {
+  const body = await api("follow", {});
+  if (!body.error) {
+    const state = `${body.version}|${(body.live || []).join("\n")}`;
+    const view = document.body.getAttribute("data-view");
+    if (followed != null && state !== followed && (view === "runs" || view === "trend")) {
+      await route();
+      document.dispatchEvent(new CustomEvent("stepskip:updated", { detail: { version: body.version } }));
+    }
+    followed = state;
+    document.body.setAttribute("data-version", String(body.version));
+  }
+  setTimeout(() => follow(seconds), seconds * 1000);
+}
+
 window.addEventListener("hashchange", route);
 window.addEventListener("DOMContentLoaded", async () => {
-  if (REPORT) document.getElementById("root").textContent = `report of ${REPORT.listing.root} · ${REPORT.created}`;
-  else { const r = await api("runs", {}); document.getElementById("root").textContent = r.root || ""; }
+  if (REPORT) document.getElementById("root").textContent = `report of ${REPORT.listing.root} · created ${REPORT.created}`;
+  else {
+    const r = await api("runs", {}); document.getElementById("root").textContent = r.root || "";
+    if (r.follow && typeof r.follow.seconds === "number" && Array.isArray(r.runs)) {
+      followed = `${r.version}|${r.runs.filter(x => x.live).map(x => x.name).sort().join("\n")}`;  // what the first view shows
+      document.body.setAttribute("data-follow", "1");
+      setTimeout(() => follow(Math.max(0.5, r.follow.seconds)), r.follow.seconds * 1000);
+    }
+  }
   route();
 });
