@@ -22,10 +22,10 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stepskip.cli.convert import ConvertedEntry, ConvertReport, convert_cache, plan_convert
 from stepskip.cli.errors import CliError
 from stepskip.cli.prune import PrunePlan, apply_prune, plan_prune
 from stepskip.cli.verify import Problem, RepairResult, VerifyReport, repair, verify_runs
@@ -50,6 +50,28 @@ __all__ = [
     "plan_prune", "apply_prune", "PrunePlan",
     "convert", "convert_cache", "plan_convert", "ConvertReport", "ConvertedEntry",
 ]
+
+
+#: Names whose module loads the codecs (and torch): imported on first use, so a script that only lists or
+#: verifies a cache starts as fast as ``stepskip ls`` does.
+_LAZY = {"ConvertedEntry": "stepskip.cli.convert", "ConvertReport": "stepskip.cli.convert",
+         "convert_cache": "stepskip.cli.convert", "plan_convert": "stepskip.cli.convert"}
+
+if TYPE_CHECKING:
+    from stepskip.cli.convert import ConvertedEntry, ConvertReport, convert_cache, plan_convert
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stepskip.cache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def open_cache(path: str | CacheIndex, storage_options: Mapping[str, Any] | None = None) -> CacheIndex:
@@ -127,5 +149,7 @@ def convert(src: str | CacheIndex, dst: str | CacheIndex, to: str = "safe", *, a
         >>> convert("~/.verl/rollout_dump", "/data/safe_dump", allow_pickle=True).ok  # doctest: +SKIP
         True
     """
+    from stepskip.cli.convert import convert_cache
+
     return convert_cache(open_cache(src, storage_options), open_cache(dst, storage_options), to,
                          allow_pickle=allow_pickle, overwrite=overwrite, role=role)

@@ -119,3 +119,19 @@ def test_implementation_modules_are_private():
     stray = {name for name in public if name not in PUBLIC_MODULES
              and not any(name.startswith(package + ".") for package in PUBLIC_MODULES - {"stepskip"})}
     assert stray == set(), f"modules outside the public namespaces without a leading underscore: {sorted(stray)}"
+
+
+def test_stepskip_cache_lists_and_verifies_without_loading_torch(tmp_path):
+    """A script that lists or verifies a cache starts as fast as ``stepskip ls``: the codecs (and torch) load
+    only when it converts."""
+    import subprocess
+    import sys
+
+    script = ("import sys\nfrom stepskip.cache import open_cache, verify\n"
+              f"verify(open_cache({str(tmp_path)!r}))\n"
+              "print(sorted(m for m in ('torch', 'tensordict', 'safetensors') if m in sys.modules))\n"
+              "from stepskip.cache import plan_convert\n"
+              "print('torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["[]", "True"]
