@@ -126,7 +126,7 @@ class ContentSources:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        files = self.data_files
+        files: Any = self.data_files
         if files is None:
             files = ()
         elif isinstance(files, (str, os.PathLike)):
@@ -428,8 +428,21 @@ def _json_digest(path: Path, drop: Iterable[str]) -> tuple[Any, Any]:
 # --------------------------------------------------------------------------- code revision
 
 
-_CODE_CACHE: dict[str, tuple[Any, dict[str, Any]]] = {}
+@dataclass
+class _Revision:
+    """A work tree's revision as last read, and what says it still holds: the stamps of HEAD, its
+    branch and the index, and of every tracked file (taken before ``git status`` ran)."""
+
+    git_stamp: tuple[Any, ...]
+    tracked: list[str] | None  # None: too many files to stat, or git absent: ``git status`` runs each time
+    file_stamp: tuple[Any, ...]
+    revision: dict[str, Any]
+
+
+_CODE_CACHE: dict[str, _Revision] = {}
 _CODE_LOCK = threading.Lock()
+#: Work trees with more tracked files than this are asked ``git status`` at every run start.
+_STAT_MAX_FILES = 20_000
 
 
 def _git_dirs(start: Path) -> tuple[Path, Path, Path] | None:
@@ -481,7 +494,7 @@ def _read_head(git_dir: Path, common: Path) -> tuple[str | None, Path | None]:
     return None, None  # a branch with no commit yet
 
 
-def _stamp(paths: Iterable[Path | None]) -> tuple[Any, ...]:
+def _stamp(paths: Iterable[str | Path | None]) -> tuple[Any, ...]:
     out: list[Any] = []
     for path in paths:
         try:
@@ -497,7 +510,8 @@ def code_revision(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
 
     ``dirty`` is whether tracked files differ from HEAD (``git status``, with a timeout); it is
     None when git is not installed, fails or takes longer than :data:`GIT_TIMEOUT` (the commit is
-    then read from the ``.git`` files). The answer is kept until HEAD, its branch or the index change.
+    then read from the ``.git`` files). The answer is kept while HEAD, its branch, the index and the
+    tracked files (up to 20,000 of them) keep their modification times and sizes.
 
     Example:
         >>> code_revision("/") is None  # not inside a work tree
@@ -512,11 +526,17 @@ def code_revision(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
         return None
     top, git_dir, common = found
     commit, ref_file = _read_head(git_dir, common)
-    stamp = _stamp([git_dir / "HEAD", ref_file, git_dir / "index", common / "packed-refs"])
+    git_stamp = _stamp([git_dir / "HEAD", ref_file, git_dir / "index", common / "packed-refs"])
     with _CODE_LOCK:
         cached = _CODE_CACHE.get(str(top))
-        if cached is not None and cached[0] == stamp:
-            return dict(cached[1])
+    tracked = cached.tracked if cached is not None and cached.git_stamp == git_stamp else None
+    if tracked is None and shutil.which("git") is not None:
+        tracked = _tracked_files(top)
+    root = str(top)
+    file_stamp = _stamp(os.path.join(root, name) for name in tracked) if tracked is not None else ()
+    if cached is not None and tracked is not None and cached.git_stamp == git_stamp \
+            and cached.file_stamp == file_stamp:
+        return dict(cached.revision)
     dirty: bool | None = None
     status = _git_status(top)
     if status is not None:
@@ -524,28 +544,44 @@ def code_revision(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
         commit = head or commit
     revision = {"commit": commit, "dirty": dirty}
     with _CODE_LOCK:
-        _CODE_CACHE[str(top)] = (stamp, revision)
+        _CODE_CACHE[str(top)] = _Revision(git_stamp, tracked if status is not None else None, file_stamp, revision)
     return dict(revision)
+
+
+def _git(top: Path, *args: str) -> bytes | None:
+    """``git -C top args`` 's output; None when git is absent, fails or takes too long."""
+    git = shutil.which("git")
+    if git is None:
+        return None
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}  # never rewrites the index
+    try:
+        proc = subprocess.run([git, "-C", str(top), *args], capture_output=True, timeout=GIT_TIMEOUT, env=env,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as err:
+        logger.debug("git %s in %s failed: %s", args[0], top, err)
+        return None
+    if proc.returncode != 0:
+        logger.debug("git %s in %s exited %d: %s", args[0], top, proc.returncode, proc.stderr[:500])
+        return None
+    return proc.stdout
+
+
+def _tracked_files(top: Path) -> list[str] | None:
+    out = _git(top, "ls-files", "-z")
+    if out is None:
+        return None
+    names = [name for name in out.decode(errors="surrogateescape").split("\0") if name]
+    return names if len(names) <= _STAT_MAX_FILES else None
 
 
 def _git_status(top: Path) -> tuple[str | None, bool] | None:
     """(HEAD commit, dirty) from ``git status``; None when git is absent, refuses or is too slow."""
-    git = shutil.which("git")
-    if git is None:
-        return None
-    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}  # a status that never rewrites the index
-    try:
-        proc = subprocess.run([git, "-C", str(top), "status", "--porcelain=v2", "--branch", "--untracked-files=no"],
-                              capture_output=True, timeout=GIT_TIMEOUT, env=env, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError) as err:
-        logger.debug("git status in %s failed: %s", top, err)
-        return None
-    if proc.returncode != 0:
-        logger.debug("git status in %s exited %d: %s", top, proc.returncode, proc.stderr[:500])
+    out = _git(top, "status", "--porcelain=v2", "--branch", "--untracked-files=no")
+    if out is None:
         return None
     commit: str | None = None
     dirty = False
-    for line in proc.stdout.decode(errors="replace").splitlines():
+    for line in out.decode(errors="replace").splitlines():
         if line.startswith("# branch.oid "):
             oid = line.split()[-1]
             commit = oid if oid != "(initial)" else None

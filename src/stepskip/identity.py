@@ -129,7 +129,9 @@ class RunIdentity:
     response_len: int = 0
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
     world_size: int = 1
-    content: ContentSources | None = None
+    #: Not part of equality: two identities naming the same directory and values are the same run's,
+    #: whatever content they will digest.
+    content: ContentSources | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for key in ("experiment_name", "project_name"):
