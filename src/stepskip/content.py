@@ -442,7 +442,7 @@ class _Revision:
 _CODE_CACHE: dict[str, _Revision] = {}
 _CODE_LOCK = threading.Lock()
 #: Work trees with more tracked files than this are asked ``git status`` at every run start.
-_STAT_MAX_FILES = 20_000
+_STAT_MAX_FILES = 5_000
 
 
 def _git_dirs(start: Path) -> tuple[Path, Path, Path] | None:
@@ -511,7 +511,7 @@ def code_revision(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     ``dirty`` is whether tracked files differ from HEAD (``git status``, with a timeout); it is
     None when git is not installed, fails or takes longer than :data:`GIT_TIMEOUT` (the commit is
     then read from the ``.git`` files). The answer is kept while HEAD, its branch, the index and the
-    tracked files (up to 20,000 of them) keep their modification times and sizes.
+    tracked files (up to 5,000 of them) keep their modification times and sizes.
 
     Example:
         >>> code_revision("/") is None  # not inside a work tree
