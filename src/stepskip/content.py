@@ -69,6 +69,9 @@ SAMPLE_BYTES = 64 << 10
 TOKENIZER_FULL_BYTES = 64 << 20
 #: JSON files parsed to leave out what a re-save changes without changing the content.
 _JSON_PARSE_BYTES = 64 << 20
+#: More data or weight files than this are recorded as one (:func:`_collapse`) under this name.
+_MAX_LISTED_FILES = 16
+ALL_FILES = "(all files)"
 #: The most files of a data directory taken into its digest.
 _DIR_MAX_FILES = 10_000
 #: How long ``git status`` may take before the revision is read from ``.git`` alone (no dirty flag).
@@ -220,7 +223,7 @@ def content_digests(sources: ContentSources, weights: bool = False, code: bool =
     if sources.model is not None or sources.model_config is not None:
         _guarded(out, "model", lambda: _model_digests(sources.model, sources.model_config, weights))
     if sources.data_files:
-        out[DATA] = {name: _data_digest(name) for name in sources.data_files}
+        out[DATA] = _collapse({name: _data_digest(name) for name in sources.data_files})
     if code and sources.code is not False:
         revision = code_revision(os.getcwd() if sources.code is True else os.fspath(sources.code))
         if revision is not None:
@@ -327,8 +330,9 @@ def _model_digests(model: Any, config_dir: str | None, weights: bool) -> dict[st
         if directory is None:
             out[MODEL_WEIGHTS] = other
         else:
-            out[MODEL_WEIGHTS] = {path.name: file_digest(path, FULL_HASH_BYTES) for path in sorted(directory.iterdir())
-                                  if _WEIGHT_NAME.match(path.name) and path.is_file()}
+            out[MODEL_WEIGHTS] = _collapse({path.name: file_digest(path, FULL_HASH_BYTES)
+                                            for path in sorted(directory.iterdir())
+                                            if _WEIGHT_NAME.match(path.name) and path.is_file()})
     return out
 
 
@@ -342,6 +346,21 @@ def _data_digest(name: str) -> dict[str, Any]:
     except OSError:
         return {"unreadable": True}
     return file_digest(path, FULL_HASH_BYTES)
+
+
+def _collapse(records: dict[str, Any]) -> dict[str, Any]:
+    """The records of many files as one (:data:`ALL_FILES`): every entry's ``meta.json`` holds them,
+    and a thousand data shards must not make each one heavy. Modification times count only for
+    sampled files, as they do file by file."""
+    if len(records) <= _MAX_LISTED_FILES:
+        return records
+    h = xxhash.xxh3_128()
+    total = 0
+    for name, record in sorted(records.items()):
+        kept = record if record.get("sampled") else {k: v for k, v in record.items() if k != "mtime"}
+        h.update(_canonical_json([name, kept]).encode())
+        total += int(record.get("size", 0) or 0)
+    return {ALL_FILES: {"files": len(records), "size": total, "xxh3": h.hexdigest()}}
 
 
 def _dir_digest(root: Path) -> dict[str, Any]:
@@ -619,7 +638,14 @@ def describe_change(key: str, recorded: Any, current: Any) -> list[str]:
             return [f"{whole} changed ({_what(recorded)} -> {_what(current)})"]
         lines = []
         for name in sorted(set(old_files) | set(new_files), key=str):
-            if name not in new_files:
+            if name == ALL_FILES and name in old_files and name in new_files:
+                detail = _file_change(old_files[name], new_files[name])
+                if detail is not None:
+                    lines.append(f"{each}s changed{detail}")
+            elif name == ALL_FILES or (ALL_FILES in old_files) != (ALL_FILES in new_files):
+                lines.append(f"{each}s changed ({_count(old_files)} files -> {_count(new_files)})")
+                break
+            elif name not in new_files:
                 lines.append(f"{each} {name} is gone")
             elif name not in old_files:
                 lines.append(f"{each} {name} is new")
@@ -639,6 +665,11 @@ def _files_of(key: str, value: Mapping[str, Any]) -> Mapping[str, Any] | None:
     if any(k in value for k in ("id", "missing", "not_a_directory")) and len(value) == 1:
         return None
     return value
+
+
+def _count(files: Mapping[str, Any]) -> Any:
+    collapsed = files.get(ALL_FILES)
+    return collapsed.get("files") if isinstance(collapsed, Mapping) else len(files)
 
 
 def _what(value: Mapping[str, Any]) -> str:

@@ -412,3 +412,18 @@ def test_one_run_reads_its_sources_once(tmp_path):
     data.write_bytes(b"22")
     assert sources.digests(run="run-1") == first  # the second role of the same run
     assert sources.digests(run="run-2") != first  # the next run reads again
+
+
+def test_many_files_are_recorded_as_one_record(tmp_path):
+    shards = [tmp_path / f"part-{i:03d}.parquet" for i in range(40)]
+    for shard in shards:
+        shard.write_bytes(b"s" * 100)
+    sources = ContentSources(data_files=[str(s) for s in shards], code=False)
+    record = digests(sources)["content.data"]
+    assert list(record) == ["(all files)"] and record["(all files)"]["files"] == 40
+    assert diff_after(sources, lambda: shards[7].write_bytes(b"t" * 100)) == [
+        "data files changed (same size, other content)"]
+    assert diff_after(sources, lambda: shards[7].write_bytes(b"t" * 101)) == ["data files changed (size 4000 -> 4001)"]
+    assert diff_after(sources, lambda: os.utime(shards[3], (5, 5))) == []  # small files: their bytes count, not times
+    fewer = digests(ContentSources(data_files=[str(s) for s in shards[:3]], code=False))
+    assert fingerprint_diff(digests(sources), fewer) == ["data files changed (40 files -> 3)"]
