@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepskip.config import select, to_plain
+from stepskip._content import CONTENT_PREFIX, ContentSources, describe_change
 from stepskip.errors import SkipConfigError
 
 __all__ = ["RunIdentity", "VERL_FINGERPRINT_KEYS", "fingerprint_of", "fingerprint_diff"]
@@ -61,16 +62,26 @@ def fingerprint_of(config: Any, keys: Iterable[str]) -> dict[str, Any]:
 
 
 def fingerprint_diff(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``key: recorded X, now Y`` for every key whose value differs (a key absent on one side counts).
+    """``key: recorded X, now Y`` for every key whose value differs (a key absent on one side counts),
+    and what changed in words for content digests (``content.*`` keys, compared only when both sides
+    hold them: entries recorded before stepskip digested content, or without ``fingerprint_weights``,
+    are not mismatches for lacking them).
 
     Example:
         >>> fingerprint_diff({"data.seed": 1}, {"data.seed": 2})
         ['data.seed: recorded 1, now 2']
+        >>> fingerprint_diff({"data.seed": 1}, {"data.seed": 1, "content.chat_template": "ab12"})
+        []
     """
     lines = []
     for key in sorted(set(recorded) | set(current)):
         old, new = recorded.get(key), current.get(key)
-        if old != new:
+        if old == new:
+            continue
+        if key.startswith(CONTENT_PREFIX):
+            if key in recorded and key in current:
+                lines.extend(describe_change(key, old, new))
+        else:
             lines.append(f"{key}: recorded {old!r}, now {new!r}")
     return lines
 
@@ -98,6 +109,9 @@ class RunIdentity:
         world_size: processes that each cache their own share of a call (SPMD trainers such as
             TRL's); more than one adds ``_W{world_size}`` to the run directory name, so that a cache
             recorded by 2 ranks is a miss, not another run's data, for a run of 1 (verl's runs: 1).
+        content: the tokenizer, model, data files and code whose content digests join the
+            fingerprint (a :class:`~stepskip._content.ContentSources` or a mapping of its fields);
+            None: no content digests.
 
     Example:
         >>> identity = RunIdentity("exp", "proj", gbs=8, n=4, fingerprint={"model": "tiny", "temperature": 1.0})
@@ -115,6 +129,9 @@ class RunIdentity:
     response_len: int = 0
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
     world_size: int = 1
+    #: Not part of equality: two identities naming the same directory and values are the same run's,
+    #: whatever content they will digest.
+    content: ContentSources | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for key in ("experiment_name", "project_name"):
@@ -130,6 +147,7 @@ class RunIdentity:
             raise SkipConfigError(f"identity.fingerprint = {self.fingerprint!r} is not valid; expected a mapping "
                                   "of names to JSON-like values")
         object.__setattr__(self, "fingerprint", {k: _jsonable(v) for k, v in self.fingerprint.items()})
+        object.__setattr__(self, "content", ContentSources.coerce(self.content))
 
     @property
     def run_name(self) -> str:
@@ -142,7 +160,9 @@ class RunIdentity:
     def from_config(cls, config: Any) -> RunIdentity:
         """verl's mapping: ``trainer.{experiment,project}_name``, ``data.gen_batch_size``
         (else ``data.train_batch_size``), ``actor_rollout_ref.rollout.n``,
-        ``data.max_{prompt,response}_length`` and the fingerprint keys of :data:`VERL_FINGERPRINT_KEYS`."""
+        ``data.max_{prompt,response}_length`` and the fingerprint keys of :data:`VERL_FINGERPRINT_KEYS`;
+        content digests of the model, tokenizer and data files those keys name, and of the code
+        (:meth:`~stepskip._content.ContentSources.from_verl_config`)."""
         gbs = select(config, "data.gen_batch_size")
         if gbs is None:
             gbs = select(config, "data.train_batch_size", 0)
@@ -154,6 +174,7 @@ class RunIdentity:
             prompt_len=_shape_int(select(config, "data.max_prompt_length", 0)),
             response_len=_shape_int(select(config, "data.max_response_length", 0)),
             fingerprint=fingerprint_of(config, VERL_FINGERPRINT_KEYS),
+            content=ContentSources.from_verl_config(config),
         )
 
     def with_fingerprint(self, extra: Mapping[str, Any]) -> RunIdentity:

@@ -330,6 +330,11 @@ class SkipRoleConfig:
         log_samples: how many trajectories of each recorded or replayed step to send to the tracker
             (prompt, response, reward, source step, replayed or generated): a table where the backend
             takes tables (W&B, MLflow), text elsewhere; 0 (the default) sends none.
+        fingerprint_weights: also digest the model's weight files into the run fingerprint (each
+            file's size, modification time and a hash of its first, middle and last 64 KiB; whole
+            when at most 4 MiB), so a checkpoint re-saved at the same path is a mismatch.
+        fingerprint_code: record the git revision (HEAD's commit, uncommitted changes to tracked
+            files) of the work tree the run starts in; false leaves the code out of the fingerprint.
 
     Example:
         >>> RolloutSkipConfig(enable=True, steps=["1-3"], action="repeat").action
@@ -366,6 +371,9 @@ class SkipRoleConfig:
     on_drift: str = OnDrift.WARN
     log_metrics: str = LogMetrics.SHORT
     log_samples: int = 0
+    # content fingerprints (the digests themselves: stepskip._content)
+    fingerprint_weights: bool = False
+    fingerprint_code: bool = True
 
     def __post_init__(self) -> None:
         self.validate(self.section)
@@ -407,6 +415,8 @@ class SkipRoleConfig:
         self.log_metrics = parse_choice(LogMetrics, self.log_metrics, f"{where}.log_metrics")
         _integer(f"{where}.log_samples", self.log_samples, f"an int from 0 (none) to {MAX_LOG_SAMPLES} "
                  "(trajectories of each recorded or replayed step)", low=0, high=MAX_LOG_SAMPLES)
+        _boolean(f"{where}.fingerprint_weights", self.fingerprint_weights)
+        _boolean(f"{where}.fingerprint_code", self.fingerprint_code)
         if not isinstance(self.storage_options, Mapping) or not all(isinstance(k, str) for k in self.storage_options):
             raise SkipConfigError(
                 f"{where}.storage_options = {self.storage_options!r} is not valid; expected a mapping of "

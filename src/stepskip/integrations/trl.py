@@ -37,6 +37,7 @@ from trl import GRPOTrainer
 
 from stepskip._reading.classify import EntryStatus
 from stepskip._reading.reader import seconds_of
+from stepskip._content import ContentSources
 from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
 from stepskip._identity import RunIdentity
 from stepskip.integrations._trl_config import TrlGenerateConfig
@@ -401,7 +402,9 @@ def identity_of(trainer: Any) -> RunIdentity:
 
     ``{experiment}_{project}`` is ``grpo_{model name}``; the run directory is
     ``GBS{prompts per generation}_N{num_generations}_in0_out{max_completion_length}`` (``_W{n}`` for
-    ``n`` processes).
+    ``n`` processes). The dataset's own ``_fingerprint`` is a fingerprint value; the content digests
+    cover ``processing_class`` (its chat template and tokenizer files), the model's config (and
+    weight files with ``fingerprint_weights``) and the code revision.
     """
     args = trainer.args
     model = getattr(trainer.model, "name_or_path", None) or getattr(getattr(trainer.model, "config", None),
@@ -430,6 +433,8 @@ def identity_of(trainer: Any) -> RunIdentity:
         response_len=int(args.max_completion_length or 0),
         fingerprint={k: v for k, v in fingerprint.items() if v is not None},
         world_size=world_size,
+        # what the values above do not show: the template and tokenizer files, the model's config
+        content=ContentSources(tokenizer=getattr(trainer, "processing_class", None), model=trainer.model),
     )
 
 

@@ -162,6 +162,9 @@ class CachedRole(BaseSkip):
             self._new_run()
         super().bind(context)
         identity = context.identity.with_fingerprint(fingerprint_of(self.global_config, self.config.fingerprint_keys))
+        if self.enable and identity.content is not None:  # read once per run, by the first role that serves
+            identity = identity.with_fingerprint(identity.content.digests(
+                weights=self.config.fingerprint_weights, code=self.config.fingerprint_code, run=context.run_id))
         self.fingerprint = dict(identity.fingerprint)
         self._layout = Layout.for_identity(self.dump_dir, identity, subdir=self.layout_subdir())
         self._store = open_store(self._layout.dump_dir, self.config.storage_options)
