@@ -16,6 +16,7 @@ import numpy as np
 
 from stepskip._reading.classify import EntryStatus, Look, classify
 from stepskip._storage import EntryState, Probe
+from stepskip._storage.layered import origin_of
 from stepskip.config import SkipRoleConfig
 from stepskip.entries import FormatSpec, format_spec
 from stepskip.errors import (
@@ -217,6 +218,9 @@ class EntryReader:
     def check_fidelity(self, meta: dict[str, Any], path: str, step: int, load_step: int, prompts: Any) -> None:
         """Compare the entry's run fingerprint and prompt digest with the live run and call."""
         owner = self.owner
+        origin = origin_of(meta)  # read from a layered cache: the messages name the run it came from
+        if origin is not None:
+            path = origin.describe()
         recorded = meta.get("fingerprint")
         if isinstance(recorded, dict):
             diffs = fingerprint_diff(recorded, owner.fingerprint)

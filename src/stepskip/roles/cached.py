@@ -29,10 +29,12 @@ from stepskip._matching.matcher import Matcher, row_prompts
 from stepskip._matching.writer import HintWriter
 from stepskip._reading.classify import EntryStatus
 from stepskip._reading.compare import Comparer
+from stepskip._reading.layers import open_layers
 from stepskip._reading.listing import StepListing
 from stepskip._reading.reader import EntryReader, prompt_digest, seconds_of
 from stepskip._reading.steps import FlatSteps, StepEntries
 from stepskip._storage import Tree, check_dump_dir, open_store
+from stepskip._storage.layered import origin_of
 from stepskip.access import check_writable, describe_store_access_error, is_store_access_error
 from stepskip.calls import CURRENT_CALL, added_columns, call_prompts
 from stepskip.config import ROLLOUT_ROLES, SkipRoleConfig
@@ -225,6 +227,9 @@ class CachedRole(BaseSkip):
             if local or not is_store_access_error(err):
                 raise
             raise SkipConfigError(f"{key} = {describe_store_access_error(self.dump_dir, err)}") from err
+        layered = open_layers(self, self._store)  # sources, replay_from: read after the dump dir, never written
+        if layered is not None:
+            self._store = layered
 
     def clean_up(self, tree: Tree | None) -> None:
         """Remove what interrupted writers left in this role's entries once it is stale (at start-up).
@@ -451,9 +456,12 @@ class CachedRole(BaseSkip):
         saved = seconds_of(meta.get("generation_seconds"))
         self.stats.add(hits=1, load_seconds=seconds, bytes_read=nbytes, saved_seconds=saved,
                        rows_replayed=row_count(value))
+        origin = origin_of(meta)  # read from a layered cache (sources, replay_from)
+        if origin is not None:
+            self.stats.add(**{origin.counter: 1})
         offer_samples(self, step, load_step, value, prompts, replayed=True)
-        logger.info("%s hit: step %d replayed from step %d at %s (%d bytes, %.3fs)",
-                    self.name, step, load_step, self.step_dump_dir(load_step), nbytes, seconds)
+        logger.info("%s hit: step %d replayed from step %d at %s (%d bytes, %.3fs)", self.name, step, load_step,
+                    self.step_dump_dir(load_step) if origin is None else origin.describe(), nbytes, seconds)
         return value
 
     def prepare_data(self, step: int, result: Any, *args: Any, **kwargs: Any) -> None:
