@@ -267,6 +267,8 @@ class LayeredStore:
                 meta, files = self.primary.read_entry(path, legacy_files, self._names(names, None), verify,
                                                       allocator, probe)
                 return meta, files
+            except CorruptEntryError:
+                raise  # the dump dir's own damage: the role reports and regenerates it
             except CacheMissError:
                 pass
         covering = self._covering(path)
@@ -279,10 +281,10 @@ class LayeredStore:
             try:
                 meta, files = layer.store.read_entry(local, legacy_files, self._names(names, origin), verify,
                                                      allocator, own)
-            except CacheMissError:
-                continue
-            except CorruptEntryError as err:
+            except CorruptEntryError as err:  # before CacheMissError, its base
                 self._pass_over(layer, local, str(err))
+                continue
+            except CacheMissError:
                 continue
             self._mark(meta, origin)
             return meta, files
