@@ -167,6 +167,7 @@ def test_match_finds_prompt_groups_in_a_source(tmp_path):
     before = tree(team)
     loop, seen = run(training_config(mine, steps="all", action="match", sources=[str(team)]), [7])
     assert loop.calls == [] and seen == {7: 1}  # the prompts of step 1, met again at step 7
+    assert stat("hits_from/0") == 1  # under match: per entry read from the source
     assert tree(team) == before
 
 
@@ -371,3 +372,16 @@ def test_a_replay_miss_names_every_layer(tmp_path):
     record(tmp_path / "team", [1], marker=1)
     with pytest.raises(CacheMissError):
         run(training_config(tmp_path / "mine", steps=[2], action="replay", sources=[str(tmp_path / "team")]), [2])
+
+
+def test_match_finds_prompt_groups_in_the_run_replay_from_names(tmp_path):
+    SkipManager.init(training_config(tmp_path, steps="all", action="match"))
+    SkipManager.set_step(1)
+    Loop(1).generate_sequences(prompts())
+    SkipManager.flush()
+    SkipManager.reset()
+    before = tree(tmp_path / "exp_proj")
+    loop, seen = run(other_run(tmp_path, steps="all", action="match", replay_from={"experiment_name": "exp"}), [5])
+    assert loop.calls == [] and seen == {5: 1}
+    assert stat("hits_from/replay_from") == 1
+    assert tree(tmp_path / "exp_proj") == before
