@@ -104,6 +104,9 @@ class CachedRole(BaseSkip):
     config_class: ClassVar[type[Any]] = SkipRoleConfig
     #: Entries are V1 inner entries (``{step}/{inner}/``, verl's ``tq_batch.pt``).
     v1: ClassVar[bool] = False
+    #: The role reads layered caches below its dump dir (``sources``, ``replay_from``): decided at start-up,
+    #: so that a role without them spends nothing per call on telling where an entry came from.
+    layered: bool = False
 
     def __init__(self, local_config: Any, global_config: Any, *, commit: Commit | None = None,
                  entries: StepEntries | None = None, match_index: MatchIndex | None = None,
@@ -167,6 +170,7 @@ class CachedRole(BaseSkip):
         self.fingerprint = dict(identity.fingerprint)
         self._layout = Layout.for_identity(self.dump_dir, identity, subdir=self.layout_subdir())
         self._store = open_store(self._layout.dump_dir, self.config.storage_options)
+        self.layered = False  # until start() opens the layers
         if self.enable:
             self.start()
 
@@ -230,6 +234,7 @@ class CachedRole(BaseSkip):
         layered = open_layers(self, self._store)  # sources, replay_from: read after the dump dir, never written
         if layered is not None:
             self._store = layered
+        self.layered = layered is not None
 
     def clean_up(self, tree: Tree | None) -> None:
         """Remove what interrupted writers left in this role's entries once it is stale (at start-up).
@@ -456,7 +461,7 @@ class CachedRole(BaseSkip):
         saved = seconds_of(meta.get("generation_seconds"))
         self.stats.add(hits=1, load_seconds=seconds, bytes_read=nbytes, saved_seconds=saved,
                        rows_replayed=row_count(value))
-        origin = origin_of(meta)  # read from a layered cache (sources, replay_from)
+        origin = origin_of(meta) if self.layered else None  # read from a layered cache (sources, replay_from)
         if origin is not None:
             self.stats.add(**{origin.counter: 1})
         offer_samples(self, step, load_step, value, prompts, replayed=True)

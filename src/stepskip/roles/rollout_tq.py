@@ -339,7 +339,8 @@ class RolloutTqSkip(RolloutSkip):
             tags.extend(payload["tags"])
             nbytes += size
             saved += seconds_of(meta.get("generation_seconds"))
-            origin = origin if inner else origin_of(meta)  # a layered cache's step is read whole from one layer
+            if not inner and self.layered:  # a layered cache's step is read whole from one layer
+                origin = origin_of(meta)
         try:
             data = concat_rows(parts)
             rows = num_rows(data)
