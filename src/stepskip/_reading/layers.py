@@ -142,8 +142,8 @@ def open_layers(role: CachedRole, primary: EntryStore) -> LayeredStore | None:
         url, options = _source_spec(item, key)
         root = normalize_location(url)
         if root in seen:
-            raise SkipConfigError(f"{key} = {url!r} is {'the dump_dir' if root == layout.dump_dir else 'listed twice'}; "
-                                  "each source is searched once, after dump_dir: remove it")
+            what = "the dump_dir" if root == layout.dump_dir else "listed twice"
+            raise SkipConfigError(f"{key} = {url!r} is {what}; each source is searched once, after dump_dir: remove it")
         seen.add(root)
         store = _open(url, config.storage_options if options is None else options, key, must_exist=True)
         run_dir = root + layout.run_dir_of(layout.run_name)[len(layout.dump_dir):]
@@ -224,8 +224,8 @@ def _runs_under(store: EntryStore, dump_dir: str) -> list[str]:
     :data:`_EXPERIMENTS_LISTED` experiments looked into."""
     runs: list[str] = []
     for experiment in store.list_dir(dump_dir, dirs_only=True)[:_EXPERIMENTS_LISTED]:
-        runs.extend(f"{dump_dir}/{experiment}/{run}" for run in store.list_dir(f"{dump_dir}/{experiment}", dirs_only=True)
-                    if RUN_DIR.match(run))
+        names = store.list_dir(f"{dump_dir}/{experiment}", dirs_only=True)
+        runs.extend(f"{dump_dir}/{experiment}/{run}" for run in names if RUN_DIR.match(run))
     return runs
 
 

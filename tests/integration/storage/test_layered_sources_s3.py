@@ -207,9 +207,9 @@ def test_a_source_that_cannot_be_reached_is_a_startup_error_naming_it(tmp_path, 
     bad_credentials(monkeypatch)
     (tmp_path / "team").mkdir()
     with closed_endpoint() as endpoint:
+        unreachable = {"url": "s3://stepskip-cache/team", "storage_options": s3_options(endpoint)}
         with pytest.raises(SkipConfigError) as info:
-            SkipManager.init(training_config(tmp_path / "d", sources=[str(tmp_path / "team"), {"url": "s3://stepskip-cache/team",
-                                                                                "storage_options": s3_options(endpoint)}]))
+            SkipManager.init(training_config(tmp_path / "d", sources=[str(tmp_path / "team"), unreachable]))
     message = str(info.value)
     assert message.startswith("skip.rollout.sources[1] = s3://stepskip-cache/team: cannot reach the object store")
     assert endpoint in message and "\n" not in message
