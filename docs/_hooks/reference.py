@@ -426,8 +426,11 @@ def format_versions() -> str:
 def metrics() -> str:
     """The counters of ``SkipManager.stats()``, as the stats module names them."""
     from stepskip._stats import STAT_NAMES
+    from stepskip._reading.layers import REPLAY_FROM_COUNTER, source_counter
 
-    return "Counters, per role: " + ", ".join(f"`{name}`" for name in STAT_NAMES) + ".\n"
+    return ("Counters, per role: " + ", ".join(f"`{name}`" for name in STAT_NAMES) + "; a role with layered caches "
+            f"adds `{source_counter(0)}`, `{source_counter(1)}` ... (hits read from each of its `sources`) and "
+            f"`{REPLAY_FROM_COUNTER}` (hits read from its `replay_from` run).\n")
 
 
 def fingerprint_keys() -> str:

@@ -23,6 +23,13 @@ class RoleStats:
         self._lock = threading.Lock()
         self._values = dict.fromkeys((*STAT_NAMES, *extra), 0.0)
 
+    def declare(self, *names: str) -> None:
+        """Add counters of names known only when the role starts (``hits_from/{i}``: a hit read from a
+        layered cache, :mod:`stepskip._reading.layers`), at zero; those already there are kept."""
+        with self._lock:
+            for name in names:
+                self._values.setdefault(name, 0.0)
+
     def add(self, **increments: float) -> None:
         with self._lock:
             for name, value in increments.items():

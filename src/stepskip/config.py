@@ -335,6 +335,13 @@ class SkipRoleConfig:
             when at most 4 MiB), so a checkpoint re-saved at the same path is a mismatch.
         fingerprint_code: record the git revision (HEAD's commit, uncommitted changes to tracked
             files) of the work tree the run starts in; false leaves the code out of the fingerprint.
+        sources: read-only caches searched in order after ``dump_dir`` when it has no entry for a step:
+            each a local path or fsspec URL laid out as a dump dir (this run's run directory under it),
+            or ``{url: ..., storage_options: {...}}`` for a store of other options than ``dump_dir``'s.
+            Nothing is ever written to a source; a hit from one is counted in ``hits_from/{i}``.
+        replay_from: another run whose recordings this run reads after its own (never written):
+            ``{experiment_name: ..., project_name: ...}`` (that experiment under ``dump_dir``, this run's
+            shape) or the path or URL of a run directory; hits counted in ``hits_from/replay_from``.
 
     Example:
         >>> RolloutSkipConfig(enable=True, steps=["1-3"], action="repeat").action
@@ -374,6 +381,9 @@ class SkipRoleConfig:
     # content fingerprints (the digests themselves: stepskip._content)
     fingerprint_weights: bool = False
     fingerprint_code: bool = True
+    # layered caches: read-only sources below dump_dir, and another run's recordings (stepskip._reading.layers)
+    sources: list[Any] = field(default_factory=list)
+    replay_from: Any = None
 
     def __post_init__(self) -> None:
         self.validate(self.section)
@@ -422,6 +432,9 @@ class SkipRoleConfig:
                 f"{where}.storage_options = {self.storage_options!r} is not valid; expected a mapping of "
                 "fsspec filesystem options (e.g. {{client_kwargs: {{endpoint_url: ...}}}})"
             )
+        from stepskip._reading.layers import check_layer_options
+
+        check_layer_options(self, where)
         if self.format == "verl" and not self.allow_pickle:
             raise SkipConfigError(
                 f"{where}.format = 'verl' writes pickle files that can only be read back with "

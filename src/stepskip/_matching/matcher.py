@@ -17,6 +17,7 @@ from stepskip._matching.batches import LoadedRows, MatchSplit, RecordedRow
 from stepskip._reading.classify import EntryStatus
 from stepskip._reading.reader import seconds_of
 from stepskip._calls import CURRENT_CALL, added_columns
+from stepskip._storage.layered import origin_of
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError, UnreadableEntryError
 from stepskip._policies import MatchN
 
@@ -118,6 +119,10 @@ class Matcher:
                 dropped.append(path)
                 continue
             indices = list(wanted)
+            origin = origin_of(meta)  # an entry of a layered cache (sources, replay_from): counted per entry
+            if origin is not None:
+                owner.stats.add(**{origin.counter: 1})
+                logger.info("%s match: step %d reads %d rows of %s", owner.name, step, len(indices), origin.describe())
             try:  # decoding made a consistent batch (Batch and DataProto check their columns); others may not
                 loaded[path] = LoadedRows(select_batch_rows(value, indices), indices, meta, size)
             except Exception as err:

@@ -16,6 +16,7 @@ import numpy as np
 
 from stepskip._reading.classify import EntryStatus, Look, classify
 from stepskip._storage import EntryState, Probe
+from stepskip._storage.layered import origin_of
 from stepskip.config import SkipRoleConfig
 from stepskip._entries import FormatSpec, format_spec
 from stepskip.errors import (
@@ -55,6 +56,7 @@ class ReadOwner(Protocol):
     on_mismatch: Any  # an OnMismatch once the config is validated
     check_prompts: Any  # a CheckPrompts once the config is validated
     rebind_keys: list[str]
+    layered: bool
 
     @property
     def v1(self) -> bool:
@@ -217,6 +219,9 @@ class EntryReader:
     def check_fidelity(self, meta: dict[str, Any], path: str, step: int, load_step: int, prompts: Any) -> None:
         """Compare the entry's run fingerprint and prompt digest with the live run and call."""
         owner = self.owner
+        origin = origin_of(meta) if owner.layered else None  # from a layered cache: messages name its run
+        if origin is not None:
+            path = origin.describe()
         recorded = meta.get("fingerprint")
         if isinstance(recorded, dict):
             diffs = fingerprint_diff(recorded, owner.fingerprint)

@@ -38,6 +38,7 @@ from trl import GRPOTrainer
 from stepskip._reading.classify import EntryStatus
 from stepskip._reading.reader import seconds_of
 from stepskip._content import ContentSources
+from stepskip._storage.layered import origin_of
 from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
 from stepskip._identity import RunIdentity
 from stepskip.integrations._trl_config import TrlGenerateConfig
@@ -350,13 +351,16 @@ class TrlGenerateSkip(CachedRole):
         self.stats.add(hits=1, load_seconds=loaded.seconds, bytes_read=loaded.nbytes,
                        saved_seconds=seconds_of(loaded.meta.get("generation_seconds")),
                        rows_replayed=_completion_rows(loaded.value))
+        origin = origin_of(loaded.meta) if self.layered else None  # read from a layered cache (sources, replay_from)
+        if origin is not None:
+            self.stats.add(**{origin.counter: 1})
         offer_samples(self, step, loaded.source if loaded.source >= 0 else step, loaded.value,
                       _prompts_of_call(*args, **kwargs), replayed=True)
         call = _CALL.get()
         if call is not None:
             call.hit = True
-        logger.info("%s hit: step %d replayed from %s (%d bytes, %.3fs)", self.name, step, path, loaded.nbytes,
-                    loaded.seconds)
+        logger.info("%s hit: step %d replayed from %s (%d bytes, %.3fs)", self.name, step,
+                    path if origin is None else origin.describe(), loaded.nbytes, loaded.seconds)
         return loaded.value
 
     def prepare_data(self, step: int, result: Any, *args: Any, **kwargs: Any) -> None:

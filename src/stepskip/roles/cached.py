@@ -29,12 +29,14 @@ from stepskip._matching.matcher import Matcher, row_prompts
 from stepskip._matching.writer import HintWriter
 from stepskip._reading.classify import EntryStatus
 from stepskip._reading.compare import Comparer
+from stepskip._reading.layers import open_layers
 from stepskip._reading.listing import StepListing
 from stepskip._reading.reader import EntryReader, prompt_digest, seconds_of
 from stepskip._reading.steps import FlatSteps, StepEntries
 from stepskip._storage import Tree, check_dump_dir, open_store
 from stepskip._access import check_writable, describe_store_access_error, is_store_access_error
 from stepskip._calls import CURRENT_CALL, added_columns, call_prompts
+from stepskip._storage.layered import origin_of
 from stepskip.config import ROLLOUT_ROLES, SkipRoleConfig
 from stepskip._entries import FormatSpec, legacy_format, storage_format
 from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
@@ -102,6 +104,9 @@ class CachedRole(BaseSkip):
     config_class: ClassVar[type[Any]] = SkipRoleConfig
     #: Entries are V1 inner entries (``{step}/{inner}/``, verl's ``tq_batch.pt``).
     v1: ClassVar[bool] = False
+    #: The role reads layered caches below its dump dir (``sources``, ``replay_from``): decided at start-up,
+    #: so that a role without them spends nothing per call on telling where an entry came from.
+    layered: bool = False
 
     def __init__(self, local_config: Any, global_config: Any, *, commit: Commit | None = None,
                  entries: StepEntries | None = None, match_index: MatchIndex | None = None,
@@ -168,6 +173,7 @@ class CachedRole(BaseSkip):
         self.fingerprint = dict(identity.fingerprint)
         self._layout = Layout.for_identity(self.dump_dir, identity, subdir=self.layout_subdir())
         self._store = open_store(self._layout.dump_dir, self.config.storage_options)
+        self.layered = False  # until start() opens the layers
         if self.enable:
             self.start()
 
@@ -228,6 +234,10 @@ class CachedRole(BaseSkip):
             if local or not is_store_access_error(err):
                 raise
             raise SkipConfigError(f"{key} = {describe_store_access_error(self.dump_dir, err)}") from err
+        layered = open_layers(self, self._store)  # sources, replay_from: read after the dump dir, never written
+        if layered is not None:
+            self._store = layered
+        self.layered = layered is not None
 
     def clean_up(self, tree: Tree | None) -> None:
         """Remove what interrupted writers left in this role's entries once it is stale (at start-up).
@@ -454,9 +464,12 @@ class CachedRole(BaseSkip):
         saved = seconds_of(meta.get("generation_seconds"))
         self.stats.add(hits=1, load_seconds=seconds, bytes_read=nbytes, saved_seconds=saved,
                        rows_replayed=row_count(value))
+        origin = origin_of(meta) if self.layered else None  # read from a layered cache (sources, replay_from)
+        if origin is not None:
+            self.stats.add(**{origin.counter: 1})
         offer_samples(self, step, load_step, value, prompts, replayed=True)
-        logger.info("%s hit: step %d replayed from step %d at %s (%d bytes, %.3fs)",
-                    self.name, step, load_step, self.step_dump_dir(load_step), nbytes, seconds)
+        logger.info("%s hit: step %d replayed from step %d at %s (%d bytes, %.3fs)", self.name, step, load_step,
+                    self.step_dump_dir(load_step) if origin is None else origin.describe(), nbytes, seconds)
         return value
 
     def prepare_data(self, step: int, result: Any, *args: Any, **kwargs: Any) -> None:

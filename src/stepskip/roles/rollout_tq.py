@@ -35,6 +35,7 @@ from stepskip._reading.classify import EntryStatus
 from stepskip._reading.compare import StepComparer
 from stepskip._reading.reader import prompt_digest, seconds_of
 from stepskip._reading.steps import V1Steps, complete
+from stepskip._storage.layered import Origin, origin_of
 from stepskip.config import RolloutTqSkipConfig, select
 from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
 from stepskip._layout import Layout
@@ -326,6 +327,7 @@ class RolloutTqSkip(RolloutSkip):
         start = time.perf_counter()
         # every inner entry comes from the recording whose probes made the step complete (manifest read once)
         parts, keys, tags, nbytes, saved = [], [], [], 0, 0.0
+        origin: Origin | None = None
         for inner in range(self.parameter_sync_step):
             path = Layout.inner_path(where.root, inner)
             payload, meta, _, size = self.reader.read(path, step, load_step, prompts if inner == 0 else None)
@@ -338,6 +340,8 @@ class RolloutTqSkip(RolloutSkip):
             tags.extend(payload["tags"])
             nbytes += size
             saved += seconds_of(meta.get("generation_seconds"))
+            if not inner and self.layered:  # a layered cache's step is read whole from one layer
+                origin = origin_of(meta)
         try:
             data = concat_rows(parts)
             rows = num_rows(data)
@@ -368,11 +372,14 @@ class RolloutTqSkip(RolloutSkip):
                                   for _ in new_prompt_uids])
         seconds = time.perf_counter() - start
         self.stats.add(hits=1, load_seconds=seconds, bytes_read=nbytes, saved_seconds=saved)
+        if origin is not None:
+            self.stats.add(**{origin.counter: 1})
         self.replayed_steps.add(step)
         logger.info("%s hit: step %d replayed from step %d at %s: %d trajectories for %d prompts x %d "
                     "(%d bytes, %.3fs)",
-                    self.name, step, load_step, self.step_dump_dir(load_step), len(new_keys),
-                    len(new_prompt_uids), sessions, nbytes, seconds)
+                    self.name, step, load_step,
+                    self.step_dump_dir(load_step) if origin is None else origin.describe(Layout.step_dir_of(origin.path)),
+                    len(new_keys), len(new_prompt_uids), sessions, nbytes, seconds)
 
     def was_replayed(self, step: int) -> bool:
         """True when the submit phase of ``step`` was served from the cache whole (nothing was generated)."""
