@@ -55,6 +55,7 @@ class ReadOwner(Protocol):
     on_mismatch: Any  # an OnMismatch once the config is validated
     check_prompts: Any  # a CheckPrompts once the config is validated
     rebind_keys: list[str]
+    retention: Any  # a Retention while max_keep / max_bytes remove steps, else None
 
     @property
     def v1(self) -> bool:
@@ -175,6 +176,9 @@ class EntryReader:
             chosen.append(spec)
             return spec.files
 
+        retention = owner.retention
+        if retention is not None:  # a step being read is not removed meanwhile (nor just after: see Retention)
+            retention.hold(load_step)
         try:  # one version of the entry, even while a writer replaces it
             # big files in recycled pages, for the format that reads buffers (the unpicklers read bytes)
             meta, files = owner.store.read_entry(path, owner.legacy.files, files_of, owner.verify,
@@ -185,6 +189,9 @@ class EntryReader:
             raise
         except CacheMissError as err:
             raise ReplayMissError(f"{owner.name}: the entry at {path} vanished (removed while it was read)") from err
+        finally:
+            if retention is not None:
+                retention.release(load_step)
         from stepskip.formats import get_format
 
         spec = chosen[0]
