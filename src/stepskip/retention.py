@@ -136,7 +136,7 @@ class Retention:
                                self.max_bytes)
         if not chosen:
             return []
-        busy = self.in_use() | self._writing()
+        busy = self.in_use() | (self._writing() - committed)  # a batch's dumps are queued until it is over
         removed: list[str] = []
         for step, path in sorted(chosen):
             if step in busy:
