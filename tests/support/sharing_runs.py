@@ -63,6 +63,19 @@ def training_config(dump_dir: str, role: str = "rollout", options: dict[str, Any
             "skip": {role: section}}
 
 
+def v1_config(dump_dir: str, sync: int = 1, **skip: Any) -> dict[str, Any]:
+    """A V1 trainer's config with ``skip.rollout_tq`` enabled (steps 1-10, action cache, synchronous dumps)."""
+    config: dict[str, Any] = {
+        "actor_rollout_ref": {"rollout": {"n": 2}}, "data": {"train_batch_size": 3},
+        "trainer": {"experiment_name": "exp", "project_name": "proj"},
+        "skip": {"rollout_tq": {"enable": True, "steps": "1-10", "action": "cache", "dump_dir": dump_dir,
+                                "async_dump": False, **skip}},
+    }
+    if sync > 1:
+        config["trainer"]["v1"] = {"trainer_mode": "separate_async", "separate_async": {"parameter_sync_step": sync}}
+    return config
+
+
 def run_flat(config: dict[str, Any], steps: Iterable[int], role: str = "rollout") -> list[int]:
     """Call the role's function at each step (a fresh ``SkipManager.init``); returns the steps it generated."""
     SkipManager.init(config)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sharing_runs import role_dir, run_flat, steps_in, training_config
+from sharing_runs import role_dir, run_flat, steps_in, training_config, v1_config
 
 from stepskip import SkipConfigError, SkipManager
 from stepskip.index import CacheIndex
@@ -77,18 +77,6 @@ def test_a_stage_role_keeps_its_own_directory(dump_dir: str) -> None:
     run_flat(training_config(dump_dir, role="reward", max_keep=2), range(1, 6), role="reward")
     assert steps_in(dump_dir, role="reward") == [4, 5]
     assert stats("reward")["retired"] == 3
-
-
-def v1_config(dump_dir: str, sync: int = 1, **skip: Any) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "actor_rollout_ref": {"rollout": {"n": 2}}, "data": {"train_batch_size": 3},
-        "trainer": {"experiment_name": "exp", "project_name": "proj"},
-        "skip": {"rollout_tq": {"enable": True, "steps": "1-10", "action": "cache", "dump_dir": dump_dir,
-                                "async_dump": False, **skip}},
-    }
-    if sync > 1:
-        config["trainer"]["v1"] = {"trainer_mode": "separate_async", "separate_async": {"parameter_sync_step": sync}}
-    return config
 
 
 @pytest.mark.parametrize("sync", [1, 2])
