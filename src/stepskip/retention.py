@@ -111,6 +111,7 @@ class Retention:
         index = self.index()
         root = index.root
         store = index.store
+        store.forget_listings(root)  # a client that caches listings would show the directory of the last pass
         tree = store.scan(root) if self.max_bytes is not None else None
         names = tree.dirs(root) if tree is not None else [i.name for i in store.list_items(root) if i.kind == "dir"]
         steps = sorted(((step, f"{root}/{name}") for name in names if (step := Layout.parse_step(name)) is not None),
