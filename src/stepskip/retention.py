@@ -46,7 +46,7 @@ class Retention:
         role: the role (its config's ``max_keep``, ``max_bytes`` and ``pin_steps``, its store, its counters).
 
     Example:
-        >>> # skip.rollout: {max_keep: 8, pin_steps: [100]} keeps steps 100 and the 8 highest others
+        ``skip.rollout: {max_keep: 8, pin_steps: [100]}`` keeps step 100 and the 8 highest others.
     """
 
     def __init__(self, role: CachedRole) -> None:
