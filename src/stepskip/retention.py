@@ -61,6 +61,12 @@ class Retention:
         self._index: CacheIndex | None = None
         self._running = threading.Lock()  # one pass at a time (sync dumps from several threads)
 
+    def reset(self) -> None:
+        """A new run (the role bound again): its directory is another's, and nothing of it was read yet."""
+        self._index = None
+        with self.lock:
+            self._recent.clear()
+
     def after_fork(self) -> None:
         """In a forked child: the parent's reads are not this process's; locks are fresh."""
         self.lock = threading.Lock()

@@ -160,6 +160,8 @@ class CachedRole(BaseSkip):
         emptied: at construction, and when a bound role is bound to a run again."""
         for part in (self.match_index, self.hints, self.reader, self.listing, self.dumper.commit, self.comparer):
             part.reset()
+        if self.retention is not None:
+            self.retention.reset()
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -178,3 +178,25 @@ def test_bad_retention_settings_are_start_up_errors(tmp_path: Path, fields: dict
 
 def test_pin_steps_may_name_any_step_when_steps_is_all(tmp_path: Path) -> None:
     SkipManager.init(training_config(str(tmp_path), steps="all", pin_steps=[10**6], max_keep=2))
+
+
+def test_a_role_bound_again_removes_steps_in_its_new_directory(tmp_path: Path) -> None:
+    """A role used before ``SkipManager.init`` (bound to the run its config names) and then bound to
+    another run applies retention to the new run's directory, not to the first one's."""
+    from sharing_runs import prompts
+
+    from stepskip.identity import RunIdentity
+    from stepskip.roles import RolloutSkip
+    from stepskip.roles.base import RunContext
+
+    config = training_config(str(tmp_path), max_keep=1)
+    role = RolloutSkip(config["skip"]["rollout"], config)
+    for step in (1, 2):
+        role.prepare_data(step, prompts(step))
+    other = training_config(str(tmp_path), max_keep=1)
+    other["trainer"]["experiment_name"] = "other"
+    role.bind(RunContext(name="rollout", run_id="second", identity=RunIdentity.from_config(other)))
+    for step in (3, 4):
+        role.prepare_data(step, prompts(step))
+    assert sorted(int(p.name) for p in (tmp_path / "exp_proj" / "GBS4_N2_in8_out6").iterdir()) == [2]
+    assert sorted(int(p.name) for p in (tmp_path / "other_proj" / "GBS4_N2_in8_out6").iterdir()) == [4]
