@@ -141,7 +141,8 @@ def _choices(cls: type, f: dataclasses.Field[Any]) -> list[str]:
     return []
 
 
-_TYPE_NAMES = {"list[Any]": "list", "dict[str, Any]": "mapping", "int | None": "int or null"}
+_TYPE_NAMES = {"list[Any]": "list", "dict[str, Any]": "mapping", "int | None": "int or null",
+               "int | str | None": "int, size string or null"}
 
 
 def _type_name(cls: type, f: dataclasses.Field[Any]) -> str:

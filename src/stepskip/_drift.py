@@ -171,7 +171,8 @@ class DriftLog:
             role.stats.set(token_match=float(drift.token_match))
         self._keep(record)
         try:
-            role.store.put_small(path, json.dumps(record, allow_nan=False, default=str).encode())
+            if not role.config.read_only:  # a read-only cache keeps its records in memory (SkipManager.drift)
+                role.store.put_small(path, json.dumps(record, allow_nan=False, default=str).encode())
         except Exception as err:  # a report: the run goes on without its file
             logger.warning("%s compare: the drift record of step %d could not be written to %s: %s: %s",
                            role.name, step, path, type(err).__name__, err)

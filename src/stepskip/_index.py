@@ -1067,7 +1067,7 @@ class CacheIndex:
             return
         if item.kind == "link":
             raise NotACacheError(f"{path} is a symbolic link: not followed, not removed")
-        logger.info("removing %s", path)
+        logger.debug("removing %s", path)  # the caller logs the removal (prune, retention)
         try:
             self.store.retire_entry(path)
         except OSError as err:  # the store's own confinement: a link on the way, a path outside its root

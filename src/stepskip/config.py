@@ -211,6 +211,32 @@ class StepSet:
     def __bool__(self) -> bool:
         return self._all or bool(self._ints) or any(len(r) for r in self._ranges)
 
+    @property
+    def everything(self) -> bool:
+        """Whether the set is every step (``"all"``)."""
+        return self._all
+
+    def first_outside(self, other: StepSet) -> int | None:
+        """The smallest step of this set that ``other`` does not hold; None when ``other`` holds them all.
+
+        Example:
+            >>> StepSet.parse("2,5-7").first_outside(StepSet.parse("1-6")), StepSet.parse(3).first_outside(StepSet.parse("all"))
+            (7, None)
+        """
+        if other._all:
+            return None
+        held = other.fast()
+        if self._all:
+            step = 0
+            while step in held:
+                step += 1
+            return step
+        missing = [s for s in self._ints if s not in held]
+        for r in self._ranges:
+            missing += [next((s for s in r if s not in held), -1)]
+        found = [s for s in missing if s >= 0]
+        return min(found) if found else None
+
     def __repr__(self) -> str:
         return f"StepSet({self.spec!r})"
 
@@ -342,6 +368,16 @@ class SkipRoleConfig:
         replay_from: another run whose recordings this run reads after its own (never written):
             ``{experiment_name: ..., project_name: ...}`` (that experiment under ``dump_dir``, this run's
             shape) or the path or URL of a run directory; hits counted in ``hits_from/replay_from``.
+        max_keep: keep at most this many recorded steps in the role's directory (the highest step
+            numbers; ``pin_steps`` are kept besides and not counted): after each step this run
+            records, older ones are removed as ``stepskip prune`` removes them. None: no limit.
+        max_bytes: keep the recorded steps of the role's directory within this many bytes (an int,
+            or a size such as ``"20GB"`` or ``"512MiB"``), removing the lowest steps first after
+            each step this run records; the step just recorded always stays. None: no limit.
+        pin_steps: steps never removed by ``max_keep``/``max_bytes`` (the syntax of ``steps``).
+        read_only: nothing is ever written, replaced or removed under ``dump_dir``: a hit replays,
+            a miss runs the call and returns its result without recording it (``action: replay``:
+            :class:`ReplayMissError`). For a shared cache others recorded, or a read-only mount.
 
     Example:
         >>> RolloutSkipConfig(enable=True, steps=["1-3"], action="repeat").action
@@ -384,6 +420,11 @@ class SkipRoleConfig:
     # layered caches: read-only sources below dump_dir, and another run's recordings (stepskip._reading.layers)
     sources: list[Any] = field(default_factory=list)
     replay_from: Any = None
+    # sharing a cache: in-run retention and read-only caches
+    max_keep: int | None = None
+    max_bytes: int | str | None = None
+    pin_steps: list[Any] = field(default_factory=list)
+    read_only: bool = False
 
     def __post_init__(self) -> None:
         self.validate(self.section)
@@ -441,6 +482,13 @@ class SkipRoleConfig:
                 f"{where}.allow_pickle = true; set it, or keep the default format 'safe' "
                 "(use `stepskip convert --to verl` to export a cache for verl)"
             )
+        self.pin_set = StepSet.parse(self.pin_steps, f"{where}.pin_steps")
+        _check_sharing(self, where)
+
+    @property
+    def retains(self) -> bool:
+        """Whether recorded steps are removed during the run (``max_keep`` or ``max_bytes`` is set)."""
+        return self.max_keep is not None or self.max_bytes is not None
 
     @classmethod
     def from_mapping(cls, section: Any, where: str | None = None) -> SkipRoleConfig:
@@ -640,6 +688,64 @@ def _plain_config(config_class: type, body: Any, where: str) -> Any:
         return config_class(**{k: to_plain(v) for k, v in plain.items()})
     except TypeError as err:
         raise SkipConfigError(f"{where}: {err}") from err
+
+
+# --------------------------------------------------------------------------- sharing a cache
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(value: Any, key: str) -> int:
+    """Bytes in ``value``: a positive int, or a string such as ``"20GB"`` or ``"512MiB"``.
+
+    Raises:
+        SkipConfigError: anything else (the message shows the accepted forms).
+
+    Example:
+        >>> parse_size("1.5GiB", "max_bytes"), parse_size(4096, "max_bytes")
+        (1610612736, 4096)
+    """
+    allowed = 'a positive number of bytes: an int, or a size such as "20GB" or "512MiB" (B, KB, MB, GB, TB, KiB ... TiB)'
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise SkipConfigError(f"{key} = {value!r} is not valid; expected {allowed}, or null for no limit")
+        return value
+    match = _SIZE.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise SkipConfigError(f"{key} = {value!r} is not valid; expected {allowed}, or null for no limit")
+    size = int(float(match[1]) * _SIZE_UNITS[(match[2] or "b").lower()])
+    if size <= 0:
+        raise SkipConfigError(f"{key} = {value!r} is not valid; expected {allowed}, or null for no limit")
+    return size
+
+
+def _check_sharing(config: SkipRoleConfig, where: str) -> None:
+    """``max_keep``, ``max_bytes``, ``pin_steps`` and ``read_only``: each value, and how they go together."""
+    keep = config.max_keep
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise SkipConfigError(f"{where}.max_keep = {keep!r} is not valid; expected an int >= 1 (the number of "
+                              "recorded steps kept), or null for no limit")
+    if config.max_bytes is not None:
+        config.max_bytes = parse_size(config.max_bytes, f"{where}.max_bytes")
+    _boolean(f"{where}.read_only", config.read_only)
+    if config.read_only:
+        if config.action == SkipAction.RECORD:
+            raise SkipConfigError(f"{where}.action = 'record' writes every step, and {where}.read_only = true "
+                                  "writes nothing; choose another action (replay, cache ...), or drop read_only")
+        given = [k for k in ("max_keep", "max_bytes") if getattr(config, k) is not None]
+        given += ["pin_steps"] if config.pin_set else []
+        if given:
+            raise SkipConfigError(f"{where}.{given[0]} is a retention setting (which recorded steps are removed "
+                                  f"during the run), and {where}.read_only = true never removes anything; drop "
+                                  f"{', '.join(given)}, or read_only")
+    if config.pin_set and not config.step_set.everything:
+        outside = config.pin_set.first_outside(config.step_set)
+        if outside is not None:
+            raise SkipConfigError(f"{where}.pin_steps = {config.pin_steps!r} names step {outside}, which "
+                                  f"{where}.steps = {config.steps!r} does not hold: no entry of it is ever "
+                                  "recorded to keep; pin steps from `steps`, or widen `steps`")
 
 
 # --------------------------------------------------------------------------- legacy flag

@@ -43,10 +43,16 @@ class Commit(Protocol):
 
     #: Consecutive small entries may be written as one batch (each entry is published by its own write).
     batches: bool
+    #: Called with the steps just committed (visible to readers), on the thread that committed them.
+    committed: Callable[[list[int]], None] | None
 
     def entries_written(self, written: Sequence[Written]) -> None: ...
 
     def entry_failed(self, path: str, step: int) -> None: ...
+
+    def in_progress(self) -> set[int]:
+        """The steps being recorded whose commit is still to come (never removed meanwhile)."""
+        ...
 
     def reset(self) -> None:
         """A new run: nothing it recorded is pending."""
@@ -68,13 +74,20 @@ class EntryCommit:
 
     def __init__(self, written: Callable[[Sequence[Written]], None] | None = None) -> None:
         self._written = written
+        self.committed: Callable[[list[int]], None] | None = None
 
     def entries_written(self, written: Sequence[Written]) -> None:
         if self._written is not None and written:
             self._written(written)
+        if self.committed is not None and written:
+            self.committed([entry.step for entry in written])
 
     def entry_failed(self, path: str, step: int) -> None:
         """Nothing to undo: a flat entry that was not written was never published."""
+
+    def in_progress(self) -> set[int]:
+        """None: each entry is committed by its own write (the queued ones are the dumper's)."""
+        return set()
 
     def reset(self) -> None:
         """Nothing is kept between entries."""
@@ -204,6 +217,7 @@ class StepCommit:
         self._publisher = publisher
         self._replacing = replacing
         self._published = published
+        self.committed: Callable[[list[int]], None] | None = None
         self.records: dict[int, StepRecording] = {}
         #: Held while a record is read or changed (the caller's thread and the dump worker's).
         self.lock = threading.Lock()
@@ -243,6 +257,12 @@ class StepCommit:
         for step, record in complete:
             self._publish(step, record)
 
+    def in_progress(self) -> set[int]:
+        """Steps begun (submitted, or some inner entries written) and neither published nor failed."""
+        with self.lock:
+            return {step for step, record in self.records.items()
+                    if record.written < self.owner.parameter_sync_step and not record.failed}
+
     def entry_failed(self, path: str, step: int) -> None:
         """A step with an inner entry that could not be written is never published (nor hinted)."""
         with self.lock:
@@ -273,3 +293,5 @@ class StepCommit:
         count = owner.parameter_sync_step
         if self._published is not None and sorted(metas) == list(range(count)):  # the hint of the step as published
             self._published(step, publisher.recording(record.staging), [metas[i] for i in range(count)])
+        if self.committed is not None:
+            self.committed([step])

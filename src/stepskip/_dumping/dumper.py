@@ -85,7 +85,12 @@ class Dumper:
 
     def snapshot(self, step: int, path: str, value: Any, copy: bool,
                  meta: Callable[[], dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
-        """``(frozen value, meta)`` for a dump, or None after counting a failure (the dump boundary)."""
+        """``(frozen value, meta)`` for a dump, or None after counting a failure (the dump boundary); None
+        under ``read_only``, where a generated result is returned to its caller and never recorded."""
+        if self.owner.config.read_only:
+            logger.info("%s: step %d was generated and is not recorded (read_only: nothing is written under %s)",
+                        self.owner.name, step, path.rpartition("/")[0])
+            return None
         try:
             return self.owner.format.freeze(value, copy=copy), meta()
         except Exception as err:  # the dump boundary: nothing about a result may stop the training run

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from stepskip._reading.classify import EntryStatus
 from stepskip._storage import EntryStore, Probe, open_store
-from stepskip._storage.layered import Layer, LayeredStore, ReadOnlyStore
+from stepskip._storage.layered import Layer, LayeredStore
+from stepskip._storage.readonly import ReadOnlyStore
 from stepskip._access import describe_store_access_error, is_store_access_error
 from stepskip.errors import SkipConfigError
 from stepskip._layout import RUN_DIR, Layout, is_url, normalize_location
@@ -147,7 +148,8 @@ def open_layers(role: CachedRole, primary: EntryStore) -> LayeredStore | None:
         seen.add(root)
         store = _open(url, config.storage_options if options is None else options, key, must_exist=True)
         run_dir = root + layout.run_dir_of(layout.run_name)[len(layout.dump_dir):]
-        layers.append(Layer(ReadOnlyStore(store), layout.dump_dir, root, f"source {i} ({url})", source_counter(i),
+        layers.append(Layer(ReadOnlyStore(store, f"{key} is a read-only source"), layout.dump_dir, root,
+                            f"source {i} ({url})", source_counter(i),
                             run_dir))
     role.stats.declare(*(layer.counter for layer in layers))
     reader = role.reader
@@ -195,7 +197,8 @@ def _replay_layer(role: CachedRole, primary: EntryStore, key: str) -> Layer:
         store = _open(dump_root, role.config.storage_options, key, must_exist=False)
         if not store.is_dir(run_dir):
             raise SkipConfigError(_missing_run(key, repr(spec), run_dir, store, run_dir.rpartition("/")[0], [run_dir]))
-        return Layer(ReadOnlyStore(store), own_run, run_dir, "replay_from", REPLAY_FROM_COUNTER,
+        return Layer(ReadOnlyStore(store, f"{key} is read only"), own_run, run_dir, "replay_from",
+                     REPLAY_FROM_COUNTER,
                      run_dir)
     values = dict(spec)
     identity = dataclasses.replace(layout.identity, experiment_name=values.get("experiment_name",
@@ -215,7 +218,8 @@ def _replay_layer(role: CachedRole, primary: EntryStore, key: str) -> Layer:
     if not found:
         raise SkipConfigError(_missing_run(key, repr(values), run_dir, primary, layout.dump_dir,
                                            _runs_under(primary, layout.dump_dir)))
-    return Layer(ReadOnlyStore(primary), layout.experiment_dir, other.experiment_dir, "replay_from",
+    return Layer(ReadOnlyStore(primary, f"{key} is read only"), layout.experiment_dir, other.experiment_dir,
+                 "replay_from",
                  REPLAY_FROM_COUNTER, run_dir)
 
 

@@ -57,6 +57,7 @@ class ReadOwner(Protocol):
     check_prompts: Any  # a CheckPrompts once the config is validated
     rebind_keys: list[str]
     layered: bool
+    retention: Any  # a Retention while max_keep / max_bytes remove steps, else None
 
     @property
     def v1(self) -> bool:
@@ -177,6 +178,9 @@ class EntryReader:
             chosen.append(spec)
             return spec.files
 
+        retention = owner.retention
+        if retention is not None:  # a step being read is not removed meanwhile (nor just after: see Retention)
+            retention.hold(load_step)
         try:  # one version of the entry, even while a writer replaces it
             # big files in recycled pages, for the format that reads buffers (the unpicklers read bytes)
             meta, files = owner.store.read_entry(path, owner.legacy.files, files_of, owner.verify,
@@ -187,6 +191,9 @@ class EntryReader:
             raise
         except CacheMissError as err:
             raise ReplayMissError(f"{owner.name}: the entry at {path} vanished (removed while it was read)") from err
+        finally:
+            if retention is not None:
+                retention.release(load_step)
         from stepskip._formats import get_format
 
         spec = chosen[0]

@@ -24,9 +24,10 @@ from typing import Any
 from stepskip._storage.base import Capabilities, DirItem, EntryState, Probe
 from stepskip._storage.entries import EntryStore
 from stepskip._storage.meta import MANIFEST_FILE
+from stepskip._storage.readonly import ReadOnlyStore
 from stepskip.errors import CacheMissError, CorruptEntryError
 
-__all__ = ["Layer", "LayeredStore", "ORIGIN_KEY", "Origin", "ReadOnlyStore", "origin_of"]
+__all__ = ["Layer", "LayeredStore", "ORIGIN_KEY", "Origin", "origin_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,65 +68,6 @@ def origin_of(meta: Mapping[str, Any] | None) -> Origin | None:
         return None
     found = meta.get(ORIGIN_KEY)
     return found if isinstance(found, Origin) else None
-
-
-class ReadOnlyStore:
-    """The reading half of an :class:`~stepskip._storage.entries.EntryStore`: nothing reached through it
-    writes, publishes, retires or deletes.
-
-    Example:
-        >>> from stepskip._storage.memory import MemoryBackend
-        >>> view = ReadOnlyStore(EntryStore(MemoryBackend()))
-        >>> hasattr(view, "write_entry"), hasattr(view, "remove"), view.list_dir("/nothing")
-        (False, False, [])
-    """
-
-    __slots__ = ("_store",)
-
-    def __init__(self, store: EntryStore) -> None:
-        self._store = store
-
-    def __repr__(self) -> str:
-        return f"ReadOnlyStore({self._store!r})"
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self._store.capabilities
-
-    @property
-    def root(self) -> str | None:
-        return self._store.root
-
-    def probe(self, path: str, legacy_files: Iterable[str] = (), keep: int = 0) -> Probe:
-        return self._store.probe(path, legacy_files, keep)
-
-    def read_entry(self, path: str, legacy_files: Iterable[str] = (), names: Any = None, verify: bool = True,
-                   allocator: Any = None, probe: Probe | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-        return self._store.read_entry(path, legacy_files, names, verify, allocator, probe)
-
-    def read_files(self, path: str, meta: Mapping[str, Any], names: Iterable[str], verify: bool) -> Any:
-        return self._store.read_files(path, meta, names, verify)
-
-    def read_small(self, path: str, limit: int) -> bytes | None:
-        return self._store.read_small(path, limit)
-
-    def list_dir(self, path: str, dirs_only: bool = False) -> list[str]:
-        return self._store.list_dir(path, dirs_only)
-
-    def list_items(self, path: str) -> list[DirItem]:
-        return self._store.list_items(path)
-
-    def stat_item(self, path: str) -> DirItem | None:
-        return self._store.stat_item(path)
-
-    def is_dir(self, path: str) -> bool:
-        return self._store.is_dir(path)
-
-    def dir_version(self, path: str) -> tuple[int, ...] | None:
-        return self._store.dir_version(path)
-
-    def forget_listings(self, path: str) -> None:
-        self._store.forget_listings(path)
 
 
 @dataclass(frozen=True)

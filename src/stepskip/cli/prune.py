@@ -18,7 +18,8 @@ from stepskip.errors import SkipConfigError
 from stepskip._index import CacheIndex, Issue, IssueKind, NotACacheError, RunDir, StepDir
 from stepskip._layout import RUN_DIR
 
-__all__ = ["PrunePlan", "apply_prune", "parse_duration", "parse_steps", "plan_prune"]
+__all__ = ["PrunePlan", "apply_prune", "parse_duration", "parse_steps", "plan_prune", "protected_issues",
+           "retire_steps"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,10 +143,7 @@ def plan_prune(index: CacheIndex, keep_last: int | None = None, older_than: floa
         assert steps is not None
         plan.remove = [s for s in candidates if s.step in steps]
     for s in list(plan.remove):  # what this stepskip cannot read is someone else's data: chosen, but kept
-        found = [i for i in s.issues() if i.kind in (IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE)]
-        if deep and not found:
-            found = [issue for e in s.entries if (issue := index.check_entry(e, decode=True, allow_pickle=allow_pickle))
-                     is not None and issue.kind is IssueKind.UNDECODABLE]
+        found = protected_issues(index, s, deep=deep, allow_pickle=allow_pickle)
         if found:
             plan.protected += found
             plan.remove.remove(s)
@@ -155,14 +153,39 @@ def plan_prune(index: CacheIndex, keep_last: int | None = None, older_than: floa
     return plan
 
 
+def protected_issues(index: CacheIndex, step: StepDir, deep: bool = False, allow_pickle: bool = False) -> list[Issue]:
+    """Why ``step`` must not be removed: the entries in it this stepskip cannot read (a format it does not
+    know; with ``deep``, intact bytes that do not decode here), someone else's data. Empty: it may go.
+
+    Example:
+        >>> protected_issues(index, index.scan_step(path, 3))  # doctest: +SKIP
+        []
+    """
+    found = [i for i in step.issues() if i.kind in (IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE)]
+    if deep and not found:
+        found = [issue for e in step.entries if (issue := index.check_entry(e, decode=True, allow_pickle=allow_pickle))
+                 is not None and issue.kind is IssueKind.UNDECODABLE]
+    return found
+
+
 def apply_prune(index: CacheIndex, plan: PrunePlan) -> list[str]:
     """Remove the planned step directories (each vanishes at once: see :meth:`CacheIndex.retire`).
 
     Returns:
         The removed paths.
     """
+    return retire_steps(index, plan.remove)
+
+
+def retire_steps(index: CacheIndex, steps: list[StepDir]) -> list[str]:
+    """Remove step directories, each at once (:meth:`CacheIndex.retire`: renamed away, then deleted, on
+    local stores; commit points first on object stores), as ``stepskip prune`` and in-run retention do.
+
+    Returns:
+        The removed paths (a step that became a link since it was scanned is left, with a warning).
+    """
     removed = []
-    for step in plan.remove:
+    for step in steps:
         try:
             index.retire(step.path)
         except NotACacheError as err:  # became a link since the scan: not followed, not removed

@@ -37,6 +37,7 @@ from stepskip._storage import Tree, check_dump_dir, open_store
 from stepskip._access import check_writable, describe_store_access_error, is_store_access_error
 from stepskip._calls import CURRENT_CALL, added_columns, call_prompts
 from stepskip._storage.layered import origin_of
+from stepskip._storage.readonly import ReadOnlyStore
 from stepskip.config import ROLLOUT_ROLES, SkipRoleConfig
 from stepskip._entries import FormatSpec, legacy_format, storage_format
 from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
@@ -45,6 +46,7 @@ from stepskip._layout import Layout, is_url
 from stepskip._drift import DriftLog, Recorded
 from stepskip._policies import SkipAction
 from stepskip._resolve import EXACT_ACTIONS, load_candidates
+from stepskip._retention import RETENTION_STAT_NAMES, Retention, start_read_only
 from stepskip.roles.base import BaseSkip, RunContext
 from stepskip._stats import COMPARE_STAT_NAMES, RoleStats
 from stepskip._tracker import offer_samples
@@ -75,6 +77,8 @@ def _forget_dumps_after_fork() -> None:
         role.hints.after_fork()
         role.match_index.after_fork()
         role.comparer.after_fork()
+        if role.retention is not None:
+            role.retention.after_fork()
         role._bind_lock = threading.Lock()
 
 
@@ -128,7 +132,8 @@ class CachedRole(BaseSkip):
         self.rebind_keys = list(config.rebind_keys)
         self.check_prompts = config.check_prompts
         self.on_mismatch = config.on_mismatch
-        self.stats = RoleStats(COMPARE_STAT_NAMES if self.action is SkipAction.COMPARE else ())
+        self.stats = RoleStats((*(COMPARE_STAT_NAMES if self.action is SkipAction.COMPARE else ()),
+                                *(RETENTION_STAT_NAMES if config.retains else ())))
         self.drift_log = DriftLog()  # the records of action: compare (SkipManager.drift)
         self.fingerprint: dict[str, Any] = {}
         self._codec: Any = None
@@ -148,6 +153,10 @@ class CachedRole(BaseSkip):
         #: The dump pipeline; what a write commits is ``commit`` (flat entries: each by its own write).
         self.dumper = Dumper(self, commit if commit is not None else EntryCommit(self.hints.entries_written),
                              wrote=self.listing.wrote)
+        #: ``max_keep``/``max_bytes``: the steps removed after each commit (None: nothing is removed).
+        self.retention: Retention | None = Retention(self) if config.retains else None
+        if self.retention is not None:
+            self.dumper.commit.committed = self.retention.after_commit
         _ROLES.add(self)
         self._new_run()
 
@@ -156,6 +165,8 @@ class CachedRole(BaseSkip):
         emptied: at construction, and when a bound role is bound to a run again."""
         for part in (self.match_index, self.hints, self.reader, self.listing, self.dumper.commit, self.comparer):
             part.reset()
+        if self.retention is not None:
+            self.retention.reset()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -174,6 +185,8 @@ class CachedRole(BaseSkip):
         self._layout = Layout.for_identity(self.dump_dir, identity, subdir=self.layout_subdir())
         self._store = open_store(self._layout.dump_dir, self.config.storage_options)
         self.layered = False  # until start() opens the layers
+        if self.config.read_only:  # below every caller: a write that reaches the store is refused
+            self._store = ReadOnlyStore(self._store, why=f"skip.{self.name}.read_only is true")
         if self.enable:
             self.start()
 
@@ -224,10 +237,13 @@ class CachedRole(BaseSkip):
         a :class:`SkipConfigError` now, not a dump failure at every step; stale temporaries go."""
         where = f"skip.{self.name}"  # a stage role's config class is shared: its section says skip.<stage>
         key = f"{where}.dump_dir"
+        if self.config.read_only:
+            start_read_only(self, key)  # nothing is created, tried for writing or cleaned up
+            return
         check_dump_dir(self.dump_dir, self.config.storage_options, key=key, entry_dir=self.layout.project_dir)
         local = self.store.capabilities.local_files
         if local and self.action is not SkipAction.REPLAY:
-            check_writable(self.layout.dump_dir, self.layout.project_dir, key=key, fix=f"set {where}.action = replay")
+            check_writable(self.layout.dump_dir, self.layout.project_dir, key=key, fix=f"set {where}.read_only = true (or set {where}.action = replay)")
         try:  # on an object store, the first request: credentials and endpoint are tried here
             self.clean_up(self.store.scan(self.layout.project_dir))
         except Exception as err:

@@ -162,8 +162,9 @@ class RolloutTqSkip(RolloutSkip):
         return hit
 
     def should_save(self, step: int, partition_id: str | None = "train") -> bool:
-        """True when a train-partition sample of ``step`` must be written (no complete cache yet)."""
-        if partition_id != "train":
+        """True when a train-partition sample of ``step`` must be written (no complete cache yet; never under
+        ``read_only``)."""
+        if partition_id != "train" or self.config.read_only:
             return False
         with self.step_commit.lock:
             record = self.step_commit.records.get(step)

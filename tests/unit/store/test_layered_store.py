@@ -8,7 +8,8 @@ import os
 import pytest
 
 from stepskip._storage import EntryState, EntryStore, LocalBackend
-from stepskip._storage.layered import Layer, LayeredStore, ReadOnlyStore, origin_of
+from stepskip._storage.layered import Layer, LayeredStore, origin_of
+from stepskip._storage.readonly import ReadOnlyStore
 from stepskip._storage.meta import MANIFEST_FILE
 
 
@@ -19,16 +20,27 @@ def store(root) -> EntryStore:
 @pytest.fixture
 def layered(tmp_path):
     mine, team = store(tmp_path / "mine"), store(tmp_path / "team")
-    layer = Layer(ReadOnlyStore(team), str(tmp_path / "mine"), str(tmp_path / "team"), "source 0", "hits_from/0",
+    layer = Layer(ReadOnlyStore(team, "source 0 is read only"), str(tmp_path / "mine"), str(tmp_path / "team"), "source 0", "hits_from/0",
                   str(tmp_path / "team" / "run"))
     return LayeredStore(mine, [layer]), mine, team, tmp_path
 
 
-def test_the_read_only_view_has_no_method_that_writes(tmp_path):
-    view = ReadOnlyStore(store(tmp_path))
-    for name in ("write_entry", "write_entries", "put_small", "publish_dir", "remove", "retire_entry",
-                 "remove_leftovers", "scan", "backend"):
-        assert not hasattr(view, name), name
+def test_every_method_of_the_read_only_view_that_writes_refuses(tmp_path):
+    team = store(tmp_path)
+    team.write_entry(f"{tmp_path}/run/1", {"data.json": b"team"}, {"global_steps": 1})
+    before = sorted((p.relative_to(tmp_path), p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
+    view = ReadOnlyStore(team, "source 0 is read only")
+    path = f"{tmp_path}/run/1"
+    for call in (lambda: view.write_entry(f"{tmp_path}/run/2", {"data.json": b"x"}, {"global_steps": 2}),
+                 lambda: view.put_small(f"{tmp_path}/run/hint", b"{}"), lambda: view.publish_dir(path, path),
+                 lambda: view.remove(path), lambda: view.retire_entry(path), lambda: view.remove_leftovers(path)):
+        with pytest.raises(PermissionError, match="source 0 is read only: nothing is written there"):
+            call()
+    refused = view.write_entries([(f"{tmp_path}/run/3", {"data.json": b"x"}, {"global_steps": 3})])
+    assert len(refused) == 1 and isinstance(refused[0], PermissionError)
+    assert view.probe(path).state is EntryState.PRESENT
+    assert sorted((p.relative_to(tmp_path), p.stat().st_size, p.stat().st_mtime_ns)
+                  for p in tmp_path.rglob("*")) == before
 
 
 def test_entries_are_read_from_the_dump_dir_first_then_the_layer(layered):
