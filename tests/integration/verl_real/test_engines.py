@@ -57,7 +57,7 @@ def v0(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
 @pytest.fixture(scope="module")
 def v1(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
     """V1: record, replay, one uncached step; a DAPO replay of a recording made without the filter; then
-    ``colocate_async`` over that recording: one uncached step."""
+    ``colocate_async`` over that recording: one uncached step, and a replay resumed with prompts in flight."""
     base = tmp_path_factory.mktemp("engines-v1")
     dump, flat = base / "dump", base / "flat"
     runs = [
@@ -72,6 +72,8 @@ def v1(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
         # the asynchronous modes fetch one prompt at a time (verl sets data.gen_batch_size=1): the recording
         # made with that batch size serves them, once the refill above has read it as it was
         {"name": "async_one_uncached", "steps": 3, "mode": "colocate_async", "skip": section(flat, [1, 2, 3], "cache")},
+        {"name": "resumed", "steps": 3, "mode": "colocate_async", "resume_from": 1,
+         "skip": section(flat, [1, 2, 3], "replay")},
     ]
     report = ok(run_scenario("engines", {"trainer": "v1", "runs": runs}, base / "run"))
     assert report["impl"] == "stepskip"
@@ -195,6 +197,23 @@ def test_v1_colocate_async_one_uncached_step_syncs_weights_only_for_the_engine_g
     assert run["gate"]["weight_syncs"] == 1 and run["gate"]["weight_syncs_deferred"] == 4
     stats = role_stats(run, "rollout_tq")
     assert (stats["hits"], stats["misses"]) == (2, 1)
+
+
+def test_v1_resume_reissues_in_flight_prompts_of_a_replayed_step_from_the_cache_not_the_engine(v1):
+    """An asynchronous V1 run resumes from a checkpoint whose queue holds a batch of prompts in flight
+    (pending, with their prompt fields, as verl's async submit leaves them); verl's ``_load_checkpoint``
+    restores the queue and ``fit`` re-issues those prompts for the resumed step 2, which the cache
+    replays: each is served from the recording by prompt or dropped from the queue (counted, either
+    way), none reaches an engine (none is built: a dispatch would fail the run), and the run trains
+    its two steps."""
+    _, runs = v1
+    run = no_error(runs["resumed"])
+    assert len(run["inflight"]["uids"]) == 4
+    assert_no_engine(run)
+    counts = run["gate"]
+    assert counts["reissued_prompts_from_cache"] + counts["reissued_prompts_dropped"] == 4
+    assert run["actor_updates"] == 2
+    assert role_stats(run, "rollout_tq")["hits"] == 2
 
 
 def test_v1_refill_of_a_replayed_step_never_reaches_an_engine(v1):
