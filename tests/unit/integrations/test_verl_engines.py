@@ -149,6 +149,7 @@ def test_weight_syncs_wait_for_a_dispatch_and_asleep_replicas_are_not_put_to_sle
     assert manager.pushed == [2]  # nothing pending: no second push
     counts = _engines.engine_counts()
     assert (counts["weight_syncs"], counts["weight_syncs_deferred"], counts["sleeps_skipped"]) == (1, 3, 3)
+    assert counts["weight_sync_requests"] == 3  # verl's three calls; the sync run at dispatch is not one
 
 
 def test_in_the_async_modes_a_sync_waits_only_while_no_prompt_given_to_the_engine_is_unfinished(tmp_path,

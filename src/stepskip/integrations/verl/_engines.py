@@ -52,7 +52,8 @@ logger = logging.getLogger("stepskip.integrations.verl")
 
 _PATCHED = "__stepskip_engines__"  # set on every function this module put in place of verl's
 
-COUNTER_NAMES = ("engines_started", "engines_skipped", "weight_syncs", "weight_syncs_deferred", "sleeps_skipped",
+COUNTER_NAMES = ("engines_started", "engines_skipped", "weight_sync_requests", "weight_syncs", "weight_syncs_deferred",
+                 "sleeps_skipped",
                  "refill_prompts_from_cache", "refill_prompts_refused", "reissued_prompts_from_cache",
                  "reissued_prompts_dropped")
 
@@ -112,7 +113,10 @@ class Gate:
     def defer(self, manager: Any, global_steps: Any) -> bool:
         """Keep ``update_weights(global_steps)`` of ``manager`` for the next dispatch; False to sync now."""
         with self._lock:
-            if not self._deferring or getattr(self._syncing, "active", False):
+            if getattr(self._syncing, "active", False):
+                return False
+            self.counts["weight_sync_requests"] += 1  # what verl asked for (each one ran, before the gate)
+            if not self._deferring:
                 return False
             if self._watch_inflight and self._engine_busy():
                 return False
@@ -196,8 +200,8 @@ def engine_counts() -> dict[str, int]:
     """What the engine gate did in this process since it started (or was last reset).
 
     Returns:
-        ``{name: count}`` for :data:`COUNTER_NAMES`: engines started and not started, weight syncs run
-        and deferred, sleeps skipped, prompts added to replayed steps served from the cache, refused
+        ``{name: count}`` for :data:`COUNTER_NAMES`: engines started and not started, weight syncs
+        verl asked for, run and deferred, sleeps skipped, prompts added to replayed steps served from the cache, refused
         or dropped.
 
     Example:
