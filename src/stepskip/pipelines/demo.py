@@ -13,7 +13,7 @@ they show its prompts and responses as text (:mod:`stepskip.pipelines.tokenizer`
 
 Usage::
 
-    stepskip demo                      # the colocated pipeline
+    stepskip demo                      # the V1 pipeline (role rollout_tq: what verl's main_ppo runs)
     stepskip demo --all --json out.json
     stepskip demo --pipeline v1 --steps 8 --replay-steps 1-6 trainer.v1.trainer_mode=separate_async
 
@@ -41,6 +41,8 @@ __all__ = ["main", "run_demo", "ROLES"]
 
 #: The skip role each pipeline's rollout goes through.
 ROLES = {"colocated": "rollout", "v1": "rollout_tq", "fully_async": "async_rollout"}
+#: The order the demo runs and prints them: verl's default trainer (V1, ``rollout_tq``) first.
+DEMO_ORDER = ("v1", *(name for name in PIPELINES if name != "v1"))
 
 
 def _runner(pipeline: str) -> Callable[[Any], RunResult]:
@@ -230,7 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="examples:\n  stepskip demo\n  stepskip demo --all --json demo.json\n"
                "  stepskip demo --pipeline v1 trainer.v1.trainer_mode=separate_async")
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--pipeline", choices=PIPELINES, default="colocated", help="pipeline to run (default colocated)")
+    which.add_argument("--pipeline", choices=DEMO_ORDER, default="v1",
+                       help="pipeline to run (default v1: verl's V1 trainer, role rollout_tq, what main_ppo runs)")
     which.add_argument("--all", action="store_true", help="run the three pipelines one after another")
     parser.add_argument("--steps", type=int, default=6, help="training steps per pass (default 6)")
     parser.add_argument("--replay-steps", default="1-4",
@@ -262,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_torch_notices()
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
-    pipelines = list(PIPELINES) if args.all else [args.pipeline]
+    pipelines = list(DEMO_ORDER) if args.all else [args.pipeline]
     try:
         _check_apart(pipelines, args.overrides)
     except ValueError as err:

@@ -52,7 +52,7 @@ def test_demo_json(tmp_path):
     code = demo.main(["--steps", "2", "--replay-steps", "1", "--json", str(out), "data.max_response_length=8"])
     assert code == 0
     (item,) = json.loads(out.read_text())
-    assert item["pipeline"] == "colocated"
+    assert item["pipeline"] == "v1"  # verl's default trainer (rollout_tq, what main_ppo runs) leads the demo
     assert [(s["pass"], s["step"], s["mode"]) for s in item["steps"]] == [
         ("record", 1, "generated"), ("record", 2, "generated"), ("replay", 1, "replayed"), ("replay", 2, "generated")]
     assert all(set(s) == {"pass", "step", "mode", "rollout_s", "step_s", "reward", "loss"} for s in item["steps"])

@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "cli"))
 from cli_run import stepskip  # noqa: E402
 
 RUN = "colocated_stepskip_pipelines/GBS4_N4_in5_out8"
-SHORT = ["--steps", "2", "--replay-steps", "1-2", "data.max_response_length=8", "trainer.val_before_train=false"]
+SHORT = ["--pipeline", "colocated", "--steps", "2", "--replay-steps", "1-2", "data.max_response_length=8",
+         "trainer.val_before_train=false"]  # the colocated pipeline records a reward stage too
 
 
 @pytest.fixture(scope="module")

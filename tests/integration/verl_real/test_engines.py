@@ -56,7 +56,8 @@ def v0(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
 
 @pytest.fixture(scope="module")
 def v1(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
-    """V1: record, replay, one uncached step; then a DAPO replay of a recording made without the filter."""
+    """V1: record, replay, one uncached step; a DAPO replay of a recording made without the filter; then
+    ``colocate_async`` over that recording: one uncached step, and a replay resumed with prompts in flight."""
     base = tmp_path_factory.mktemp("engines-v1")
     dump, flat = base / "dump", base / "flat"
     runs = [
@@ -68,6 +69,11 @@ def v1(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
         {"name": "record_flat", "steps": 2, "gen_batch_size": 1, "flat_groups": True,
          "skip": section(flat, [1, 2], "cache")},
         {"name": "refill", "steps": 2, "gen_batch_size": 1, "dapo": True, "skip": section(flat, [1, 2], "replay")},
+        # the asynchronous modes fetch one prompt at a time (verl sets data.gen_batch_size=1): the recording
+        # made with that batch size serves them, once the refill above has read it as it was
+        {"name": "async_one_uncached", "steps": 3, "mode": "colocate_async", "skip": section(flat, [1, 2, 3], "cache")},
+        {"name": "resumed", "steps": 3, "mode": "colocate_async", "resume_from": 1,
+         "skip": section(flat, [1, 2, 3], "replay")},
     ]
     report = ok(run_scenario("engines", {"trainer": "v1", "runs": runs}, base / "run"))
     assert report["impl"] == "stepskip"
@@ -88,14 +94,15 @@ def assert_recorded_with_the_engine(run: dict, steps: int) -> None:
     assert engine["weight_syncs"] == list(range(steps))
 
 
-def assert_generated_only_the_uncached_step(run: dict) -> None:
-    """Steps 1-3 replayed, step 4 generated: one engine, which saw step 3's weights (the only sync) and
-    generated step 4 alone; the actor trained every step."""
+def assert_generated_only_the_uncached_step(run: dict, step: int = 4) -> None:
+    """Steps before ``step`` replayed, ``step`` generated: one engine, which saw the weights of the step
+    before (the only sync: none on a replayed step, nor after the last) and generated ``step`` alone;
+    the actor trained every step."""
     engine = no_error(run)["engine"]
     assert engine["replicas_constructed"] == 1
-    assert [(g["step"], g["weights"]) for g in engine["generations"]] == [(4, 3)]
-    assert engine["weight_syncs"] == [3]
-    assert run["actor_updates"] == 4
+    assert [(g["step"], g["weights"]) for g in engine["generations"]] == [(step, step - 1)]
+    assert engine["weight_syncs"] == [step - 1]
+    assert run["actor_updates"] == step
 
 
 def assert_no_engine(run: dict) -> None:
@@ -176,6 +183,37 @@ def test_v1_one_uncached_step_starts_the_engine_and_generates_exactly_that_step(
     assert_generated_only_the_uncached_step(run)
     stats = role_stats(run, "rollout_tq")
     assert (stats["hits"], stats["misses"]) == (3, 1)
+
+
+def test_v1_colocate_async_one_uncached_step_syncs_weights_only_for_the_engine_generating_it(v1):
+    """The asynchronous V1 mode syncs weights at every step's end (``on_step_end``, and after loading
+    the checkpoint): on the two replayed steps none reaches the engine, and the sync skipped at step 2's
+    end is not lost: the engine generates step 3 with step 2's weights. The replicas, put to sleep once
+    after start-up, are never woken for a replayed step, so never put to sleep again before step 3."""
+    _, runs = v1
+    run = runs["async_one_uncached"]
+    assert_generated_only_the_uncached_step(run, step=3)
+    assert run["engine"]["sleeps"] == 2  # after start-up, after step 3's generation
+    assert run["gate"]["weight_syncs"] == 1 and run["gate"]["weight_syncs_deferred"] == 4
+    stats = role_stats(run, "rollout_tq")
+    assert (stats["hits"], stats["misses"]) == (2, 1)
+
+
+def test_v1_resume_reissues_in_flight_prompts_of_a_replayed_step_from_the_cache_not_the_engine(v1):
+    """An asynchronous V1 run resumes from a checkpoint whose queue holds a batch of prompts in flight
+    (pending, with their prompt fields, as verl's async submit leaves them); verl's ``_load_checkpoint``
+    restores the queue and ``fit`` re-issues those prompts for the resumed step 2, which the cache
+    replays: each is served from the recording by prompt or dropped from the queue (counted, either
+    way), none reaches an engine (none is built: a dispatch would fail the run), and the run trains
+    its two steps."""
+    _, runs = v1
+    run = no_error(runs["resumed"])
+    assert len(run["inflight"]["uids"]) == 4
+    assert_no_engine(run)
+    counts = run["gate"]
+    assert counts["reissued_prompts_from_cache"] + counts["reissued_prompts_dropped"] == 4
+    assert run["actor_updates"] == 2
+    assert role_stats(run, "rollout_tq")["hits"] == 2
 
 
 def test_v1_refill_of_a_replayed_step_never_reaches_an_engine(v1):

@@ -149,6 +149,40 @@ def test_weight_syncs_wait_for_a_dispatch_and_asleep_replicas_are_not_put_to_sle
     assert manager.pushed == [2]  # nothing pending: no second push
     counts = _engines.engine_counts()
     assert (counts["weight_syncs"], counts["weight_syncs_deferred"], counts["sleeps_skipped"]) == (1, 3, 3)
+    assert counts["weight_sync_requests"] == 3  # verl's three calls; the sync run at dispatch is not one
+
+
+def test_in_the_async_modes_a_sync_waits_only_while_no_prompt_given_to_the_engine_is_unfinished(tmp_path,
+                                                                                              monkeypatch):
+    """V1's asynchronous modes keep requests on the engine across steps: a sync is deferred only while
+    none of the prompts dispatched to it is pending or running in the queue (a stand-in for
+    TransferQueue's ``kv_list``), and every manager's deferred sync (standalone and hybrid replicas)
+    runs before the next dispatch."""
+    statuses: dict[str, str] = {}
+    queue = ModuleType("transfer_queue")
+    queue.kv_list = lambda partition: {partition: {k: {"is_prompt": True, "status": v} for k, v in statuses.items()}
+                                       } if partition == "train" else {}
+    monkeypatch.setitem(__import__("sys").modules, "transfer_queue", queue)
+    cls = checkpoint_module().CheckpointEngineManager
+    config = {**verl_config(total_training_steps=3, use_v1=True, v1={"trainer_mode": "separate_async"}),
+              "skip": {"rollout_tq": {"enable": True, "dump_dir": str(tmp_path), "steps": [1, 2, 3]}}}
+    assert _engines.GATE.plan_for(config).start
+    standalone, hybrid = cls(replicas=["standalone"]), cls(replicas=["hybrid"])
+    standalone.update_weights(1)
+    hybrid.update_weights(1)
+    assert standalone.pushed == hybrid.pushed == []  # nothing given to the engine yet
+    _engines.GATE.before_dispatch({"uid": ["u1", "u2"]})
+    assert standalone.pushed == hybrid.pushed == [1]  # neither deferred sync is lost
+    statuses.update(u1="finished", u2="running")
+    standalone.update_weights(2)
+    assert standalone.pushed == [1, 2]  # u2 still generates on the engine: it needs the new weights now
+    statuses["u2"] = "finished"
+    standalone.update_weights(3)
+    assert standalone.pushed == [1, 2]  # all finished: deferred again
+    _engines.GATE.before_dispatch(object())  # a batch whose prompts cannot be told apart
+    assert standalone.pushed == [1, 2, 3]
+    standalone.update_weights(4)
+    assert standalone.pushed == [1, 2, 3, 4]  # the engine may be busy: synced as verl orders it
 
 
 def test_without_skip_the_checkpoint_manager_behaves_as_verls(tmp_path):

@@ -13,10 +13,14 @@ extension point). Before the first engine is built, :class:`Gate` asks
   router), the agent-loop manager gets one :class:`NoEngineWorker` (no Ray actor), and
   ``CheckpointEngineManager(...)`` over its replicas is a :class:`NoEngineCheckpointManager`; a call
   that reaches them raises :class:`~stepskip.errors.EngineNotStartedError` naming the step and the option.
-* an engine, in the sync trainers (V0, V1 ``sync``) with the role on: ``update_weights`` is deferred
-  until a dispatch to the agent-loop workers (a miss, a validation pass): a replayed step never
-  syncs weights and never wakes the replicas, and ``sleep_replicas`` of replicas already asleep is
-  skipped. Asynchronous trainers keep verl's order (requests stay in flight across steps there).
+* an engine, in every V0 and V1 trainer mode (``sync``, ``colocate_async``, ``separate_async``) with
+  the role on: ``update_weights`` is deferred until a dispatch to the agent-loop workers (a miss, a
+  validation pass), which first syncs the latest weights of every manager that deferred one: a
+  replayed step never syncs weights and never wakes the replicas, the step generated after it sees
+  the then-current weights, and ``sleep_replicas`` of replicas already asleep is skipped. In the
+  asynchronous modes a sync is deferred only while no prompt the engine was given is still pending
+  or running in the queue (those requests need the new weights now, as verl orders it). The fully
+  async trainer (a separate Rollouter) keeps verl's order.
 
 On the V1 trainer a replayed step also never generates from outside its submit phase: the replay
 buffer's refill (``refill_fn=self._add_prompts_to_generate``) and the re-issue of in-flight prompts
@@ -48,7 +52,8 @@ logger = logging.getLogger("stepskip.integrations.verl")
 
 _PATCHED = "__stepskip_engines__"  # set on every function this module put in place of verl's
 
-COUNTER_NAMES = ("engines_started", "engines_skipped", "weight_syncs", "weight_syncs_deferred", "sleeps_skipped",
+COUNTER_NAMES = ("engines_started", "engines_skipped", "weight_sync_requests", "weight_syncs", "weight_syncs_deferred",
+                 "sleeps_skipped",
                  "refill_prompts_from_cache", "refill_prompts_refused", "reissued_prompts_from_cache",
                  "reissued_prompts_dropped")
 
@@ -61,7 +66,10 @@ class Gate:
         self._config: weakref.ref[Any] | None = None
         self._plan: EnginePlan | None = None
         self._deferring = False
-        self._pending: tuple[Any, Any] | None = None  # (checkpoint manager, global_steps) not yet synced
+        self._pending: dict[Any, Any] = {}  # checkpoint manager -> global_steps of the sync it deferred
+        self._watch_inflight = False  # asynchronous modes: requests may stay on the engine across steps
+        self._dispatched: set[str] = set()  # uids given to the engine, maybe unfinished (async modes)
+        self._untracked = False  # a dispatch whose uids could not be read: the engine may be busy
         self._awake: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._syncing = threading.local()
         self.counts = dict.fromkeys(COUNTER_NAMES, 0)
@@ -84,8 +92,9 @@ class Gate:
                 self._config = None
             self._plan = plan
             enabled = select(config, f"skip.{role}.enable", False) is True
-            self._deferring = plan.start and enabled and _sync_trainer(config)
-            self._pending = None
+            self._deferring = plan.start and enabled and _deferrable(config)
+            self._watch_inflight = self._deferring and not _sync_trainer(config)
+            self._pending, self._dispatched, self._untracked = {}, set(), False
             if plan.start:
                 self.counts["engines_started"] += 1
                 logger.info("stepskip: the inference engine starts (%s)", plan.reason)
@@ -104,9 +113,14 @@ class Gate:
     def defer(self, manager: Any, global_steps: Any) -> bool:
         """Keep ``update_weights(global_steps)`` of ``manager`` for the next dispatch; False to sync now."""
         with self._lock:
-            if not self._deferring or getattr(self._syncing, "active", False):
+            if getattr(self._syncing, "active", False):
                 return False
-            self._pending = (manager, global_steps)
+            self.counts["weight_sync_requests"] += 1  # what verl asked for (each one ran, before the gate)
+            if not self._deferring:
+                return False
+            if self._watch_inflight and self._engine_busy():
+                return False
+            self._pending[manager] = global_steps
             self.counts["weight_syncs_deferred"] += 1
             return True
 
@@ -114,8 +128,28 @@ class Gate:
         with self._lock:
             self._awake[manager] = True
             self.counts["weight_syncs"] += 1
-            if self._pending is not None and self._pending[0] is manager:
-                self._pending = None
+            self._pending.pop(manager, None)
+
+    def _engine_busy(self) -> bool:
+        """True when a prompt given to the engine may still be generating (pending or running in the queue)."""
+        if self._untracked:
+            return True
+        if not self._dispatched:
+            return False
+        try:
+            import transfer_queue as tq
+
+            live: set[str] = set()
+            for partition in ("train", "val"):
+                for key, tag in ((tq.kv_list(partition) or {}).get(partition) or {}).items():
+                    if key in self._dispatched and isinstance(tag, dict) and tag.get("status") in ("pending",
+                                                                                                   "running"):
+                        live.add(key)
+        except Exception as err:  # noqa: BLE001 - a queue that cannot tell: sync now, as verl would
+            logger.debug("stepskip: cannot list the queue (%s); the weight sync is not deferred", err)
+            return True
+        self._dispatched = live
+        return bool(live)
 
     def asleep(self, manager: Any) -> bool:
         """True when ``manager``'s replicas are asleep already (nothing woke them since the last sleep)."""
@@ -126,23 +160,35 @@ class Gate:
             self.counts["sleeps_skipped"] += 1
             return True
 
-    def before_dispatch(self) -> None:
-        """A request is about to reach the engine: the weights it must see are synced first."""
+    def before_dispatch(self, batch: Any = None) -> None:
+        """A request is about to reach the engine: the weights it must see are synced first.
+
+        Args:
+            batch: what is dispatched (its ``uid`` column tells, in the asynchronous modes, which
+                prompts the engine holds until they finish).
+        """
         with self._lock:
-            pending, self._pending = self._pending, None
-        if pending is None:
+            pending, self._pending = list(self._pending.items()), {}
+            if self._watch_inflight:
+                uids = _uids(batch)
+                if uids is None:
+                    self._untracked = True
+                else:
+                    self._dispatched.update(uids)
+        if not pending:
             return
-        manager, global_steps = pending
         self._syncing.active = True  # through the patched method (and any subclass's): it syncs, not defers
         try:
-            manager.update_weights(global_steps)
+            for manager, global_steps in pending:
+                manager.update_weights(global_steps)
         finally:
             self._syncing.active = False
 
     def reset(self) -> None:
         """Forget every decision (tests and benchmarks that run several trainers in one process)."""
         with self._lock:
-            self._config, self._plan, self._pending, self._deferring = None, None, None, False
+            self._config, self._plan, self._pending, self._deferring = None, None, {}, False
+            self._watch_inflight, self._dispatched, self._untracked = False, set(), False
             self._awake = weakref.WeakKeyDictionary()
             self.counts = dict.fromkeys(COUNTER_NAMES, 0)
 
@@ -154,8 +200,8 @@ def engine_counts() -> dict[str, int]:
     """What the engine gate did in this process since it started (or was last reset).
 
     Returns:
-        ``{name: count}`` for :data:`COUNTER_NAMES`: engines started and not started, weight syncs run
-        and deferred, sleeps skipped, prompts added to replayed steps served from the cache, refused
+        ``{name: count}`` for :data:`COUNTER_NAMES`: engines started and not started, weight syncs
+        verl asked for, run and deferred, sleeps skipped, prompts added to replayed steps served from the cache, refused
         or dropped.
 
     Example:
@@ -176,8 +222,23 @@ def role_of(config: Any) -> str:
     return "rollout_tq" if select(config, "trainer.use_v1", False) is True else "rollout"
 
 
+def _deferrable(config: Any) -> bool:
+    """Trainers whose weight syncs go through the patched checkpoint manager in the trainer's own process."""
+    return select(config, "async_training") is None
+
+
+def _uids(batch: Any) -> list[str] | None:
+    """The ``uid`` of every prompt of a dispatched batch (a TensorDict or a DataProto); None if unreadable."""
+    try:
+        non_tensor = getattr(batch, "non_tensor_batch", None)
+        values = non_tensor["uid"] if isinstance(non_tensor, dict) else batch["uid"]
+        return [str(u) for u in list(values)]
+    except Exception:  # noqa: BLE001 - the caller then treats the engine as busy
+        return None
+
+
 def _sync_trainer(config: Any) -> bool:
-    """Trainers whose engine has no request in flight between steps (the deferred sync is safe there)."""
+    """Trainers whose engine has no request in flight between steps (a deferred sync needs no queue check)."""
     if select(config, "async_training") is not None:
         return False
     if select(config, "trainer.use_v1", False) is True:
@@ -330,7 +391,7 @@ class _Synced:
         self._method = method
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        GATE.before_dispatch()
+        GATE.before_dispatch(args[0] if args else kwargs.get("prompts"))
         return self._method.remote(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:

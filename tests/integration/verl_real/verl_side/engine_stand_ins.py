@@ -162,6 +162,9 @@ class _Group:
     def init_model(self) -> None:
         self.initialised = True
 
+    def load_checkpoint(self, local_path: str, del_local_after_load: bool = False) -> None:
+        self.loaded_from = local_path  # the actor's weights of a resumed run (none are saved here)
+
     def update_actor(self, batch: Any) -> Any:
         ENGINE.trained_at.append(time.perf_counter())
         return super().update_actor(batch)  # type: ignore[misc]

@@ -8,12 +8,15 @@
 Ray (and, for V1, TransferQueue) start once and serve every run.
 
 Spec keys: work, report, trainer, runs: a list of ``{name, skip, steps, total_steps, validate,
-actor_inputs, dapo, flat_groups, gen_batch_size}`` (``skip``: the role's section; ``steps``: the
-data has ``4 * steps`` rows; ``total_steps``: ``trainer.total_training_steps``, default ``steps``;
-``validate``: validation before training; ``dapo``: the DAPO group filter on ``reward``;
-``flat_groups``: the engine answers each batch's first prompt with equal responses;
-``gen_batch_size``: ``data.gen_batch_size``). The report has one entry per run:
-what the engine went through, the gate's counts, the skip stats, the actor's updates, any error.
+actor_inputs, dapo, flat_groups, gen_batch_size, mode, resume_from}`` (``skip``: the role's section;
+``steps``: the data has ``4 * steps`` rows; ``total_steps``: ``trainer.total_training_steps``,
+default ``steps``; ``validate``: validation before training; ``dapo``: the DAPO group filter on
+``reward``; ``flat_groups``: the engine answers each batch's first prompt with equal responses;
+``gen_batch_size``: ``data.gen_batch_size``; ``mode``: V1's ``trainer.v1.trainer_mode``, default
+``sync``; ``resume_from``: V1 resumes from ``global_step_<resume_from>`` of a checkpoint that holds
+the first batch of prompts in flight, see :func:`write_inflight_checkpoint`). The report has one
+entry per run: what the engine went through, the gate's counts, the skip stats, the actor's
+updates, any error.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def overrides_for(work: Path, data: Path, run: dict[str, Any], role: str, manage
     return out + common.skip_overrides(role, run.get("skip", {}))
 
 
-def run_v0(work: Path, data: Path, run: dict[str, Any], marks: dict[str, float]) -> Any:
+def run_v0(work: Path, data: Path, run: dict[str, Any], marks: dict[str, float],
+           entry: dict[str, Any]) -> Any:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.utils import Role
 
@@ -60,13 +64,35 @@ def run_v0(work: Path, data: Path, run: dict[str, Any], marks: dict[str, float])
     return trainer
 
 
-def _v1_trainer_class() -> Any:
-    from verl.trainer.ppo.utils import Role
-    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+def write_inflight_checkpoint(trainer: Any, folder: Path) -> list[str]:
+    """What an asynchronous V1 run leaves in ``folder``'s ``transfer_queue`` checkpoint when it stops with
+    prompts in flight: the trainer's first batch of prompts, submitted as its async modes submit them
+    (prompt fields kept for the re-issue, tagged ``pending``) and never finished. The queue is emptied
+    again, for verl's ``_load_checkpoint`` to restore it. Returns the prompts' uids."""
+    import transfer_queue as tq
+    from tensordict import NonTensorData
 
-    class PPOTrainerSyncOnCPU(PPOTrainerSync):
-        """verl's ``PPOTrainerSync`` with what needs GPUs or the Hub stood in: the resource pools and the
-        actor's Ray class (never started), the tokenizer (built locally instead of loaded from the model)."""
+    step = int(folder.name.split("global_step_")[-1])
+    trainer.global_steps = step
+    batch = trainer._next_train_batch()
+    trainer.train_dataloader_it = None  # the resumed run reads its data from the start, as without data.pt
+    uids = [str(u) for u in batch["uid"]]
+    tags = [{"is_prompt": True, "status": "pending", "global_steps": step} for _ in uids]
+    fields = batch.select(*[k for k in batch.keys() if not isinstance(batch.get(k), NonTensorData)])
+    tq.kv_batch_put(keys=uids, partition_id="train", tags=tags, fields=fields)
+    tq.save_checkpoint(str(folder / "transfer_queue"), metadata={"global_steps": step})
+    tq.kv_clear(keys=uids, partition_id="train")
+    return uids
+
+
+def _v1_trainer_class(mode: str, inflight: dict[str, Any] | None = None) -> Any:
+    from verl.trainer.ppo.utils import Role
+    from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
+
+    class PPOTrainerOnCPU(get_trainer_cls(mode)):  # type: ignore[misc]
+        """verl's V1 trainer of ``mode`` with what needs GPUs or the Hub stood in: the resource pools and
+        the actor's Ray class (never started), the tokenizer (built locally instead of loaded from the
+        model); with ``inflight``, the checkpoint it resumes from is written just before verl loads it."""
 
         def _init_tokenizer(self) -> None:
             self.tokenizer, self.processor = common.make_tokenizer(), None
@@ -76,21 +102,35 @@ def _v1_trainer_class() -> Any:
             self.mapping = {Role.ActorRollout: "global_pool"}
             self.resource_pool_manager = stand_ins.StandInResourcePoolManager()
 
-    return PPOTrainerSyncOnCPU
+        def _load_checkpoint(self) -> None:
+            if inflight is not None:
+                inflight["uids"] = write_inflight_checkpoint(self, Path(self.config.trainer.resume_from_path))
+            super()._load_checkpoint()
+
+    return PPOTrainerOnCPU
 
 
-def run_v1(work: Path, data: Path, run: dict[str, Any], marks: dict[str, float]) -> Any:
+def run_v1(work: Path, data: Path, run: dict[str, Any], marks: dict[str, float],
+           entry: dict[str, Any]) -> Any:
     import transfer_queue as tq
     import verl.trainer.ppo.v1.trainer_base as trainer_base
     from verl.utils.import_utils import load_class_from_fqn
 
+    mode = run.get("mode", "sync")
     overrides = overrides_for(work, data, run, "rollout_tq", "StandInWorkersAgentLoopManagerTQ")
-    overrides += ["trainer.use_v1=True", "transfer_queue.enable=True",
+    overrides += ["trainer.use_v1=True", f"trainer.v1.trainer_mode={mode}", "transfer_queue.enable=True",
                   "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
                   "transfer_queue.backend.SimpleStorage.total_storage_size=1000"]
+    inflight: dict[str, Any] | None = None
+    if run.get("resume_from"):
+        folder = work / "ckpt" / f"global_step_{int(run['resume_from'])}"
+        folder.mkdir(parents=True)
+        overrides = [o for o in overrides if not o.startswith("trainer.resume_mode=")]
+        overrides += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={folder}"]
+        inflight = entry.setdefault("inflight", {})
     config = common.compose_config("ppo_trainer", overrides)
     trainer_base.RayWorkerGroup = stand_ins.StandInV1WorkerGroup  # the GPU worker groups _setup builds
-    trainer = _v1_trainer_class()(config=config)
+    trainer = _v1_trainer_class(mode, inflight)(config=config)
     for partition in ("train", "val"):  # what an earlier run of this process left in the queue
         left = list((tq.kv_list(partition) or {}).get(partition, {}))
         if left:
@@ -151,7 +191,7 @@ def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
             trainer = None
             marks = {"start": time.perf_counter()}
             try:
-                trainer = (run_v1 if v1 else run_v0)(work / run_spec["name"], data, run_spec, marks)
+                trainer = (run_v1 if v1 else run_v0)(work / run_spec["name"], data, run_spec, marks, entry)
             except BaseException as err:  # reported: some runs are expected to fail
                 entry["error"] = {"type": type(err).__name__, "message": str(err)[:4000],
                                   "mro": [c.__name__ for c in type(err).__mro__],
