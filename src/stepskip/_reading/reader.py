@@ -198,8 +198,7 @@ class EntryReader:
                 wait = next(waits, None)
                 if wait is None:
                     raise StoreUnavailableError(self._unavailable_message(path, step, tries, err)) from err
-                logger.warning("%s: the store did not answer for %s (try %d): %s; trying again in %.1fs",
-                               owner.name, path, tries, err, wait)
+                logger.warning("%s: step %d: %s (try %d); trying again in %.1fs", owner.name, step, err, tries, wait)
                 self.sleep(wait)
                 probe = None  # what it kept may be of a version since replaced
             except CorruptEntryError:
@@ -219,11 +218,10 @@ class EntryReader:
 
     def _unavailable_message(self, path: str, step: int, tries: int, err: StoreUnavailableError) -> str:
         owner = self.owner
-        retried = (f" after {tries} tries over {sum(self.outage_retry[:tries - 1]):.1f}s" if tries > 1 else "")
-        return (f"{owner.name}: step {step}: the store did not answer{retried} for the entry at {path}: {err}. The "
-                "entry was left untouched; check the store (its endpoint, its health) and run again"
-                + (", or use action: cache to generate the step while it is down" if owner.action is SkipAction.REPLAY
-                   else ""))
+        retried = f" ({tries} tries over {sum(self.outage_retry[:tries - 1]):.1f}s)" if tries > 1 else ""
+        fix = ", or use action: cache to generate the step while it is down" if owner.action is SkipAction.REPLAY else ""
+        return (f"{owner.name}: step {step}: {err}{retried}. The entry at {path} was left untouched; check the store "
+                f"(its endpoint, its health) and run again{fix}")
 
     def _decode_failure(self, path: str, meta: dict[str, Any], spec: FormatSpec, err: CorruptEntryError) -> Exception:
         """Bytes that did not decode: damage only when they are provably not what was written."""

@@ -178,7 +178,7 @@ class EntryStore:
         if found.state is EntryState.MISSING:
             raise CacheMissError(f"{path}: no entry there (never written, or removed meanwhile)")
         if found.state is EntryState.UNAVAILABLE:
-            raise StoreUnavailableError(f"{path}: {found.reason}")
+            raise StoreUnavailableError(found.reason)  # it names the object the store did not answer for
         if found.state is EntryState.DAMAGED:
             raise CorruptEntryError(f"{path}: {found.reason}")
         return found.meta or {}, dict(files)
@@ -225,7 +225,7 @@ class EntryStore:
         except BadFile as err:
             raise CorruptEntryError(f"{path}: {err}") from None
         except StoreOutage as err:
-            raise StoreUnavailableError(f"{path}: {err.strerror}") from err
+            raise StoreUnavailableError(str(err.strerror)) from err
         finally:
             entry.close()
 

@@ -437,7 +437,7 @@ class CachedRole(BaseSkip):
             except (ReplayMissError, CorruptEntryError):
                 pass
             except StoreUnavailableError as err:  # retried first under replay
-                self.entry_unavailable(step, path, str(err))
+                self.entry_unavailable(step, path, str(err.__cause__ or err))
                 self._regenerated()
                 raise
             except CacheMissError:
