@@ -80,6 +80,10 @@ def is_store_access_error(err: BaseException) -> bool:
         >>> is_store_access_error(PermissionError("Forbidden")), is_store_access_error(FileNotFoundError("x"))
         (True, False)
     """
+    from stepskip._storage.outages import StoreOutage
+
+    if isinstance(err, StoreOutage):
+        return True
     if isinstance(err, (PermissionError, ConnectionError, TimeoutError)):
         return True
     return any(cls.__module__.startswith(_CLIENT_MODULES) for cls in type(err).__mro__)
@@ -92,6 +96,10 @@ def describe_store_access_error(url: str, err: BaseException) -> str:
         >>> describe_store_access_error("s3://bucket/dump", PermissionError("Forbidden"))  # doctest: +ELLIPSIS
         's3://bucket/dump: cannot reach the object store (PermissionError: Forbidden); check ...'
     """
+    from stepskip._storage.outages import StoreOutage
+
+    if isinstance(err, StoreOutage):  # the client's own error says what went wrong
+        err = err.cause
     cause = f"{type(err).__name__}: {' '.join(str(err).split()) or 'no message'}"
     if not is_url(normalize_location(url)):
         return f"{url}: this process cannot access it ({cause}); check its permissions or pass another path"

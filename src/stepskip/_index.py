@@ -50,6 +50,7 @@ from stepskip.errors import (
     CacheMissError,
     CorruptEntryError,
     SkipConfigError,
+    StoreUnavailableError,
     TruncatedEntryError,
     UnreadableEntryError,
 )
@@ -97,6 +98,7 @@ class IssueKind(str, enum.Enum):
     MIXED_RUNS = "mixed-runs"  # a V1 step whose inner entries come from different runs
     LEFTOVER = "leftover"  # .tmp-* / .trash-* of an interrupted write
     SHADOWED = "shadowed"  # in-place inner directories beside a manifest written after it: not read, kept
+    UNAVAILABLE = "unavailable"  # the store did not answer for it (timeout, connection error, 5xx): never removed
 
 
 @dataclass(frozen=True)
@@ -151,8 +153,9 @@ class EntryRecord:
 
     @property
     def kept(self) -> bool:
-        """Intact but not readable here (unsupported or unreadable): no command removes it."""
-        return self.state in (EntryStatus.UNSUPPORTED, EntryStatus.UNREADABLE)
+        """Intact but not readable here (unsupported or unreadable), or not seen at all (the store did not
+        answer: unavailable): no command removes it."""
+        return self.state in (EntryStatus.UNSUPPORTED, EntryStatus.UNREADABLE, EntryStatus.UNAVAILABLE)
 
     @property
     def has_checksums(self) -> bool:
@@ -290,6 +293,8 @@ class StepDir:
                 out.append(Issue(IssueKind.UNSUPPORTED, entry.path, entry.reason))
             elif entry.state is EntryStatus.UNREADABLE:
                 out.append(Issue(IssueKind.UNDECODABLE, entry.path, entry.reason))
+            elif entry.state is EntryStatus.UNAVAILABLE:
+                out.append(Issue(IssueKind.UNAVAILABLE, entry.path, entry.reason))
         if self.kind is StepKind.V1:
             have = {e.inner for e in self.entries}
             expected = self.expected_inner
@@ -1037,6 +1042,8 @@ class CacheIndex:
                     # The size was right when the entry was scanned: a mismatch now is the checksum's.
                     kind = IssueKind.CHECKSUM if "checksum" in str(err) else IssueKind.DAMAGED
                     return Issue(kind, entry.path, _relative_reason(str(err), entry.path))
+                except StoreUnavailableError as err:  # not checked, not damaged: never removed for it
+                    return Issue(IssueKind.UNAVAILABLE, entry.path, _relative_reason(str(err), entry.path))
                 except CacheMissError:
                     return None  # removed since the scan: nothing left to check
         if decode and (allow_pickle or not FORMATS[str(entry.format)].uses_pickle):

@@ -9,7 +9,7 @@ __all__ = ["RoleStats", "STAT_NAMES", "COMPARE_STAT_NAMES"]
 STAT_NAMES = (
     "hits", "misses", "dumps", "dump_failures", "corrupt",
     "load_seconds", "dump_seconds", "bytes_read", "bytes_written", "saved_seconds",
-    "rows_replayed", "rows_generated",
+    "rows_replayed", "rows_generated", "unavailable",
 )
 #: The figures of a role under ``action: compare``: steps compared, steps that drifted, and the token
 #: match (batch mean) of the last compared step that had token fields.

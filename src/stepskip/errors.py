@@ -13,6 +13,7 @@ __all__ = [
     "StepskipError", "SkipConfigError", "PickleRefusedError", "CacheMissError", "CorruptEntryError",
     "TruncatedEntryError", "DecodeLimitError", "UnreadableEntryError", "UnstorableValueError",
     "FingerprintMismatchError", "PromptMismatchError", "ReplayMissError", "EngineNotStartedError", "DriftError",
+    "StoreUnavailableError",
 ]
 
 
@@ -48,6 +49,16 @@ class DecodeLimitError(CorruptEntryError):
 
     Shapes, widths and sizes recorded in the entry ask for far more memory than its bytes justify:
     the entry is damaged or hostile. The message names the file, the field and the bound.
+    """
+
+
+class StoreUnavailableError(CacheMissError):
+    """The store holding an entry did not answer (a timeout, a refused or dropped connection, a 5xx).
+
+    Nothing is known of the entry, so it is neither damaged nor missing: under every action except
+    ``replay`` the call is a miss whose result is returned but never written over the entry; under
+    ``replay`` the read is retried a few times, then this error is raised. The message names the
+    store's own error.
     """
 
 

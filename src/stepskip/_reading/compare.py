@@ -23,7 +23,7 @@ from stepskip._reading.reader import prompt_digest
 from stepskip._reading.steps import complete
 from stepskip._calls import added_columns
 from stepskip._drift import Recorded
-from stepskip.errors import CacheMissError, CorruptEntryError, PromptMismatchError
+from stepskip.errors import CacheMissError, CorruptEntryError, PromptMismatchError, StoreUnavailableError
 from stepskip._layout import Layout
 from stepskip._policies import CheckPrompts, TrainOn
 from stepskip._resolve import remap_v1
@@ -78,11 +78,15 @@ class Comparer:
         if probe.state is EntryStatus.DAMAGED:
             reader.report_corrupt(step, path, probe.reason)
             owner.drift_log.damaged(owner, step, path, probe.reason)
+        elif probe.state is EntryStatus.UNAVAILABLE:  # nothing to compare with; not recorded over
+            owner.entry_unavailable(step, path, probe.reason)
         elif probe.state is EntryStatus.PRESENT:
             try:
                 value, meta, seconds, nbytes = reader.read(path, step, -1)  # prompts: compared after the call
             except CorruptEntryError as err:  # counted by the read
                 owner.drift_log.damaged(owner, step, path, str(err))
+            except StoreUnavailableError as err:
+                owner.entry_unavailable(step, path, str(err))
             except CacheMissError as err:  # removed meanwhile, or recorded with settings to regenerate
                 logger.info("%s compare: step %d not compared (%s)", owner.name, step, err)
             else:

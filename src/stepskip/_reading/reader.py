@@ -26,6 +26,7 @@ from stepskip.errors import (
     PickleRefusedError,
     PromptMismatchError,
     ReplayMissError,
+    StoreUnavailableError,
     TruncatedEntryError,
     UnreadableEntryError,
 )
@@ -40,6 +41,9 @@ logger = logging.getLogger(__name__)
 _RETRY_SECONDS = 0.05
 #: At most this many probes of hits are kept for the reads that follow them (see :meth:`EntryReader.take_probe`).
 _HIT_PROBES_MAX = 256
+#: Under ``replay``, the waits before each new try of a read the store did not answer: a blip of up to
+#: about 1.4 s is ridden out; a longer outage fails the call.
+OUTAGE_RETRY_SECONDS = (0.2, 0.4, 0.8)
 
 
 class ReadOwner(Protocol):
@@ -77,6 +81,10 @@ class EntryReader:
 
     def __init__(self, owner: ReadOwner) -> None:
         self.owner = owner
+        #: Under ``replay``: the waits between tries of a read the store did not answer, and how to wait
+        #: (tests pass a function that records the waits instead of sleeping).
+        self.outage_retry: tuple[float, ...] = OUTAGE_RETRY_SECONDS
+        self.sleep: Any = time.sleep
         #: Warnings given once per run: ``("rng",)``, and each set of fingerprint differences.
         self.warned: set[tuple[str, ...]] = set()
         self.reset()
@@ -178,19 +186,34 @@ class EntryReader:
             chosen.append(spec)
             return spec.files
 
+        waits = iter(self.outage_retry if owner.action is SkipAction.REPLAY else ())
+        tries = 0
         retention = owner.retention
         if retention is not None:  # a step being read is not removed meanwhile (nor just after: see Retention)
             retention.hold(load_step)
-        try:  # one version of the entry, even while a writer replaces it
-            # big files in recycled pages, for the format that reads buffers (the unpicklers read bytes)
-            meta, files = owner.store.read_entry(path, owner.legacy.files, files_of, owner.verify,
-                                                 allocator=lambda size: None if chosen[0].uses_pickle
-                                                 else _recycled(size),
-                                                 probe=None if probe is None else probe.probe)
-        except CorruptEntryError:
-            raise
-        except CacheMissError as err:
-            raise ReplayMissError(f"{owner.name}: the entry at {path} vanished (removed while it was read)") from err
+        try:  # the hold spans every try
+            while True:
+                tries += 1
+                try:  # one version of the entry, even while a writer replaces it
+                    # big files in recycled pages, for the format that reads buffers (the unpicklers read bytes)
+                    meta, files = owner.store.read_entry(path, owner.legacy.files, files_of, owner.verify,
+                                                         allocator=lambda size: None if chosen[0].uses_pickle
+                                                         else _recycled(size),
+                                                         probe=None if probe is None else probe.probe)
+                    break
+                except StoreUnavailableError as err:  # no answer: not a miss, not damage (retried under replay)
+                    wait = next(waits, None)
+                    if wait is None:
+                        raise StoreUnavailableError(self._unavailable_message(path, step, tries, err)) from err
+                    logger.warning("%s: step %d: %s (try %d); trying again in %.1fs", owner.name, step, err, tries,
+                                   wait)
+                    self.sleep(wait)
+                    probe = None  # what it kept may be of a version since replaced
+                except CorruptEntryError:
+                    raise
+                except CacheMissError as err:
+                    raise ReplayMissError(f"{owner.name}: the entry at {path} vanished (removed while it was read)"
+                                          ) from err
         finally:
             if retention is not None:
                 retention.release(load_step)
@@ -203,6 +226,13 @@ class EntryReader:
             return value, meta, nbytes
         except CorruptEntryError as err:
             raise self._decode_failure(path, meta, spec, err) from err
+
+    def _unavailable_message(self, path: str, step: int, tries: int, err: StoreUnavailableError) -> str:
+        owner = self.owner
+        retried = f" ({tries} tries over {sum(self.outage_retry[:tries - 1]):.1f}s)" if tries > 1 else ""
+        fix = ", or use action: cache to generate the step while it is down" if owner.action is SkipAction.REPLAY else ""
+        return (f"{owner.name}: step {step}: {err}{retried}. The entry at {path} was left untouched; check the store "
+                f"(its endpoint, its health) and run again{fix}")
 
     def _decode_failure(self, path: str, meta: dict[str, Any], spec: FormatSpec, err: CorruptEntryError) -> Exception:
         """Bytes that did not decode: damage only when they are provably not what was written."""

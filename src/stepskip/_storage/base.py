@@ -74,12 +74,14 @@ class _Tokens:
 token = _Tokens()
 
 class EntryState(enum.Enum):
-    """What a look at an entry found: damaged entries are regenerated, unreadable ones kept."""
+    """What a look at an entry found: damaged entries are regenerated, unreadable ones kept, unavailable ones
+    (the store did not answer: :mod:`~stepskip._storage.outages`) neither read nor written over."""
 
     MISSING = "missing"
     PRESENT = "present"
     DAMAGED = "damaged"
     UNREADABLE = "unreadable"
+    UNAVAILABLE = "unavailable"
 
 
 @dataclass(frozen=True)

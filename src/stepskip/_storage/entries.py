@@ -49,8 +49,9 @@ from stepskip._storage.meta import (
     stored_name,
     valid_name,
 )
+from stepskip._storage.outages import StoreOutage
 from stepskip._entries import FileBytes
-from stepskip.errors import CacheMissError, CorruptEntryError
+from stepskip.errors import CacheMissError, CorruptEntryError, StoreUnavailableError
 
 __all__ = ["EntryStore", "Names"]
 
@@ -104,7 +105,8 @@ class EntryStore:
     # ------------------------------------------------------------------ reading
 
     def probe(self, path: str, legacy_files: Iterable[str] = (), keep: int = 0) -> Probe:
-        """Classify the entry at ``path`` as missing, present or damaged without reading its data.
+        """Classify the entry at ``path`` as missing, present, damaged or unavailable (the store did not answer)
+        without reading its data.
 
         An entry written by verl itself has a ``meta.json`` without a file list; it is present when
         one of ``legacy_files`` (verl's data file names) exists beside it. Never raises.
@@ -151,6 +153,8 @@ class EntryStore:
         Raises:
             CacheMissError: there is no entry (never written, or removed meanwhile).
             CorruptEntryError: the entry is damaged: the message says how.
+            StoreUnavailableError: the store did not answer (a timeout, a connection error, a 5xx): nothing
+                is known of the entry.
 
         Example:
             >>> meta, files = store.read_entry(path, names=["data.json"])  # doctest: +SKIP
@@ -173,6 +177,8 @@ class EntryStore:
             found, files = self._look(path, legacy, wanted, verify, read=True, allocator=allocator)
         if found.state is EntryState.MISSING:
             raise CacheMissError(f"{path}: no entry there (never written, or removed meanwhile)")
+        if found.state is EntryState.UNAVAILABLE:
+            raise StoreUnavailableError(found.reason)  # it names the object the store did not answer for
         if found.state is EntryState.DAMAGED:
             raise CorruptEntryError(f"{path}: {found.reason}")
         return found.meta or {}, dict(files)
@@ -186,6 +192,7 @@ class EntryStore:
         Raises:
             CorruptEntryError: a file is missing, truncated or does not match its checksum, or
                 ``meta`` itself is ill-typed.
+            StoreUnavailableError: the store did not answer.
         """
         reason = files_problem(meta.get("files"))  # the names and sizes this read trusts
         if reason:
@@ -217,6 +224,8 @@ class EntryStore:
             return out
         except BadFile as err:
             raise CorruptEntryError(f"{path}: {err}") from None
+        except StoreOutage as err:
+            raise StoreUnavailableError(str(err.strerror)) from err
         finally:
             entry.close()
 
@@ -255,6 +264,8 @@ class EntryStore:
                 except NotAnEntry as err:  # a link, a file, a path below a file
                     return (Probe(EntryState.DAMAGED, reason=err.reason) if err.damaged
                             else Probe(EntryState.MISSING)), {}
+                except StoreOutage as err:
+                    return _unavailable(err), {}
                 except OSError as err:
                     return Probe(EntryState.DAMAGED, reason=f"cannot open {path}: {err}"), {}
                 try:
@@ -263,6 +274,8 @@ class EntryStore:
                     known = None  # whatever that probe saw was replaced: read meta.json itself
                 except NotAnEntry:  # removed while it was read
                     return Probe(EntryState.MISSING), {}
+                except StoreOutage as err:  # no answer: nothing is known of the entry, least of all damage
+                    return _unavailable(err), {}
                 except OSError as err:  # e.g. a permission denied on one file: never an exception from a probe
                     return Probe(EntryState.DAMAGED, reason=f"cannot read {path}: {err}"), {}
             return Probe(EntryState.DAMAGED, reason=f"kept changing while read ({_MAX_ATTEMPTS} attempts)"), {}
@@ -287,6 +300,8 @@ class EntryStore:
                 return (Probe(EntryState.DAMAGED, reason=reason) if reason else Probe(EntryState.MISSING)), {}
             except BadFile as err:
                 return Probe(EntryState.DAMAGED, reason=str(err)), {}
+            except StoreOutage:
+                raise
             except OSError as err:
                 return Probe(EntryState.DAMAGED, reason=f"cannot read {entry.path}/{META_FILE}: {err}"), {}
             meta, reason = parse_meta(raw)
@@ -318,7 +333,9 @@ class EntryStore:
                 missing = str(err.filename or err).rsplit("/", 1)[-1]
                 return Probe(EntryState.DAMAGED, meta, reason=f"missing data file {missing}"), {}
             return Probe(EntryState.DAMAGED, meta, reason=str(err)), {}
-        except OSError as err:  # a network or permission error: never an exception from a probe
+        except StoreOutage:
+            raise
+        except OSError as err:  # a permission error: never an exception from a probe
             return Probe(EntryState.DAMAGED, meta, reason=f"cannot read {entry.path}: {err}"), {}
 
     @staticmethod
@@ -538,6 +555,10 @@ class EntryStore:
         """Drop any listing cached for ``path`` and below, so the next listing shows what others wrote since
         (object stores' clients cache listings; local directories are always listed afresh)."""
         self.backend.forget_listings(path)
+
+
+def _unavailable(err: StoreOutage) -> Probe:
+    return Probe(EntryState.UNAVAILABLE, reason=str(err.strerror))
 
 
 def _check_names(path: str, files: Mapping[str, FileBytes]) -> None:

@@ -5,25 +5,30 @@ Object stores have no directory rename, so entries are committed ``meta.json`` l
 objects named for their write (:mod:`stepskip._storage.objects`); a version of an entry is the
 ``meta.json`` read, and a read that fails re-reads it to tell damage from a writer's replacement.
 Every read is bounded: an object is fetched by a byte range one past its expected size, so one
-larger than it should be is never fetched whole.
+larger than it should be is never fetched whole. A read or a listing the store did not answer (a
+timeout, a connection error, a 5xx) raises :class:`~stepskip._storage.outages.StoreOutage`, never an
+error that reads as damage or as an empty directory.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from stepskip._storage.base import Backend, Capabilities, DirItem, Tree
 from stepskip._storage.meta import MANIFEST_FILE, META_FILE
 from stepskip._storage.objects import ObjectBackend
+from stepskip._storage.outages import StoreOutage, outage_of
 from stepskip._entries import FileBytes
 from stepskip.errors import SkipConfigError
 
 __all__ = ["FsspecBackend"]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 class FsspecBackend(ObjectBackend):
@@ -75,15 +80,18 @@ class FsspecBackend(ObjectBackend):
 
     def get(self, path: str, end: int | None = None) -> bytes:
         if end is None:
-            return bytes(self.fs.cat_file(self.key(path)))
-        return bytes(self.fs.cat_file(self.key(path), start=0, end=end))
+            return bytes(_answered(path, self.fs.cat_file, self.key(path)))
+        return bytes(_answered(path, self.fs.cat_file, self.key(path), start=0, end=end))
 
     def size(self, path: str) -> int:
-        return int(self.fs.size(self.key(path)))
+        return int(_answered(path, self.fs.size, self.key(path)))
 
     def is_file(self, path: str) -> bool:
+        # not fsspec's isfile, which answers False for any failure, an outage included
         try:
-            return bool(self.fs.isfile(self.key(path)))
+            return bool(_answered(path, self.fs.info, self.key(path)).get("type") == "file")
+        except StoreOutage:
+            raise
         except OSError:
             return False
 
@@ -91,14 +99,17 @@ class FsspecBackend(ObjectBackend):
 
     def is_dir(self, path: str) -> bool:
         try:
-            return bool(self.fs.isdir(self.key(path)))
+            return bool(_answered(path, self.fs.isdir, self.key(path)))
+        except StoreOutage:
+            raise
         except OSError:
             return False
 
     def _ls(self, path: str) -> list[Mapping[str, Any]]:
         root = self.key(path).rstrip("/")
         try:
-            return [i for i in self.fs.ls(root, detail=True) if str(i.get("name", "")).rstrip("/") != root]
+            listed = _answered(path, self.fs.ls, root, detail=True)
+            return [i for i in listed if str(i.get("name", "")).rstrip("/") != root]
         except (FileNotFoundError, NotADirectoryError):
             return []
 
@@ -113,7 +124,7 @@ class FsspecBackend(ObjectBackend):
 
     def stat(self, path: str) -> DirItem | None:
         try:
-            return _item(self.fs.info(self.key(path)))
+            return _item(_answered(path, self.fs.info, self.key(path)))
         except (FileNotFoundError, NotADirectoryError):
             return None
 
@@ -121,7 +132,7 @@ class FsspecBackend(ObjectBackend):
         """Every object below ``path``, from one recursive listing (one request per 1,000 objects on S3)."""
         root = self.key(path).rstrip("/")
         try:
-            found = self.fs.find(root, detail=True)
+            found = _answered(path, self.fs.find, root, detail=True)
         except (FileNotFoundError, NotADirectoryError):
             found = {}
         files: dict[str, DirItem] = {}
@@ -217,6 +228,20 @@ class FsspecBackend(ObjectBackend):
             return False
         self.remove(path)
         return True
+
+
+def _answered(path: str, call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """``call(*args, **kwargs)``, a failure of the store to answer for ``path`` raised as :class:`StoreOutage`
+    (any other error as it is)."""
+    try:
+        return call(*args, **kwargs)
+    except StoreOutage:
+        raise
+    except Exception as err:
+        cause = outage_of(err)
+        if cause is not None:
+            raise StoreOutage(path, cause) from err
+        raise
 
 
 def _name(info: Mapping[str, Any]) -> str:

@@ -36,6 +36,7 @@ from stepskip._storage.meta import (
     stored_name,
     valid_name,
 )
+from stepskip._storage.outages import StoreOutage
 from stepskip._entries import FileBytes
 
 if TYPE_CHECKING:
@@ -94,6 +95,8 @@ class ObjectBackend(Backend):
             return None
         except IsADirectoryError:
             raise BadFile(f"{path} is a directory, not a file") from None
+        except StoreOutage:
+            raise  # no answer is not damage
         except OSError as err:
             raise BadFile(f"cannot read {path}: {err}") from err
         if len(data) > limit:
@@ -111,7 +114,7 @@ def read_bounded(backend: ObjectBackend, path: str, limit: int) -> bytes:
     """
     try:
         return backend.get(path, limit + 1)
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, StoreOutage):
         raise
     except OSError:
         try:
@@ -204,6 +207,8 @@ def write_entry(store: EntryStore, path: str, files: Mapping[str, FileBytes], me
     previous = store.probe(path)
     if previous.state is EntryState.PRESENT and not overwrite:
         return 0
+    if previous.state is EntryState.UNAVAILABLE:  # what is there may be valid: never written over unseen
+        raise StoreOutage(path, OSError(errno.EIO, previous.reason))
     token = uuid.uuid4().hex[:12]
     listing: dict[str, dict[str, Any]] = {}
     written: list[str] = []

@@ -358,13 +358,17 @@ def render_verify(report: VerifyReport, result: RepairResult | None, root: str, 
             out.print(f"removed {escape(relative(path, root))}")
         unreadable = [p for p in result.kept if p.kind in (IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE)]
         shadowed = [p for p in result.kept if p.kind is IssueKind.SHADOWED]
-        in_progress = [p for p in result.kept if p not in unreadable and p not in shadowed]
+        unavailable = [p for p in result.kept if p.kind is IssueKind.UNAVAILABLE]
+        in_progress = [p for p in result.kept if p not in unreadable and p not in shadowed and p not in unavailable]
         if unreadable:
             out.print(f"[yellow]kept {plural(len(unreadable), 'entry', 'entries')} this stepskip cannot read "
                       "(intact: never removed; upgrade stepskip, or re-record with action: record)[/]")
         if shadowed:
             out.print(f"[yellow]kept {plural(len(shadowed), 'in-place inner directory', 'in-place inner directories')} "
                       "written after the manifest beside them (never removed: remove them yourself if unwanted)[/]")
+        if unavailable:
+            out.print(f"[yellow]kept {plural(len(unavailable), 'entry', 'entries')} the store did not answer for "
+                      "(a timeout, a connection error or a 5xx: never removed; run verify again when it answers)[/]")
         if in_progress:
             out.print(f"[yellow]kept {plural(len(in_progress), 'problem')} modified less than {grace} ago "
                       "(a write may be in progress; --grace 0 removes them)[/]")

@@ -29,8 +29,9 @@ logger = logging.getLogger(__name__)
 IN_PROGRESS_KINDS = frozenset({IssueKind.LEFTOVER, IssueKind.HALF_WRITTEN, IssueKind.INCOMPLETE,
                                IssueKind.MIXED_RUNS})
 #: Reported, never removed: entries whose bytes are intact but that this stepskip cannot decode, and
-#: in-place inner directories written after the manifest beside them (someone's data, not read).
-KEPT_KINDS = frozenset({IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE, IssueKind.SHADOWED})
+#: in-place inner directories written after the manifest beside them (someone's data, not read), and
+#: entries the store did not answer for (nothing is known of them).
+KEPT_KINDS = frozenset({IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE, IssueKind.SHADOWED, IssueKind.UNAVAILABLE})
 
 
 @dataclass(frozen=True)

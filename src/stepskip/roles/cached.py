@@ -40,7 +40,7 @@ from stepskip._storage.layered import origin_of
 from stepskip._storage.readonly import ReadOnlyStore
 from stepskip.config import ROLLOUT_ROLES, SkipRoleConfig
 from stepskip._entries import FormatSpec, legacy_format, storage_format
-from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
+from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError, StoreUnavailableError
 from stepskip._identity import RunIdentity, fingerprint_of
 from stepskip._layout import Layout, is_url
 from stepskip._drift import DriftLog, Recorded
@@ -140,6 +140,9 @@ class CachedRole(BaseSkip):
         self._layout: Layout | None = None
         self._store: Any = None
         self._bind_lock = threading.Lock()
+        # store outages: entry paths the store did not answer for during their step's call, whose freshly
+        # generated result is returned but never written over them (entry_unavailable)
+        self._withheld: set[str] = set()
         #: Reads entries (probe, classify, read, fidelity, rebind); ``entries``: what one step consists of.
         self.reader = EntryReader(self)
         self.entries: StepEntries = entries if entries is not None else FlatSteps(self)
@@ -362,6 +365,8 @@ class CachedRole(BaseSkip):
             UnreadableEntryError: the step's entry is intact but cannot be used here (it is kept).
         """
         action = self.action
+        if self._withheld:  # a new call at this step: whether its store answers is decided afresh
+            self._withheld.discard(self.step_dump_dir(step))
         if action is SkipAction.REPLAY:
             return True  # warp_function raises when there is nothing to load
         if action is SkipAction.RECORD:
@@ -377,8 +382,9 @@ class CachedRole(BaseSkip):
             hit = self.resolve_load_step(step) != -1
         if not hit:
             self.stats.add(misses=1)
-            logger.info("%s miss: step %d has no usable entry under %s; generating and dumping it",
-                        self.name, step, self.project_dump_dir)
+            if not self._withheld or self.step_dump_dir(step) not in self._withheld:  # else logged as an outage
+                logger.info("%s miss: step %d has no usable entry under %s; generating and dumping it",
+                            self.name, step, self.project_dump_dir)
         return hit
 
     def _exact_step_usable(self, step: int) -> bool:
@@ -389,6 +395,8 @@ class CachedRole(BaseSkip):
             raise self.reader.unreadable(probe.reason)
         if probe.state is EntryStatus.DAMAGED:
             self.reader.report_corrupt(step, path, probe.reason)
+        elif probe.state is EntryStatus.UNAVAILABLE:
+            self.entry_unavailable(step, path, probe.reason)
         if probe.state is EntryStatus.PRESENT:
             self.reader.keep_probe(path, probe)
         return probe.state is EntryStatus.PRESENT
@@ -407,12 +415,34 @@ class CachedRole(BaseSkip):
             raise self.reader.unreadable(probe.reason)
         if probe.state is EntryStatus.DAMAGED:
             self.reader.report_corrupt(step, path, probe.reason)
+        elif probe.state is EntryStatus.UNAVAILABLE:  # another step may serve the call; this one is not written over
+            self.entry_unavailable(step, path, probe.reason)
         return probe.state is EntryStatus.DAMAGED
 
     def _refuse_unreadable(self, step: int) -> None:
-        for _, probe in self.entries.probed(step):
+        for path, probe in self.entries.probed(step):
             if probe.state.kept:
                 raise self.reader.unreadable(probe.reason)
+            if probe.state is EntryStatus.UNAVAILABLE:
+                self.entry_unavailable(step, path, probe.reason)
+
+    def entry_unavailable(self, step: int, path: str, reason: str) -> None:
+        """The store did not answer for the entry at ``path`` during the call at ``step``: counted (``unavailable``)
+        and logged, and the call's result, generated instead, is never written over the entry (which may be
+        valid). Under ``replay`` the read was retried first and the call fails.
+
+        Args:
+            step: the call's step.
+            path: the entry the store did not answer for.
+            reason: the store's error, in words.
+        """
+        self._withheld.add(path)
+        self.stats.add(unavailable=1)
+        if self.action is SkipAction.REPLAY:
+            logger.error("%s unavailable: step %d: %s", self.name, step, reason)
+        else:
+            logger.warning("%s unavailable: step %d counts as a miss: %s; it is generated, and its result is "
+                           "returned but not written over the entry at %s", self.name, step, reason, path)
 
     def warp_function(self, step: int, func: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
         """Load the entry the action resolves for ``step`` and rebind identity columns.
@@ -435,6 +465,10 @@ class CachedRole(BaseSkip):
                 value, meta, nbytes = self.reader.read_once(path, step, step, prompts, self.reader.take_probe(path))
             except (ReplayMissError, CorruptEntryError):
                 pass
+            except StoreUnavailableError as err:  # retried first under replay
+                self.entry_unavailable(step, path, str(err.__cause__ or err))
+                self._regenerated()
+                raise
             except CacheMissError:
                 self._regenerated()
                 raise
@@ -447,6 +481,11 @@ class CachedRole(BaseSkip):
                 load_step = step  # it appeared, or was being replaced, while we looked
             elif probe.state.kept:
                 raise self.reader.unreadable(probe.reason)
+            elif probe.state is EntryStatus.UNAVAILABLE:
+                path = self.step_dump_dir(step)
+                self.entry_unavailable(step, path, probe.reason)
+                self._regenerated()
+                raise StoreUnavailableError(f"{self.name}: step {step}: {probe.reason} (entry {path})")
             elif probe.state is EntryStatus.DAMAGED:
                 path = self.step_dump_dir(step)
                 self.reader.report_corrupt(step, path, probe.reason)
@@ -502,6 +541,11 @@ class CachedRole(BaseSkip):
         exclude = [*self.rebind_keys, *added_columns(prompts)]
         self.stats.add(rows_generated=row_count(result))
         offer_samples(self, step, step, result, prompts, replayed=False)
+        if self._withheld and path in self._withheld:
+            self._withheld.discard(path)
+            logger.warning("%s: step %d not dumped: the store did not answer for its entry at %s, which may be "
+                           "valid and is left as it is", self.name, step, path)
+            return
 
         def meta() -> dict[str, Any]:
             from stepskip._fidelity import shared_object_digests

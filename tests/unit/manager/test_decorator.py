@@ -31,7 +31,7 @@ from stepskip.errors import PromptMismatchError
 STAT_NAMES = (
     "hits", "misses", "dumps", "dump_failures", "corrupt",
     "load_seconds", "dump_seconds", "bytes_read", "bytes_written", "saved_seconds",
-    "rows_replayed", "rows_generated",
+    "rows_replayed", "rows_generated", "unavailable",
 )
 
 
