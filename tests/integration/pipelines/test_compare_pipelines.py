@@ -96,8 +96,9 @@ def test_rerun_the_demos_reward_stage(tmp_path):
     from stepskip.pipelines import demo
 
     root = tmp_path / "dump"
-    code = demo.main(["--steps", "2", "--replay-steps", "1-2", "--dump-dir", str(root), "data.max_response_length=8",
-                      "skip.reward.enable=true", "skip.reward.steps=[1,2]", "skip.reward.record_inputs=true"])
+    code = demo.main(["--pipeline", "colocated", "--steps", "2", "--replay-steps", "1-2", "--dump-dir", str(root),
+                      "data.max_response_length=8", "skip.reward.enable=true", "skip.reward.steps=[1,2]",
+                      "skip.reward.record_inputs=true"])
     assert code == 0
     cache = root  # the demo records into its dump dir itself
     same = stepskip("rerun", cache, "--stage", "reward", "--fn", "stepskip.pipelines.colocated:score_rollout")
