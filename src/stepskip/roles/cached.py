@@ -30,6 +30,7 @@ from stepskip._matching.writer import HintWriter
 from stepskip._reading.classify import EntryStatus
 from stepskip._reading.compare import Comparer
 from stepskip._reading.layers import open_layers
+from stepskip._reading.unavailable import Withheld
 from stepskip._reading.listing import StepListing
 from stepskip._reading.reader import EntryReader, prompt_digest, seconds_of
 from stepskip._reading.steps import FlatSteps, StepEntries
@@ -140,9 +141,8 @@ class CachedRole(BaseSkip):
         self._layout: Layout | None = None
         self._store: Any = None
         self._bind_lock = threading.Lock()
-        # store outages: entry paths the store did not answer for during their step's call, whose freshly
-        # generated result is returned but never written over them (entry_unavailable)
-        self._withheld: set[str] = set()
+        #: Store outages: the entries the store did not answer for during their step's call.
+        self.withheld = Withheld(self)
         #: Reads entries (probe, classify, read, fidelity, rebind); ``entries``: what one step consists of.
         self.reader = EntryReader(self)
         self.entries: StepEntries = entries if entries is not None else FlatSteps(self)
@@ -365,8 +365,8 @@ class CachedRole(BaseSkip):
             UnreadableEntryError: the step's entry is intact but cannot be used here (it is kept).
         """
         action = self.action
-        if self._withheld:  # a new call at this step: whether its store answers is decided afresh
-            self._withheld.discard(self.step_dump_dir(step))
+        if self.withheld:
+            self.withheld.forget(self.step_dump_dir(step))
         if action is SkipAction.REPLAY:
             return True  # warp_function raises when there is nothing to load
         if action is SkipAction.RECORD:
@@ -382,7 +382,7 @@ class CachedRole(BaseSkip):
             hit = self.resolve_load_step(step) != -1
         if not hit:
             self.stats.add(misses=1)
-            if not self._withheld or self.step_dump_dir(step) not in self._withheld:  # else logged as an outage
+            if not self.withheld or self.step_dump_dir(step) not in self.withheld:  # else logged as an outage
                 logger.info("%s miss: step %d has no usable entry under %s; generating and dumping it",
                             self.name, step, self.project_dump_dir)
         return hit
@@ -429,20 +429,8 @@ class CachedRole(BaseSkip):
     def entry_unavailable(self, step: int, path: str, reason: str) -> None:
         """The store did not answer for the entry at ``path`` during the call at ``step``: counted (``unavailable``)
         and logged, and the call's result, generated instead, is never written over the entry (which may be
-        valid). Under ``replay`` the read was retried first and the call fails.
-
-        Args:
-            step: the call's step.
-            path: the entry the store did not answer for.
-            reason: the store's error, in words.
-        """
-        self._withheld.add(path)
-        self.stats.add(unavailable=1)
-        if self.action is SkipAction.REPLAY:
-            logger.error("%s unavailable: step %d: %s", self.name, step, reason)
-        else:
-            logger.warning("%s unavailable: step %d counts as a miss: %s; it is generated, and its result is "
-                           "returned but not written over the entry at %s", self.name, step, reason, path)
+        valid). Under ``replay`` the read was retried first and the call fails. See :class:`Withheld`."""
+        self.withheld.mark(step, path, reason)
 
     def warp_function(self, step: int, func: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
         """Load the entry the action resolves for ``step`` and rebind identity columns.
@@ -541,8 +529,7 @@ class CachedRole(BaseSkip):
         exclude = [*self.rebind_keys, *added_columns(prompts)]
         self.stats.add(rows_generated=row_count(result))
         offer_samples(self, step, step, result, prompts, replayed=False)
-        if self._withheld and path in self._withheld:
-            self._withheld.discard(path)
+        if self.withheld and self.withheld.release(path):
             logger.warning("%s: step %d not dumped: the store did not answer for its entry at %s, which may be "
                            "valid and is left as it is", self.name, step, path)
             return
