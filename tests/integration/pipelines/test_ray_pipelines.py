@@ -91,7 +91,7 @@ def test_demo_all_json(tq, tmp_path):
                       "data.max_response_length=8", "trainer.val_before_train=false"])
     assert code == 0
     payload = json.loads(out.read_text())
-    assert [p["pipeline"] for p in payload] == ["colocated", "v1", "fully_async"]
+    assert [p["pipeline"] for p in payload] == ["v1", "colocated", "fully_async"]  # the V1 trainer leads
     for item in payload:
         assert set(item) == {"pipeline", "steps", "summary"}
         assert set(item["summary"]) == {"rollout_calls_avoided", "time_saved_s", "step_time_ratio", "losses_equal"}
