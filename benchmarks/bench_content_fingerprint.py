@@ -27,7 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import stepskip
-from stepskip import SkipManager, content
+from stepskip import SkipManager
+from stepskip import _content as content
 from stepskip._identity import RunIdentity
 
 
