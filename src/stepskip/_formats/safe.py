@@ -483,7 +483,7 @@ class _Decoder:
             raise CorruptEntryError(f"{TREE_FILE}: {field}.rows: {count} item indices are expected, "
                                     f"not {str(rows)[:60]!r}")
         self.budget.charge(16 * count, TREE_FILE, f"{field}.rows")  # the index, and the column's pointers
-        if any(type(i) is not int for i in rows):  # bools, floats, lists ...: damage, never an index
+        if not set(map(type, rows)) <= _INT_TYPE:  # bools, floats, lists ...: damage, never an index
             raise CorruptEntryError(f"{TREE_FILE}: {field}.rows: an item index that is not an integer")
         if count and (min(rows) < 0 or max(rows) >= len(items)):
             raise CorruptEntryError(f"{TREE_FILE}: {field}.rows: an item index outside the {len(items)} items")
@@ -580,6 +580,7 @@ class _Decoder:
 
 
 _NON_TENSOR_ROW_BYTES = 1024
+_INT_TYPE = frozenset({int})
 
 
 def _siblings(decoded: dict[str, Any], field: str) -> Callable[[str], Any]:
