@@ -18,6 +18,8 @@ from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
+import numpy.ctypeslib  # noqa: F401  (numpy imports these two on first use: in a call, otherwise;
+import numpy.ma  # noqa: F401  np.unique asks numpy.ma whether its input is masked)
 import torch
 import xxhash
 from tensordict import TensorDictBase, is_non_tensor

@@ -225,6 +225,7 @@ class CachedRole(BaseSkip):
             if local or not is_store_access_error(err):
                 raise
             raise SkipConfigError(f"{key} = {describe_store_access_error(self.dump_dir, err)}") from err
+        self.dumper.prepare(dumps=self.action is not SkipAction.REPLAY)
 
     def clean_up(self, tree: Tree | None) -> None:
         """Remove what interrupted writers left in this role's entries once it is stale (at start-up).
