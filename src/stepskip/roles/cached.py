@@ -57,8 +57,9 @@ ALL_ACTIONS = [SkipAction.CACHE, SkipAction.REPEAT, SkipAction.RANDOM, SkipActio
 ROW_WISE_ACTIONS = [*ALL_ACTIONS, SkipAction.MATCH]
 
 #: A step's entry of at most this many bytes is read whole when its hit is decided, and served from
-#: what was read (a one-sample entry of the async role: about 20 KB).
-HIT_KEEP_BYTES = 64 << 10
+#: what was read: one confined walk to the entry a hit (a one-sample entry of the async role: about
+#: 20 KB; a debugging batch of 32 rows: about 80 KB).
+HIT_KEEP_BYTES = 256 << 10
 #: The actions whose calls list the run directory: the start-up clean-up's listing is kept for their first call.
 _LISTING_ACTIONS = frozenset({SkipAction.REPEAT, SkipAction.RANDOM, SkipAction.MATCH})
 
