@@ -267,7 +267,7 @@ def _object_ids(items: list[Any], column: np.ndarray | None) -> np.ndarray:
 
 #: Columns of at most this many rows find their distinct objects by a dict of ids rather than by
 #: ``np.unique`` over the ids (whose fixed cost is most of a small column's).
-_SMALL_COLUMN = 256
+_SMALL_COLUMN = 64
 
 
 def _item_digests(items: list[Any], column: np.ndarray | None = None) -> np.ndarray:
