@@ -18,6 +18,8 @@ from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
+import numpy.ctypeslib  # noqa: F401  (numpy imports these two on first use: in a call, otherwise;
+import numpy.ma  # noqa: F401  np.unique asks numpy.ma whether its input is masked)
 import torch
 import xxhash
 from tensordict import TensorDictBase, is_non_tensor
@@ -263,6 +265,11 @@ def _object_ids(items: list[Any], column: np.ndarray | None) -> np.ndarray:
     return np.fromiter(map(id, items), dtype=np.uint64, count=len(items))
 
 
+#: Columns of at most this many rows find their distinct objects by a dict of ids rather than by
+#: ``np.unique`` over the ids (whose fixed cost is most of a small column's).
+_SMALL_COLUMN = 64
+
+
 def _item_digests(items: list[Any], column: np.ndarray | None = None) -> np.ndarray:
     """The content digest of each item, each distinct object (by identity) computed once; a column
     seen before in the shared memo (the same objects in the same rows, or the same ``column``
@@ -270,8 +277,17 @@ def _item_digests(items: list[Any], column: np.ndarray | None = None) -> np.ndar
     known = _column_memo(column)
     if known is not None:
         return known[2]
-    ids = _object_ids(items, column)
     memo = _SHARED.get()
+    if memo is None and len(items) <= _SMALL_COLUMN:  # a hit's check: no memo to fill, few rows
+        by_id: dict[int, int] = {}
+        out = []
+        for item in items:  # the list holds every item: no id is reused meanwhile
+            digest = by_id.get(id(item))
+            if digest is None:
+                digest = by_id[id(item)] = _value_digest(item)
+            out.append(digest)
+        return np.array(out, dtype=np.uint64)
+    ids = _object_ids(items, column)
     key = ids.tobytes() if memo is not None else b""
     if memo is not None and key in memo:
         return memo[key][2]

@@ -6,6 +6,7 @@ so a call costs the same with ten entries as with ten thousand.
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -40,10 +41,12 @@ def load_candidates(action: SkipAction, step: int, listed: Iterable[int], seed: 
         return
     steps = sorted(set(listed))
     if action is SkipAction.REPEAT:
-        if step in steps:
+        below = bisect.bisect_left(steps, step)  # the steps are sorted: no pass over all of them
+        above = below + 1 if below < len(steps) and steps[below] == step else below
+        if above > below:
             yield step
-        yield from reversed([s for s in steps if s < step])
-        yield from (s for s in steps if s > step)
+        yield from reversed(steps[:below])
+        yield from steps[above:]
         return
     rng = random.Random(f"{seed}:{step}")
     pool = list(steps)

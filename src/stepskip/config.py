@@ -81,25 +81,23 @@ def _child(node: Any, key: str) -> Any:
         return _MISSING
     if isinstance(node, Mapping):
         return node.get(key, _MISSING)
-    try:
-        from omegaconf import DictConfig
-
-        if isinstance(node, DictConfig):
-            return node.get(key, _MISSING)
-    except ImportError:  # pragma: no cover - omegaconf is a runtime dependency
-        pass
+    omegaconf = _omegaconf()
+    if omegaconf is not None and isinstance(node, omegaconf.DictConfig):
+        return node.get(key, _MISSING)
     return getattr(node, key, _MISSING)
+
+
+def _omegaconf() -> Any:
+    """The omegaconf module when the program imported it, else None: only an imported omegaconf can
+    have made a config node, and importing it (with its parser) takes a tenth of a second."""
+    return sys.modules.get("omegaconf")
 
 
 def to_plain(node: Any) -> Any:
     """Turn an OmegaConf node, dataclass or attribute object into plain dicts and lists."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(node, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(node, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
+    omegaconf = _omegaconf()
+    if omegaconf is not None and isinstance(node, (omegaconf.DictConfig, omegaconf.ListConfig)):
+        return omegaconf.OmegaConf.to_container(node, resolve=True)
     if isinstance(node, SkipRoleConfig):
         return node
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
@@ -764,15 +762,11 @@ def disable_legacy_flag(config: Any, skip_config: SkipManagerConfig) -> None:
         DeprecationWarning,
         stacklevel=3,
     )
-    try:
-        from omegaconf import DictConfig, read_write
-
-        if isinstance(legacy, DictConfig):
-            with read_write(legacy):
-                legacy.enable = False
-            return
-    except ImportError:  # pragma: no cover
-        pass
+    omegaconf = _omegaconf()
+    if omegaconf is not None and isinstance(legacy, omegaconf.DictConfig):
+        with omegaconf.read_write(legacy):
+            legacy.enable = False
+        return
     if isinstance(legacy, dict):
         legacy["enable"] = False
     else:

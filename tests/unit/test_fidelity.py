@@ -402,3 +402,27 @@ def test_prompt_digest_reads_a_plain_cpu_tensor_without_torch_calls(monkeypatch)
     assert calls == [torch.bfloat16]
     monkeypatch.undo()
     assert prompt_digest(Batch.from_dict(tensors={"input_ids": ids.t().contiguous()}), []) == plain
+
+
+def test_small_and_large_columns_find_their_distinct_objects_alike(monkeypatch):
+    """Columns of few rows find their distinct objects by a dict of ids, larger ones by np.unique:
+    the digest is the same either way, for shared objects, equal copies and changed ones."""
+    import numpy as np
+
+    from stepskip import Batch
+    from stepskip import _fidelity
+
+    shared = [{"role": "user", "content": f"q{g}"} for g in range(4)]
+    column = np.empty(32, dtype=object)
+    column[:] = [shared[i // 8] for i in range(32)]
+    copies = np.empty(32, dtype=object)
+    copies[:] = [dict(shared[i // 8]) for i in range(32)]
+    changed = copies.copy()
+    changed[31] = {"role": "user", "content": "other"}
+    digests = {}
+    for small in (0, 1 << 20):
+        monkeypatch.setattr(_fidelity, "_SMALL_COLUMN", small)
+        digests[small] = [_fidelity.prompt_digest(Batch.from_dict(non_tensors={"messages": c}))
+                          for c in (column, copies, changed)]
+    assert digests[0] == digests[1 << 20]
+    assert digests[0][0] == digests[0][1] != digests[0][2]

@@ -8,6 +8,7 @@ inner entry) is the role's commit strategy (:mod:`stepskip._dumping.commit`).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import threading
@@ -74,6 +75,25 @@ class Dumper:
         #: Entry path -> the event set once its queued dump finished (written or failed).
         self.pending: dict[str, threading.Event] = {}
         self.lock = threading.Lock()
+
+    def prepare(self, dumps: bool) -> None:
+        """What a role's first call would otherwise pay for, done at its start-up: the codec imported
+        (with its modules and their libraries), its threads and (``dumps`` in the background) the
+        dump worker's started.
+
+        Only in a process that imported torch already: a program without it (a plain function
+        decorated, steps not cached) never loads torch through stepskip, whose codecs need it.
+        """
+        if "torch" not in sys.modules:
+            return
+        # the prompt digests of a hit's check and a miss's record, and a miss's hint tables
+        importlib.import_module("stepskip._fidelity")
+        importlib.import_module("stepskip._matching.hints")
+        start_threads = getattr(self.owner.format, "start_threads", None)
+        if start_threads is not None:
+            start_threads()
+        if dumps and self.owner.async_dump:
+            default_worker().start()
 
     def after_fork(self) -> None:
         """In a forked child: the parent's queued dumps are not this process's to wait for (no thread

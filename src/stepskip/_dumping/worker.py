@@ -120,6 +120,10 @@ class DumpWorker:
         """True inside a job: there, waiting for a queued job would wait for one that runs later."""
         return threading.current_thread() is self._thread
 
+    def start(self) -> None:
+        """Start the worker's thread now (a role's start-up) rather than in the first dump."""
+        self._ensure_started()
+
     def _ensure_started(self) -> None:
         if self._thread is not None and self._thread.is_alive():
             return

@@ -348,7 +348,7 @@ def _decode_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budge
     rows, width, bits_dtype = _trim_header(node, dtype, field)
     parts = {name: get(node[name]) for name in ("left", "right", "lval", "rval", "values")}
     for name, part in parts.items():
-        if part.is_nested or part.dim() != 1 or part.dtype not in _INTS | {torch.uint8}:
+        if part.is_nested or part.dim() != 1 or part.dtype not in _INTS:
             raise CorruptEntryError(f"{TREE}: {field}.{name}: a 1-D integer tensor is expected, "
                                     f"not {part.dtype} of shape {list(part.shape)}")
         if name != "values" and part.numel() != rows:
@@ -372,6 +372,9 @@ def _decode_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budge
     out = POOL.array((rows, width), target)
     if rows == 1:  # an entry per sample: the row's three slices
         _fill_rows(out.reshape(-1), width, left.tolist(), right.tolist(), lval.tolist(), rval.tolist(), values)
+    elif rows * width <= SMALL_FILL_ELEMENTS:
+        budget.charge(2 * rows * width, TREE, field)  # its two extra masks
+        _fill_small(out, width, left, right, lval, rval, values)
     elif rows:
         _fill_masked(out.reshape(-1), width, left, right, lval, rval, values, lambda n: budget.charge(
             n, TREE, field))
@@ -408,6 +411,41 @@ def _fill_rows(flat: Any, width: int, left: list[int], right: list[int], lval: l
         flat[middle:start + width] = r_value
         start += width
         taken += kept
+
+
+#: Trimmed tensors of at most this many elements are rebuilt by :func:`_fill_small`: a handful of
+#: whole-tensor numpy calls, where :func:`_fill_masked`'s blocks and run patterns cost ~0.1 ms of fixed
+#: work each (a debugging batch's tensors, where that fixed work was most of a hit). Its two extra
+#: masks, one byte per element each, are charged to the decode budget.
+SMALL_FILL_ELEMENTS = 1 << 16
+
+
+def _columns(width: int) -> np.ndarray:
+    """``arange(width)`` as a row, kept per width (a batch's tensors share a few widths)."""
+    columns = _COLUMNS.get(width)
+    if columns is None:
+        columns = np.arange(width, dtype=np.int64)[None, :]
+        columns.flags.writeable = False
+        if len(_COLUMNS) < 64:
+            _COLUMNS[width] = columns
+    return columns
+
+
+_COLUMNS: dict[int, np.ndarray] = {}
+
+
+def _fill_small(out: np.ndarray, width: int, left: np.ndarray, right: np.ndarray, lval: np.ndarray,
+                rval: np.ndarray, values: np.ndarray) -> None:
+    """Write a small trimmed [rows, width] tensor: each row's left value everywhere, its right value
+    from its right run on, then the middles by one mask. The caller checked the runs and values
+    (as for :func:`_fill_masked`)."""
+    columns = _columns(width)
+    right_start = (width - right)[:, None]
+    out[...] = lval[:, None]
+    np.copyto(out, rval[:, None], where=columns >= right_start)
+    keep = columns >= left[:, None]
+    keep &= columns < right_start
+    out[keep] = values
 
 
 #: Run patterns of a trimmed row, as :func:`_fill_masked` spells them: its left run, its middle, its right run.

@@ -359,6 +359,43 @@ def _forget_pools_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_pools_after_fork)
 
 
+#: The pools :func:`_parallel_map` uses: the background encoding's and the snapshot's.
+_POOL_NAMES = ("codec", "snapshot")
+_POOL_WORKERS = max(2, min(4, os.cpu_count() or 2))
+
+
+def _pool(name: str) -> ThreadPoolExecutor:
+    """The pool called ``name``, made on first use."""
+    executor = _POOLS.get(name)
+    if executor is None:
+        with _POOLS_LOCK:
+            executor = _POOLS.get(name)
+            if executor is None:
+                executor = _POOLS[name] = ThreadPoolExecutor(max_workers=_POOL_WORKERS,
+                                                             thread_name_prefix=f"stepskip-{name}")
+    return executor
+
+
+def start_pools() -> None:
+    """Start every thread of the codec and snapshot pools now (a role's start-up), not in a call.
+
+    A pool starts a thread per job while none is idle: each start on a loaded machine waits for
+    the scheduler, in the first hit or miss that hands work to the pool. Each thread is kept busy
+    until all have started, so that every job here starts a thread of its own.
+    """
+    for name in _POOL_NAMES:
+        executor = _pool(name)
+        started = threading.Event()
+        try:
+            futures = [executor.submit(started.wait) for _ in range(_POOL_WORKERS)]
+        except RuntimeError:  # the interpreter is shutting down: the calls run their items inline
+            return
+        finally:
+            started.set()
+        for future in futures:
+            future.result()
+
+
 def _parallel_map(fn: Callable[[Any], Any], items: list[Any], pool: str = "codec",
                   nbytes: int | None = None) -> list[Any]:
     """``map`` on a small thread pool (torch, numpy and zstd release the GIL); each item runs exactly once.
@@ -373,13 +410,7 @@ def _parallel_map(fn: Callable[[Any], Any], items: list[Any], pool: str = "codec
     """
     if len(items) < 2 or (nbytes is not None and nbytes < PARALLEL_MIN_BYTES):
         return [fn(item) for item in items]
-    executor = _POOLS.get(pool)
-    if executor is None:
-        with _POOLS_LOCK:
-            executor = _POOLS.get(pool)
-            if executor is None:
-                executor = _POOLS[pool] = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)),
-                                                             thread_name_prefix=f"stepskip-{pool}")
+    executor = _pool(pool)
     futures = []
     try:
         for item in items:
@@ -483,7 +514,7 @@ class _Decoder:
             raise CorruptEntryError(f"{TREE_FILE}: {field}.rows: {count} item indices are expected, "
                                     f"not {str(rows)[:60]!r}")
         self.budget.charge(16 * count, TREE_FILE, f"{field}.rows")  # the index, and the column's pointers
-        if any(type(i) is not int for i in rows):  # bools, floats, lists ...: damage, never an index
+        if not set(map(type, rows)) <= _INT_TYPE:  # bools, floats, lists ...: damage, never an index
             raise CorruptEntryError(f"{TREE_FILE}: {field}.rows: an item index that is not an integer")
         if count and (min(rows) < 0 or max(rows) >= len(items)):
             raise CorruptEntryError(f"{TREE_FILE}: {field}.rows: an item index outside the {len(items)} items")
@@ -580,6 +611,7 @@ class _Decoder:
 
 
 _NON_TENSOR_ROW_BYTES = 1024
+_INT_TYPE = frozenset({int})
 
 
 def _siblings(decoded: dict[str, Any], field: str) -> Callable[[str], Any]:
@@ -627,6 +659,11 @@ class SafeFormat:
 
     def __init__(self, compress: str = "auto") -> None:
         self.compress = compress
+
+    def start_threads(self) -> None:
+        """Start the threads big entries are encoded and decoded on (at a role's start-up, so that no
+        call waits for them)."""
+        start_pools()
 
     def freeze(self, value: Any, copy: bool) -> Frozen:
         """Take a snapshot of ``value``; with ``copy`` it shares no memory with the caller's objects.

@@ -12,6 +12,7 @@ back. Only names are reused: every candidate is still validated when it is chose
 
 from __future__ import annotations
 
+import bisect
 import re
 import threading
 import time
@@ -29,6 +30,10 @@ __all__ = ["LISTING_MAX_AGE", "StepListing", "step_names"]
 LISTING_MAX_AGE = 30.0
 #: The clock of :data:`LISTING_MAX_AGE` (a module attribute so tests can move it).
 _monotonic = time.monotonic
+#: At most this many resolved steps wait for their reads (calls in flight at once).
+_RESOLVED_MAX = 256
+#: A listing differing from the last one parsed in at most this many step names updates its steps.
+_UPDATED_MAX = 64
 _STEP_NAME = re.compile(r"0|[1-9][0-9]{0,18}", re.ASCII)
 _ODD_DIGITS = re.compile(r"\n0[0-9]|[0-9]{20}")  # a leading zero, or more digits than a step has
 
@@ -79,6 +84,10 @@ class StepListing:
     def reset(self) -> None:
         """A new run: nothing listed yet."""
         self.writes_seen = 0
+        #: call step -> the step a call's decision resolved to load (see :meth:`keep_resolved`)
+        self._resolved: dict[int, int] = {}
+        #: the directory, step names and steps of the last listing parsed (see :meth:`_parse`)
+        self._parsed: tuple[str, frozenset[str], tuple[int, ...]] | None = None
         self._steps: _Steps | None = None
         self._start_up: _StartUp | None = None
         self._runs: _Runs | None = None
@@ -91,6 +100,17 @@ class StepListing:
         with self.lock:
             self.writes_seen += 1
             self._steps = None
+
+    def keep_resolved(self, step: int, load_step: int) -> None:
+        """Keep the step a call at ``step`` resolved to load when its hit was decided, for the read
+        that follows (:meth:`take_resolved`): resolving again would list the directory again."""
+        if len(self._resolved) >= _RESOLVED_MAX:  # decisions whose read never came
+            self._resolved.clear()
+        self._resolved[step] = load_step
+
+    def take_resolved(self, step: int) -> int | None:
+        """The step kept for a call at ``step``, once (None when there is none)."""
+        return self._resolved.pop(step, None)
 
     def clean_up(self, path: str) -> None:
         """Remove the leftovers under the local directory ``path``; the listing the store takes for it
@@ -119,13 +139,35 @@ class StepListing:
                 and 0 <= _monotonic() - cached.at < LISTING_MAX_AGE):
             return list(cached.steps)
         listed_at, listed_mono = time.time_ns(), _monotonic()
-        parsed = (Layout.parse_step(name) for name in store.list_dir(path))
-        listed = sorted(s for s in parsed if s is not None)
+        listed = self._parse(path, store.list_dir(path))
         if settled(version, listed_at) and store.dir_version(path) == version:
             with self.lock:  # as wrote() changes them: no write of ours finished while we listed
                 if writes == self.writes_seen:
                     self._steps = _Steps(path, version, tuple(listed), listed_mono)
         return listed
+
+    def _parse(self, path: str, names: list[str]) -> list[int]:
+        """The steps named in ``names`` (a listing of ``path``), sorted. The names of the last listing
+        parsed and their steps are kept: a listing with the same step names (a directory touched,
+        a file beside the steps written) reuses its steps, one differing in a few names updates them;
+        2,000 names parsed and sorted cost ~0.3 ms, compared ~0.05 ms."""
+        digits = _step_names(names)
+        last = self._parsed
+        if last is not None and last[0] == path:
+            if last[1] == digits:
+                return list(last[2])
+            added, removed = digits - last[1], last[1] - digits
+            if len(added) + len(removed) <= _UPDATED_MAX:
+                steps = list(last[2])
+                for step in map(int, removed):
+                    del steps[bisect.bisect_left(steps, step)]
+                for step in map(int, added):
+                    bisect.insort(steps, step)
+                self._parsed = (path, digits, tuple(steps))
+                return steps
+        steps = sorted(map(int, digits))
+        self._parsed = (path, digits, tuple(steps))
+        return steps
 
     def runs(self, layout: Layout) -> dict[str, frozenset[str]]:
         """Run directory (with the role's subdirectory) -> the names of its step entries, for every run
@@ -165,6 +207,14 @@ class StepListing:
                 and writes == self.writes_seen):  # nothing changed while we listed, no write of ours finished
             self._runs = _Runs(writes, tuple(versions), listing, listed_mono)
         return listing
+
+
+def _step_names(names: list[str]) -> frozenset[str]:
+    """The names :meth:`Layout.parse_step` reads a step in (ASCII digits), by C-level passes."""
+    digits = frozenset(filter(str.isdigit, names))
+    if not "".join(digits).isascii():  # other scripts' digits name no step
+        digits = frozenset(name for name in digits if name.isascii())
+    return digits
 
 
 def step_names(names: list[str]) -> frozenset[str]:

@@ -62,8 +62,9 @@ ALL_ACTIONS = [SkipAction.CACHE, SkipAction.REPEAT, SkipAction.RANDOM, SkipActio
 ROW_WISE_ACTIONS = [*ALL_ACTIONS, SkipAction.MATCH]
 
 #: A step's entry of at most this many bytes is read whole when its hit is decided, and served from
-#: what was read (a one-sample entry of the async role: about 20 KB).
-HIT_KEEP_BYTES = 64 << 10
+#: what was read: one confined walk to the entry a hit (a one-sample entry of the async role: about
+#: 20 KB; a debugging batch of 32 rows: about 80 KB).
+HIT_KEEP_BYTES = 256 << 10
 #: The actions whose calls list the run directory: the start-up clean-up's listing is kept for their first call.
 _LISTING_ACTIONS = frozenset({SkipAction.REPEAT, SkipAction.RANDOM, SkipAction.MATCH})
 
@@ -257,6 +258,7 @@ class CachedRole(BaseSkip):
         if layered is not None:
             self._store = layered
         self.layered = layered is not None
+        self.dumper.prepare(dumps=self.action is not SkipAction.REPLAY)
 
     def clean_up(self, tree: Tree | None) -> None:
         """Remove what interrupted writers left in this role's entries once it is stale (at start-up).
@@ -376,16 +378,22 @@ class CachedRole(BaseSkip):
         elif action is SkipAction.REPEAT:
             # a damaged exact step is reported and regenerated, as under cache, not passed over for
             # another step in silence (a missing one is passed over, as verl's repeat does)
-            hit = not self._exact_step_damaged(step) and self.resolve_load_step(step) != -1
+            hit = not self._exact_step_damaged(step) and self._resolve_for_call(step) != -1
         else:
             self._refuse_unreadable(step)  # the exact step would be regenerated over: never
-            hit = self.resolve_load_step(step) != -1
+            hit = self._resolve_for_call(step) != -1
         if not hit:
             self.stats.add(misses=1)
             if not self.withheld or self.step_dump_dir(step) not in self.withheld:  # else logged as an outage
                 logger.info("%s miss: step %d has no usable entry under %s; generating and dumping it",
                             self.name, step, self.project_dump_dir)
         return hit
+
+    def _resolve_for_call(self, step: int) -> int:
+        """:meth:`resolve_load_step`, kept for this call's read (one listing of the directory a call)."""
+        load_step = self.resolve_load_step(step)
+        self.listing.keep_resolved(step, load_step)
+        return load_step
 
     def _exact_step_usable(self, step: int) -> bool:
         path = self.step_dump_dir(step)
@@ -462,7 +470,9 @@ class CachedRole(BaseSkip):
                 raise
             else:
                 return self._served(step, step, value, meta, time.perf_counter() - start, nbytes, prompts)
-        load_step = self.resolve_load_step(step)
+        load_step = self.listing.take_resolved(step)
+        if load_step is None or load_step == -1 or not self.entries.present(load_step):  # gone since: look again
+            load_step = self.resolve_load_step(step)
         if load_step == -1 and self.action is not SkipAction.RECORD:
             probe = self.reader.probe_settled(self.step_dump_dir(step))
             if probe.state is EntryStatus.PRESENT:

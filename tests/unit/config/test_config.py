@@ -805,3 +805,16 @@ def test_legacy_flag_absent_section() -> None:
 def test_numpy_bool_enable_rejected() -> None:
     with pytest.raises(SkipConfigError, match=r"skip\.rollout\.enable"):
         RolloutSkipConfig(enable=np.bool_(True))
+
+
+def test_a_plain_dict_config_does_not_import_omegaconf(tmp_path):
+    """Only an imported omegaconf can have made a config node: ``init`` with plain dicts leaves it
+    unimported (its import, with its grammar's parser, took 0.1-0.2 s of every start-up)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom stepskip import SkipManager\n"
+            "SkipManager.init({'skip': {'rollout': {'enable': True, 'steps': 'all', 'dump_dir': sys.argv[1]}}})\n"
+            "print('omegaconf' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr

@@ -107,6 +107,7 @@ def test_many_rows_rebuild_every_run_value(monkeypatch, mask_elements, odd_run_e
     way gives the tensor back."""
     from stepskip._formats import compact
 
+    monkeypatch.setattr(compact, "SMALL_FILL_ELEMENTS", 0)  # every size through the blocks
     if odd_run_elements is not None:
         monkeypatch.setattr(compact, "_ODD_RUN_ELEMENTS", odd_run_elements)
     if mask_elements is not None:
@@ -119,6 +120,47 @@ def test_many_rows_rebuild_every_run_value(monkeypatch, mask_elements, odd_run_e
         assert out.dtype == dtype and torch.equal(bits(out), bits(tensor)), (rows, width, own_runs, dtype)
 
 
+@pytest.mark.parametrize("rows,width,own_runs", [(2, 3, 2), (64, 513, 0), (64, 513, 5), (300, 6, 300),
+                                                 (40, 1024, 40), (5, 2, 0)])
+def test_small_tensor_fill_rebuilds_every_run_value(monkeypatch, rows, width, own_runs):
+    """The whole-tensor fill small tensors take (each row's left value, its right run, the middles by
+    one mask) gives back every run value and middle, at any size it is allowed."""
+    from stepskip._formats import compact
+
+    monkeypatch.setattr(compact, "SMALL_FILL_ELEMENTS", 1 << 40)
+    calls: list[int] = []
+    real = compact._fill_small
+    monkeypatch.setattr(compact, "_fill_small", lambda out, *rest: calls.append(out.size) or real(out, *rest))
+    t = position_like(rows, width, own_runs, seed=rows + width)
+    for dtype in (torch.int64, torch.int16, torch.float32):
+        tensor = t.to(dtype)
+        out, node = round_trip(tensor)
+        assert node["enc"] == "trim", node
+        assert out.dtype == dtype and torch.equal(bits(out), bits(tensor)), (rows, width, own_runs, dtype)
+    assert calls == [rows * width] * 3
+
+
+def test_small_tensor_fill_charges_its_masks():
+    """A small trimmed tensor's fill charges its two extra masks to the decode budget before making them."""
+    from stepskip.errors import DecodeLimitError
+    from stepskip._formats import compact
+    from stepskip._formats.bounds import DecodeBudget
+
+    t = position_like(16, 200, 16, seed=3)
+    table: dict[str, torch.Tensor] = {}
+
+    def add(part):
+        table[f"r{len(table)}"] = part
+        return f"r{len(table) - 1}"
+
+    node = encode_tensor(t, add)
+    first = 16 * 200 * (8 + 1) + 16 * compact._RUN_ROW_BYTES
+    with pytest.raises(DecodeLimitError):
+        decode_tensor(node, dict(table).__getitem__, None, DecodeBudget(first + 2 * 16 * 200 - 1, "test"))
+    assert torch.equal(decode_tensor(node, dict(table).__getitem__, None,
+                                     DecodeBudget(first + 2 * 16 * 200, "test")), t)
+
+
 def test_masked_runs_are_charged_before_they_are_listed(monkeypatch):
     """The second masked pass lists every run value: the decode budget is charged for them first."""
     from stepskip.errors import DecodeLimitError
@@ -126,6 +168,7 @@ def test_masked_runs_are_charged_before_they_are_listed(monkeypatch):
     from stepskip._formats.bounds import DecodeBudget
 
     monkeypatch.setattr(compact, "_ODD_RUN_ELEMENTS", 10**9)
+    monkeypatch.setattr(compact, "SMALL_FILL_ELEMENTS", 0)  # the block fill, whose second pass lists the runs
     t = position_like(16, 200, 16, seed=3)
     table: dict[str, torch.Tensor] = {}
 

@@ -155,3 +155,60 @@ def test_the_first_call_of_a_run_takes_the_start_up_listing(tmp_path, monkeypatc
         (run / "5").mkdir()
     assert skip.listed_steps() == ([1, 3, 5] if changed else [1, 3])
     assert len(calls) == (1 if changed else 0)
+
+
+@pytest.mark.parametrize("action", ["repeat", "random"])
+def test_a_call_lists_a_changing_directory_once(tmp_path, monkeypatch, action):
+    """A call whose directory cannot be reused (changed just now) lists it once: the step its hit was
+    decided on is the step it reads, not resolved (and listed) again."""
+    _recorded(tmp_path, [2, 4])
+    SkipManager.reset()
+    SkipManager.init(training_config(tmp_path, steps="all", action=action))
+    skip = SkipManager.skip_instances["rollout"]
+    _age(run_path(tmp_path), -3600)
+    calls = _count_listings(monkeypatch, skip)
+    SkipManager.set_step(3)
+    out = Loop().generate_sequences(Batch.from_dict(non_tensors={"uid": ["a", "b"]}))
+    assert out.batch["x"].equal(torch.ones(2, 3))
+    assert SkipManager.stats()["skip/rollout/hits"] == 1
+    assert len(calls) == 1, calls
+
+
+def test_the_step_decided_on_is_read_unless_it_went_meanwhile(tmp_path):
+    """The read takes the step the decision resolved while that step's entry is there; one removed
+    in between is resolved again (the next candidate is read)."""
+    import shutil
+
+    skip = _recorded(tmp_path, [2, 4])
+    SkipManager.set_step(5)
+    assert skip.meet_precondition(5)  # repeat: step 4
+    shutil.rmtree(run_path(tmp_path) / "4")
+    out = skip.warp_function(5, None, Batch.from_dict(non_tensors={"uid": ["a", "b"]}))
+    assert out.batch["x"].equal(torch.ones(2, 3))
+    assert SkipManager.stats()["skip/rollout/hits"] == 1
+    assert skip.listing.take_resolved(5) is None  # taken by the read
+
+
+def test_parsed_step_names_are_updated_as_a_fresh_parse_would_read_them():
+    """A listing that differs from the last one parsed in a few names (another writer's entry, a
+    removed one) updates the kept steps; the result is always what parsing every name gives."""
+    import random
+
+    from stepskip._layout import Layout
+    from stepskip._reading.listing import StepListing
+
+    listing = StepListing(lambda: None)
+    rng = random.Random(0)
+    names = [str(i) for i in range(300)] + ["03", "x", ".tmp-1", "\u0663"]
+    for _ in range(300):
+        for _ in range(rng.randrange(0, 5)):
+            if rng.random() < 0.5 and names:
+                names.pop(rng.randrange(len(names)))
+            else:
+                names.append(rng.choice([str(rng.randrange(400)), "0" + str(rng.randrange(50)), "y"]))
+        names = list(dict.fromkeys(names))
+        if rng.random() < 0.05:  # a different listing altogether
+            names = [str(i) for i in range(rng.randrange(200))]
+        expected = sorted(s for s in map(Layout.parse_step, names) if s is not None)
+        assert listing._parse("/run", names) == expected
+    assert listing._parse("/other", ["7", "1"]) == [1, 7]
