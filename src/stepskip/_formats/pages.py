@@ -125,7 +125,7 @@ class PagePool:
 
         Example:
             >>> POOL.buffer(16) is None, len(POOL.buffer(POOL.min_bytes))
-            (True, 4194304)
+            (True, 262144)
         """
         if size < self.min_bytes:
             return None

@@ -18,7 +18,6 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, ClassVar
 
 from stepskip._dumping.commit import Commit, EntryCommit
@@ -43,11 +42,12 @@ from stepskip.config import ROLLOUT_ROLES, SkipRoleConfig
 from stepskip._entries import FormatSpec, legacy_format, storage_format
 from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError, StoreUnavailableError
 from stepskip._identity import RunIdentity, fingerprint_of
-from stepskip._layout import Layout, is_url
+from stepskip._layout import Layout
 from stepskip._drift import DriftLog, Recorded
 from stepskip._policies import SkipAction
 from stepskip._resolve import EXACT_ACTIONS, load_candidates
 from stepskip._retention import RETENTION_STAT_NAMES, Retention, start_read_only
+from stepskip.roles._verl_names import VerlNames
 from stepskip.roles.base import BaseSkip, RunContext
 from stepskip._stats import COMPARE_STAT_NAMES, RoleStats
 from stepskip._tracker import offer_samples
@@ -88,7 +88,7 @@ _ROLES: weakref.WeakSet[CachedRole] = weakref.WeakSet()
 os.register_at_fork(after_in_child=_forget_dumps_after_fork)
 
 
-class CachedRole(BaseSkip):
+class CachedRole(VerlNames, BaseSkip):
     """Base of every role that records results to a cache and replays them.
 
     Subclasses say what one cached unit is, by the collaborators they pass; the base decides every
@@ -646,53 +646,3 @@ class CachedRole(BaseSkip):
         """
         step = load_step if step is None else step
         return self.reader.read(self.step_dump_dir(load_step), step, load_step, prompts)
-
-    # ------------------------------------------------------------------ verl's names (its tests and trainer use them)
-
-    def _path(self, path: str) -> Any:
-        return path if is_url(path) else Path(path)
-
-    def _get_project_dump_dir(self) -> Any:
-        return self._path(self.project_dump_dir)
-
-    def _get_step_dump_dir(self, step: int) -> Any:
-        return self._path(self.step_dump_dir(step))
-
-    def _check_valid_step_path(self, path: Any) -> bool:
-        return self.reader.probe(str(path)).state is EntryStatus.PRESENT
-
-    def _get_available_steps(self) -> list[int]:
-        return self.available_steps()
-
-    def _find_latest_step(self, step: int) -> int:
-        for candidate in load_candidates(SkipAction.REPEAT, step, self.listed_steps()):
-            if self.entries.present(candidate):
-                return candidate
-        return -1
-
-    @property
-    def exp_name(self) -> str:
-        return self.layout.experiment_name
-
-    @property
-    def project_name(self) -> str:
-        return self.layout.project_name
-
-    @property
-    def gbs(self) -> int:
-        return self.layout.gbs
-
-    @property
-    def n(self) -> int:
-        return self.layout.n
-
-    @property
-    def prompt_len(self) -> int:
-        return self.layout.prompt_len
-
-    @property
-    def response_len(self) -> int:
-        return self.layout.response_len
-
-    prompt_length = prompt_len
-    response_length = response_len
