@@ -18,7 +18,7 @@ from stepskip._reading.classify import EntryStatus
 from stepskip._reading.reader import seconds_of
 from stepskip._calls import CURRENT_CALL, added_columns
 from stepskip._storage.layered import origin_of
-from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError, UnreadableEntryError
+from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError, StoreUnavailableError, UnreadableEntryError
 from stepskip._policies import MatchN
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ class Matcher:
         from stepskip._fidelity import prompt_row_digests
 
         owner = self.owner
+        if owner.withheld:  # a new call of the step: whether its store answers is decided afresh
+            owner.withheld.forget(owner.step_dump_dir(step))
         try:
             digests = prompt_row_digests(prompts, owner.rebind_keys)
         except ValueError as err:
@@ -99,6 +101,10 @@ class Matcher:
                 value, meta, _, size = reader.read(path, step, -1)
             except UnreadableEntryError:
                 raise  # intact but not readable here: said, never regenerated over
+            except StoreUnavailableError as err:  # not served, and not written over if it is the step's own
+                owner.entry_unavailable(step, path, str(err.__cause__ or err))
+                dropped.append(path)
+                continue
             except CacheMissError as err:  # damaged (counted by the read), vanished, of other settings now
                 logger.warning("%s match: %s; generating its %d prompt groups", owner.name, err,
                                len(set(wanted.values())))
@@ -252,8 +258,17 @@ class Matcher:
         info = CURRENT_CALL.get()
         seconds = info.generation_seconds if info is not None else None
         to_write, digests = merged, list(split.digests)
+        if owner.withheld and owner.withheld.release(path):
+            logger.warning("%s match: step %d not dumped: the store did not answer for its entry at %s, which may "
+                           "be valid and is left as it is", owner.name, step, path)
+            return
         # the step recorded other prompts before: keep them (unless this call found that entry damaged)
-        if path not in split.damaged and owner.reader.probe(path).state is EntryStatus.PRESENT:
+        probe = None if path in split.damaged else owner.reader.probe(path)
+        if probe is not None and probe.state is EntryStatus.UNAVAILABLE:
+            owner.entry_unavailable(step, path, probe.reason)
+            owner.withheld.release(path)
+            return
+        if probe is not None and probe.state is EntryStatus.PRESENT:
             try:
                 existing, meta, _, _ = owner.load_entry(step)
                 recorded = meta.get("row_prompts")
@@ -267,6 +282,10 @@ class Matcher:
                                                                            *added_columns(subset)])
             except UnreadableEntryError:
                 raise  # intact but not readable here: never regenerated over
+            except StoreUnavailableError as err:  # what it holds is not known: neither kept nor written over
+                owner.entry_unavailable(step, path, str(err.__cause__ or err))
+                owner.withheld.release(path)
+                return
             except CacheMissError as err:  # damaged (counted) or vanished: the live batch replaces it
                 logger.warning("%s match: step %d's entry is not kept (%s); writing this call's rows", owner.name,
                                step, err)

@@ -18,7 +18,7 @@ from stepskip._matching.batches import PromptIndex
 from stepskip._matching.index import HINTED_FROM, MatchIndex, step_of
 from stepskip._reading.classify import EntryStatus, root_state
 from stepskip._reading.reader import seconds_of
-from stepskip.errors import CacheMissError, SkipConfigError
+from stepskip.errors import CacheMissError, SkipConfigError, StoreUnavailableError
 from stepskip._layout import Layout
 from stepskip._manifest import resolve_step
 from stepskip._policies import MatchN
@@ -289,6 +289,10 @@ class StepMatcher:
                 recorded = meta.get("row_prompts")
                 if not isinstance(recorded, list):
                     raise CacheMissError(f"{path} no longer records the prompts of its trajectories")
+            except StoreUnavailableError as err:  # not served; the step it is part of is not recorded over
+                owner.entry_unavailable(step, path, str(err.__cause__ or err))
+                logger.warning("%s match: submitting the %d prompts of %s to rollout", owner.name, len(rows), path)
+                continue
             except CacheMissError as err:  # damaged, vanished or replaced since indexed: generate those prompts
                 logger.warning("%s match: %s; submitting its %d prompts to rollout", owner.name, err, len(rows))
                 self.index.forget([path])

@@ -204,12 +204,15 @@ class StepComparer(Comparer):
         for _, probe in probed:
             if probe.state.kept:
                 raise owner.reader.unreadable(probe.reason)
+        owner.withhold_unavailable(step, probed)  # nothing to compare with; the step is not recorded over
         damage: tuple[str, str] | None = None
         if complete(probed):
             try:
                 compared = self._read_step(step, prompts)
             except CorruptEntryError as err:  # counted by the read
                 damage = (owner.step_dump_dir(step), str(err))
+            except StoreUnavailableError as err:  # the step is not recorded over
+                owner.entry_unavailable(step, owner.step_dump_dir(step), str(err.__cause__ or err))
             except CacheMissError as err:
                 logger.info("%s compare: step %d not compared (%s)", owner.name, step, err)
             else:

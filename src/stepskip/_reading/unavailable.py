@@ -30,6 +30,9 @@ class Withheld:
         >>> withheld.mark(3, "/d/run/3", "ReadTimeoutError")
         >>> "/d/run/3" in withheld, withheld.release("/d/run/3"), "/d/run/3" in withheld
         (True, True, False)
+        >>> withheld.mark(4, "/d/run/4/1", "ReadTimeoutError")
+        >>> withheld.under("/d/run/4"), withheld.under("/d/run/44")
+        (True, False)
     """
 
     __slots__ = ("owner", "_paths")
@@ -59,6 +62,16 @@ class Withheld:
     def forget(self, path: str) -> None:
         """A new call at the step of ``path``: whether its store answers is decided afresh."""
         self._paths.discard(path)
+
+    def under(self, directory: str) -> bool:
+        """Whether an entry at or below ``directory`` is withheld (a V1 step: any of its inner entries)."""
+        prefix = directory.rstrip("/") + "/"
+        return any(p == directory or p.startswith(prefix) for p in self._paths)
+
+    def forget_under(self, directory: str) -> None:
+        """A new call of the step at ``directory``: whether the store answers for its entries is decided afresh."""
+        prefix = directory.rstrip("/") + "/"
+        self._paths = {p for p in self._paths if p != directory and not p.startswith(prefix)}
 
     def release(self, path: str) -> bool:
         """Whether the result generated for the entry at ``path`` must not be written (it is then forgotten)."""

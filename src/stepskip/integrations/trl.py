@@ -39,7 +39,7 @@ from stepskip._reading.classify import EntryStatus
 from stepskip._reading.reader import seconds_of
 from stepskip._content import ContentSources
 from stepskip._storage.layered import origin_of
-from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError
+from stepskip.errors import CacheMissError, CorruptEntryError, ReplayMissError, SkipConfigError, StoreUnavailableError
 from stepskip._identity import RunIdentity
 from stepskip.integrations._trl_config import TrlGenerateConfig
 from stepskip._manager import SkipManager
@@ -240,6 +240,8 @@ class TrlGenerateSkip(CachedRole):
         """
         call = _CALL.get()
         path = self.step_dump_dir(step)
+        if self.withheld:
+            self.withheld.forget(path)
         if self.action is SkipAction.RECORD:
             self.stats.add(misses=1)  # every call generates: each is a miss
             return False  # every rank has the same action: no need to ask
@@ -276,10 +278,17 @@ class TrlGenerateSkip(CachedRole):
                 raise self.reader.unreadable(probe.reason)
             if probe.state is EntryStatus.DAMAGED:
                 self.reader.report_corrupt(step, path, probe.reason)
+            elif probe.state is EntryStatus.UNAVAILABLE:
+                if self.action is SkipAction.REPLAY:  # read with the reader's retries: raises if it stays down
+                    return _Attempt(_HIT, step, self._load(step, step, args, kwargs))
+                self.entry_unavailable(step, path, probe.reason)  # a miss, its result not written over the entry
             load_step = self.resolve_load_step(step)
             if load_step == -1:
                 return _Attempt(_MISS)
             return _Attempt(_HIT, load_step, self._load(step, load_step, args, kwargs))
+        except StoreUnavailableError as err:  # retried first under replay, where it fails the call on every rank
+            self.entry_unavailable(step, path, str(err.__cause__ or err))
+            return _Attempt(_ERROR, error=err) if self.action is SkipAction.REPLAY else _Attempt(_MISS)
         except CacheMissError:  # damaged (counted by the reader), vanished, or a fingerprint to regenerate
             return _Attempt(_MISS)
         except Exception as err:  # raised after the collective, on every rank

@@ -37,7 +37,7 @@ from stepskip._reading.reader import prompt_digest, seconds_of
 from stepskip._reading.steps import V1Steps, complete
 from stepskip._storage.layered import Origin, origin_of
 from stepskip.config import RolloutTqSkipConfig, select
-from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError
+from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError, StoreUnavailableError
 from stepskip._layout import Layout
 from stepskip._manifest import StepRoot
 from stepskip._policies import SkipAction
@@ -142,12 +142,14 @@ class RolloutTqSkip(RolloutSkip):
 
     def meet_precondition(self, step: int, *args: Any, **kwargs: Any) -> bool:
         action = self.action
+        self.forget_withheld(step)
         if action is SkipAction.RECORD:
             hit = False
         elif action is SkipAction.REPLAY:
             return True
         else:
             probed = self.entries.probed(step)
+            self.withhold_unavailable(step, probed)
             for path, probe in probed:
                 if probe.state.kept:
                     raise self.reader.unreadable(probe.reason)  # the step would be re-recorded over it: never
@@ -157,14 +159,33 @@ class RolloutTqSkip(RolloutSkip):
             hit = complete(probed) if action is SkipAction.CACHE else self.has_v1_cache(step)
         if not hit:
             self.stats.add(misses=1)
-            logger.info("%s miss: step %d has no complete entry under %s; generating and dumping it",
-                        self.name, step, self.project_dump_dir)
+            if not self.step_withheld(step):  # else logged as an outage
+                logger.info("%s miss: step %d has no complete entry under %s; generating and dumping it",
+                            self.name, step, self.project_dump_dir)
         return hit
+
+    def forget_withheld(self, step: int) -> None:
+        """A new submit phase of ``step``: whether its store answers is decided afresh."""
+        if self.withheld:
+            self.withheld.forget_under(self.step_dump_dir(step))
+
+    def withhold_unavailable(self, step: int, probed: list[tuple[str, Any]]) -> None:
+        """Mark the inner entries of ``step`` the store did not answer for: the step is then not recorded
+        over (:meth:`should_save`) until its next submit phase."""
+        for path, probe in probed:
+            if probe.state is EntryStatus.UNAVAILABLE:
+                self.entry_unavailable(step, path, probe.reason)
+
+    def step_withheld(self, step: int) -> bool:
+        """Whether the store did not answer for an entry of ``step`` during its current call."""
+        return bool(self.withheld) and self.withheld.under(self.step_dump_dir(step))
 
     def should_save(self, step: int, partition_id: str | None = "train") -> bool:
         """True when a train-partition sample of ``step`` must be written (no complete cache yet; never under
         ``read_only``)."""
         if partition_id != "train" or self.config.read_only:
+            return False
+        if self.step_withheld(step):  # an inner entry may be valid: the step is never recorded over unseen
             return False
         with self.step_commit.lock:
             record = self.step_commit.records.get(step)
@@ -219,7 +240,12 @@ class RolloutTqSkip(RolloutSkip):
             raise
 
     def begin_recording(self, step: int, prompts: Any = None) -> None:
-        """The submit phase's miss: the step's samples are to be saved as they are drawn."""
+        """The submit phase's miss: the step's samples are to be saved as they are drawn (not while the store
+        did not answer for one of its entries: :meth:`should_save`)."""
+        if self.step_withheld(step):
+            logger.warning("%s: step %d is not recorded: the store did not answer for one of its entries, which "
+                           "may be valid and is left as it is", self.name, step)
+            return
         digest = prompt_digest(prompts, self.rebind_keys) if prompts is not None else None
         uid_prompts = self.uid_prompts_of(prompts)
         with self.step_commit.lock:  # a damaged cached step must be overwritten, not kept
@@ -312,12 +338,18 @@ class RolloutTqSkip(RolloutSkip):
         """
         load_step, where = self._resolve_root(step)
         if where is None and self.action is SkipAction.REPLAY:  # say why: damaged and unreadable are not missing
+            awaited = False
             for path, probe in self.entries.probed(step):
                 if probe.state.kept:
                     raise self.reader.unreadable(probe.reason)
                 if probe.state is EntryStatus.DAMAGED:
                     self.reader.report_corrupt(step, path, probe.reason)
                     raise CorruptEntryError(f"{self.name}: step {step} at {path} is damaged: {probe.reason}")
+                if probe.state is EntryStatus.UNAVAILABLE:
+                    self._await_store(step, path)
+                    awaited = True
+            if awaited:  # the store answered every retried read: the step is looked at again
+                load_step, where = self._resolve_root(step)
         if where is None:
             raise CacheMissError(
                 f"{self.name}: no complete V1 entry for step {step} under {self.project_dump_dir} "
@@ -331,7 +363,11 @@ class RolloutTqSkip(RolloutSkip):
         origin: Origin | None = None
         for inner in range(self.parameter_sync_step):
             path = Layout.inner_path(where.root, inner)
-            payload, meta, _, size = self.reader.read(path, step, load_step, prompts if inner == 0 else None)
+            try:
+                payload, meta, _, size = self.reader.read(path, step, load_step, prompts if inner == 0 else None)
+            except StoreUnavailableError as err:  # retried first under replay
+                self.entry_unavailable(step, path, str(err.__cause__ or err))
+                raise
             problem = payload_problem(payload)  # checksums prove the bytes, not that they are a V1 payload
             if problem is not None:
                 self.reader.report_corrupt(step, path, problem)
@@ -382,6 +418,21 @@ class RolloutTqSkip(RolloutSkip):
                     self.step_dump_dir(load_step) if origin is None else origin.describe(Layout.step_dir_of(origin.path)),
                     len(new_keys), len(new_prompt_uids), sessions, nbytes, seconds)
 
+    def _await_store(self, step: int, path: str) -> None:
+        """Under ``replay``: read the inner entry at ``path`` the store did not answer for, with the reader's
+        bounded retries; it returns once the store answers.
+
+        Raises:
+            StoreUnavailableError: it never did (the error names the store's own).
+        """
+        try:
+            self.reader.read(path, step, step)
+        except StoreUnavailableError as err:
+            self.entry_unavailable(step, path, str(err.__cause__ or err))
+            raise
+        except CacheMissError:
+            pass  # it answered: what the step holds is decided by the resolve that follows
+
     def was_replayed(self, step: int) -> bool:
         """True when the submit phase of ``step`` was served from the cache whole (nothing was generated)."""
         return step in self.replayed_steps
@@ -397,6 +448,7 @@ class RolloutTqSkip(RolloutSkip):
         Raises:
             UnreadableEntryError: an inner entry is intact but cannot be read here (never recorded over).
         """
+        self.forget_withheld(step)
         self.comparer.submit(step, prompts)
 
     def compare_sample(self, step: int, sampled: Any) -> None:
@@ -427,6 +479,7 @@ class RolloutTqSkip(RolloutSkip):
         Raises:
             SkipConfigError: the batch has no rows or no ``uid`` column.
         """
+        self.forget_withheld(step)
         return self.step_matcher.inject(step, prompts, partition_id)
 
     def inject_extra(self, step: int, prompts: Any, partition_id: str = "train") -> Any:
