@@ -5,7 +5,7 @@
 # one pytest process keeps about one core busy. Two legs run side by side, each its own pytest
 # process with its own temporary directories:
 #   ray  - every test that starts Ray or TransferQueue (pipelines, tq, cluster, verl_real) and verl_env, one
-#          after another, so that two Ray clusters never start at once, then the browser tests (view),
+#          after another, so that two Ray clusters never start at once, then TRL's trainer runs (trl),
 #          which balance the two legs' time; its output is shown live;
 #   rest - mypy, the docs site built strictly (mkdocs.yml), the other integration tests, tests/unit,
 #          then tests/unit under verl's tensordict 0.10 (when UNIT_TD010 is set); its output is shown
@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export STEPSKIP_VERL_PYTHON=${VERL_PY:-}
 RAY_TESTS=(tests/integration/pipelines tests/integration/tq tests/integration/cluster tests/integration/verl_real tests/integration/verl_env
-           tests/integration/view)
+           tests/integration/trl)
 # the rest as one tree with the Ray directories left out: collected directory by directory, as a
 # whole-suite run does
 REST_TESTS=(tests/integration)
