@@ -27,7 +27,15 @@ def make_rollout_batch(rows: int, prompt_len: int, response_len: int, n: int = 8
         >>> batch = make_rollout_batch(16, 8, 12, n=4)
         >>> batch.batch["input_ids"].shape, batch.non_tensor_batch["uid"][:2].tolist() == [batch["uid"][0]] * 2
         (torch.Size([16, 20]), True)
+
+    Raises:
+        ValueError: a size below 1, or ``min_fill`` outside (0, 1].
     """
+    for name, value in (("rows", rows), ("prompt_len", prompt_len), ("response_len", response_len), ("n", n)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"make_rollout_batch: {name} = {value!r}; expected an int of at least 1")
+    if not 0 < min_fill <= 1:
+        raise ValueError(f"make_rollout_batch: min_fill = {min_fill!r}; expected a share in (0, 1]")
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     prompt_real = torch.randint(max(1, int(min_fill * prompt_len)), prompt_len + 1, (rows // n + 1,), generator=gen)
