@@ -16,7 +16,7 @@ from stepskip.cli.errors import CliError
 from stepskip.config import StepSet
 from stepskip.errors import SkipConfigError
 from stepskip._index import CacheIndex, Issue, IssueKind, NotACacheError, RunDir, StepDir
-from stepskip._layout import RUN_DIR
+from stepskip._layout import RUN_DIR, Layout
 
 __all__ = ["PrunePlan", "apply_prune", "parse_duration", "parse_steps", "plan_prune", "protected_issues",
            "retire_steps"]
@@ -181,6 +181,9 @@ def retire_steps(index: CacheIndex, steps: list[StepDir]) -> list[str]:
     """Remove step directories, each at once (:meth:`CacheIndex.retire`: renamed away, then deleted, on
     local stores; commit points first on object stores), as ``stepskip prune`` and in-run retention do.
 
+    The drift records of a removed step (``action: compare``'s reports, beside the steps) go with it, so
+    they do not accumulate over a long run's retention.
+
     Returns:
         The removed paths (a step that became a link since it was scanned is left, with a warning).
     """
@@ -192,4 +195,20 @@ def retire_steps(index: CacheIndex, steps: list[StepDir]) -> list[str]:
             logger.warning("not removed: %s", err)
             continue
         removed.append(step.path)
+    _retire_drift_records(index, removed)
     return removed
+
+
+def _retire_drift_records(index: CacheIndex, step_paths: list[str]) -> None:
+    """Remove the drift records of the removed steps: one listing per directory of records."""
+    by_dir: dict[str, set[str]] = {}
+    for path in step_paths:
+        by_dir.setdefault(Layout.drift_dir_of(path), set()).add(path.rstrip("/").rpartition("/")[2])
+    for where, steps in by_dir.items():
+        for name in index.store.list_dir(where):
+            step = name.removesuffix(".json").partition("-")[0]
+            if name.endswith(".json") and step in steps:
+                try:
+                    index.retire(f"{where}/{name}")
+                except NotACacheError as err:  # a link planted among the records: left, never followed
+                    logger.warning("not removed: %s", err)

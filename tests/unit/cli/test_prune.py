@@ -56,3 +56,24 @@ def test_prune_by_count_age_and_steps(copy_cache, capsys):
         index = CacheIndex(str(dump))
         report = verify_runs(index, index.runs())
         assert report.clean, report.problems
+
+
+def test_prune_takes_the_drift_records_of_the_steps_it_removes(copy_cache, tmp_path):
+    dump = copy_cache("drift")
+    records = dump / SAFE_RUN / ".stepskip-drift"
+    records.mkdir()
+    for name in ("1.json", "2.json", "10.json", "2-c0-r0.json", "notes.txt"):
+        (records / name).write_text("{}")
+    outside = tmp_path / "outside.json"
+    outside.write_text("{}")
+    (records / "3.json").symlink_to(outside)  # a link planted among the records: never followed
+
+    result = stepskip("prune", dump / SAFE_RUN, "--steps", "1-3")
+
+    assert result.code == 0, result
+    assert steps_of(dump / SAFE_RUN) == [s for s in ROLLOUT_STEPS if s > 3]
+    assert sorted(os.listdir(records)) == ["10.json", "3.json", "notes.txt"]
+    assert outside.read_text() == "{}"
+    index = CacheIndex(str(dump))
+    report = verify_runs(index, index.runs())
+    assert report.clean, report.problems
