@@ -32,7 +32,7 @@ rest_failed="$rest_log.failed"
     docs_site=$(mktemp -d -t stepskip-docs-site.XXXXXX)
     NO_MKDOCS_2_WARNING=1 "$PY" -m mkdocs build --strict --quiet --site-dir "$docs_site" || failed+=("docs (mkdocs build --strict)")
     rm -rf "$docs_site"
-    "$PY" -m pytest -q -p no:cacheprovider "${REST_TESTS[@]}" || failed+=("tests/integration (without Ray)")
+    "$PY" -m pytest -q -p no:cacheprovider --durations=10 "${REST_TESTS[@]}" || failed+=("tests/integration (without Ray)")
     "$PY" -m pytest -q -p no:cacheprovider tests/unit || failed+=(tests/unit)
     if [ -n "${UNIT_TD010:-}" ]; then
         bash -c "$UNIT_TD010" || failed+=("tests/unit under tensordict 0.10")
@@ -43,7 +43,7 @@ rest=$!
 trap 'kill -- -$rest 2>/dev/null; kill $rest 2>/dev/null' INT TERM
 
 echo "== leg ray: ${RAY_TESTS[*]} (the other leg runs beside it; its output follows)"
-"$PY" -m pytest -q "${RAY_TESTS[@]}"
+"$PY" -m pytest -q --durations=15 "${RAY_TESTS[@]}"
 ray_status=$?
 wait $rest
 echo "== leg rest: mypy, docs, tests/integration ${REST_TESTS[*]:1}, tests/unit${UNIT_TD010:+, tests/unit under tensordict 0.10}"
