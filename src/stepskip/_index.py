@@ -273,7 +273,10 @@ class StepDir:
 
     @property
     def kept(self) -> bool:
-        """Holds an entry no command may remove (unsupported format, unreadable)."""
+        """Holds an entry no command may remove (unsupported format, unreadable, not answered for by the store),
+        or its manifest is such."""
+        if self.problem is not None and self.problem.kind in (IssueKind.UNSUPPORTED, IssueKind.UNAVAILABLE):
+            return True
         return any(e.kept for e in self.entries)
 
     def issues(self) -> list[Issue]:
@@ -795,6 +798,9 @@ class CacheIndex:
         manifest_path = f"{path}/{MANIFEST_FILE}"
         if root_state(where) is EntryStatus.UNSUPPORTED:
             issue = Issue(IssueKind.UNSUPPORTED, manifest_path, _relative_reason(where.reason, path))
+            return StepDir(path, step, StepKind.V1, role, [], [], size, mtime, problem=issue)
+        if root_state(where) is EntryStatus.UNAVAILABLE:  # nothing is known of the step: never judged, never removed
+            issue = Issue(IssueKind.UNAVAILABLE, manifest_path, _relative_reason(where.reason, path))
             return StepDir(path, step, StepKind.V1, role, [], [], size, mtime, problem=issue)
         if where.manifest is None:  # damaged (or removed since the listing: then nothing is there either)
             issue = Issue(IssueKind.DAMAGED, manifest_path, _relative_reason(where.reason, path) or "unreadable")

@@ -37,9 +37,15 @@ from stepskip._reading.reader import prompt_digest, seconds_of
 from stepskip._reading.steps import V1Steps, complete
 from stepskip._storage.layered import Origin, origin_of
 from stepskip.config import RolloutTqSkipConfig, select
-from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError, StoreUnavailableError
+from stepskip.errors import (
+    CacheMissError,
+    CorruptEntryError,
+    SkipConfigError,
+    StoreUnavailableError,
+    UnreadableEntryError,
+)
 from stepskip._layout import Layout
-from stepskip._manifest import StepRoot
+from stepskip._manifest import StepRoot, read_manifest
 from stepskip._policies import SkipAction
 from stepskip._resolve import EXACT_ACTIONS, load_candidates, remap_v1
 from stepskip.roles.base import register_skip
@@ -419,14 +425,18 @@ class RolloutTqSkip(RolloutSkip):
                     len(new_keys), len(new_prompt_uids), sessions, nbytes, seconds)
 
     def _await_store(self, step: int, path: str) -> None:
-        """Under ``replay``: read the inner entry at ``path`` the store did not answer for, with the reader's
-        bounded retries; it returns once the store answers.
+        """Under ``replay``: read the inner entry (or the step's manifest) at ``path`` the store did not answer
+        for, with the reader's bounded retries; it returns once the store answers.
 
         Raises:
             StoreUnavailableError: it never did (the error names the store's own).
         """
+        step_dir = self.step_dump_dir(step)
         try:
-            self.reader.read(path, step, step)
+            if path == self.layout.manifest_path(step):  # the step's manifest itself went unanswered
+                self.reader.answered(path, step, lambda: _answer_of(self.store, step_dir))
+            else:
+                self.reader.read(path, step, step)
         except StoreUnavailableError as err:
             self.entry_unavailable(step, path, str(err.__cause__ or err))
             raise
@@ -524,6 +534,15 @@ class RolloutTqSkip(RolloutSkip):
 
     def _resolve_load_step_v1(self, step: int) -> int:
         return self.resolve_load_step(step)
+
+
+def _answer_of(store: Any, step_dir: str) -> None:
+    """Read the manifest of ``step_dir`` once; returns once the store answered, whatever the answer (a damaged or
+    newer manifest is judged by the resolve that follows)."""
+    try:
+        read_manifest(store, step_dir)
+    except (CorruptEntryError, UnreadableEntryError):
+        pass
 
 
 def _add_step_hint(doc: Any, name: str, recording: str | None, metas: list[dict[str, Any]]) -> bool:
