@@ -44,6 +44,7 @@ from typing import Any
 
 from stepskip._reading.classify import EntryStatus, classify, kind_words, root_state
 from stepskip._storage import META_FILE, TMP_PREFIX, TRASH_PREFIX, DirItem, EntryState, Probe, open_store
+from stepskip._storage.outages import StoreOutage
 from stepskip.config import ROLLOUT_ROLES
 from stepskip._entries import FORMATS, legacy_format
 from stepskip.errors import (
@@ -742,6 +743,13 @@ class CacheIndex:
             step: its step number.
             role: the role of the subdirectory it lives in; None for one directly in the run directory.
         """
+        try:
+            return self._scan_step(path, step, role)
+        except StoreOutage as err:  # a listing the store did not answer: nothing is known of the step, nothing judged
+            issue = Issue(IssueKind.UNAVAILABLE, path, str(err.strerror))
+            return StepDir(path, step, StepKind.HALF_WRITTEN, role, problem=issue)
+
+    def _scan_step(self, path: str, step: int, role: str | None) -> StepDir:
         items = self.store.list_items(path)
         names = {i.name: i for i in items}
         size, mtime = self.tree_stats(path)

@@ -18,6 +18,7 @@ import logging
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from faultproxy import FaultProxy
@@ -132,18 +133,27 @@ def test_replay_rides_out_a_manifest_outage_that_ends_within_its_retries(s3_serv
     SkipManager.reset()
 
 
-def test_verify_repair_ls_and_prune_keep_a_v1_step_whose_manifest_is_unanswered(s3_server, proxy, dump_dir):
+def step_listings(method: str, target: str) -> bool:
+    """The listings of step 1's directory (``?list-type=2&prefix=.../1/``), not of the run directory."""
+    return method == "GET" and "list-type=2" in target and f"prefix=dump/{RUN}/1/" in unquote(target)
+
+
+@pytest.mark.parametrize(("unanswered", "where"), [(manifest_reads, ["1", "step.json"]),
+                                                   (step_listings, [RUN.rsplit("/", 1)[-1], "1"])],
+                         ids=["manifest", "step-listing"])
+def test_verify_repair_ls_and_prune_keep_a_v1_step_the_store_did_not_answer_for(unanswered, where, s3_server, proxy,
+                                                                                 dump_dir):
     from cli_run import stepskip
 
     record(dump_dir, proxy.endpoint)
     before = objects(s3_server, dump_dir)
     opts = ["-o", json.dumps(options(proxy.endpoint))]
-    proxy.fault("503", manifest_reads)
+    proxy.fault("503", unanswered)
     verified = stepskip("verify", dump_dir, "--repair", "--grace", "0", "--json", *opts)
     problems = verified.json()["problems"]
-    assert [(p["kind"], p["path"].rsplit("/", 2)[-2:]) for p in problems] == [("unavailable", ["1", "step.json"])], \
-        verified
+    assert [(p["kind"], p["path"].rsplit("/", 2)[-2:]) for p in problems] == [("unavailable", where)], verified
     assert verified.json()["repaired"] == [] and "damaged" not in verified.out
+    assert sum(proxy.counts(mode="503").values()) >= 1  # the outage was met
     listed = stepskip("ls", dump_dir, *opts)
     assert listed.code == 0 and "1 problem (unavailable)" in listed.out and "damaged" not in listed.out, listed
     pruned = stepskip("prune", f"{dump_dir}/{RUN}", "--steps", "1", "--json", *opts)
