@@ -133,7 +133,11 @@ class RolloutTqSkip(RolloutSkip):
     def _resolve_root(self, step: int) -> tuple[int, StepRoot | None]:
         """:meth:`resolve_load_step` and the root it validated: the step's inner entries are then read
         from the recording that was probed, its manifest not read again."""
-        listed = () if self.action in EXACT_ACTIONS else self.listed_steps()
+        try:
+            listed = () if self.action in EXACT_ACTIONS else self.listed_steps()
+        except StoreUnavailableError as err:
+            self.listing_unavailable(step, str(err))
+            return -1, None
         for candidate in load_candidates(self.action, step, listed, self.seed):
             where = self.entries.root(candidate)
             if complete(self.entries.probed(candidate, where)):
@@ -143,8 +147,9 @@ class RolloutTqSkip(RolloutSkip):
     # ------------------------------------------------------------------ verl's V1 interface
 
     def has_v1_cache(self, step: int) -> bool:
-        """True when the action would load a complete cached step for ``step``."""
-        return self.resolve_load_step(step) != -1
+        """True when the action would load a complete cached step for ``step`` (False when the store did not
+        answer for the listing: the step is then withheld, see :meth:`listing_unavailable`)."""
+        return self.resolve_or_withhold(step) != -1
 
     def meet_precondition(self, step: int, *args: Any, **kwargs: Any) -> bool:
         action = self.action
@@ -201,7 +206,7 @@ class RolloutTqSkip(RolloutSkip):
                 return True
         if self.action is SkipAction.MATCH:
             return False  # every prompt was replayed: nothing new to record
-        return not self.has_v1_cache(step)
+        return not self.has_v1_cache(step) and not self.step_withheld(step)  # a listing unanswered: never over it
 
     def maybe_load_and_inject(self, step: int, new_prompt_uids: list[str], partition_id: str = "train",
                               prompts: Any = None) -> bool:

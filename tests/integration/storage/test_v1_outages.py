@@ -37,19 +37,19 @@ RUN = "default_experiment_name_default_project_name/GBS4_N2_in0_out0"
 READS = ("GET", "HEAD")
 
 
-def config(dump_dir: str, storage_options: dict[str, Any], action: str) -> dict[str, Any]:
+def config(dump_dir: str, storage_options: dict[str, Any], action: str, steps: list[int]) -> dict[str, Any]:
     return {
         "actor_rollout_ref": {"rollout": {"n": 2}},
         "data": {"train_batch_size": 4},
         "trainer": {"v1": {"trainer_mode": "separate_async", "separate_async": {"parameter_sync_step": 2}}},
-        "skip": {"rollout_tq": {"enable": True, "steps": [1], "action": action, "dump_dir": dump_dir,
+        "skip": {"rollout_tq": {"enable": True, "steps": steps, "action": action, "dump_dir": dump_dir,
                                 "async_dump": False, "storage_options": storage_options}},
     }
 
 
-def trainer(dump_dir: str, storage_options: dict[str, Any], action: str) -> V1Trainer:
+def trainer(dump_dir: str, storage_options: dict[str, Any], action: str, steps: list[int] = [1]) -> V1Trainer:
     tq = InProcessTQClient()
-    made = V1Trainer(config(dump_dir, storage_options, action), tq, prompts_per_step=4, sync_steps=2)
+    made = V1Trainer(config(dump_dir, storage_options, action, list(steps)), tq, prompts_per_step=4, sync_steps=2)
     SkipManager.init(made.config, tq_client=tq)
     return made
 
