@@ -2,7 +2,8 @@
 
 Steps holding an entry this stepskip cannot read — a format it does not know (a newer stepskip's),
 or, with ``deep``, intact bytes that do not decode here — are never removed: they are listed as
-protected; so are steps with an entry (or a manifest) the store did not answer for while scanning. Nothing reached through a symbolic link is removed (or entered).
+protected; so are steps with an entry (or a manifest) the store did not answer for while scanning.
+Nothing reached through a symbolic link is removed (or entered).
 """
 
 from __future__ import annotations
@@ -163,7 +164,8 @@ def protected_issues(index: CacheIndex, step: StepDir, deep: bool = False, allow
         []
     """
     # an entry (or a step's manifest) the store did not answer for may be any of these: nothing is known of it
-    found = [i for i in step.issues() if i.kind in (IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE, IssueKind.UNAVAILABLE)]
+    found = [i for i in step.issues()
+             if i.kind in (IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE, IssueKind.UNAVAILABLE)]
     if deep and not found:
         found = [issue for e in step.entries if (issue := index.check_entry(e, decode=True, allow_pickle=allow_pickle))
                  is not None and issue.kind is IssueKind.UNDECODABLE]

@@ -80,7 +80,7 @@ def test_a_v1_repeat_whose_run_directory_listing_goes_unanswered_is_a_miss_recor
 
     record(dump_dir, proxy.endpoint)  # step 1
     before = objects(s3_server, dump_dir)
-    run = trainer(dump_dir, options(proxy.endpoint), "repeat", steps=[1, 2])
+    run = trainer(dump_dir, options(proxy.endpoint), "repeat", steps=(1, 2))
     run.global_steps = 1  # the next step is 2: repeat would replay step 1 there
     proxy.fault("503", run_dir_listings(V1_RUN))
     with caplog.at_level(logging.WARNING, logger="stepskip"):
@@ -91,7 +91,7 @@ def test_a_v1_repeat_whose_run_directory_listing_goes_unanswered_is_a_miss_recor
     assert run.agent_loop.calls == 1 and sum(len(data["responses"]) for _, data in reads) == 8
     stats = SkipManager.stats()
     assert (stats["skip/rollout_tq/unavailable"], stats["skip/rollout_tq/misses"]) == (1, 1)
-    assert (stats["skip/rollout_tq/hits"], stats["skip/rollout_tq/corrupt"], stats["skip/rollout_tq/dumps"]) == (0, 0, 0)
+    assert [stats[f"skip/rollout_tq/{name}"] for name in ("hits", "corrupt", "dumps")] == [0, 0, 0]
     assert objects(s3_server, dump_dir) == before
     assert "not recorded" in caplog.text
     SkipManager.reset()

@@ -21,7 +21,6 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
-from faultproxy import FaultProxy
 from test_store_outages import dump_dir, objects, options, proxy  # noqa: F401  (fixtures)
 from v1_harness import V1Trainer
 
@@ -47,7 +46,7 @@ def config(dump_dir: str, storage_options: dict[str, Any], action: str, steps: l
     }
 
 
-def trainer(dump_dir: str, storage_options: dict[str, Any], action: str, steps: list[int] = [1]) -> V1Trainer:
+def trainer(dump_dir: str, storage_options: dict[str, Any], action: str, steps: tuple[int, ...] = (1,)) -> V1Trainer:
     tq = InProcessTQClient()
     made = V1Trainer(config(dump_dir, storage_options, action, list(steps)), tq, prompts_per_step=4, sync_steps=2)
     SkipManager.init(made.config, tq_client=tq)
@@ -87,7 +86,7 @@ def test_cache_generates_a_v1_step_whose_manifest_is_unanswered_and_never_writes
     assert run.agent_loop.calls == 1 and len(responses(reads)) == 8  # a miss: the step was generated, and trained on
     stats = SkipManager.stats()
     assert (stats["skip/rollout_tq/unavailable"], stats["skip/rollout_tq/misses"]) == (1, 1)
-    assert (stats["skip/rollout_tq/hits"], stats["skip/rollout_tq/corrupt"], stats["skip/rollout_tq/dumps"]) == (0, 0, 0)
+    assert [stats[f"skip/rollout_tq/{name}"] for name in ("hits", "corrupt", "dumps")] == [0, 0, 0]
     assert sum(proxy.counts(mode=mode).values()) >= 1  # the outage was met, on the manifest
     assert objects(s3_server, dump_dir) == before  # not one object written over, beside or under the step
     assert "unavailable" in caplog.text and "not recorded" in caplog.text and "corrupt" not in caplog.text
