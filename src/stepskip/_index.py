@@ -44,6 +44,7 @@ from typing import Any
 
 from stepskip._reading.classify import EntryStatus, classify, kind_words, root_state
 from stepskip._storage import META_FILE, TMP_PREFIX, TRASH_PREFIX, DirItem, EntryState, Probe, open_store
+from stepskip._storage.outages import StoreOutage
 from stepskip.config import ROLLOUT_ROLES
 from stepskip._entries import FORMATS, legacy_format
 from stepskip.errors import (
@@ -273,7 +274,10 @@ class StepDir:
 
     @property
     def kept(self) -> bool:
-        """Holds an entry no command may remove (unsupported format, unreadable)."""
+        """Holds an entry no command may remove (unsupported format, unreadable, not answered for by the store),
+        or its manifest is such."""
+        if self.problem is not None and self.problem.kind in (IssueKind.UNSUPPORTED, IssueKind.UNAVAILABLE):
+            return True
         return any(e.kept for e in self.entries)
 
     def issues(self) -> list[Issue]:
@@ -739,6 +743,13 @@ class CacheIndex:
             step: its step number.
             role: the role of the subdirectory it lives in; None for one directly in the run directory.
         """
+        try:
+            return self._scan_step(path, step, role)
+        except StoreOutage as err:  # a listing the store did not answer: nothing is known of the step, nothing judged
+            issue = Issue(IssueKind.UNAVAILABLE, path, str(err.strerror))
+            return StepDir(path, step, StepKind.HALF_WRITTEN, role, problem=issue)
+
+    def _scan_step(self, path: str, step: int, role: str | None) -> StepDir:
         items = self.store.list_items(path)
         names = {i.name: i for i in items}
         size, mtime = self.tree_stats(path)
@@ -795,6 +806,9 @@ class CacheIndex:
         manifest_path = f"{path}/{MANIFEST_FILE}"
         if root_state(where) is EntryStatus.UNSUPPORTED:
             issue = Issue(IssueKind.UNSUPPORTED, manifest_path, _relative_reason(where.reason, path))
+            return StepDir(path, step, StepKind.V1, role, [], [], size, mtime, problem=issue)
+        if root_state(where) is EntryStatus.UNAVAILABLE:  # nothing is known of the step: never judged, never removed
+            issue = Issue(IssueKind.UNAVAILABLE, manifest_path, _relative_reason(where.reason, path))
             return StepDir(path, step, StepKind.V1, role, [], [], size, mtime, problem=issue)
         if where.manifest is None:  # damaged (or removed since the listing: then nothing is there either)
             issue = Issue(IssueKind.DAMAGED, manifest_path, _relative_reason(where.reason, path) or "unreadable")

@@ -53,7 +53,8 @@ from stepskip._storage.meta import (
     show,
 )
 from stepskip._storage.objects import may_hold_leftovers
-from stepskip.errors import CorruptEntryError, UnreadableEntryError
+from stepskip._storage.outages import StoreOutage
+from stepskip.errors import CorruptEntryError, StoreUnavailableError, UnreadableEntryError
 
 __all__ = [
     "MANIFEST_FILE", "MANIFEST_MAX_BYTES", "MANIFEST_VERSION", "RECORDING_PREFIX", "StepManifest", "StepRoot",
@@ -209,8 +210,13 @@ def read_manifest(store: Any, step_dir: str) -> StepManifest | None:
         CorruptEntryError: the manifest is damaged (see :func:`parse_manifest`), not a regular file,
             or cannot be read.
         UnreadableEntryError: a newer manifest version.
+        StoreUnavailableError: the store did not answer (a timeout, a connection error, a 5xx): nothing is
+            known of the manifest, least of all that it is damaged.
     """
-    raw = store.read_small(f"{step_dir}/{MANIFEST_FILE}", MANIFEST_MAX_BYTES)
+    try:
+        raw = store.read_small(f"{step_dir}/{MANIFEST_FILE}", MANIFEST_MAX_BYTES)
+    except StoreOutage as err:
+        raise StoreUnavailableError(str(err.strerror)) from err
     if raw is None:
         return None
     try:
@@ -229,7 +235,8 @@ class StepRoot:
         root: the directory holding ``{inner}/``: the recording the manifest names, else the step directory.
         manifest: the manifest (None for a step written in place).
         state: ``PRESENT`` when the root can be read (a manifest or none); ``DAMAGED`` or
-            ``UNREADABLE`` for a bad manifest, with ``reason``.
+            ``UNREADABLE`` for a bad manifest, ``UNAVAILABLE`` when the store did not answer for it
+            (the step may be perfectly valid), with ``reason``.
         reason: why the manifest cannot be used.
     """
 
@@ -251,6 +258,8 @@ def resolve_step(store: Any, step_dir: str) -> StepRoot:
         return StepRoot(step_dir, None, EntryState.DAMAGED, str(err))
     except UnreadableEntryError as err:
         return StepRoot(step_dir, None, EntryState.UNREADABLE, str(err))
+    except StoreUnavailableError as err:
+        return StepRoot(step_dir, None, EntryState.UNAVAILABLE, str(err))
     if manifest is None:
         return StepRoot(step_dir)
     return StepRoot(f"{step_dir}/{manifest.recording}", manifest)
@@ -271,6 +280,8 @@ def publish_manifest(store: Any, step_dir: str, recording: str, inner_entries: i
             have removed a recording idle for long as stale): nothing was written, the current
             manifest stands.
         OSError: the manifest could not be written (nothing was deleted then).
+        StoreUnavailableError: the store did not answer for the current manifest: nothing was written
+            (what it names is never retired unseen).
     """
     grace = float(getattr(store, "grace_seconds", GRACE_SECONDS))
     now = float(getattr(store, "clock", time.time)()) if now is None else now

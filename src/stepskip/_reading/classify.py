@@ -143,9 +143,10 @@ def classify(path: str, probe: Probe, legacy: FormatSpec, *, role: str | None = 
 
 def root_state(where: StepRoot) -> EntryStatus:
     """The state of a V1 step's manifest as resolved (:func:`stepskip._manifest.resolve_step`): present
-    (or none: the step is read in place), damaged, or of a version this stepskip does not know (unsupported)."""
-    return {EntryState.PRESENT: EntryStatus.PRESENT, EntryState.UNREADABLE: EntryStatus.UNSUPPORTED}.get(
-        where.state, EntryStatus.DAMAGED)
+    (or none: the step is read in place), damaged, of a version this stepskip does not know (unsupported), or
+    not answered for by the store (unavailable: the step may be valid)."""
+    return {EntryState.PRESENT: EntryStatus.PRESENT, EntryState.UNREADABLE: EntryStatus.UNSUPPORTED,
+            EntryState.UNAVAILABLE: EntryStatus.UNAVAILABLE}.get(where.state, EntryStatus.DAMAGED)
 
 
 def kind_words(item: DirItem) -> str:

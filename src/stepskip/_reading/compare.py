@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from stepskip._reading.classify import EntryStatus
 from stepskip._reading.reader import prompt_digest
 from stepskip._reading.steps import complete
+from stepskip._storage import EntryState
 from stepskip._calls import added_columns
 from stepskip._drift import Recorded
 from stepskip.errors import CacheMissError, CorruptEntryError, PromptMismatchError, StoreUnavailableError
@@ -236,6 +237,8 @@ class StepComparer(Comparer):
 
         owner = self.owner
         where = owner.entries.root(step)
+        if where.state is EntryState.UNAVAILABLE:  # answered a moment ago, not now: never read in place instead
+            raise StoreUnavailableError(where.reason)
         start = time.perf_counter()
         parts: list[Any] = []
         keys: list[str] = []

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -38,6 +39,7 @@ __all__ = ["EntryReader", "ReadOwner", "prompt_digest", "seconds_of"]
 
 logger = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
 _RETRY_SECONDS = 0.05
 #: At most this many probes of hits are kept for the reads that follow them (see :meth:`EntryReader.take_probe`).
 _HIT_PROBES_MAX = 256
@@ -226,6 +228,28 @@ class EntryReader:
             return value, meta, nbytes
         except CorruptEntryError as err:
             raise self._decode_failure(path, meta, spec, err) from err
+
+    def answered(self, path: str, step: int, attempt: Callable[[], _T]) -> _T:
+        """``attempt()``, a look at ``path`` for the call at ``step`` (a step's manifest, say), tried again after
+        each of the bounded waits of :attr:`outage_retry` while the store does not answer (under ``replay``
+        only; once otherwise).
+
+        Raises:
+            StoreUnavailableError: the store never answered; the message names its error and the tries.
+        """
+        waits = iter(self.outage_retry if self.owner.action is SkipAction.REPLAY else ())
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return attempt()
+            except StoreUnavailableError as err:
+                wait = next(waits, None)
+                if wait is None:
+                    raise StoreUnavailableError(self._unavailable_message(path, step, tries, err)) from err
+                logger.warning("%s: step %d: %s (try %d); trying again in %.1fs", self.owner.name, step, err, tries,
+                               wait)
+                self.sleep(wait)
 
     def _unavailable_message(self, path: str, step: int, tries: int, err: StoreUnavailableError) -> str:
         owner = self.owner

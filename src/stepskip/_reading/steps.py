@@ -86,7 +86,8 @@ class V1Steps:
 
     def probed(self, step: int, where: StepRoot | None = None) -> list[tuple[str, Look]]:
         """``(path, probe)`` of every inner entry of ``step``, all below one resolved root (``where``, else
-        resolved here); one damaged or unreadable probe of the manifest when it cannot be used."""
+        resolved here); one damaged, unsupported or unavailable (the store did not answer) probe of the
+        manifest when it cannot be used."""
         owner = self.owner
         where = self.root(step) if where is None else where
         if root_state(where) is not EntryStatus.PRESENT:

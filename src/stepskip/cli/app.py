@@ -286,7 +286,7 @@ def prune_command(
     Each step vanishes at once (renamed away, then deleted; on object stores meta.json goes
     first), so a run reading the cache meanwhile sees a step whole or not at all. Steps holding an
     entry this stepskip cannot read (an unknown format; with --deep, intact bytes that do not
-    decode) are kept and listed; symbolic links are never followed.
+    decode), or one the store did not answer for, are kept and listed; symbolic links are never followed.
 
     [bold]Examples[/]
       stepskip prune RUN_DIR --keep-last 10 --dry-run

@@ -2,7 +2,8 @@
 
 Steps holding an entry this stepskip cannot read — a format it does not know (a newer stepskip's),
 or, with ``deep``, intact bytes that do not decode here — are never removed: they are listed as
-protected. Nothing reached through a symbolic link is removed (or entered).
+protected; so are steps with an entry (or a manifest) the store did not answer for while scanning.
+Nothing reached through a symbolic link is removed (or entered).
 """
 
 from __future__ import annotations
@@ -155,13 +156,16 @@ def plan_prune(index: CacheIndex, keep_last: int | None = None, older_than: floa
 
 def protected_issues(index: CacheIndex, step: StepDir, deep: bool = False, allow_pickle: bool = False) -> list[Issue]:
     """Why ``step`` must not be removed: the entries in it this stepskip cannot read (a format it does not
-    know; with ``deep``, intact bytes that do not decode here), someone else's data. Empty: it may go.
+    know; with ``deep``, intact bytes that do not decode here), someone else's data, or could not see (the
+    store did not answer for it or its manifest). Empty: it may go.
 
     Example:
         >>> protected_issues(index, index.scan_step(path, 3))  # doctest: +SKIP
         []
     """
-    found = [i for i in step.issues() if i.kind in (IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE)]
+    # an entry (or a step's manifest) the store did not answer for may be any of these: nothing is known of it
+    found = [i for i in step.issues()
+             if i.kind in (IssueKind.UNSUPPORTED, IssueKind.UNDECODABLE, IssueKind.UNAVAILABLE)]
     if deep and not found:
         found = [issue for e in step.entries if (issue := index.check_entry(e, decode=True, allow_pickle=allow_pickle))
                  is not None and issue.kind is IssueKind.UNDECODABLE]

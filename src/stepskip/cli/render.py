@@ -149,9 +149,12 @@ def render_ls(runs: list[RunDir], root: str, given: str) -> None:
         return
     table = _table("RUN", "ROLE", "FORMAT", "STEPS", "ENTRIES", "SIZE", "NEWEST", right=("ENTRIES", "SIZE"))
     entries = size = problems = 0
+    kinds: set[str] = set()
     for run in runs:
         roles = run.roles()
-        problems += len(run.issues())
+        issues = run.issues()
+        problems += len(issues)
+        kinds.update(i.kind.value for i in issues)
         size += sum(s.bytes for s in run.steps)
         if not roles:
             table.add_row(escape(run.name), "-", "-", "-", "0", human_bytes(sum(s.bytes for s in run.steps)), "-")
@@ -165,7 +168,7 @@ def render_ls(runs: list[RunDir], root: str, given: str) -> None:
     _print_table(table)
     out.print(f"{plural(len(runs), 'run')}, {plural(entries, 'entry', 'entries')}, {human_bytes(size)}")
     if problems:
-        out.print(f"[yellow]{plural(problems, 'problem')} (damaged or half-written steps, leftovers): "
+        out.print(f"[yellow]{plural(problems, 'problem')} ({', '.join(sorted(kinds))}): "
                   f"run `stepskip verify {escape(given)}` for details[/]")
 
 

@@ -37,6 +37,7 @@ from stepskip._storage import Tree, check_dump_dir, open_store
 from stepskip._access import check_writable, describe_store_access_error, is_store_access_error
 from stepskip._calls import CURRENT_CALL, added_columns, call_prompts
 from stepskip._storage.layered import origin_of
+from stepskip._storage.outages import StoreOutage
 from stepskip._storage.readonly import ReadOnlyStore
 from stepskip.config import ROLLOUT_ROLES, SkipRoleConfig
 from stepskip._entries import FormatSpec, legacy_format, storage_format
@@ -318,8 +319,15 @@ class CachedRole(VerlNames, BaseSkip):
         """Steps that have a directory, and those this run's queued dumps will write (one listing;
         nothing is read or validated): ``repeat`` and ``random`` see a step dumped in the background as
         they would a synchronous dump (validating it waits for it). The listing is reused while the
-        directory is unchanged (see :mod:`stepskip._reading.listing`)."""
-        listed = self.listing.steps(self.project_dump_dir)
+        directory is unchanged (see :mod:`stepskip._reading.listing`).
+
+        Raises:
+            StoreUnavailableError: the store did not answer for the listing (a timeout, a connection error, a 5xx).
+        """
+        try:
+            listed = self.listing.steps(self.project_dump_dir)
+        except StoreOutage as err:  # no answer is not an empty directory (see listing_unavailable)
+            raise StoreUnavailableError(str(err.strerror)) from err
         names = self.dumper.queued_in(self.project_dump_dir)
         if not names:
             return listed
@@ -350,7 +358,10 @@ class CachedRole(VerlNames, BaseSkip):
         if self.action is SkipAction.MATCH:  # looks prompts up, not steps: a run taking the recorded
             load_step = step if self.entries.present(step) else -1  # steps again finds them in the step's entry
         else:
-            load_step = self.resolve_load_step(step)
+            try:
+                load_step = self.resolve_load_step(step)
+            except StoreUnavailableError:  # not now: the call itself asks the store again
+                return False
         return load_step != -1 and all(self.reader.servable(p.meta or {}) for _, p in self.entries.probed(load_step))
 
     def await_dump(self, path: str) -> None:
@@ -391,9 +402,26 @@ class CachedRole(VerlNames, BaseSkip):
 
     def _resolve_for_call(self, step: int) -> int:
         """:meth:`resolve_load_step`, kept for this call's read (one listing of the directory a call)."""
-        load_step = self.resolve_load_step(step)
+        load_step = self.resolve_or_withhold(step)
         self.listing.keep_resolved(step, load_step)
         return load_step
+
+    def resolve_or_withhold(self, step: int) -> int:
+        """:meth:`resolve_load_step`; -1 when the store did not answer for the listing of the run directory
+        (:meth:`listing_unavailable`)."""
+        try:
+            return self.resolve_load_step(step)
+        except StoreUnavailableError as err:
+            self.listing_unavailable(step, str(err))
+            return -1
+
+    def listing_unavailable(self, step: int, reason: str) -> None:
+        """The store did not answer for the listing of the run directory during the call at ``step``: nothing is
+        known of the steps that could serve it, the step's own included, so the call is a miss (counted
+        ``unavailable`` once) whose result is not written over the step (see :class:`Withheld`)."""
+        path = self.step_dump_dir(step)
+        if not self.withheld.under(path):
+            self.entry_unavailable(step, path, f"listing {self.project_dump_dir}: {reason}")
 
     def _exact_step_usable(self, step: int) -> bool:
         path = self.step_dump_dir(step)
@@ -472,7 +500,7 @@ class CachedRole(VerlNames, BaseSkip):
                 return self._served(step, step, value, meta, time.perf_counter() - start, nbytes, prompts)
         load_step = self.listing.take_resolved(step)
         if load_step is None or load_step == -1 or not self.entries.present(load_step):  # gone since: look again
-            load_step = self.resolve_load_step(step)
+            load_step = self.resolve_or_withhold(step)
         if load_step == -1 and self.action is not SkipAction.RECORD:
             probe = self.reader.probe_settled(self.step_dump_dir(step))
             if probe.state is EntryStatus.PRESENT:

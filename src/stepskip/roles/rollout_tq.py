@@ -37,9 +37,15 @@ from stepskip._reading.reader import prompt_digest, seconds_of
 from stepskip._reading.steps import V1Steps, complete
 from stepskip._storage.layered import Origin, origin_of
 from stepskip.config import RolloutTqSkipConfig, select
-from stepskip.errors import CacheMissError, CorruptEntryError, SkipConfigError, StoreUnavailableError
+from stepskip.errors import (
+    CacheMissError,
+    CorruptEntryError,
+    SkipConfigError,
+    StoreUnavailableError,
+    UnreadableEntryError,
+)
 from stepskip._layout import Layout
-from stepskip._manifest import StepRoot
+from stepskip._manifest import StepRoot, read_manifest
 from stepskip._policies import SkipAction
 from stepskip._resolve import EXACT_ACTIONS, load_candidates, remap_v1
 from stepskip.roles.base import register_skip
@@ -127,7 +133,11 @@ class RolloutTqSkip(RolloutSkip):
     def _resolve_root(self, step: int) -> tuple[int, StepRoot | None]:
         """:meth:`resolve_load_step` and the root it validated: the step's inner entries are then read
         from the recording that was probed, its manifest not read again."""
-        listed = () if self.action in EXACT_ACTIONS else self.listed_steps()
+        try:
+            listed = () if self.action in EXACT_ACTIONS else self.listed_steps()
+        except StoreUnavailableError as err:
+            self.listing_unavailable(step, str(err))
+            return -1, None
         for candidate in load_candidates(self.action, step, listed, self.seed):
             where = self.entries.root(candidate)
             if complete(self.entries.probed(candidate, where)):
@@ -137,8 +147,9 @@ class RolloutTqSkip(RolloutSkip):
     # ------------------------------------------------------------------ verl's V1 interface
 
     def has_v1_cache(self, step: int) -> bool:
-        """True when the action would load a complete cached step for ``step``."""
-        return self.resolve_load_step(step) != -1
+        """True when the action would load a complete cached step for ``step`` (False when the store did not
+        answer for the listing: the step is then withheld, see :meth:`listing_unavailable`)."""
+        return self.resolve_or_withhold(step) != -1
 
     def meet_precondition(self, step: int, *args: Any, **kwargs: Any) -> bool:
         action = self.action
@@ -195,7 +206,7 @@ class RolloutTqSkip(RolloutSkip):
                 return True
         if self.action is SkipAction.MATCH:
             return False  # every prompt was replayed: nothing new to record
-        return not self.has_v1_cache(step)
+        return not self.has_v1_cache(step) and not self.step_withheld(step)  # a listing unanswered: never over it
 
     def maybe_load_and_inject(self, step: int, new_prompt_uids: list[str], partition_id: str = "train",
                               prompts: Any = None) -> bool:
@@ -419,14 +430,18 @@ class RolloutTqSkip(RolloutSkip):
                     len(new_keys), len(new_prompt_uids), sessions, nbytes, seconds)
 
     def _await_store(self, step: int, path: str) -> None:
-        """Under ``replay``: read the inner entry at ``path`` the store did not answer for, with the reader's
-        bounded retries; it returns once the store answers.
+        """Under ``replay``: read the inner entry (or the step's manifest) at ``path`` the store did not answer
+        for, with the reader's bounded retries; it returns once the store answers.
 
         Raises:
             StoreUnavailableError: it never did (the error names the store's own).
         """
+        step_dir = self.step_dump_dir(step)
         try:
-            self.reader.read(path, step, step)
+            if path == self.layout.manifest_path(step):  # the step's manifest itself went unanswered
+                self.reader.answered(path, step, lambda: _answer_of(self.store, step_dir))
+            else:
+                self.reader.read(path, step, step)
         except StoreUnavailableError as err:
             self.entry_unavailable(step, path, str(err.__cause__ or err))
             raise
@@ -524,6 +539,15 @@ class RolloutTqSkip(RolloutSkip):
 
     def _resolve_load_step_v1(self, step: int) -> int:
         return self.resolve_load_step(step)
+
+
+def _answer_of(store: Any, step_dir: str) -> None:
+    """Read the manifest of ``step_dir`` once; returns once the store answered, whatever the answer (a damaged or
+    newer manifest is judged by the resolve that follows)."""
+    try:
+        read_manifest(store, step_dir)
+    except (CorruptEntryError, UnreadableEntryError):
+        pass
 
 
 def _add_step_hint(doc: Any, name: str, recording: str | None, metas: list[dict[str, Any]]) -> bool:

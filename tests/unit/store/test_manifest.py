@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stepskip._storage import EntryState, EntryStore, LocalBackend
-from stepskip.errors import CorruptEntryError, UnreadableEntryError
+from stepskip._storage.outages import StoreOutage
+from stepskip.errors import CorruptEntryError, StoreUnavailableError, UnreadableEntryError
 from stepskip._manifest import MANIFEST_MAX_BYTES, StepManifest, is_recording, parse_manifest, resolve_step
 
 GOOD = {"stepskip_manifest": 1, "recording": "rec-0123456789ab", "inner_entries": 2, "run_id": "r",
@@ -99,3 +100,27 @@ def test_what_a_manifest_lacks_is_named_in_one_message_bounded_in_length():
     reason = manifest.lacking_reason(lacking)
     assert reason.startswith("step.json names the recording rec-0123456789ab, which lacks inner entries 1, 2,")
     assert reason.endswith(" and 4087 more") and len(reason) < 200
+
+
+class _Unanswered(LocalBackend):
+    """A local directory whose small-file reads do not answer, as an object store's GET of ``step.json``
+    that times out (the real-socket cases: tests/integration/storage/test_v1_outages.py)."""
+
+    def read_file(self, path: str, limit: int) -> bytes | None:
+        raise StoreOutage(path, TimeoutError("Read timeout on endpoint URL"))
+
+
+def test_a_manifest_the_store_did_not_answer_for_is_unavailable_not_damaged_and_nothing_is_published(tmp_path):
+    from stepskip._manifest import publish_manifest
+    from stepskip._reading.classify import EntryStatus, root_state
+
+    step = tmp_path / "1"
+    step.mkdir()
+    (step / "step.json").write_text(json.dumps(GOOD))
+    store = EntryStore(_Unanswered(str(tmp_path)))
+    where = resolve_step(store, str(step))
+    assert (where.state, where.manifest, root_state(where)) == (EntryState.UNAVAILABLE, None, EntryStatus.UNAVAILABLE)
+    assert "did not answer" in where.reason and "Read timeout" in where.reason
+    with pytest.raises(StoreUnavailableError):  # the current manifest unseen: nothing it names is retired
+        publish_manifest(store, str(step), "rec-ffffffffffff", 0, "r2")
+    assert json.loads((step / "step.json").read_text()) == GOOD
