@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from stepskip._storage.base import Backend, Capabilities, DirItem, Tree
 from stepskip._storage.meta import MANIFEST_FILE, META_FILE
-from stepskip._storage.objects import ObjectBackend
+from stepskip._storage.objects import _OBJECT_NAME, ObjectBackend
 from stepskip._storage.outages import StoreOutage, outage_of
 from stepskip._entries import FileBytes
 from stepskip.errors import SkipConfigError
@@ -76,6 +76,35 @@ class FsspecBackend(ObjectBackend):
         """``path`` as the filesystem names it (its protocol stripped)."""
         return str(self.fs._strip_protocol(path))
 
+    def fresh(self, path: str) -> str:
+        """``path``'s key, with what the filesystem remembers of its listings of it and of the directories
+        above it dropped: the next look asks the store. Filesystems such as s3fs answer ``ls`` and ``info``
+        from listings taken earlier in the process, for as long as it runs; another node's writes and
+        deletions since would stay unseen (``repeat`` replaying an older step than the newest recorded).
+        """
+        key = self.key(path)
+        self.fs.invalidate_cache(key)
+        return key
+
+    def _listed(self, path: str) -> Mapping[str, Any] | None:
+        """What a listing the filesystem holds says of the data object at ``path``, when it names it.
+
+        A data object is named for the write that made it and never changes, so a listing that names it
+        is still right about its size; one that does not name it may predate it, and is not believed.
+        """
+        key = self.key(path)
+        parent, _, name = key.rpartition("/")
+        if not _OBJECT_NAME.match(name):
+            return None
+        try:
+            listing = getattr(self.fs, "dircache", {}).get(parent)
+        except Exception:  # a cache this backend does not know the shape of: ask the store
+            return None
+        for info in listing or ():
+            if isinstance(info, Mapping) and str(info.get("name", "")).rstrip("/") == key:
+                return info
+        return None
+
     # ------------------------------------------------------------------ bytes
 
     def get(self, path: str, end: int | None = None) -> bytes:
@@ -84,12 +113,18 @@ class FsspecBackend(ObjectBackend):
         return bytes(_answered(path, self.fs.cat_file, self.key(path), start=0, end=end))
 
     def size(self, path: str) -> int:
-        return int(_answered(path, self.fs.size, self.key(path)))
+        listed = self._listed(path)
+        if listed is not None and listed.get("type") == "file" and isinstance(listed.get("size"), int):
+            return int(listed["size"])
+        return int(_answered(path, self.fs.size, self.fresh(path)))
 
     def is_file(self, path: str) -> bool:
         # not fsspec's isfile, which answers False for any failure, an outage included
+        listed = self._listed(path)
+        if listed is not None and listed.get("type") == "file":
+            return True
         try:
-            return bool(_answered(path, self.fs.info, self.key(path)).get("type") == "file")
+            return bool(_answered(path, self.fs.info, self.fresh(path)).get("type") == "file")
         except StoreOutage:
             raise
         except OSError:
@@ -99,14 +134,14 @@ class FsspecBackend(ObjectBackend):
 
     def is_dir(self, path: str) -> bool:
         try:
-            return bool(_answered(path, self.fs.isdir, self.key(path)))
+            return bool(_answered(path, self.fs.isdir, self.fresh(path)))
         except StoreOutage:
             raise
         except OSError:
             return False
 
     def _ls(self, path: str) -> list[Mapping[str, Any]]:
-        root = self.key(path).rstrip("/")
+        root = self.fresh(path).rstrip("/")
         try:
             listed = _answered(path, self.fs.ls, root, detail=True)
             return [i for i in listed if str(i.get("name", "")).rstrip("/") != root]
@@ -124,7 +159,7 @@ class FsspecBackend(ObjectBackend):
 
     def stat(self, path: str) -> DirItem | None:
         try:
-            return _item(_answered(path, self.fs.info, self.key(path)))
+            return _item(_answered(path, self.fs.info, self.fresh(path)))
         except (FileNotFoundError, NotADirectoryError):
             return None
 
@@ -192,6 +227,7 @@ class FsspecBackend(ObjectBackend):
 
     def remove(self, path: str) -> None:
         p = self._confined(path)
+        self.fs.invalidate_cache(p)  # what is there now, not what a listing held earlier
         try:
             if self.fs.isfile(p):
                 self.fs.rm_file(p)
@@ -220,6 +256,7 @@ class FsspecBackend(ObjectBackend):
     def retire(self, path: str) -> bool:
         """Delete the entry's ``meta.json`` first (readers see a miss from then on), then its objects."""
         p = self._confined(path)
+        self.fs.invalidate_cache(p)
         try:
             exists = bool(self.fs.exists(p))
         except OSError:

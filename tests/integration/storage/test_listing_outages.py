@@ -22,9 +22,9 @@ pytestmark = pytest.mark.heavy
 
 
 def options(endpoint: str) -> dict:
-    """Through the proxy, every listing asked of the server (s3fs would answer a listing it took at start-up
-    from its own cache, and the call would never list)."""
-    return {**proxied(endpoint), "use_listings_cache": False}
+    """Through the proxy, with s3fs's listing cache as it comes: the run directory is asked of the store at
+    each call all the same."""
+    return proxied(endpoint)
 
 
 def run_dir_listings(run: str):
