@@ -218,15 +218,23 @@ def test_v1_resume_reissues_in_flight_prompts_of_a_replayed_step_from_the_cache_
 
 def test_v1_refill_of_a_replayed_step_never_reaches_an_engine(v1):
     """The DAPO filter evicts a replayed group (the recording ran without it): the replay buffer's
-    refill fires on the replayed step; its prompts were not recorded for that step, so the run stops
-    with an error naming the step, instead of generating (or waiting forever for an engine)."""
+    refill fires on the replayed step and takes the next prompts of the data. Step 1's refill gets
+    the two prompts recorded at step 2, served from the cache by their prompts (verl stamps them with
+    step 1 now); step 2's refill gets prompts never recorded, so the run stops with an error naming
+    the step, instead of generating (or waiting forever for an engine)."""
     _, runs = v1
     no_error(runs["record_flat"])
     run = runs["refill"]
     assert run["error"]["type"] == "ReplayMissError", run.get("error")
     message = run["error"]["message"]
-    assert "step 1 is replayed from the cache" in message and "refill" in message
-    # at least the flat group the engine made (others may tie by chance): each evicted group asks for two
+    stopped = re.search(r"step (\d+) is replayed from the cache", message)
+    assert stopped and "refill" in message
+    # at least the flat group the engine made (others may tie by chance): each evicted group asks for two;
+    # those the cache holds are served, the rest refused
     asked = re.search(r"asked for (\d+) more prompts", message)
-    assert asked and int(asked[1]) == run["gate"]["refill_prompts_refused"] >= 2
+    assert asked and int(asked[1]) >= run["gate"]["refill_prompts_refused"] >= 2
+    if int(stopped[1]) == 2:
+        assert run["gate"]["refill_prompts_from_cache"] >= 2 and run["actor_updates"] == 1
+    else:  # a tie at step 1 evicted another group: its refill reached past the recorded prompts
+        assert int(stopped[1]) == 1
     assert_no_engine(run)
