@@ -28,12 +28,24 @@ from stepskip._calls import is_dataproto_like
 from stepskip._formats.compact import host_view
 from stepskip._identity import VERL_FINGERPRINT_KEYS, fingerprint_diff, fingerprint_of
 
-__all__ = ["FINGERPRINT_KEYS", "DIGEST_PREFIX", "run_fingerprint", "fingerprint_diff", "prompt_digest",
-           "prompt_row_digests", "shared_object_digests"]
+__all__ = ["FINGERPRINT_KEYS", "DIGEST_PREFIX", "STEPLESS_PREFIX", "STEP_COLUMNS", "run_fingerprint",
+           "fingerprint_diff", "prompt_digest", "prompt_row_digests", "digest_like", "shared_object_digests"]
 
 #: The scheme of :func:`prompt_digest` values. Entries recorded by an older scheme (``xxh3_64:``)
 #: hold digests that cannot be compared with this one: a reader should skip the check for them.
 DIGEST_PREFIX = "xxh3v2:"
+
+#: The scheme of *stepless* digests: those of :data:`DIGEST_PREFIX`, less the :data:`STEP_COLUMNS`.
+#: The queue role writes these: its prompts carry the step they were submitted at, so a prompt
+#: recorded at one step must digest the same when it is asked again at another (``action: match``,
+#: prompts re-issued after a resume). A digest of either scheme is compared in its own scheme
+#: (:func:`digest_like`), so entries written before this one existed keep their exact check.
+STEPLESS_PREFIX = "xxh3v3:"
+
+#: Columns a trainer sets on a whole batch for the step it submits it at: bookkeeping, not what
+#: was asked (verl's V1 trainer stamps ``global_steps`` on every batch of prompts it submits or
+#: re-issues).
+STEP_COLUMNS = ("global_steps",)
 
 #: verl's config keys that determine what a rollout produces.
 FINGERPRINT_KEYS = VERL_FINGERPRINT_KEYS
@@ -320,7 +332,7 @@ def _hash_value(h: xxhash.xxh3_64, name: str, value: Any) -> None:
         h.update(_value_digest(value).to_bytes(8, "little"))
 
 
-def prompt_digest(prompts: Any, exclude: Iterable[str] = ()) -> str | None:
+def prompt_digest(prompts: Any, exclude: Iterable[str] = (), stepless: bool = False) -> str | None:
     """A fast digest of what a stage received, without per-run identifier columns.
 
     Covers the tensors (token ids, masks: hashed on their bytes) and non-tensor columns (raw
@@ -336,10 +348,11 @@ def prompt_digest(prompts: Any, exclude: Iterable[str] = ()) -> str | None:
     Args:
         prompts: the stage's input.
         exclude: columns left out.
+        stepless: leave the :data:`STEP_COLUMNS` out too, under the :data:`STEPLESS_PREFIX` scheme.
 
     Returns:
-        ``"xxh3v2:<hex>"`` (see :data:`DIGEST_PREFIX`), or None for values it cannot read
-        (objects of types with no content form, e.g. arbitrary classes).
+        ``"xxh3v2:<hex>"`` (see :data:`DIGEST_PREFIX`; ``"xxh3v3:<hex>"`` when ``stepless``), or None
+        for values it cannot read (objects of types with no content form, e.g. arbitrary classes).
 
     Example:
         >>> from stepskip import Batch
@@ -348,7 +361,7 @@ def prompt_digest(prompts: Any, exclude: Iterable[str] = ()) -> str | None:
         >>> prompt_digest(a, ["uid"]) == prompt_digest(b, ["uid"])
         True
     """
-    skip = set(exclude)
+    skip = set(exclude).union(STEP_COLUMNS) if stepless else set(exclude)
     h = xxhash.xxh3_64()
     try:
         if is_dataproto_like(prompts):
@@ -368,7 +381,35 @@ def prompt_digest(prompts: Any, exclude: Iterable[str] = ()) -> str | None:
             return None
     except (TypeError, ValueError, RuntimeError):
         return None
-    return DIGEST_PREFIX + h.hexdigest()
+    return (STEPLESS_PREFIX if stepless else DIGEST_PREFIX) + h.hexdigest()
+
+
+def digest_like(recorded: Any, prompts: Any, exclude: Iterable[str] = ()) -> str | None:
+    """The digest of ``prompts`` in the scheme of the ``recorded`` one, to compare them.
+
+    Args:
+        recorded: a digest an entry recorded (``meta["prompt_digest"]``).
+        prompts: the live call's prompts.
+        exclude: columns left out (the identity columns).
+
+    Returns:
+        The live digest, or None when the recorded one is of a scheme this stepskip does not know
+        (an earlier one: not comparable, so never a mismatch) or the prompts cannot be read.
+
+    Example:
+        >>> from stepskip import Batch
+        >>> b = Batch.from_dict(tensors={"ids": torch.ones(2, 3)})
+        >>> digest_like(prompt_digest(b, stepless=True), b) == prompt_digest(b, stepless=True)
+        True
+        >>> digest_like("xxh3_64:0123456789abcdef", b) is None
+        True
+    """
+    text = str(recorded)
+    if text.startswith(STEPLESS_PREFIX):
+        return prompt_digest(prompts, exclude, stepless=True)
+    if text.startswith(DIGEST_PREFIX):
+        return prompt_digest(prompts, exclude)
+    return None
 
 
 def _packed_int_rows(rows: list[Any]) -> np.ndarray | None:
@@ -461,9 +502,10 @@ def _object_row_digests(name: str, items: list[Any], rows: int, column: np.ndarr
     return _item_digests(items, column) ^ seed
 
 
-def prompt_row_digests(prompts: Any, exclude: Iterable[str] = ()) -> list[str]:
+def prompt_row_digests(prompts: Any, exclude: Iterable[str] = (), stepless: bool = False) -> list[str]:
     """One digest per row of ``prompts``, over every column but ``exclude``: rows with equal
-    digests asked for the same thing (the content rules of :func:`prompt_digest`).
+    digests asked for the same thing (the content rules of :func:`prompt_digest`; ``stepless``: the
+    :data:`STEP_COLUMNS` left out too, under the :data:`STEPLESS_PREFIX` scheme).
 
     A fast form of :func:`stepskip._matching.batches.row_digests` (its values differ: one scheme must be
     used by the recording and the replaying run): tensor rows are hashed on their bytes without
@@ -479,7 +521,8 @@ def prompt_row_digests(prompts: Any, exclude: Iterable[str] = ()) -> list[str]:
         >>> d[0] == d[1] != d[2]
         True
     """
-    skip = set(exclude)
+    skip = set(exclude).union(STEP_COLUMNS) if stepless else set(exclude)
+    prefix = STEPLESS_PREFIX if stepless else DIGEST_PREFIX
     dataproto = is_dataproto_like(prompts)
     td = prompts.batch if dataproto else prompts
     if td is not None and not isinstance(td, TensorDictBase):
@@ -509,6 +552,6 @@ def prompt_row_digests(prompts: Any, exclude: Iterable[str] = ()) -> list[str]:
                 columns.append(_object_row_digests(key, column.tolist(), rows,
                                                    source if isinstance(source, np.ndarray) else None))
     if not columns:
-        return [DIGEST_PREFIX + xxhash.xxh3_64_hexdigest(b"")] * rows
+        return [prefix + xxhash.xxh3_64_hexdigest(b"")] * rows
     table = np.ascontiguousarray(np.stack(columns, axis=1))
-    return [DIGEST_PREFIX + xxhash.xxh3_64_hexdigest(_buffer(row)) for row in table.view(np.uint8).reshape(rows, -1)]
+    return [prefix + xxhash.xxh3_64_hexdigest(_buffer(row)) for row in table.view(np.uint8).reshape(rows, -1)]

@@ -123,6 +123,7 @@ class V1Trainer:
         batch = TensorDict({"prompt_id": torch.tensor(ids)}, batch_size=[len(ids)])
         batch.set("uid", NonTensorStack(*(NonTensorData(data=uuid.uuid4().hex, batch_size=[]) for _ in ids),
                                         batch_size=[len(ids)]))
+        batch["global_steps"] = NonTensorData(self.global_steps)  # verl's V1 trainer stamps every batch it submits
         return batch
 
     def _submit_batch_to_rollout(self, batch: TensorDict) -> str:

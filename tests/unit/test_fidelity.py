@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
-from tensordict import NonTensorStack, TensorDict
+from tensordict import NonTensorData, NonTensorStack, TensorDict
 
 from stepskip import Batch
 from stepskip._fidelity import (
     DIGEST_PREFIX,
+    STEPLESS_PREFIX,
+    digest_like,
     fingerprint_diff,
     prompt_digest,
     prompt_row_digests,
@@ -426,3 +428,46 @@ def test_small_and_large_columns_find_their_distinct_objects_alike(monkeypatch):
                           for c in (column, copies, changed)]
     assert digests[0] == digests[1 << 20]
     assert digests[0][0] == digests[0][1] != digests[0][2]
+
+
+def _v1_prompts(ids: list[int], step: int, messages: list[str] | None = None) -> TensorDict:
+    """A batch of prompts as verl's V1 trainer submits it: tensors, object columns, fresh uids and the
+    step it stamps on the whole batch (``global_steps``)."""
+    batch = TensorDict({"input_ids": torch.tensor([[i, i + 1] for i in ids])}, batch_size=[len(ids)])
+    texts = messages or [f"prompt {i}" for i in ids]
+    batch.set("raw_prompt", NonTensorStack(*(NonTensorData(data=[{"role": "user", "content": t}], batch_size=[])
+                                             for t in texts), batch_size=[len(ids)]))
+    batch.set("uid", NonTensorStack(*(NonTensorData(data=f"u{step}-{i}", batch_size=[]) for i in ids),
+                                    batch_size=[len(ids)]))
+    batch["global_steps"] = NonTensorData(step)
+    return batch
+
+
+def test_stepless_digests_of_a_prompt_are_the_same_at_every_step_and_differ_for_another_prompt():
+    at_3, at_9 = _v1_prompts([0, 1], 3), _v1_prompts([0, 1], 9)
+    rows_3 = prompt_row_digests(at_3, ["uid"], stepless=True)
+    assert rows_3 == prompt_row_digests(at_9, ["uid"], stepless=True)
+    assert prompt_digest(at_3, ["uid"], stepless=True) == prompt_digest(at_9, ["uid"], stepless=True)
+    assert all(d.startswith(STEPLESS_PREFIX) for d in rows_3)
+    # other content, at the same step or another: another digest (tensor rows and object rows alike)
+    assert prompt_row_digests(_v1_prompts([1, 0], 3), ["uid"], stepless=True) == rows_3[::-1]
+    other_ids = prompt_row_digests(_v1_prompts([0, 5], 9), ["uid"], stepless=True)
+    assert other_ids[0] == rows_3[0] and other_ids[1] != rows_3[1]
+    other_text = _v1_prompts([0, 1], 3, messages=["prompt 0", "prompt one"])
+    assert prompt_row_digests(other_text, ["uid"], stepless=True)[1] != rows_3[1]
+    assert prompt_digest(other_text, ["uid"], stepless=True) != prompt_digest(at_3, ["uid"], stepless=True)
+
+
+def test_the_earlier_scheme_still_digests_the_step_and_a_recorded_digest_is_compared_in_its_own_scheme():
+    at_3, at_9 = _v1_prompts([0, 1], 3), _v1_prompts([0, 1], 9)
+    earlier = prompt_digest(at_3, ["uid"])
+    assert earlier.startswith(DIGEST_PREFIX) and earlier != prompt_digest(at_9, ["uid"])  # as entries hold it
+    assert prompt_row_digests(at_3, ["uid"]) != prompt_row_digests(at_9, ["uid"])
+    # an entry of the earlier scheme matches the prompts of its own step only: never a false match
+    assert digest_like(earlier, at_3, ["uid"]) == earlier
+    assert digest_like(earlier, at_9, ["uid"]) != earlier
+    stepless = prompt_digest(at_3, ["uid"], stepless=True)
+    assert digest_like(stepless, at_9, ["uid"]) == stepless
+    assert digest_like(stepless, _v1_prompts([0, 2], 3), ["uid"]) != stepless
+    assert digest_like("xxh3_64:0123456789abcdef", at_3, ["uid"]) is None  # a scheme not known: not compared
+    assert digest_like(None, at_3, ["uid"]) is None

@@ -223,12 +223,18 @@ class StepMatcher:
 
         owner = self.owner
         try:
-            digests = prompt_row_digests(prompts, owner.rebind_keys)
+            digests = prompt_row_digests(prompts, owner.rebind_keys, stepless=True)
             uids = [str(u) for u in prompts["uid"]]
         except (KeyError, TypeError, ValueError) as err:
             raise SkipConfigError(f"skip.{owner.name}: prompts are looked up in the cache from the batch of "
                                   f"_next_train_batch, with one row per prompt and a 'uid' column: {err}") from err
         index = self.index.refresh()
+        unknown = [row for row, digest in enumerate(digests) if digest not in index.groups]
+        if unknown:  # steps recorded before stepless digests: their digests name the step, so match at it only
+            earlier = prompt_row_digests(prompts, owner.rebind_keys)
+            for row in unknown:
+                if earlier[row] in index.groups:
+                    digests[row] = earlier[row]
         strict = owner.config.match_n is MatchN.STRICT
         n = owner.layout.n
         while True:  # each round validates the hinted steps it chose: the hinted set shrinks, so it ends

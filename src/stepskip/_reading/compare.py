@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stepskip._reading.classify import EntryStatus
-from stepskip._reading.reader import prompt_digest
 from stepskip._reading.steps import complete
 from stepskip._storage import EntryState
 from stepskip._calls import added_columns
@@ -109,11 +108,10 @@ class Comparer:
         recorded = meta.get("prompt_digest")
         if owner.check_prompts is CheckPrompts.OFF or prompts is None or not recorded:
             return None
-        from stepskip._fidelity import DIGEST_PREFIX
+        from stepskip._fidelity import digest_like
 
-        if not str(recorded).startswith(DIGEST_PREFIX):
-            return None  # an earlier digest scheme: not comparable
-        digest = prompt_digest(prompts, [*owner.rebind_keys, *added_columns(prompts)])
+        # None: an earlier digest scheme, not comparable
+        digest = digest_like(recorded, prompts, [*owner.rebind_keys, *added_columns(prompts)])
         if digest is None:
             return None
         if digest != recorded and owner.check_prompts is CheckPrompts.ERROR:

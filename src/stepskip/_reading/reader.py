@@ -301,11 +301,9 @@ class EntryReader:
         recorded_digest = meta.get("prompt_digest")
         if owner.check_prompts is CheckPrompts.OFF or load_step != step or prompts is None or not recorded_digest:
             return
-        from stepskip._fidelity import DIGEST_PREFIX
+        from stepskip._fidelity import digest_like
 
-        if not str(recorded_digest).startswith(DIGEST_PREFIX):
-            return  # recorded under an earlier digest scheme: not comparable, so not a mismatch
-        digest = prompt_digest(prompts, owner.rebind_keys)
+        digest = digest_like(recorded_digest, prompts, owner.rebind_keys)  # None: an earlier scheme, not comparable
         if digest is None or digest == recorded_digest:
             return
         message = (f"{owner.name}: step {step} was recorded for other prompts than this call's (entry {path}); "
@@ -383,11 +381,12 @@ def _recycled(size: int) -> memoryview | None:
     return POOL.buffer(size)
 
 
-def prompt_digest(prompts: Any, exclude: Any) -> str | None:
-    """The digest of a call's prompts (``exclude``: the identity columns), as an entry records it."""
+def prompt_digest(prompts: Any, exclude: Any, stepless: bool = False) -> str | None:
+    """The digest of a call's prompts (``exclude``: the identity columns; ``stepless``: the columns a
+    trainer sets per step too), as an entry records it."""
     from stepskip._fidelity import prompt_digest as digest  # hashes tensors: torch loads with the first dump
 
-    return digest(prompts, exclude)
+    return digest(prompts, exclude, stepless)
 
 
 def seconds_of(value: Any) -> float:

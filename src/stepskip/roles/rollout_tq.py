@@ -257,20 +257,21 @@ class RolloutTqSkip(RolloutSkip):
             logger.warning("%s: step %d is not recorded: the store did not answer for one of its entries, which "
                            "may be valid and is left as it is", self.name, step)
             return
-        digest = prompt_digest(prompts, self.rebind_keys) if prompts is not None else None
+        # stepless: the trainer stamps the step on its prompts, and a prompt is the same at any step
+        digest = prompt_digest(prompts, self.rebind_keys, stepless=True) if prompts is not None else None
         uid_prompts = self.uid_prompts_of(prompts)
         with self.step_commit.lock:  # a damaged cached step must be overwritten, not kept
             self.step_commit.new_recording(step, clock=time.perf_counter(), regenerate=True, digest=digest,
                                            uid_prompts=uid_prompts)
 
     def uid_prompts_of(self, prompts: Any) -> dict[str, str]:
-        """Live prompt uid -> the digest of its prompt (``rebind_keys`` excluded); empty when unknown."""
+        """Live prompt uid -> the stepless digest of its prompt (``rebind_keys`` excluded); empty when unknown."""
         if prompts is None:
             return {}
         from stepskip._fidelity import prompt_row_digests
 
         try:
-            digests = prompt_row_digests(prompts, self.rebind_keys)
+            digests = prompt_row_digests(prompts, self.rebind_keys, stepless=True)
             uids = [str(u) for u in prompts["uid"]]
         except Exception as err:  # a batch the digest cannot read must not stop training: it just cannot match
             logger.debug("%s: no per-prompt digests for this batch (%s); it cannot serve action: match", self.name, err)

@@ -203,30 +203,38 @@ def test_v1_resume_reissues_in_flight_prompts_of_a_replayed_step_from_the_cache_
     """An asynchronous V1 run resumes from a checkpoint whose queue holds a batch of prompts in flight
     (pending, with their prompt fields, as verl's async submit leaves them); verl's ``_load_checkpoint``
     restores the queue and ``fit`` re-issues those prompts for the resumed step 2, which the cache
-    replays: each is served from the recording by prompt or dropped from the queue (counted, either
-    way), none reaches an engine (none is built: a dispatch would fail the run), and the run trains
-    its two steps."""
+    replays: they were recorded at step 1, and verl stamps them with step 2 now, so each is found by
+    its prompt alone and served from the recording (none dropped); none reaches an engine (none is
+    built: a dispatch would fail the run), and the run trains its two steps."""
     _, runs = v1
     run = no_error(runs["resumed"])
     assert len(run["inflight"]["uids"]) == 4
     assert_no_engine(run)
     counts = run["gate"]
-    assert counts["reissued_prompts_from_cache"] + counts["reissued_prompts_dropped"] == 4
+    assert (counts["reissued_prompts_from_cache"], counts["reissued_prompts_dropped"]) == (4, 0)
     assert run["actor_updates"] == 2
     assert role_stats(run, "rollout_tq")["hits"] == 2
 
 
 def test_v1_refill_of_a_replayed_step_never_reaches_an_engine(v1):
     """The DAPO filter evicts a replayed group (the recording ran without it): the replay buffer's
-    refill fires on the replayed step; its prompts were not recorded for that step, so the run stops
-    with an error naming the step, instead of generating (or waiting forever for an engine)."""
+    refill fires on the replayed step and takes the next prompts of the data. Step 1's refill gets
+    the two prompts recorded at step 2, served from the cache by their prompts (verl stamps them with
+    step 1 now); step 2's refill gets prompts never recorded, so the run stops with an error naming
+    the step, instead of generating (or waiting forever for an engine)."""
     _, runs = v1
     no_error(runs["record_flat"])
     run = runs["refill"]
     assert run["error"]["type"] == "ReplayMissError", run.get("error")
     message = run["error"]["message"]
-    assert "step 1 is replayed from the cache" in message and "refill" in message
-    # at least the flat group the engine made (others may tie by chance): each evicted group asks for two
+    stopped = re.search(r"step (\d+) is replayed from the cache", message)
+    assert stopped and "refill" in message
+    # at least the flat group the engine made (others may tie by chance): each evicted group asks for two;
+    # those the cache holds are served, the rest refused
     asked = re.search(r"asked for (\d+) more prompts", message)
-    assert asked and int(asked[1]) == run["gate"]["refill_prompts_refused"] >= 2
+    assert asked and int(asked[1]) >= run["gate"]["refill_prompts_refused"] >= 2
+    if int(stopped[1]) == 2:
+        assert run["gate"]["refill_prompts_from_cache"] >= 2 and run["actor_updates"] == 1
+    else:  # a tie at step 1 evicted another group: its refill reached past the recorded prompts
+        assert int(stopped[1]) == 1
     assert_no_engine(run)

@@ -48,3 +48,20 @@ def test_fully_async_rollouter_replays_verl_dataprotos(tmp_path, fmt):
     assert len(first) == len(second) == 3
     for a, b in zip(first, second):
         assert torch.equal(a["responses"], b["responses"]) and torch.equal(a["rm_scores"], b["rm_scores"])
+
+
+def test_fully_async_trainer_syncs_no_weights_into_an_engine_while_its_rollouter_replays(tmp_path):
+    """verl's real Rollouter class runs as a Ray actor (its ``__init__`` stood in: it would build
+    datasets, resource pools and engines on GPUs; see ``verl_side/fully_async_sync.py``), its samples
+    1-4 recorded; verl's real ``CheckpointEngineManager`` (naive backend, the actor worker group stood
+    in) is built over the replicas it returns and awaited as the ``FullyAsyncTrainer`` awaits it. The
+    first sync is skipped: the Rollouter can take only samples 1-4 before the next one. The second is
+    pushed: sample 5, not recorded, is then within reach. (Validation keeping verl's order, and a
+    request in flight, are tested on classes shaped like verl's in
+    ``tests/unit/integrations/test_verl_fully_async_sync.py``.)"""
+    report = ok(run_scenario("fully_async_sync", {}, tmp_path))
+    assert report["impl"] == report["rollouter_skip_impl"] == "stepskip" and report["unpatched"] == []
+    assert report["recorded_generations"] == 4 and report["replicas_type"] == "RollouterReplicas"
+    assert report["way_back"] == "ActorHandle"  # the trainer asked the Rollouter's actor through Ray
+    assert report["pushed_from_sample_1"] == [] and report["pushed"] == [1]
+    assert (report["counts"]["weight_syncs_deferred"], report["counts"]["weight_syncs"]) == (1, 1)

@@ -33,6 +33,8 @@ import pytest
 import torch
 
 from stepskip import SkipManager
+from stepskip._fidelity import STEPLESS_PREFIX
+from stepskip.errors import PromptMismatchError
 from stepskip._matching.hints import (
     HINTS_DIR,
     TABLE_SUFFIX,
@@ -228,6 +230,58 @@ def test_rollout_tq_injects_every_inner_entry_bit_exact(era, kind, cache_copy):
         payload = {"tensordict": client.kv_batch_get(keys=keys, partition_id="train"),
                    "tags": [listing[k] for k in keys], "keys": keys, "global_steps": 1}
         assert describe(payload) == entry["value"]
+
+
+#: The first era whose writer stamps its V1 prompts with their step, as verl's V1 trainer does; the eras
+#: before it digested prompts without that column.
+STAMPED_FROM = "v4-stepped-digests"
+
+
+def _stamped_v1_cases() -> list[Any]:
+    names = [era.name for era in make.ERAS]
+    return [c for c in cases("v1", "v1_verl", "v1_object_store") if names.index(c.values[0]) >= names.index(STAMPED_FROM)]
+
+
+def _v1_role(dump_dir: Any, kind: str, section: dict[str, Any]) -> tuple[Any, InProcessTQClient]:
+    experiment = {"v1": "v1", "v1_verl": "v1verl", "v1_object_store": "v1store"}[kind]
+    section = {**section, **({"format": "verl", "allow_pickle": True} if kind == "v1_verl" else {})}
+    if kind == "v1_object_store":
+        dump_dir = _memory_copy(Path(dump_dir))
+    client = InProcessTQClient()
+    SkipManager.init(writer.training_config(str(dump_dir), experiment, "rollout_tq", section, v1=True), tq_client=client)
+    return SkipManager.skip_instances["rollout_tq"], client
+
+
+@pytest.mark.parametrize(("era", "kind"), _stamped_v1_cases())
+def test_rollout_tq_compares_recorded_prompts_in_the_scheme_that_digested_them(era, kind, tmp_path):
+    """A V1 step replays under ``check_prompts: error`` with the prompts it was recorded for (stamped with
+    their step) and refuses other prompts, whichever scheme digested them; ``action: match`` finds its
+    prompts at the step they were recorded at, and at another step only where the digests leave the step
+    out (``xxh3v3:``): a digest of the earlier scheme names the step, so it never matches another step's."""
+    role, _ = _v1_role(shutil.copytree(GOLDEN / era / "cache", tmp_path / "replay"), kind,
+                       {"action": "replay", "check_prompts": "error"})
+    uids = [u for inner in range(writer.V1_SYNC) for u in writer.v1_uids(1, inner)]
+    role.load_dump_data(step=1, new_prompt_uids=uids, n=writer.N, global_steps=1, prompts=writer.v1_prompts(1))
+    other = writer.v1_prompts(1)
+    other["prompt_id"] = other["prompt_id"] + 1
+    with pytest.raises(PromptMismatchError):
+        role.load_dump_data(step=1, new_prompt_uids=uids, n=writer.N, global_steps=1, prompts=other)
+    SkipManager.reset()
+
+    stepless = all(d.startswith(STEPLESS_PREFIX) for path in entries_of(era, kind)
+                   for d in json.loads((GOLDEN / era / "cache" / path / "meta.json").read_bytes())["row_prompts"])
+    for step in (1, 7):
+        role, client = _v1_role(shutil.copytree(GOLDEN / era / "cache", tmp_path / f"match{step}"), kind,
+                                {"action": "match", "steps": [step]})
+        prompts = writer.v1_prompts(step)
+        missing = role.match_inject(step, prompts)
+        injected = [k for k, tag in client.kv_list(partition_id="train").get("train", {}).items()
+                    if not tag.get("is_prompt")]
+        if step == 1 or stepless:
+            assert missing is None and len(injected) == writer.V1_SYNC * writer.GBS * writer.N
+        else:
+            assert missing is not None and len(missing) == len(prompts) and injected == []
+        SkipManager.reset()
 
 
 def _field(description: dict[str, Any], key: str) -> Any:

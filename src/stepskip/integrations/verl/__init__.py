@@ -27,8 +27,10 @@ of ``trainer.logger``, and ``log_samples`` sends sampled trajectories (``docs/wa
 :meth:`stepskip.SkipManager.engine_plan`): when the cache serves every step the run will take and
 validation is off, ``LLMServerManager.create`` builds no rollout replica, the agent-loop manager no
 worker and ``CheckpointEngineManager`` nothing, and a call that would need the engine raises
-:class:`~stepskip.errors.EngineNotStartedError`; in the sync trainers a replayed step never syncs
-weights (see :mod:`stepskip.integrations.verl._engines`, and :func:`engine_counts`).
+:class:`~stepskip.errors.EngineNotStartedError`; in every trainer weights reach the engine only
+for the generation that needs them, in the fully async one as its Rollouter answers (see
+:mod:`stepskip.integrations.verl._engines`, :mod:`stepskip.integrations.verl._fully_async`, and
+:func:`engine_counts`).
 
 Example:
     >>> from stepskip.integrations import verl as stepskip_verl

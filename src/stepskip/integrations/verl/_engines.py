@@ -20,7 +20,8 @@ extension point). Before the first engine is built, :class:`Gate` asks
   the then-current weights, and ``sleep_replicas`` of replicas already asleep is skipped. In the
   asynchronous modes a sync is deferred only while no prompt the engine was given is still pending
   or running in the queue (those requests need the new weights now, as verl orders it). The fully
-  async trainer (a separate Rollouter) keeps verl's order.
+  async trainer, whose Rollouter (another Ray actor) decides what it replays, skips a sync only when
+  the Rollouter says its engine needs no weights until the next one (``_fully_async``).
 
 On the V1 trainer a replayed step also never generates from outside its submit phase: the replay
 buffer's refill (``refill_fn=self._add_prompts_to_generate``) and the re-issue of in-flight prompts
@@ -55,7 +56,9 @@ _PATCHED = "__stepskip_engines__"  # set on every function this module put in pl
 COUNTER_NAMES = ("engines_started", "engines_skipped", "weight_sync_requests", "weight_syncs", "weight_syncs_deferred",
                  "sleeps_skipped",
                  "refill_prompts_from_cache", "refill_prompts_refused", "reissued_prompts_from_cache",
-                 "reissued_prompts_dropped")
+                 "reissued_prompts_dropped",
+                 # the fully async trainer (see _fully_async)
+                 "dispatches_after_skipped_sync")
 
 
 class Gate:
@@ -72,6 +75,7 @@ class Gate:
         self._untracked = False  # a dispatch whose uids could not be read: the engine may be busy
         self._awake: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._syncing = threading.local()
+        self.fully_async = False  # a Rollouter's process: its dispatches are followed (see _fully_async)
         self.counts = dict.fromkeys(COUNTER_NAMES, 0)
 
     # ---------------------------------------------------------------- the plan
@@ -94,6 +98,7 @@ class Gate:
             enabled = select(config, f"skip.{role}.enable", False) is True
             self._deferring = plan.start and enabled and _deferrable(config)
             self._watch_inflight = self._deferring and not _sync_trainer(config)
+            self.fully_async = plan.start and enabled and not _deferrable(config)
             self._pending, self._dispatched, self._untracked = {}, set(), False
             if plan.start:
                 self.counts["engines_started"] += 1
@@ -190,7 +195,11 @@ class Gate:
             self._config, self._plan, self._pending, self._deferring = None, None, {}, False
             self._watch_inflight, self._dispatched, self._untracked = False, set(), False
             self._awake = weakref.WeakKeyDictionary()
+            self.fully_async = False
             self.counts = dict.fromkeys(COUNTER_NAMES, 0)
+        from stepskip.integrations.verl._fully_async import ROLLOUTER
+
+        ROLLOUTER.reset()
 
 
 GATE = Gate()
@@ -314,7 +323,12 @@ def _result(value: Any, depth: int = 2) -> Any:
 
 
 class _NoReplicas(list):  # type: ignore[type-arg]
-    """The replica list of a run without engine: what tells ``CheckpointEngineManager(...)`` to build nothing."""
+    """The replica list of a run without engine: what tells ``CheckpointEngineManager(...)`` to build nothing,
+    in this process or (the fully async trainer's) another one it is pickled to with its plan."""
+
+    def __init__(self, plan: EnginePlan | None = None) -> None:
+        super().__init__()
+        self.plan = plan
 
 
 class NoEngineClient:
@@ -333,7 +347,7 @@ class NoEngineServerManager:
     def __init__(self, config: Any, plan: EnginePlan) -> None:
         self.config = config
         self.plan = plan
-        self.rollout_replicas: list[Any] = _NoReplicas()
+        self.rollout_replicas: list[Any] = _NoReplicas(plan)
         self.server_handles: list[Any] = []
         self.server_addresses: list[str] = []
 
@@ -392,7 +406,12 @@ class _Synced:
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         GATE.before_dispatch(args[0] if args else kwargs.get("prompts"))
-        return self._method.remote(*args, **kwargs)
+        ref = self._method.remote(*args, **kwargs)
+        if GATE.fully_async:
+            from stepskip.integrations.verl._fully_async import ROLLOUTER
+
+            ROLLOUTER.dispatched(ref)
+        return ref
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._method, name)
@@ -513,15 +532,33 @@ def patch_checkpoint_engine(cls: Any) -> None:
 
     def __new__(klass: type, *args: Any, **kwargs: Any) -> Any:
         replicas = kwargs.get("replicas", args[2] if len(args) > 2 else None)
-        if isinstance(replicas, _NoReplicas) and GATE.plan is not None:
-            return NoEngineCheckpointManager(GATE.plan)
+        if isinstance(replicas, _NoReplicas):
+            plan = GATE.plan if GATE.plan is not None else replicas.plan  # the Rollouter's, in the fully async trainer
+            if plan is not None:
+                return NoEngineCheckpointManager(plan)
         return object.__new__(klass)
 
     def update_weights(self: Any, global_steps: Any = None) -> Any:
+        from stepskip.integrations.verl._fully_async import trainer_gate
+
         if GATE.defer(self, global_steps):
             return _result({})
-        out = update_original.__wrapped__(self, global_steps) if _caller_is_async() else \
-            update_original(self, global_steps)
+        is_async = _caller_is_async()
+        decision = trainer_gate(self, global_steps, is_async)  # the fully async trainer asks its Rollouter
+        if decision is not None and is_async:
+            return _gated_sync(self, decision, global_steps)
+        if decision is False:
+            GATE.counts["weight_syncs_deferred"] += 1
+            return {}
+        out = update_original.__wrapped__(self, global_steps) if is_async else update_original(self, global_steps)
+        GATE.synced(self)
+        return out
+
+    async def _gated_sync(self: Any, decision: Any, global_steps: Any) -> Any:
+        if not await decision:
+            GATE.counts["weight_syncs_deferred"] += 1
+            return {}
+        out = await update_original.__wrapped__(self, global_steps)
         GATE.synced(self)
         return out
 
@@ -665,9 +702,23 @@ def _set_enable(node: Any, value: bool) -> None:
 
 def unpatched() -> list[str]:
     """``module.Class.attribute`` of every loaded verl class still without its patch."""
+    from stepskip.integrations.verl import _fully_async
+
     out = []
     for name, (cls_name, attr) in PATCHED_ATTRIBUTES.items():
         cls = getattr(sys.modules.get(name), cls_name, None)
         if cls is not None and not _is_patched(cls.__dict__.get(attr)):
             out.append(f"{name}.{cls_name}.{attr}")
+    module = sys.modules.get(_fully_async.MODULE)
+    if module is not None and _fully_async.unpatched(module):
+        out.append(f"{_fully_async.MODULE}.FullyAsyncRollouter.get_replicas")
     return out
+
+
+def _patch_rollouter(module: ModuleType) -> None:
+    from stepskip.integrations.verl._fully_async import patch_rollouter
+
+    patch_rollouter(module)
+
+
+PATCHES["verl.experimental.fully_async_policy.fully_async_rollouter"] = _patch_rollouter
