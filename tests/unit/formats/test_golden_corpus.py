@@ -181,12 +181,11 @@ def test_rollout_replays_every_entry_bit_exact(era, kind, cache_copy):
     assert SkipManager.stats()["skip/rollout/hits"] == len(entries_of(era, kind))
 
 
-@pytest.mark.parametrize(("era", "kind"), cases("stage", "wide"))
+@pytest.mark.parametrize(("era", "kind"), cases("stage"))
 def test_a_stage_role_replays_its_entry_bit_exact(era, kind, cache_copy):
-    """A generic stage role's TensorDict (dense, jagged, nested and non-tensor entries; ``wide``: trimmed
-    tensors of 20 rows, their runs inline) comes back whole."""
+    """A generic stage role's TensorDict (dense, jagged, nested and non-tensor entries) comes back whole."""
     section = {"kind": "stage", "action": "replay"}
-    SkipManager.init(writer.training_config(str(cache_copy(era)), kind, "reward", section))
+    SkipManager.init(writer.training_config(str(cache_copy(era)), "stage", "reward", section))
     score = SkipManager.annotate(role="reward")(_never)
     for entry in entries_of(era, kind).values():
         SkipManager.set_step(entry["step"])
