@@ -44,16 +44,19 @@ _SAMPLE_BYTES = 1 << 18
 ROW_COPY_MIN_WIDTH = 256
 #: Trimmed tensors of at most this many rows keep their run counts and run values inline in the node
 #: (a few JSON integers) when the encoder is asked to (``inline=True``): each stored part costs
-#: more to write, index and read back than the handful of bytes it holds (a debugging batch of 32
-#: rows decoded its seven tensors from thirty parts). Readers accept inline runs for at most this
-#: many rows.
-INLINE_MAX_ROWS = 64
-#: The most rows whose runs the readers of tree versions 3 and 4 accept inline: a tree holding inline
-#: runs of more rows is marked version 5, so that those readers call it newer rather than damaged.
-INLINE_V3_ROWS = 16
+#: more to write, index and read back than the handful of bytes it holds. Readers accept inline
+#: runs for at most this many rows.
+INLINE_MAX_ROWS = 16
 #: Inline runs of more rows than this are rebuilt by whole-tensor numpy passes (:func:`_fill_small`),
 #: fewer by a slice write per row (:func:`_fill_rows`), which costs less for a handful of rows.
 INLINE_ROW_WRITES_MAX = 4
+#: Tensors of more than :data:`INLINE_MAX_ROWS` rows are trimmed only above this many elements; below
+#: it they are only narrowed. Rebuilding a trimmed tensor of many rows costs ~40 us of fixed work plus
+#: ~1 ns an element of masked passes, copying a narrowed one ~0.1 ns an element: for a debugging
+#: batch (32 to 512 rows) trimming made decoding 6-10x slower to save bytes that cost far less to
+#: read than to rebuild (a 256 x 1536 batch: 1.3 MB trimmed, 4 MB narrowed). From here up (1024 rows
+#: of a few thousand tokens), what trimming saves on disk is the larger gain.
+TRIM_MIN_ELEMENTS = 1 << 20
 
 TREE = "data.json"  # the file whose fields the decoders check (error messages name it)
 Sink = Callable[[torch.Tensor], str]
@@ -213,7 +216,8 @@ def encode_tensor(tensor: torch.Tensor, add: Sink, inline: bool = False) -> dict
     With ``inline``, a trimmed tensor of at most :data:`INLINE_MAX_ROWS` rows keeps its run counts
     and run values in the node itself (readers before tree version 3 cannot read those nodes).
     """
-    if tensor.dim() == 2 and tensor.dtype in _TRIMMABLE:
+    if tensor.dim() == 2 and tensor.dtype in _TRIMMABLE and (
+            tensor.shape[0] <= INLINE_MAX_ROWS or tensor.numel() > TRIM_MIN_ELEMENTS):
         parts = _trim(_bits(tensor))
         if parts is not None:
             values, left, right, lval, rval = parts
@@ -306,7 +310,7 @@ _INT_ONLY = {int}
 
 def _decode_inline_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budget: DecodeBudget,
                         field: str) -> torch.Tensor:
-    """A trimmed tensor of a few rows whose runs are inline in the node (tree versions 3 and 5).
+    """A trimmed tensor of a few rows whose runs are inline in the node (tree version 3).
 
     Every inline field is checked as strictly as a stored part: plain integers, one per row, run
     lengths within the width, run values within the bit pattern's range (0 or 1 for bools).

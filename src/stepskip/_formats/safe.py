@@ -30,15 +30,7 @@ from stepskip._calls import is_dataproto_like
 from stepskip._entries import FileBytes
 from stepskip.errors import CorruptEntryError, UnreadableEntryError, UnstorableValueError
 from stepskip._formats.bounds import DecodeBudget, check_jagged, shape_of
-from stepskip._formats.compact import (
-    INLINE_V3_ROWS,
-    decode_tensor,
-    encode_tensor,
-    find_concat,
-    host_view,
-    pack,
-    unpack,
-)
+from stepskip._formats.compact import decode_tensor, encode_tensor, find_concat, host_view, pack, unpack
 from stepskip._formats.pages import POOL
 from stepskip._formats.snapshot import IMMUTABLE, snapshot_object_array, snapshot_value
 from stepskip._formats.st_read import load_view
@@ -66,12 +58,8 @@ INLINE_VERSION = 3
 #: The version of a tree holding an object column whose rows share items (``"rows"``, see
 #: :func:`_encode_items`); it may hold every layout before it.
 SHARED_VERSION = 4
-#: The version of a tree holding a trimmed tensor whose runs are inline for more rows than readers of
-#: versions 3 and 4 accept (:data:`~stepskip._formats.compact.INLINE_V3_ROWS`); it may hold every layout
-#: before it.
-WIDE_INLINE_VERSION = 5
 #: The newest tree version this stepskip reads; a newer one is unreadable (intact, never regenerated over).
-READ_VERSION = WIDE_INLINE_VERSION
+READ_VERSION = SHARED_VERSION
 _ROWS_MARK = '"__t":"rows"'
 #: The container names the format has always recorded, for classes whose module was renamed since
 #: (the bytes of an entry do not depend on where stepskip keeps its code).
@@ -710,7 +698,7 @@ class SafeFormat:
             return dict(files)
 
     def _encode(self, tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, FileBytes]:
-        inline = 0
+        inline = False
         if self.compress != "none":
             tree, tensors, inline = _compact(tree, tensors)
             refs = sorted(tensors)  # 'packed' in one order, whichever pool thread added its part first
@@ -723,10 +711,7 @@ class SafeFormat:
                     packed[ref] = info
             if packed:
                 tree = dict(tree, packed=packed)
-        # the newest layout it holds says which readers can read it
-        if inline > INLINE_V3_ROWS:
-            tree = dict(tree, version=WIDE_INLINE_VERSION)
-        elif inline and tree.get("version") == VERSION:
+        if inline and tree.get("version") == VERSION:  # the newest layout it holds says which readers can read it
             tree = dict(tree, version=INLINE_VERSION)
         text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"))
         if _ROWS_MARK in text and tree.get("version") == VERSION:  # (a string holding the mark costs nothing)
@@ -874,14 +859,13 @@ def _all_plain(items: list[Any]) -> bool:
 
 
 def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]
-             ) -> tuple[dict[str, Any], dict[str, torch.Tensor], int]:
+             ) -> tuple[dict[str, Any], dict[str, torch.Tensor], bool]:
     """Rewrite plain tensor nodes into compact encodings; other references stay valid.
 
-    Returns the tree, the stored tensors and the most rows a node keeps its runs inline for (0: none;
-    tree version 3 up to :data:`~stepskip._formats.compact.INLINE_V3_ROWS` rows, 5 beyond).
+    Returns the tree, the stored tensors and whether a node keeps its runs inline (tree version 3).
     """
     table = dict(tensors)
-    inline: list[int] = []
+    inline: list[bool] = []
 
     def dense(node: dict[str, Any]) -> dict[str, Any]:
         # parts are named after the tensor they replace, so the bytes do not depend on thread timing
@@ -894,7 +878,7 @@ def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]
 
         encoded = encode_tensor(table.pop(base), add, inline=True)
         if isinstance(encoded.get("left"), list):
-            inline.append(len(encoded["left"]))
+            inline.append(True)
         return encoded
 
     def dense_many(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -942,4 +926,4 @@ def _compact(tree: dict[str, Any], tensors: dict[str, torch.Tensor]
         return node
 
     root = walk(tree["root"])
-    return dict(tree, root=root), table, max(inline, default=0)
+    return dict(tree, root=root), table, bool(inline)

@@ -30,6 +30,9 @@ from stepskip._formats.verl import VerlFormat, VerlTqFormat
 from stepskip.testing import make_rollout_batch
 from stepskip.tq.rows import concat_rows, select_rows
 
+# the trimmed layouts of many rows are what these tests take apart (see the fixture)
+pytestmark = pytest.mark.usefixtures("trim_every_size")
+
 FMT = SafeFormat()
 TREE = "data.json"
 Files = dict[str, bytes]
@@ -46,10 +49,8 @@ def edited(files: Files, edit: Callable[[dict[str, Any]], None]) -> Files:
     return dict(files, **{TREE: json.dumps(tree).encode()})
 
 
-def padded(rows: int = 4, width: int | None = None, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    """A right-padded [rows, width] tensor (64 wide, or twice as wide as its rows): what compact encodes
-    as ``trim``."""
-    width = max(64, 2 * rows) if width is None else width
+def padded(rows: int = 4, width: int = 64, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A right-padded [rows, width] tensor: what compact encodes as ``trim``."""
     out = torch.zeros(rows, width, dtype=dtype)
     for r in range(rows):
         out[r, : r + 2] = torch.arange(1, r + 3, dtype=dtype) * 1000
@@ -107,9 +108,8 @@ def test_max_bytes_refuses_by_name() -> None:
 # --------------------------------------------------------------------------- trim / narrow / concat
 
 
-# 4 rows keep their runs inline in data.json (tree version 3), 32 too (beyond compact.INLINE_V3_ROWS: version 5,
-# rebuilt by whole-tensor passes), 80 as stored parts (beyond compact.INLINE_MAX_ROWS, 64)
-LAYOUTS = pytest.mark.parametrize("rows", [4, 32, 80], ids=["inline-runs", "wide-inline-runs", "stored-runs"])
+# 4 rows keep their runs inline in data.json, 20 as stored parts (compact.INLINE_MAX_ROWS is 16)
+LAYOUTS = pytest.mark.parametrize("rows", [4, 20], ids=["inline-runs", "stored-runs"])
 
 
 @LAYOUTS
@@ -124,11 +124,11 @@ def test_trim_fields_that_do_not_fit_the_stored_parts(change: str, rows: int) ->
     files = td_entry(x=padded(rows=rows))
     tree = json.loads(files[TREE])
     node = batch_entries(tree)["x"]
-    assert node["enc"] == "trim" and isinstance(node["left"], list) == (rows < 64)
+    assert node["enc"] == "trim" and isinstance(node["left"], list) == (rows == 4)
     if change == "rows":
-        node["shape"] = [rows + 1, node["shape"][1]]
+        node["shape"] = [rows + 1, 64]
     elif change == "width":
-        node["shape"] = [rows, node["shape"][1] + 1]  # one more kept position per row than there are values
+        node["shape"] = [rows, 65]  # one more kept position per row than there are values
     elif change == "bits":
         node["bits"] = "int8"
     elif change == "dtype":
@@ -146,10 +146,10 @@ def test_trim_fields_that_do_not_fit_the_stored_parts(change: str, rows: int) ->
 
 @LAYOUTS
 def test_trim_run_lengths_outside_the_row_are_refused(rows: int) -> None:
-    files = td_entry(x=padded(rows=rows, width=8 if rows < 8 else 2 * rows))
+    files = td_entry(x=padded(rows=rows, width=8 if rows < 8 else 24))
     tree = json.loads(files[TREE])
     node = batch_entries(tree)["x"]
-    node["shape"] = [rows, 2]  # the stored right runs (3 long and more) no longer fit a row of 2
+    node["shape"] = [rows, 2]  # the stored run lengths (up to 6, or 22) no longer fit a row of 2
     assert_refused(dict(files, **{TREE: json.dumps(tree).encode()}), TREE, "root.batch['x']")
 
 

@@ -1,10 +1,8 @@
-"""Trimmed tensors of a few rows keep their runs inline in ``data.json`` (tree version 3, and 5
-beyond ``compact.INLINE_V3_ROWS`` rows).
+"""Trimmed tensors of a few rows keep their runs inline in ``data.json`` (tree version 3).
 
-The new layout round-trips bit for bit, older trees (runs as stored parts, versions 1 and 2; runs of
-17 to 64 rows stored, versions before 5) are still read, readers of older versions are told the
-entry is newer, and every inline field is checked as strictly as a stored part: a crafted value is a
-CorruptEntryError naming the field, never a crash.
+The new layout round-trips bit for bit, older trees (runs as stored parts, versions 1 and 2) are
+still read, readers of version 2 are told the entry is newer, and every inline field is checked as
+strictly as a stored part: a crafted value is a CorruptEntryError naming the field, never a crash.
 """
 
 from __future__ import annotations
@@ -22,8 +20,11 @@ from tensordict import TensorDict
 import stepskip._formats.compact as compact
 import stepskip._formats.safe as safe
 from stepskip import Batch, CorruptEntryError, UnreadableEntryError
-from stepskip._formats.safe import INLINE_VERSION, VERSION, WIDE_INLINE_VERSION, SafeFormat
+from stepskip._formats.safe import INLINE_VERSION, VERSION, SafeFormat
 from stepskip.testing import make_rollout_batch
+
+# the trimmed layouts of many rows are what these tests take apart (see the fixture)
+pytestmark = pytest.mark.usefixtures("trim_every_size")
 
 TREE, TENSORS = "data.json", "data.safetensors"
 DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.float32,
@@ -74,66 +75,30 @@ def test_a_one_sample_rollout_stores_one_part_per_trimmed_tensor_and_round_trips
         assert _bits_equal(out.batch[key], batch.batch[key]), key
 
 
-def _version(rows: int) -> int:
-    """The tree version of an entry whose one trimmed tensor has ``rows`` rows."""
-    if rows <= compact.INLINE_V3_ROWS:
-        return INLINE_VERSION
-    return WIDE_INLINE_VERSION if rows <= compact.INLINE_MAX_ROWS else VERSION
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("rows", [1, 3, compact.INLINE_ROW_WRITES_MAX + 1, compact.INLINE_V3_ROWS,
-                                  compact.INLINE_V3_ROWS + 1, compact.INLINE_MAX_ROWS, compact.INLINE_MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 3, compact.INLINE_ROW_WRITES_MAX + 1, compact.INLINE_MAX_ROWS,
+                                  compact.INLINE_MAX_ROWS + 1])
 def test_inline_up_to_the_row_bound_stored_parts_beyond_both_exact(dtype, rows):
     tensor = _padded(rows, 40, dtype, seed=rows)
     files = _entry({"x": tensor})
     node = _nodes(files)["x"]
     assert node["enc"] == "trim"
     assert isinstance(node["left"], list) == (rows <= compact.INLINE_MAX_ROWS)
-    assert json.loads(files[TREE])["version"] == _version(rows)
+    assert json.loads(files[TREE])["version"] == (INLINE_VERSION if rows <= compact.INLINE_MAX_ROWS else VERSION)
     assert _bits_equal(SafeFormat().decode(files).batch["x"], tensor)
 
 
-def test_wide_inline_runs_wider_than_the_small_fill_are_rebuilt_by_blocks_exactly():
-    """Inline runs of a tensor above ``SMALL_FILL_ELEMENTS`` take the masked block fill, run values that
-    differ per row included (position ids' right runs)."""
-    rows = 32
-    width = compact.SMALL_FILL_ELEMENTS // rows + 64
-    tensor = _padded(rows, width, torch.int64, seed=9)
-    tensor[:, -5:] = torch.arange(rows)[:, None]  # a right run of its own value per row
-    files = _entry({"x": tensor})
-    assert isinstance(_nodes(files)["x"]["left"], list)
-    assert _bits_equal(SafeFormat().decode(files).batch["x"], tensor)
-
-
-def test_a_debugging_batch_stores_one_part_per_trimmed_tensor_as_version_5():
-    """32 rows (a debugging batch): its runs are inline, the tensor file holds one part per stored tensor."""
-    batch = make_rollout_batch(32, 16, 24, n=4, seed=2)
-    files = _encode(batch)
-    tree = json.loads(files[TREE])
-    assert tree["version"] == WIDE_INLINE_VERSION
-    assert len(st_load(files[TENSORS])) == len(tree["root"]["batch"]["entries"]) - 1  # input_ids is a concat
-    out = SafeFormat().decode(files)
-    for key in batch.batch.keys():
-        assert _bits_equal(out.batch[key], batch.batch[key]), key
-
-
-@pytest.mark.parametrize("read_version", [3, 4])
-def test_a_reader_of_versions_3_and_4_reports_wide_inline_runs_unreadable(monkeypatch, read_version):
-    files = _entry({"x": _padded(compact.INLINE_V3_ROWS + 1, 40, torch.int64)})
-    monkeypatch.setattr(safe, "READ_VERSION", read_version)
-    with pytest.raises(UnreadableEntryError, match="version 5"):
-        SafeFormat().decode(files)
-
-
-@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float32, torch.uint64], ids=str)
-def test_32_rows_of_stored_runs_written_before_version_5_are_still_read(monkeypatch, dtype):
-    tensor = _padded(32, 40, dtype, seed=4)
-    monkeypatch.setattr(compact, "INLINE_MAX_ROWS", compact.INLINE_V3_ROWS)  # the encoder of versions 3 and 4
-    files = _entry({"x": tensor})
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_old_layout_is_still_read(monkeypatch, dtype):
+    """Trees written before inline runs (their four run parts stored) decode as before."""
+    tensor = _padded(2, 30, dtype, seed=5)
+    monkeypatch.setattr(compact, "INLINE_MAX_ROWS", 0)  # the encoder of before: runs as stored parts
+    files = _entry({"x": tensor, "y": _padded(2, 20, torch.int64)})
     monkeypatch.undo()
-    assert json.loads(files[TREE])["version"] == VERSION and isinstance(_nodes(files)["x"]["left"], str)
-    assert _bits_equal(SafeFormat().decode(files).batch["x"], tensor)
+    tree = json.loads(files[TREE])
+    assert tree["version"] == VERSION and all(isinstance(n["left"], str) for n in _nodes(files).values())
+    out = SafeFormat().decode(files)
+    assert _bits_equal(out.batch["x"], tensor) and _bits_equal(out.batch["y"], _padded(2, 20, torch.int64))
 
 
 def test_a_reader_of_version_2_reports_the_new_layout_unreadable(monkeypatch):
@@ -169,28 +134,31 @@ def test_hostile_inline_fields_are_corrupt_entries(field, value):
         SafeFormat().decode(_edited(files, field, value), max_bytes=1 << 30)
 
 
-WIDE_HOSTILE = [("left", True), ("left", 1.0), ("left", "1"), ("left", -1), ("left", 41), ("left", None),
-                ("left", [1]), ("left", 10**30), ("right", 41), ("right", -5), ("right", 39), ("lval", 2**63),
-                ("lval", -(2**63) - 1), ("lval", 1.5), ("rval", False), ("rval", {"a": 1})]
+ROW_HOSTILE = [("left", True), ("left", 1.0), ("left", "1"), ("left", -1), ("left", 41), ("left", None),
+               ("left", [1]), ("left", 10**30), ("right", 41), ("right", -5), ("right", 39), ("lval", 2**63),
+               ("lval", -(2**63) - 1), ("lval", 1.5), ("rval", False), ("rval", {"a": 1})]
 
 
-@pytest.mark.parametrize("field,item", WIDE_HOSTILE, ids=[f"{f}={str(v)[:12]}" for f, v in WIDE_HOSTILE])
-def test_one_hostile_item_among_wide_inline_runs_is_a_corrupt_entry(field, item):
-    """One row's inline item replaced among 32 (the whole-list checks of the wide layout): a right run
-    of 39 in a row of 40 overlaps its left run."""
-    files = _entry({"x": _padded(32, 40, torch.int64, seed=6)})
+@pytest.mark.parametrize("field,item", ROW_HOSTILE, ids=[f"{f}={str(v)[:12]}" for f, v in ROW_HOSTILE])
+def test_one_hostile_item_among_many_rows_of_inline_runs_is_a_corrupt_entry(field, item):
+    """One row's inline item replaced among 16 (checked as a whole list, rebuilt by whole-tensor passes):
+    a right run of 39 in a row of 40 overlaps its left run."""
+    files = _entry({"x": _padded(compact.INLINE_MAX_ROWS, 40, torch.int64, seed=6)})
     items = list(_nodes(files)["x"][field])
-    items[17] = item
+    items[11] = item
     with pytest.raises(CorruptEntryError, match=r"root\.batch\['x'\]"):
         SafeFormat().decode(_edited(files, field, items), max_bytes=1 << 30)
 
 
-def test_a_wide_bool_tensor_with_a_run_value_other_than_0_or_1_is_corrupt():
-    files = _entry({"x": _padded(32, 40, torch.bool, seed=8)})
-    lval = list(_nodes(files)["x"]["lval"])
-    lval[31] = 2
-    with pytest.raises(CorruptEntryError, match="lval"):
-        SafeFormat().decode(_edited(files, "lval", lval))
+def test_inline_runs_wider_than_the_small_fill_are_rebuilt_by_blocks_exactly():
+    """Inline runs of a tensor above ``SMALL_FILL_ELEMENTS`` take the masked block fill, run values of
+    each row's own included (position ids' right runs)."""
+    rows = compact.INLINE_MAX_ROWS
+    tensor = _padded(rows, compact.SMALL_FILL_ELEMENTS // rows + 64, torch.int64, seed=9)
+    tensor[:, -5:] = torch.arange(rows)[:, None]
+    files = _entry({"x": tensor})
+    assert isinstance(_nodes(files)["x"]["left"], list)
+    assert _bits_equal(SafeFormat().decode(files).batch["x"], tensor)
 
 
 def test_a_bool_tensor_with_run_values_or_middle_values_other_than_0_or_1_is_corrupt():
@@ -237,7 +205,7 @@ def test_any_json_in_an_inline_field_decodes_exactly_or_is_a_corrupt_entry(field
     assert out.batch["x"].dtype == torch.int32 and out.batch["x"].dim() == 2
 
 
-@pytest.mark.parametrize("rows", [1, 3, 17, 65])  # 17 rows: inline runs, whole-tensor fill; 65: stored parts
+@pytest.mark.parametrize("rows", [1, 3, 17])  # 17 rows: the runs are stored parts, not inline
 def test_a_bool_tensor_whose_stored_values_are_not_0_or_1_is_damage(rows):
     from safetensors.torch import save as st_save
 
