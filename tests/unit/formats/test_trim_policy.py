@@ -1,7 +1,11 @@
-"""Which tensors the encoder trims: tensors of a few rows (runs inline) and big ones; the tensors of
-many rows and few elements in all (a debugging batch) are only narrowed, which decodes by one copy
-each where a trimmed one is rebuilt by masked passes. Either way every bit comes back, and entries
-whose small tensors were trimmed (by the encoder of before) are still read.
+"""Which tensors the encoder trims, and which entries ``compress: auto`` compresses.
+
+Tensors of a few rows (runs inline) and big ones are trimmed; the tensors of many rows and few
+elements in all (a debugging batch) are only narrowed, which decodes by one copy each where a
+trimmed one is rebuilt by masked passes. Entries under ``ZSTD_ENTRY_MIN_BYTES`` of stored tensors
+are not compressed by ``auto`` (reading their bytes costs less than decompressing them); ``zstd``
+compresses them still. Either way every bit comes back, and entries whose small tensors were
+trimmed or compressed (by the encoder of before) are still read.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from safetensors.torch import load as st_load
 from tensordict import TensorDict
 
 import stepskip._formats.compact as compact
+import stepskip._formats.safe as safe
 from stepskip import Batch
 from stepskip._formats.safe import SafeFormat
 from stepskip.testing import make_rollout_batch
@@ -75,3 +80,29 @@ def test_a_debugging_batch_trimmed_by_the_encoder_of_before_is_still_read(trim_e
     out = SafeFormat().decode(files)
     for key in batch.batch.keys():
         assert _same(out.batch[key], batch.batch[key]), key
+
+
+def _compressible() -> Batch:
+    """A tensor stored as 512 KiB (int16 once narrowed) that zstd shrinks far below half (a repeating ramp)."""
+    tensor = (torch.arange(128 * 2048, dtype=torch.int32) % 4001).reshape(128, 2048)
+    return Batch(batch=TensorDict({"x": tensor}, batch_size=[128]), non_tensor_batch={}, meta_info={})
+
+
+def _encode_with(compress: str, value: Batch) -> dict[str, bytes]:
+    fmt = SafeFormat(compress)
+    return {name: bytes(data) for name, data in fmt.encode(fmt.freeze(value, copy=True)).items()}
+
+
+@pytest.mark.parametrize(("compress", "entry_min", "packed"), [
+    ("auto", None, False),  # a small entry: its bytes are read, not decompressed
+    ("auto", 0, True),  # as big entries are: compressed where it halves a part
+    ("zstd", None, True),  # asked for: compressed whatever its size
+])
+def test_auto_compresses_only_entries_of_many_stored_bytes(monkeypatch, compress, entry_min, packed):
+    if entry_min is not None:
+        monkeypatch.setattr(safe, "ZSTD_ENTRY_MIN_BYTES", entry_min)
+    value = _compressible()
+    files = _encode_with(compress, value)
+    assert bool(json.loads(files[TREE]).get("packed")) == packed
+    assert len(files[TENSORS]) < (1 << 18) if packed else len(files[TENSORS]) > (1 << 18)
+    assert _same(SafeFormat().decode(files).batch["x"], value.batch["x"])
