@@ -350,6 +350,7 @@ def test_a_concatenation_decodes_beside_its_parts_and_a_damaged_part_fails_witho
     from stepskip._formats import safe
 
     monkeypatch.setattr(safe, "PARALLEL_MIN_BYTES", 0)  # this small entry decodes on the pool too
+    monkeypatch.setattr(safe, "DECODE_PARALLEL_MIN_BYTES", 0)
     decoded_on: set[str] = set()
     node = safe._Decoder.node
 

@@ -106,3 +106,24 @@ def test_auto_compresses_only_entries_of_many_stored_bytes(monkeypatch, compress
     assert bool(json.loads(files[TREE]).get("packed")) == packed
     assert len(files[TENSORS]) < (1 << 18) if packed else len(files[TENSORS]) > (1 << 18)
     assert _same(SafeFormat().decode(files).batch["x"], value.batch["x"])
+
+
+def test_a_debugging_batch_decodes_on_the_calling_thread(monkeypatch):
+    """Its narrowed tensors are a few copies: rebuilt here, not handed to the codec pool (entries of
+    ``DECODE_PARALLEL_MIN_BYTES`` and more are; see test_compact's concatenation test)."""
+    import threading
+
+    decoded_on: set[str] = set()
+    node = safe._Decoder.node
+
+    def spied(self, *args, **kwargs):
+        decoded_on.add(threading.current_thread().name)
+        return node(self, *args, **kwargs)
+
+    monkeypatch.setattr(safe._Decoder, "node", spied)
+    batch = make_rollout_batch(256, 128, 384, n=8, seed=4)
+    files = _encode(batch)
+    assert len(files[TENSORS]) >= safe.PARALLEL_MIN_BYTES  # big enough for the pool before
+    out = SafeFormat().decode(files)
+    assert decoded_on == {threading.current_thread().name}
+    assert _same(out.batch["input_ids"], batch.batch["input_ids"])
