@@ -50,7 +50,7 @@ INLINE_MAX_ROWS = 16
 #: Inline runs of more rows than this are rebuilt by whole-tensor numpy passes (:func:`_fill_small`),
 #: fewer by a slice write per row (:func:`_fill_rows`), which costs less for a handful of rows.
 INLINE_ROW_WRITES_MAX = 4
-#: Tensors of more than :data:`INLINE_MAX_ROWS` rows are trimmed only above this many elements; below
+#: Tensors of more than :data:`INLINE_MAX_ROWS` rows are trimmed only from this many elements up; below
 #: it they are only narrowed. Rebuilding a trimmed tensor of many rows costs ~40 us of fixed work plus
 #: ~1 ns an element of masked passes, copying a narrowed one ~0.1 ns an element: for a debugging
 #: batch (32 to 512 rows) trimming made decoding 6-10x slower to save bytes that cost far less to
@@ -217,7 +217,7 @@ def encode_tensor(tensor: torch.Tensor, add: Sink, inline: bool = False) -> dict
     and run values in the node itself (readers before tree version 3 cannot read those nodes).
     """
     if tensor.dim() == 2 and tensor.dtype in _TRIMMABLE and (
-            tensor.shape[0] <= INLINE_MAX_ROWS or tensor.numel() > TRIM_MIN_ELEMENTS):
+            tensor.shape[0] <= INLINE_MAX_ROWS or tensor.numel() >= TRIM_MIN_ELEMENTS):
         parts = _trim(_bits(tensor))
         if parts is not None:
             values, left, right, lval, rval = parts

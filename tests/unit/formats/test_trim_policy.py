@@ -62,7 +62,7 @@ def test_a_few_rows_stay_trimmed_with_their_runs_inline():
         assert _same(out.batch[key], batch.batch[key]), key
 
 
-@pytest.mark.parametrize(("width", "enc"), [(20, "narrow"), (64, "trim")])
+@pytest.mark.parametrize(("width", "enc"), [(20, "narrow"), (31, "narrow"), (32, "trim"), (64, "trim")])
 def test_many_rows_are_trimmed_above_the_element_bound_only(monkeypatch, width, enc):
     monkeypatch.setattr(compact, "TRIM_MIN_ELEMENTS", 40 * 32)
     tensor = torch.zeros(40, width, dtype=torch.int64)
