@@ -47,6 +47,16 @@ ROW_COPY_MIN_WIDTH = 256
 #: more to write, index and read back than the handful of bytes it holds. Readers accept inline
 #: runs for at most this many rows.
 INLINE_MAX_ROWS = 16
+#: Inline runs of more rows than this are rebuilt by whole-tensor numpy passes (:func:`_fill_small`),
+#: fewer by a slice write per row (:func:`_fill_rows`), which costs less for a handful of rows.
+INLINE_ROW_WRITES_MAX = 4
+#: Tensors of more than :data:`INLINE_MAX_ROWS` rows are trimmed only from this many elements up; below
+#: it they are only narrowed. Rebuilding a trimmed tensor of many rows costs ~40 us of fixed work plus
+#: ~1 ns an element of masked passes, copying a narrowed one ~0.1 ns an element: for a debugging
+#: batch (32 to 512 rows) trimming made decoding 6-10x slower to save bytes that cost far less to
+#: read than to rebuild (a 256 x 1536 batch: 1.3 MB trimmed, 4 MB narrowed). From here up (1024 rows
+#: of a few thousand tokens), what trimming saves on disk is the larger gain.
+TRIM_MIN_ELEMENTS = 1 << 20
 
 TREE = "data.json"  # the file whose fields the decoders check (error messages name it)
 Sink = Callable[[torch.Tensor], str]
@@ -206,7 +216,8 @@ def encode_tensor(tensor: torch.Tensor, add: Sink, inline: bool = False) -> dict
     With ``inline``, a trimmed tensor of at most :data:`INLINE_MAX_ROWS` rows keeps its run counts
     and run values in the node itself (readers before tree version 3 cannot read those nodes).
     """
-    if tensor.dim() == 2 and tensor.dtype in _TRIMMABLE:
+    if tensor.dim() == 2 and tensor.dtype in _TRIMMABLE and (
+            tensor.shape[0] <= INLINE_MAX_ROWS or tensor.numel() >= TRIM_MIN_ELEMENTS):
         parts = _trim(_bits(tensor))
         if parts is not None:
             values, left, right, lval, rval = parts
@@ -286,14 +297,15 @@ _RANGES: dict[torch.dtype, tuple[int, int]] = {
 def _inline_ints(node: Mapping[str, Any], name: str, rows: int, low: int, high: int, field: str) -> list[int]:
     """The inline list ``node[name]``: exactly ``rows`` plain integers in ``[low, high]``."""
     value = node.get(name)
-    if type(value) is list and len(value) == rows:
-        for v in value:  # plain ints only: bools, floats and anything else are damage
-            if type(v) is not int or v < low or v > high:
-                break
-        else:
-            return value
+    # plain ints only (bools, floats and anything else are damage): checked by C loops, not one by one
+    if type(value) is list and len(value) == rows and (not value or (
+            set(map(type, value)) == _INT_ONLY and min(value) >= low and max(value) <= high)):
+        return value
     raise CorruptEntryError(f"{TREE}: {field}.{name}: {rows} inline integers in [{low}, {high}] are expected, "
                             f"not {str(value)[:60]!r}")
+
+
+_INT_ONLY = {int}
 
 
 def _decode_inline_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype, budget: DecodeBudget,
@@ -325,14 +337,26 @@ def _decode_inline_trim(node: Mapping[str, Any], get: Source, dtype: torch.dtype
     values = stored.numpy()
     if dtype == torch.bool and kept and (int(values.min()) < 0 or int(values.max()) > 1):
         raise CorruptEntryError(f"{TREE}: {field}.values: a bool tensor's values are 0 or 1")
-    out = np.empty((rows, width), dtype=_NUMPY[bits_dtype])
+    target = _NUMPY[bits_dtype]
     if rows == 1:  # one sample: the row's three slices, without the per-row loop
+        out = np.empty((rows, width), dtype=target)
         row, middle = out[0], width - right[0]
         row[:left[0]] = lval[0]
         row[left[0]:middle] = values
         row[middle:] = rval[0]
-    else:
+    elif rows <= INLINE_ROW_WRITES_MAX:
+        out = np.empty((rows, width), dtype=target)
         _fill_rows(out.reshape(-1), width, left, right, lval, rval, values)
+    else:  # the run lists were range-checked: numpy holds them in these types exactly
+        out = POOL.array((rows, width), target)
+        runs = (np.array(left, dtype=np.int64), np.array(right, dtype=np.int64), np.array(lval, dtype=target),
+                np.array(rval, dtype=target))
+        if rows * width <= SMALL_FILL_ELEMENTS:
+            budget.charge(2 * rows * width, TREE, field)  # its two masks
+            _fill_small(out, width, *runs, values)
+        else:
+            budget.charge(rows * width + rows * _RUN_ROW_BYTES, TREE, field)  # a block's mask, its run arrays
+            _fill_masked(out.reshape(-1), width, *runs, values, lambda n: budget.charge(n, TREE, field))
     result = torch.from_numpy(out)
     return result.view(dtype) if dtype in _BITS else result
 
@@ -421,14 +445,19 @@ SMALL_FILL_ELEMENTS = 1 << 16
 
 
 def _columns(width: int) -> np.ndarray:
-    """``arange(width)`` as a row, kept per width (a batch's tensors share a few widths)."""
+    """``arange(width)`` as a row of the narrowest signed type that holds ``width``, kept per width
+    (a batch's tensors share a few widths): comparing narrow integers costs a fraction of int64's."""
     columns = _COLUMNS.get(width)
     if columns is None:
-        columns = np.arange(width, dtype=np.int64)[None, :]
+        columns = np.arange(width, dtype=_index_type(width))[None, :]
         columns.flags.writeable = False
         if len(_COLUMNS) < 64:
             _COLUMNS[width] = columns
     return columns
+
+
+def _index_type(width: int) -> type[np.signedinteger[Any]]:
+    return np.int16 if width < 1 << 15 else np.int32 if width < 1 << 31 else np.int64
 
 
 _COLUMNS: dict[int, np.ndarray] = {}
@@ -437,13 +466,16 @@ _COLUMNS: dict[int, np.ndarray] = {}
 def _fill_small(out: np.ndarray, width: int, left: np.ndarray, right: np.ndarray, lval: np.ndarray,
                 rval: np.ndarray, values: np.ndarray) -> None:
     """Write a small trimmed [rows, width] tensor: each row's left value everywhere, its right value
-    from its right run on, then the middles by one mask. The caller checked the runs and values
-    (as for :func:`_fill_masked`)."""
+    from its right run on (a pass left out when every row's two run values agree, as a mask's zeros
+    do), then the middles by one mask. The caller checked the runs and values (as for
+    :func:`_fill_masked`): they fit the width, so they fit :func:`_columns`' type."""
     columns = _columns(width)
-    right_start = (width - right)[:, None]
+    index = columns.dtype
+    right_start = (width - right).astype(index)[:, None]
     out[...] = lval[:, None]
-    np.copyto(out, rval[:, None], where=columns >= right_start)
-    keep = columns >= left[:, None]
+    if not np.array_equal(lval, rval):
+        np.copyto(out, rval[:, None], where=columns >= right_start)
+    keep = columns >= left.astype(index)[:, None]
     keep &= columns < right_start
     out[keep] = values
 

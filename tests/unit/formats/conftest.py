@@ -113,3 +113,13 @@ def assert_exact(actual: Any, expected: Any, path: str = "value") -> None:
 def exact() -> Callable[[Any, Any], None]:
     """``exact(actual, expected)``: the strict comparison above."""
     return assert_exact
+
+
+@pytest.fixture
+def trim_every_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trim tensors of every size, as the encoder did before small tensors of many rows were left
+    narrowed (``compact.TRIM_MIN_ELEMENTS``): for tests of the trimmed layouts themselves, which
+    entries of any size written before, and big tensors today, are read through."""
+    from stepskip._formats import compact
+
+    monkeypatch.setattr(compact, "TRIM_MIN_ELEMENTS", 0)

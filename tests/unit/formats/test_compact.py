@@ -15,6 +15,9 @@ from stepskip._formats import get_format
 from stepskip._formats.compact import decode_tensor, encode_tensor, find_concat, host_view, narrow, pack, unpack
 from stepskip.testing import make_rollout_batch
 
+# the trimmed layouts of many rows are what these tests take apart (see the fixture)
+pytestmark = pytest.mark.usefixtures("trim_every_size")
+
 DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
           torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
@@ -347,6 +350,7 @@ def test_a_concatenation_decodes_beside_its_parts_and_a_damaged_part_fails_witho
     from stepskip._formats import safe
 
     monkeypatch.setattr(safe, "PARALLEL_MIN_BYTES", 0)  # this small entry decodes on the pool too
+    monkeypatch.setattr(safe, "DECODE_PARALLEL_MIN_BYTES", 0)
     decoded_on: set[str] = set()
     node = safe._Decoder.node
 

@@ -30,6 +30,9 @@ from stepskip._formats.verl import VerlFormat, VerlTqFormat
 from stepskip.testing import make_rollout_batch
 from stepskip.tq.rows import concat_rows, select_rows
 
+# the trimmed layouts of many rows are what these tests take apart (see the fixture)
+pytestmark = pytest.mark.usefixtures("trim_every_size")
+
 FMT = SafeFormat()
 TREE = "data.json"
 Files = dict[str, bytes]

@@ -23,6 +23,9 @@ from stepskip import Batch, CorruptEntryError, UnreadableEntryError
 from stepskip._formats.safe import INLINE_VERSION, VERSION, SafeFormat
 from stepskip.testing import make_rollout_batch
 
+# the trimmed layouts of many rows are what these tests take apart (see the fixture)
+pytestmark = pytest.mark.usefixtures("trim_every_size")
+
 TREE, TENSORS = "data.json", "data.safetensors"
 DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.float32,
           torch.float64, torch.float16, torch.bfloat16, torch.uint16, torch.uint32, torch.uint64]
@@ -73,7 +76,8 @@ def test_a_one_sample_rollout_stores_one_part_per_trimmed_tensor_and_round_trips
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("rows", [1, 3, compact.INLINE_MAX_ROWS, compact.INLINE_MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 3, compact.INLINE_ROW_WRITES_MAX + 1, compact.INLINE_MAX_ROWS,
+                                  compact.INLINE_MAX_ROWS + 1])
 def test_inline_up_to_the_row_bound_stored_parts_beyond_both_exact(dtype, rows):
     tensor = _padded(rows, 40, dtype, seed=rows)
     files = _entry({"x": tensor})
@@ -128,6 +132,33 @@ def test_hostile_inline_fields_are_corrupt_entries(field, value):
     assert isinstance(_nodes(files)["x"]["left"], list)
     with pytest.raises(CorruptEntryError, match=r"root\.batch\['x'\]"):
         SafeFormat().decode(_edited(files, field, value), max_bytes=1 << 30)
+
+
+ROW_HOSTILE = [("left", True), ("left", 1.0), ("left", "1"), ("left", -1), ("left", 41), ("left", None),
+               ("left", [1]), ("left", 10**30), ("right", 41), ("right", -5), ("right", 39), ("lval", 2**63),
+               ("lval", -(2**63) - 1), ("lval", 1.5), ("rval", False), ("rval", {"a": 1})]
+
+
+@pytest.mark.parametrize("field,item", ROW_HOSTILE, ids=[f"{f}={str(v)[:12]}" for f, v in ROW_HOSTILE])
+def test_one_hostile_item_among_many_rows_of_inline_runs_is_a_corrupt_entry(field, item):
+    """One row's inline item replaced among 16 (checked as a whole list, rebuilt by whole-tensor passes):
+    a right run of 39 in a row of 40 overlaps its left run."""
+    files = _entry({"x": _padded(compact.INLINE_MAX_ROWS, 40, torch.int64, seed=6)})
+    items = list(_nodes(files)["x"][field])
+    items[11] = item
+    with pytest.raises(CorruptEntryError, match=r"root\.batch\['x'\]"):
+        SafeFormat().decode(_edited(files, field, items), max_bytes=1 << 30)
+
+
+def test_inline_runs_wider_than_the_small_fill_are_rebuilt_by_blocks_exactly():
+    """Inline runs of a tensor above ``SMALL_FILL_ELEMENTS`` take the masked block fill, run values of
+    each row's own included (position ids' right runs)."""
+    rows = compact.INLINE_MAX_ROWS
+    tensor = _padded(rows, compact.SMALL_FILL_ELEMENTS // rows + 64, torch.int64, seed=9)
+    tensor[:, -5:] = torch.arange(rows)[:, None]
+    files = _entry({"x": tensor})
+    assert isinstance(_nodes(files)["x"]["left"], list)
+    assert _bits_equal(SafeFormat().decode(files).batch["x"], tensor)
 
 
 def test_a_bool_tensor_with_run_values_or_middle_values_other_than_0_or_1_is_corrupt():

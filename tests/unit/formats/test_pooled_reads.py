@@ -26,6 +26,9 @@ from stepskip._formats.safe import SafeFormat
 from stepskip._formats.st_read import load_view
 from stepskip.testing import make_rollout_batch
 
+# the trimmed layouts of many rows are what these tests take apart (see the fixture)
+pytestmark = pytest.mark.usefixtures("trim_every_size")
+
 
 def tensors():
     return {"i64": torch.arange(12).reshape(3, 4), "bf16": torch.randn(5).to(torch.bfloat16),
