@@ -17,6 +17,7 @@ between stepskip and verl's own skip through ``format: verl``.
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from verl_real_support import (
@@ -53,8 +54,23 @@ def record(tmp_path, impl: str, fmt: str | None) -> dict:
     return report
 
 
-def test_stepskip_records_and_replays_the_v1_trainer(tmp_path):
-    recorded = record(tmp_path, "stepskip", "safe")
+@pytest.fixture(scope="module")
+def stepskip_recording(tmp_path_factory) -> tuple:
+    """One recording by stepskip (``format: safe``) for the tests that replay or compare against it."""
+    where = tmp_path_factory.mktemp("v1-recording")
+    return where, record(where, "stepskip", "safe")
+
+
+def recording_in(tmp_path, stepskip_recording) -> dict:
+    """A copy of the module's recording (dump dir and the actor inputs it trained on) under ``tmp_path``."""
+    where, report = stepskip_recording
+    shutil.copytree(where / "dump", tmp_path / "dump")
+    shutil.copy(where / "record.pt", tmp_path / "record.pt")
+    return report
+
+
+def test_stepskip_records_and_replays_the_v1_trainer(tmp_path, stepskip_recording):
+    recorded = recording_in(tmp_path, stepskip_recording)
     steps = sorted({int(f.split("/")[-3]) for f in recorded["dump_files"] if f.endswith("meta.json")})
     assert steps == STEPS
 
@@ -74,10 +90,10 @@ def test_stepskip_records_and_replays_the_v1_trainer(tmp_path):
     assert any(float(row.abs().sum()) > 0 for update in second for row in update["advantages"])
 
 
-def test_compare_generates_live_and_feeds_the_actor_the_recorded_rows(tmp_path):
+def test_compare_generates_live_and_feeds_the_actor_the_recorded_rows(tmp_path, stepskip_recording):
     """``action: compare`` on the V1 trainer: every step is submitted to rollout live and its sampled
     trajectories compared with the recording; under ``train_on: recorded`` the actor reads the recorded rows."""
-    record(tmp_path, "stepskip", "safe")
+    recording_in(tmp_path, stepskip_recording)
     compared = ok(run_scenario("v1", {"skip": section(tmp_path / "dump", "compare", "safe"),
                                       "actor_inputs": str(tmp_path / "compare.pt")}, tmp_path / "compare"))
     stats = role_stats(compared, "rollout_tq")
