@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
-# `make test`'s legs, three at a time on a 2-core machine; exits non-zero when any leg fails, naming it.
+# `make test`'s legs, two at a time on a 2-core machine; exits non-zero when any leg fails, naming it.
 #
 # Most integration tests wait (on subprocesses in verl's environment, Ray, sockets, a browser), so
-# one pytest process of them keeps less than a core busy; two such legs left about half a core idle
-# (measured: 1.4 cores busy on average over a 15.8-minute run). Three legs run side by side, each its
-# own pytest process with its own temporary directories:
+# one pytest process keeps about one core busy. Two legs run side by side, each its own pytest
+# process with its own temporary directories:
 #   ray  - every test that starts Ray or TransferQueue (pipelines, tq, cluster, verl_real) and verl_env, one
-#          after another, so that two Ray clusters never start at once, then TRL's trainer runs (trl);
-#          its output is shown live;
-#   rest - mypy, the docs site built strictly (mkdocs.yml), the other integration tests;
-#   unit - tests/unit, then tests/unit under verl's tensordict 0.10 (when UNIT_TD010 is set).
-# The output of rest and unit is shown when the ray leg is done.
+#          after another, so that two Ray clusters never start at once, then TRL's trainer runs (trl),
+#          which balance the two legs' time; its output is shown live;
+#   rest - mypy, the docs site built strictly (mkdocs.yml), the other integration tests, tests/unit,
+#          then tests/unit under verl's tensordict 0.10 (when UNIT_TD010 is set); its output is shown
+#          when the ray leg is done.
 # The suite passes on a loaded machine by design (tools/test_under_load.sh checks it): a leg is
-# the others' load. Environment: PY (the main venv's python), VERL_PY (verl's, or empty),
+# the other's load. Environment: PY (the main venv's python), VERL_PY (verl's, or empty),
 # UNIT_TD010 (the tensordict-0.10 command line, or empty).
 set -u
 cd "$(dirname "$0")/.."
@@ -26,49 +25,38 @@ REST_TESTS=(tests/integration)
 for dir in "${RAY_TESTS[@]}"; do REST_TESTS+=("--ignore=$dir"); done
 
 rest_log=$(mktemp -t stepskip-rest-leg.XXXXXX)
-unit_log=$(mktemp -t stepskip-unit-leg.XXXXXX)
-rest_leg() {
+rest_failed="$rest_log.failed"
+(
     failed=()
     "$PY" -m mypy || failed+=(mypy)
     docs_site=$(mktemp -d -t stepskip-docs-site.XXXXXX)
     NO_MKDOCS_2_WARNING=1 "$PY" -m mkdocs build --strict --quiet --site-dir "$docs_site" || failed+=("docs (mkdocs build --strict)")
     rm -rf "$docs_site"
     "$PY" -m pytest -q -p no:cacheprovider --durations=10 "${REST_TESTS[@]}" || failed+=("tests/integration (without Ray)")
-    printf '%s\n' "${failed[@]}" > "$rest_log.failed"
-}
-unit_leg() {
-    failed=()
     "$PY" -m pytest -q -p no:cacheprovider tests/unit || failed+=(tests/unit)
     if [ -n "${UNIT_TD010:-}" ]; then
         bash -c "$UNIT_TD010" || failed+=("tests/unit under tensordict 0.10")
     fi
-    printf '%s\n' "${failed[@]}" > "$unit_log.failed"
-}
-rest_leg > "$rest_log" 2>&1 &
+    printf '%s\n' "${failed[@]}" > "$rest_failed"
+) > "$rest_log" 2>&1 &
 rest=$!
-unit_leg > "$unit_log" 2>&1 &
-unit=$!
-trap 'kill -- -$rest -$unit 2>/dev/null; kill $rest $unit 2>/dev/null' INT TERM
+trap 'kill -- -$rest 2>/dev/null; kill $rest 2>/dev/null' INT TERM
 
-echo "== leg ray: ${RAY_TESTS[*]} (the other legs run beside it; their output follows)"
+echo "== leg ray: ${RAY_TESTS[*]} (the other leg runs beside it; its output follows)"
 "$PY" -m pytest -q --durations=15 "${RAY_TESTS[@]}"
 ray_status=$?
-wait $rest $unit
-echo "== leg rest: mypy, docs, tests/integration ${REST_TESTS[*]:1}"
+wait $rest
+echo "== leg rest: mypy, docs, tests/integration ${REST_TESTS[*]:1}, tests/unit${UNIT_TD010:+, tests/unit under tensordict 0.10}"
 cat "$rest_log"
-echo "== leg unit: tests/unit${UNIT_TD010:+, tests/unit under tensordict 0.10}"
-cat "$unit_log"
 
 failed=()
 [ $ray_status -eq 0 ] || failed+=("tests/integration with Ray")
-for leg in "$rest_log" "$unit_log"; do
-    if [ -f "$leg.failed" ]; then
-        while IFS= read -r name; do [ -n "$name" ] && failed+=("$name"); done < "$leg.failed"
-    else
-        failed+=("the $(basename "$leg" | cut -d- -f2) leg (it did not finish)")
-    fi
-done
-rm -f "$rest_log" "$rest_log.failed" "$unit_log" "$unit_log.failed"
+if [ -f "$rest_failed" ]; then
+    while IFS= read -r leg; do [ -n "$leg" ] && failed+=("$leg"); done < "$rest_failed"
+else
+    failed+=("the rest leg (it did not finish)")
+fi
+rm -f "$rest_log" "$rest_failed"
 if [ ${#failed[@]} -gt 0 ]; then
     printf 'make test: FAILED: %s\n' "${failed[@]}"
     exit 1
