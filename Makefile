@@ -47,10 +47,18 @@ VERL_TRACKER_DEPS := tensorboard==2.21.0 wandb==0.31.0 mlflow-skinny==3.18.0
 VERL_STEPSKIP_DEPS := safetensors==0.8.0 xxhash==4.1.0 zstandard==0.25.0 typer==0.29.2 rich==15.0.0 \
 	pytest==9.2.0 pytest-asyncio==1.5.0 pytest-timeout==2.4.0 hypothesis==6.170.17
 # The unit suite once more under verl's tensordict 0.10, in .venv-verl with verl hidden (the suite
-# is written for an environment without verl). Deselected: the two tests about the environment
-# itself (verl absent, the console script installed), which this leg fakes or does not do.
+# is written for an environment without verl): the tests whose code builds, encodes, decodes, moves or
+# compares batches (TensorDict, DataProto, numpy columns), where verl's tensordict, torch and numpy pins
+# can change what happens. Left to the main environment: configuration, the docs, the viewer's pages,
+# the byte-level stores, logging and layout (nothing there touches a tensor library). Deselected: the
+# two tests about the environment itself (verl absent, the console script installed), which this leg
+# fakes or does not do.
+UNIT_TD010_TESTS := tests/unit/formats tests/unit/tq tests/unit/roles tests/unit/manager tests/unit/integrations \
+	tests/unit/worker tests/unit/compat tests/unit/cli tests/unit/test_batch.py tests/unit/test_compare.py \
+	tests/unit/test_fidelity.py tests/unit/test_matching.py tests/unit/test_hint_documents.py \
+	tests/unit/test_testing_helpers.py tests/unit/test_tracker.py
 UNIT_TD010 := PYTHONPATH=$(abspath src):$(abspath tests/integration/verl_real/legs) \
-	$(VERL_VENV)/bin/python -m pytest -q -p hide_verl tests/unit \
+	$(VERL_VENV)/bin/python -m pytest -q -p hide_verl $(UNIT_TD010_TESTS) \
 	--deselect tests/unit/compat/test_verl_written_cache.py::test_verl_is_not_installed_here \
 	--deselect tests/unit/cli/test_inspect.py::test_console_script_is_installed_and_lists_every_command
 

@@ -4,7 +4,7 @@
 # Most integration tests wait (on subprocesses in verl's environment, Ray, sockets, a browser), so
 # one pytest process keeps about one core busy. Two legs run side by side, each its own pytest
 # process with its own temporary directories:
-#   ray  - every test that starts Ray or TransferQueue (pipelines, tq, cluster, verl_real) and verl_env, one
+#   ray  - every test that starts Ray or TransferQueue (pipelines on Ray, tq, cluster, verl_real) and verl_env, one
 #          after another, so that two Ray clusters never start at once, then TRL's trainer runs (trl),
 #          which balance the two legs' time; its output is shown live;
 #   rest - mypy, the docs site built strictly (mkdocs.yml), the other integration tests, tests/unit,
@@ -17,7 +17,10 @@ set -u
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export STEPSKIP_VERL_PYTHON=${VERL_PY:-}
-RAY_TESTS=(tests/integration/pipelines tests/integration/tq tests/integration/cluster tests/integration/verl_real tests/integration/verl_env
+# (the pipelines that run in one process, colocated, match and the demo cache, go with the rest)
+RAY_TESTS=(tests/integration/pipelines/test_ray_pipelines.py tests/integration/pipelines/test_v1.py
+           tests/integration/pipelines/test_compare_pipelines.py tests/integration/pipelines/test_command_line.py
+           tests/integration/tq tests/integration/cluster tests/integration/verl_real tests/integration/verl_env
            tests/integration/trl)
 # the rest as one tree with the Ray directories left out: collected directory by directory, as a
 # whole-suite run does
