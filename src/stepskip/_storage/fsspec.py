@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from stepskip._storage.base import Backend, Capabilities, DirItem, Tree
 from stepskip._storage.meta import MANIFEST_FILE, META_FILE
-from stepskip._storage.objects import _OBJECT_NAME, ObjectBackend
+from stepskip._storage.objects import ObjectBackend, is_write_named
 from stepskip._storage.outages import StoreOutage, outage_of
 from stepskip._entries import FileBytes
 from stepskip.errors import SkipConfigError
@@ -94,7 +94,7 @@ class FsspecBackend(ObjectBackend):
         """
         key = self.key(path)
         parent, _, name = key.rpartition("/")
-        if not _OBJECT_NAME.match(name):
+        if not is_write_named(name):
             return None
         try:
             listing = getattr(self.fs, "dircache", {}).get(parent)

@@ -44,13 +44,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ObjectBackend", "ObjectEntry", "write_entry", "remove_leftovers", "may_hold_leftovers", "wall_time",
-    "read_bounded", "read_exact",
+    "read_bounded", "read_exact", "is_write_named",
 ]
 
 logger = logging.getLogger(__name__)
 
 # the names writers give data objects: {stem}.{12 hex token}{.suffix}; only these are deleted
 _OBJECT_NAME = re.compile(r"^[^./\\\x00]+\.[0-9a-f]{12}(?:\.[^/\\\x00]+)?$")
+
+
+def is_write_named(name: str) -> bool:
+    """Whether ``name`` is a data object's name as a writer gives it (``{stem}.{token}{.suffix}``): an object
+    made by one write that never changes afterwards."""
+    return _OBJECT_NAME.match(name) is not None
 
 #: The wall clock of object stores' grace periods and staleness (a module attribute so tests can move it).
 _clock = time.time
