@@ -20,7 +20,8 @@ __all__ = ["EXACT_ACTIONS", "load_candidates", "resolve_load_step", "V1Remap", "
 EXACT_ACTIONS = frozenset({SkipAction.CACHE, SkipAction.REPLAY, SkipAction.COMPARE})
 
 
-def load_candidates(action: SkipAction, step: int, listed: Iterable[int], seed: int = 0) -> Iterator[int]:
+def load_candidates(action: SkipAction, step: int, listed: Iterable[int], seed: int = 0,
+                    ordered: bool = False) -> Iterator[int]:
     """The steps ``action`` would load for a call at ``step``, best first, among ``listed`` steps.
 
     The caller validates candidates in order and takes the first valid one; an invalid candidate
@@ -28,7 +29,8 @@ def load_candidates(action: SkipAction, step: int, listed: Iterable[int], seed: 
     ``step``, then the smaller steps downwards, then the larger ones upwards. ``random``: steps
     drawn reproducibly from ``seed`` and ``step`` without replacement (when every listed step is
     valid, the first draw is uniform over them). ``record``, ``empty`` and ``match`` (which looks
-    prompts up, not steps): nothing.
+    prompts up, not steps): nothing. ``ordered``: ``listed`` is a sorted list without repeats (a
+    listing's steps), taken as it is.
 
     Example:
         >>> list(load_candidates(SkipAction.REPEAT, 5, [1, 3, 7, 9]))
@@ -39,7 +41,8 @@ def load_candidates(action: SkipAction, step: int, listed: Iterable[int], seed: 
     if action in EXACT_ACTIONS:
         yield step
         return
-    steps = sorted(set(listed))
+    # a listing is sorted already: 2,000 steps sorted again cost ~0.05 ms a call
+    steps = listed if ordered and isinstance(listed, list) else sorted(set(listed))
     if action is SkipAction.REPEAT:
         below = bisect.bisect_left(steps, step)  # the steps are sorted: no pass over all of them
         above = below + 1 if below < len(steps) and steps[below] == step else below

@@ -65,6 +65,22 @@ def test_only_the_candidates_tried_are_validated():
     assert checked == [5]
 
 
+@pytest.mark.parametrize("action", [SkipAction.REPEAT, SkipAction.RANDOM])
+@pytest.mark.parametrize("step", [0, 5, 6, 41, 99])
+def test_an_ordered_listing_gives_the_candidates_of_any_listing(action, step):
+    """A listing's steps, sorted without repeats, are taken as they are: the same candidates, in the same
+    order, as the same steps given shuffled and repeated; the caller's list is left as it was."""
+    import random
+
+    steps = sorted(random.Random(step).sample(range(100), 40))
+    shuffled = steps + steps[::3]
+    random.Random(1).shuffle(shuffled)
+    given = list(steps)
+    assert list(load_candidates(action, step, given, seed=3, ordered=True)) == \
+        list(load_candidates(action, step, shuffled, seed=3))
+    assert given == steps
+
+
 def test_remap_cycles_groups_and_sessions():
     keys = ["a_0_0", "b_0_0", "a_1_0", "b_1_0", "c_0_0"]
     tags = [{"k": i, "is_prompt": False, "global_steps": 1} for i in range(len(keys))]

@@ -88,6 +88,8 @@ class StepListing:
         self._resolved: dict[int, int] = {}
         #: the directory, step names and steps of the last listing parsed (see :meth:`_parse`)
         self._parsed: tuple[str, frozenset[str], tuple[int, ...]] | None = None
+        #: the names of that listing, as listed (a directory unchanged lists them in the same order)
+        self._names: list[str] = []
         self._steps: _Steps | None = None
         self._start_up: _StartUp | None = None
         self._runs: _Runs | None = None
@@ -151,8 +153,11 @@ class StepListing:
         parsed and their steps are kept: a listing with the same step names (a directory touched,
         a file beside the steps written) reuses its steps, one differing in a few names updates them;
         2,000 names parsed and sorted cost ~0.3 ms, compared ~0.05 ms."""
-        digits = _step_names(names)
         last = self._parsed
+        if last is not None and last[0] == path and names == self._names:  # in the same order: ~0.02 ms
+            return list(last[2])
+        self._names = list(names)  # a copy: the caller's list is the caller's
+        digits = _step_names(names)
         if last is not None and last[0] == path:
             if last[1] == digits:
                 return list(last[2])

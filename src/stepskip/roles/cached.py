@@ -347,7 +347,7 @@ class CachedRole(VerlNames, BaseSkip):
         every call; only the candidates tried are validated.
         """
         listed = () if self.action in EXACT_ACTIONS else self.listed_steps()
-        for candidate in load_candidates(self.action, step, listed, self.seed):
+        for candidate in load_candidates(self.action, step, listed, self.seed, ordered=True):
             if self.entries.present(candidate):
                 return candidate
         return -1

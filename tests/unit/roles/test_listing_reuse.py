@@ -189,6 +189,21 @@ def test_the_step_decided_on_is_read_unless_it_went_meanwhile(tmp_path):
     assert skip.listing.take_resolved(5) is None  # taken by the read
 
 
+def test_a_listing_in_the_order_of_the_last_reuses_its_steps_and_a_list_changed_in_place_does_not():
+    """The names of an unchanged directory come back in the same order: its steps are reused as they
+    are. The list the caller passed is not kept: changing it in place and passing it again parses it."""
+    from stepskip._reading.listing import StepListing
+
+    listing = StepListing(lambda: None)
+    names = ["7", "x", "3", "12"]
+    assert listing._parse("/run", names) == [3, 7, 12]
+    assert listing._parse("/run", list(names)) == [3, 7, 12]
+    names.append("5")
+    names.remove("7")
+    assert listing._parse("/run", names) == [3, 5, 12]
+    assert listing._parse("/other", names) == [3, 5, 12]
+
+
 def test_parsed_step_names_are_updated_as_a_fresh_parse_would_read_them():
     """A listing that differs from the last one parsed in a few names (another writer's entry, a
     removed one) updates the kept steps; the result is always what parsing every name gives."""
