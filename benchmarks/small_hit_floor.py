@@ -14,10 +14,14 @@ decorator writes it), and each unavoidable part of reading it back is timed alon
 - the tree: parsing ``data.json`` (the non-tensor columns live there);
 - the prompt check: ``prompt_digest`` of the live prompts (``check_prompts``).
 
-Their sum is the floor; ``decode`` (the format's whole decode) is printed beside it. Compare the
-sum with verl's steady hit from bench_user_path.py's run: a target below ``floor / verl`` cannot be
-met without leaving one of these out. Times are of this machine at this moment (it is shared):
-run it beside the benchmark and quote the load average.
+Their sum is the floor of each part alone, on warm caches; ``decode`` (the format's whole decode) is
+printed beside it. It ranks the parts; it is not the floor a hit stands on. In a hit the parts run
+one after another on a batch that no longer fits the caches (the caller holds its last result while
+the next one loads, and touches every tensor): each part then reads and writes memory, and together
+they take two to three times their sum here. ``bench_user_path.py`` measures that floor in sequence
+(``hit_floor``) beside the hit and verl's hit in one run, and judges the targets against it. Times
+are of this machine at this moment (it is shared): run it beside the benchmark and quote the load
+average.
 """
 
 from __future__ import annotations
