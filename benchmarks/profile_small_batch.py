@@ -1,7 +1,7 @@
 """Where a small batch's hit and miss spend their fixed cost, through the decorator.
 
 Run:  .venv/bin/python benchmarks/profile_small_batch.py [--sizes tiny,small] [--calls 200]
-          [--parts steady,components,first,strace] [--no-strace]
+          [--parts steady,phases,components,first,strace] [--no-strace]
 
 For each size (tiny 32 x (128 + 256), small 256 x (512 + 1024), the inputs of
 benchmarks/bench_user_path.py), in this process:
@@ -10,6 +10,8 @@ benchmarks/bench_user_path.py), in this process:
   calls, untimed), and of the same calls under cProfile: the stepskip functions (and the library
   calls they make) that take the most time per call, cumulative, in microseconds;
 - the background dump of a miss, profiled on the caller's thread (``async_dump: false``);
+- each phase of a hit timed in place (``phases``), as the benchmark calls it (the last result held,
+  every tensor touched): the probe, the read, the prompt check, the decode and its tensors;
 - each part of a hit timed alone (``components``): the directory walk, the probe, meta.json's
   parse and check, the read, the checksums, the prompt digest, the decode;
 
@@ -181,6 +183,79 @@ def steady(size: str, calls: int, workdir: str) -> list[str]:
     lines.append("  that miss under cProfile:")
     lines += _top(profile, calls)
     SkipManager.reset()
+    return lines
+
+
+#: The phases of a hit timed in place by :func:`phases`: (label, owner, attribute); the inner ones are
+#: part of the outer ones above them.
+PHASES = (
+    ("the call through the decorator", None, None),
+    ("  meet_precondition: the probe (meta.json read and checked)", "stepskip.roles.cached:CachedRole",
+     "meet_precondition"),
+    ("  read_once: read, check and decode", "stepskip._reading.reader:EntryReader", "read_once"),
+    ("    read_entry: the data files read, checksums, fidelity", "stepskip._storage.entries:EntryStore", "read_entry"),
+    ("      the prompt check (check_fidelity)", "stepskip._reading.reader:EntryReader", "check_fidelity"),
+    ("    decode (format safe)", "stepskip._formats.safe:SafeFormat", "decode"),
+    ("      the tensors (tensordict: narrowed parts widened, input_ids joined)", "stepskip._formats.safe:_Decoder",
+     "tensordict"),
+    ("the caller touching every tensor (not stepskip's)", None, None),
+)
+
+
+def phases(size: str, calls: int, workdir: str) -> list[str]:
+    """Each phase of a steady-state hit timed in place, in the benchmark's pattern (the last hit's batch
+    alive while the next loads, every tensor touched): wall times of the real calls, wrapped, medians and
+    bests in microseconds. Unlike ``components`` (each part alone, repeated on warm caches), these are
+    the parts as the hit pays for them, after the last hit's copies passed through the caches."""
+    import importlib
+
+    inputs = _inputs(size)
+    loop, prompts = _loop(inputs)
+    SkipManager.init(config(f"{workdir}/phases-{size}", inputs["shape"], "rollout"))
+    SkipManager.set_step(100)
+    loop.generate_sequences(prompts)
+    SkipManager.flush()
+    times: dict[str, list[float]] = {label: [] for label, _, _ in PHASES}
+    restore = []
+    for label, where, name in PHASES:
+        if where is None:
+            continue
+        module, _, cls = where.partition(":")
+        owner = getattr(importlib.import_module(module), cls)
+        original = getattr(owner, name)
+
+        def timed_phase(*args: Any, _original: Any = original, _out: list[float] = times[label], **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                _out.append(time.perf_counter() - start)
+
+        setattr(owner, name, timed_phase)
+        restore.append((owner, name, original))
+    try:
+        held: list[Any] = [None]
+        for i in range(WARM_CALLS + calls):
+            if i == WARM_CALLS:
+                for values in times.values():
+                    values.clear()
+            SkipManager.set_step(100)
+            start = time.perf_counter()
+            out = loop.generate_sequences(prompts)
+            middle = time.perf_counter()
+            touch(out)
+            times[PHASES[-1][0]].append(time.perf_counter() - middle)
+            times[PHASES[0][0]].append(middle - start)
+            held[0] = out
+    finally:
+        for owner, name, original in restore:
+            setattr(owner, name, original)
+        SkipManager.reset()
+    lines = [f"\n== {size} {SIZES[size]}: a steady-state hit's phases in place, {calls} calls (us, median / best)"]
+    for label, _, _ in PHASES:
+        values = times[label]
+        lines.append(f"  {_median_us(values):8.0f} / {min(values) * 1e6:6.0f}  {label}"
+                     + ("" if len(values) == calls else f"  ({len(values) / calls:g} a call)"))
     return lines
 
 
@@ -421,8 +496,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="tiny,small", help="comma list of: " + ", ".join(SIZES))
     parser.add_argument("--calls", type=int, default=200, help="calls per steady-state measure")
     parser.add_argument("--no-strace", action="store_true", help="leave the system call counts out")
-    parser.add_argument("--parts", default="steady,components,first,strace",
-                        help="comma list of the parts to run: steady, components, first, strace")
+    parser.add_argument("--parts", default="steady,phases,components,first,strace",
+                        help="comma list of the parts to run: steady, phases, components, first, strace")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -436,6 +511,7 @@ def main() -> None:
         for size in args.sizes.split(","):
             parts = set(args.parts.split(","))
             lines += steady(size, args.calls, workdir) if "steady" in parts else []
+            lines += phases(size, args.calls, workdir) if "phases" in parts else []
             lines += components(size, args.calls, workdir) if "components" in parts else []
             if parts & {"first", "strace"}:
                 _run_child("steady-hit", size, f"{workdir}/first-{size}", 0)  # writes the entry they read
