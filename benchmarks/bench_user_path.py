@@ -1051,7 +1051,8 @@ def main() -> None:
                         help="rounds per part, the two sides alternated (default 2, 1 with --smoke)")
     parser.add_argument("--threads", default=None,
                         help="torch thread settings, e.g. 1,default (default: 1,default; 1 with --small)")
-    parser.add_argument("--skip", default="", help="comma list of parts to leave out: colocated,first,v1,async,curve,s3 "
+    parser.add_argument("--skip", default="",
+                        help="comma list of parts to leave out: colocated,first,v1,async,curve,s3 "
                              "(first: the fresh processes of the first calls, run with the colocated role)")
     parser.add_argument("--json", help="also write the raw results here")
     parser.add_argument("--small", action="store_true",
