@@ -17,7 +17,6 @@ one entry per run (with its own ``error`` when it failed).
 
 from __future__ import annotations
 
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -25,24 +24,7 @@ import common
 
 
 def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
-    if "runs" not in spec:
-        fit(spec, Path(spec["work"]), report)
-        return
-    from verl.utils.skip import SkipManager
-
-    report["runs"] = []
-    for one in spec["runs"]:
-        entry: dict[str, Any] = {"name": one["name"]}
-        report["runs"].append(entry)
-        try:
-            fit(one, Path(spec["work"]) / one["name"], entry)
-        except BaseException as err:  # reported per run: the test decides whether it was expected
-            entry["error"] = {"type": type(err).__name__, "mro": [c.__name__ for c in type(err).__mro__],
-                              "message": str(err)[:4000], "traceback": traceback.format_exc()[-6000:]}
-        finally:
-            reset = getattr(SkipManager, "reset", None)  # (verl's own re-initialises in init)
-            if reset is not None:
-                reset()
+    common.run_each(spec, report, fit)
 
 
 def fit(spec: dict[str, Any], work: Path, report: dict[str, Any]) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import random
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -285,8 +284,7 @@ def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
                 empty_queue()
                 fit(one, config, entry)
             except BaseException as err:  # reported per run: the test decides whether it was expected
-                entry["error"] = {"type": type(err).__name__, "mro": [c.__name__ for c in type(err).__mro__],
-                                  "message": str(err)[:4000], "traceback": traceback.format_exc()[-6000:]}
+                entry["error"] = common.error_report(err)
             finally:
                 reset = getattr(SkipManager, "reset", None)  # (verl's own re-initialises in init)
                 if reset is not None:
