@@ -20,6 +20,7 @@ Everything goes through ``SkipManager.init`` and the decorated method, never the
 - first calls: a process's first hit and its first miss, each the first decorated call of a fresh
   process after ``SkipManager.init`` (timed apart), --processes of them a side, alternated with
   verl's: what the first call starts or allocates (pools, buffers, lazy imports) is in its time.
+  ``--skip first`` leaves them out (the colocated table then has no first-call rows).
 - V1 role (``rollout_tq``): the sample phase saving what ``ReplayBuffer.sample`` handed out, read
   back through ``stepskip.tq.InProcessTQClient``, and the submit phase injecting a cached step.
 - async role (``async_rollout``): many one-sample entries, samples per second written (until
@@ -1163,7 +1164,9 @@ def main() -> None:
                         help="rounds per part, the two sides alternated (default 2, 1 with --smoke)")
     parser.add_argument("--threads", default=None,
                         help="torch thread settings, e.g. 1,default (default: 1,default; 1 with --small)")
-    parser.add_argument("--skip", default="", help="comma list of parts to leave out: colocated,v1,async,curve,s3")
+    parser.add_argument("--skip", default="",
+                        help="comma list of parts to leave out: colocated,first,v1,async,curve,s3 "
+                             "(first: the fresh processes of the first calls, run with the colocated role)")
     parser.add_argument("--json", help="also write the raw results here")
     parser.add_argument("--small", action="store_true",
                         help="only the parts for small batches, in a few minutes: the colocated role and the first "
@@ -1219,10 +1222,12 @@ def main() -> None:
                     ours, verl = alternate(
                         rounds, lambda r, data=inputs: stepskip_colocated(data, f"{workdir}/ours-{tag}-{r}", runs),
                         lambda r: run_verl("colocated", inputs_path, f"{workdir}/verl-{tag}-{r}", threads, runs))
-                    first_ours, first_verl = first_calls(inputs_path, workdir, tag, threads, processes)
-                    ours.update(first_ours)
-                    if verl and "error" not in verl and first_verl is not None:
-                        verl.update(first_verl if "error" not in first_verl else {"first_error": first_verl["error"]})
+                    if "first" not in skip:
+                        first_ours, first_verl = first_calls(inputs_path, workdir, tag, threads, processes)
+                        ours.update(first_ours)
+                        if verl and "error" not in verl and first_verl is not None:
+                            verl.update(first_verl if "error" not in first_verl
+                                        else {"first_error": first_verl["error"]})
                     run["colocated"] = {"stepskip": ours, "verl": verl}
                     lines += render_colocated(size, f"{threads} ({threads_name})", ours, verl, batch_bytes, rows)
                     results["targets"] += colocated_targets(size, rows, threads, ours, verl)

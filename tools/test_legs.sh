@@ -5,8 +5,9 @@
 # one pytest process keeps about one core busy. Two legs run side by side, each its own pytest
 # process with its own temporary directories:
 #   ray  - every test that starts Ray or TransferQueue (pipelines on Ray, tq, cluster, verl_real) and verl_env, one
-#          after another, so that two Ray clusters never start at once, then TRL's trainer runs (trl),
-#          which balance the two legs' time; its output is shown live;
+#          after another, so that two Ray clusters never start at once, then TRL's trainer runs (trl)
+#          and the user-path benchmark's smoke runs, which balance the two legs' time; its output is
+#          shown live;
 #   rest - mypy, the docs site built strictly (mkdocs.yml), the other integration tests, tests/unit,
 #          then tests/unit under verl's tensordict 0.10 (when UNIT_TD010 is set); its output is shown
 #          when the ray leg is done.
@@ -21,7 +22,7 @@ export STEPSKIP_VERL_PYTHON=${VERL_PY:-}
 RAY_TESTS=(tests/integration/pipelines/test_ray_pipelines.py tests/integration/pipelines/test_v1.py
            tests/integration/pipelines/test_compare_pipelines.py tests/integration/pipelines/test_command_line.py
            tests/integration/tq tests/integration/cluster tests/integration/verl_real tests/integration/verl_env
-           tests/integration/trl)
+           tests/integration/trl tests/integration/benchmarks/test_bench_user_path.py)
 # the rest as one tree with the Ray directories left out: collected directory by directory, as a
 # whole-suite run does
 REST_TESTS=(tests/integration)

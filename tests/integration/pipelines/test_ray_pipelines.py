@@ -7,6 +7,7 @@ serve the whole module; the pipelines reuse a running Ray instead of starting th
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from pipeline_helpers import SMALL, entry_dirs, project_dir, skip_overrides
@@ -38,10 +39,27 @@ def feed_indices(steps: list[int]) -> list[int]:
     return [i for s in steps for i in range((s - 1) * BATCH, s * BATCH)]
 
 
-def test_fully_async_record_then_replay(tq, tmp_path):
+@pytest.fixture(scope="module")
+def async_recording(tq, tmp_path_factory):
+    """One fully async record run (the samples of steps 1 and 2 cached) for the tests that replay, compare
+    or refuse against it: each run starts its own Ray actors, seconds a run."""
+    where = tmp_path_factory.mktemp("async-recording")
+    recorded = run_async(load_config("fully_async", [*SMALL, *skip_overrides("async_rollout", where,
+                                                                             feed_indices([1, 2]))]))
+    return where, recorded
+
+
+def recording_in(tmp_path, async_recording):
+    """A copy of the module's recording under ``tmp_path`` (the same layout); its run's result."""
+    where, recorded = async_recording
+    shutil.copytree(where, tmp_path, dirs_exist_ok=True)
+    return recorded
+
+
+def test_fully_async_record_then_replay(tq, tmp_path, async_recording):
     skip = skip_overrides("async_rollout", tmp_path, feed_indices([1, 2]))
     config = load_config("fully_async", [*SMALL, *skip])
-    recorded = run_async(config)
+    recorded = recording_in(tmp_path, async_recording)
     assert recorded.generated_train_steps == [1, 2, 3]
     assert entry_dirs(project_dir(tmp_path, "fully_async", gbs=1)) == sorted(str(i) for i in feed_indices([1, 2]))
 
@@ -56,12 +74,11 @@ def test_fully_async_record_then_replay(tq, tmp_path):
     assert replayed.losses == recorded.losses
 
 
-def test_fully_async_compare(tq, tmp_path):
-    """``action: compare`` on the Rollouter's per-sample calls: the same policy matches every sample's
-    recording; another policy seed drifts. The records lie beside the entries (the role runs in the actor)."""
-    import json
-
-    run_async(load_config("fully_async", [*SMALL, *skip_overrides("async_rollout", tmp_path, feed_indices([1]))]))
+def test_fully_async_compare(tq, tmp_path, async_recording):
+    """``action: compare`` on the Rollouter's per-sample calls (step 1's, of the module's recording): the
+    same policy matches every sample's recording; another policy seed drifts. The records lie beside the
+    entries (the role runs in the actor)."""
+    recording_in(tmp_path, async_recording)
     compare = skip_overrides("async_rollout", tmp_path, feed_indices([1]), action="compare")
     same = run_async(load_config("fully_async", [*SMALL, *compare]))
     stats = same.skip_stats
@@ -104,10 +121,11 @@ def test_demo_all_json(tq, tmp_path):
     assert [p["summary"]["rollout_calls_avoided"] for p in payload] == [1, 1, BATCH]
 
 
-def test_a_failing_rollouter_stops_the_run(tq, tmp_path):
-    """A replay refused by the Rollouter (prompts of another data order, check_prompts=error) fails fast."""
+def test_a_failing_rollouter_stops_the_run(tq, tmp_path, async_recording):
+    """A replay refused by the Rollouter (prompts of another data order than the module's recording,
+    check_prompts=error) fails fast."""
+    recording_in(tmp_path, async_recording)
     skip = skip_overrides("async_rollout", tmp_path, feed_indices([1]))
     short = [*SMALL, "trainer.total_training_steps=1", "trainer.val_before_train=false"]
-    run_async(load_config("fully_async", [*short, *skip]))
     with pytest.raises(Exception, match="PromptMismatchError|recorded for other prompts"):
         run_async(load_config("fully_async", [*short, *skip, "data.seed=1"]))

@@ -1,7 +1,7 @@
 """A run the cache serves builds no inference engine and syncs no weight, in verl 0.9.1's real trainers.
 
-Runs in verl's own environment (tensordict 0.10), one process per trainer (``verl_side/engines.py``)
-holding several runs: ``RayPPOTrainer(...).init_workers()`` + ``fit()`` (V0) and
+Runs in verl's own environment (tensordict 0.10), in one process (``verl_side/engines.py``) holding
+several runs of both trainers, V0's first: ``RayPPOTrainer(...).init_workers()`` + ``fit()`` (V0) and
 ``PPOTrainerSync(config).init()`` + the agent-loop manager built as ``main_ppo`` builds it +
 ``fit(manager)`` (V1), over Ray (and TransferQueue for V1). Everything of verl runs for real:
 ``LLMServerManager.create``, ``AgentLoopManager(TQ).create``, ``CheckpointEngineManager`` with its
@@ -35,12 +35,10 @@ def section(dump: Path, steps: list[int], action: str, **extra: object) -> dict:
     return {"enable": True, "dump_dir": str(dump), "steps": steps, "action": action, **extra}
 
 
-@pytest.fixture(scope="module")
-def v0(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+def v0_runs(base: Path) -> list[dict]:
     """Record 3 steps, replay them, add an uncached 4th step, ask for a 5th under engines: skip, validate."""
-    base = tmp_path_factory.mktemp("engines-v0")
     dump = base / "dump"
-    runs = [
+    return [
         {"name": "record", "steps": 3, "skip": section(dump, [1, 2, 3], "cache"),
          "actor_inputs": str(base / "rec.pt")},
         {"name": "replay", "steps": 3, "skip": section(dump, [1, 2, 3], "replay"),
@@ -49,18 +47,13 @@ def v0(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
         {"name": "refused", "steps": 5, "skip": section(dump, [1, 2, 3, 4, 5], "cache", engines="skip")},
         {"name": "validate", "steps": 3, "validate": True, "skip": section(dump, [1, 2, 3], "replay")},
     ]
-    report = ok(run_scenario("engines", {"trainer": "v0", "runs": runs}, base / "run"))
-    assert report["impl"] == "stepskip"
-    return base, {run["name"]: run for run in report["runs"]}
 
 
-@pytest.fixture(scope="module")
-def v1(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+def v1_runs(base: Path) -> list[dict]:
     """V1: record, replay, one uncached step; a DAPO replay of a recording made without the filter; then
     ``colocate_async`` over that recording: one uncached step, and a replay resumed with prompts in flight."""
-    base = tmp_path_factory.mktemp("engines-v1")
     dump, flat = base / "dump", base / "flat"
-    runs = [
+    return [
         {"name": "record", "steps": 3, "skip": section(dump, [1, 2, 3], "cache"),
          "actor_inputs": str(base / "rec.pt")},
         {"name": "replay", "steps": 3, "skip": section(dump, [1, 2, 3], "replay"),
@@ -75,9 +68,36 @@ def v1(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
         {"name": "resumed", "steps": 3, "mode": "colocate_async", "resume_from": 1,
          "skip": section(flat, [1, 2, 3], "replay")},
     ]
-    report = ok(run_scenario("engines", {"trainer": "v1", "runs": runs}, base / "run"))
+
+
+@pytest.fixture(scope="module")
+def engine_runs(tmp_path_factory) -> dict[str, tuple[Path, dict[str, dict]]]:
+    """The V0 runs, then the V1 runs, one after another in one verl-env process (one import of verl and
+    one Ray, which the V1 runs' TransferQueue joins: seconds saved against a process each). Returns, per
+    trainer, its base directory and its runs' reports by name."""
+    base = tmp_path_factory.mktemp("engines")
+    for trainer in ("v0", "v1"):
+        (base / trainer).mkdir()
+    specs = [{**run, "trainer": trainer, "name": f"{trainer}-{run['name']}"}
+             for trainer, runs in (("v0", v0_runs(base / "v0")), ("v1", v1_runs(base / "v1"))) for run in runs]
+    report = ok(run_scenario("engines", {"runs": specs}, base / "run"))
     assert report["impl"] == "stepskip"
-    return base, {run["name"]: run for run in report["runs"]}
+    out: dict[str, tuple[Path, dict[str, dict]]] = {}
+    for trainer in ("v0", "v1"):
+        prefix = f"{trainer}-"
+        out[trainer] = (base / trainer, {run["name"][len(prefix):]: run for run in report["runs"]
+                                         if run["name"].startswith(prefix)})
+    return out
+
+
+@pytest.fixture(scope="module")
+def v0(engine_runs) -> tuple[Path, dict[str, dict]]:
+    return engine_runs["v0"]
+
+
+@pytest.fixture(scope="module")
+def v1(engine_runs) -> tuple[Path, dict[str, dict]]:
+    return engine_runs["v1"]
 
 
 def no_error(run: dict) -> dict:

@@ -1,6 +1,7 @@
 """verl 0.9.1's real ``FullyAsyncAgentLoopManager.generate_sequences_single`` gets hits from stepskip.
 
-Each run is a fresh process in verl's own environment (``verl_side/fully_async.py``): verl's Hydra
+The record and replay runs go one after another in one process in verl's own environment
+(``verl_side/fully_async.py``): verl's Hydra
 config, ``RLHFDataset`` and a one-prompt dataloader, ``prepare_single_generation_data``, the
 ``uid_sample_{epoch}_{feed index}`` ids the Rollouter embeds, ``SkipManager.init`` as the Rollouter
 runs it, verl's decorated ``generate_sequences_single`` and ``addition_process`` on each result.
@@ -23,28 +24,43 @@ pytestmark = [pytest.mark.heavy, needs_verl_env]
 SAMPLES = [1, 2, 3]
 
 
-@pytest.mark.parametrize("fmt", ["safe", "verl"])
-def test_fully_async_rollouter_replays_verl_dataprotos(tmp_path, fmt):
-    section = {"enable": True, "dump_dir": str(tmp_path / "dump"), "steps": SAMPLES, "action": "cache",
-               "format": fmt}
+def section(dump_dir, fmt: str, action: str) -> dict:
+    out = {"enable": True, "dump_dir": str(dump_dir), "steps": SAMPLES, "action": action, "format": fmt}
     if fmt == "verl":
-        section["allow_pickle"] = True
-    recorded = ok(run_scenario("fully_async", {"skip": section, "outputs": str(tmp_path / "record.pt")},
-                               tmp_path / "record"))
+        out["allow_pickle"] = True
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple:
+    """A record run and its replay per format, one after another in one verl-env process (one import of
+    verl: seconds a run). Returns the base directory (each run's outputs in ``<name>.pt`` there) and each
+    run's report by name, with the process's log."""
+    base = tmp_path_factory.mktemp("fully-async")
+    specs = [{"name": f"{action}-{fmt}", "skip": section(base / f"dump-{fmt}", fmt, action),
+              "outputs": str(base / f"{action}-{fmt}.pt")}
+             for fmt in ("safe", "verl") for action in ("cache", "replay")]
+    report = ok(run_scenario("fully_async", {"runs": specs}, base / "run"))
+    return base, {entry["name"]: dict(entry, log=report["log"]) for entry in report["runs"]}
+
+
+@pytest.mark.parametrize("fmt", ["safe", "verl"])
+def test_fully_async_rollouter_replays_verl_dataprotos(runs, fmt):
+    base, reports = runs
+    recorded = ok(reports[f"cache-{fmt}"])
     assert recorded["impl"] == "stepskip" and recorded["generation_calls"] == 3
     stats = role_stats(recorded, "async_rollout")
     assert (stats["misses"], stats["dumps"], stats["hits"]) == (3, 3, 0)
     steps = sorted({int(f.split("/")[-2]) for f in recorded["dump_files"] if f.endswith("meta.json")})
     assert steps == SAMPLES  # keyed by the feed index parsed from uid_sample_0_<index>
 
-    replayed = ok(run_scenario("fully_async", {"skip": dict(section, action="replay"),
-                                               "outputs": str(tmp_path / "replay.pt")}, tmp_path / "replay"))
+    replayed = ok(reports[f"replay-{fmt}"])
     stats = role_stats(replayed, "async_rollout")
     assert replayed["generation_calls"] == 0
     assert (stats["hits"], stats["misses"], stats["dumps"]) == (3, 0, 0)
     assert replayed["is_verl_dataproto"] == [True, True, True], replayed["result_types"]
     assert replayed["processing_times"] == recorded["processing_times"]
-    first, second = load_tensors(tmp_path / "record.pt"), load_tensors(tmp_path / "replay.pt")
+    first, second = load_tensors(base / f"cache-{fmt}.pt"), load_tensors(base / f"replay-{fmt}.pt")
     assert len(first) == len(second) == 3
     for a, b in zip(first, second):
         assert torch.equal(a["responses"], b["responses"]) and torch.equal(a["rm_scores"], b["rm_scores"])

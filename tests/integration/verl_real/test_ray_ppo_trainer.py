@@ -1,6 +1,7 @@
 """verl 0.9.1's real ``RayPPOTrainer.fit()`` records and replays 3 GRPO steps through stepskip.
 
-Runs in verl's own environment (tensordict 0.10), each run a fresh process (``verl_side/ray_ppo.py``):
+Runs in verl's own environment (tensordict 0.10), the stepskip runs one after another in one process,
+verl's own skip's in a process of its own (``verl_side/ray_ppo.py``):
 verl's Hydra config composed from its ``ppo_trainer.yaml``, ``RLHFDataset`` over a parquet file
 written by the test, the dataloader, the whole step body of ``fit`` (``AgentLoopManager
 .generate_sequences`` with verl's own decorator served by stepskip, ``timing_raw.update(...)``,
@@ -43,33 +44,43 @@ def skip_section(dump_dir: Path, action: str, fmt: str, **extra: object) -> dict
     return section
 
 
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    """One record run per (format, carry_uid), shared by the replay tests of this module."""
-    runs: dict[tuple[str, bool], tuple[Path, dict]] = {}
-
-    def get(fmt: str, carry_uid: bool) -> tuple[Path, dict]:
-        if (fmt, carry_uid) not in runs:
-            base = tmp_path_factory.mktemp(f"record-{fmt}-{'uid' if carry_uid else 'plain'}")
-            dump = base / "dump"
-            report = ok(run_scenario("ray_ppo", {
-                "skip": skip_section(dump, "cache", fmt), "carry_uid": carry_uid,
-                "actor_inputs": str(base / "actor.pt"),
-            }, base / "run"))
-            runs[(fmt, carry_uid)] = (base, report)
-        return runs[(fmt, carry_uid)]
-
-    return get
-
-
 FORMATS = [pytest.param("safe", id="safe"), pytest.param("verl", id="verl")]
 UID = [pytest.param(False, id="plain"), pytest.param(True, id="carry-uid")]
 
 
+def tag(fmt: str, carry_uid: bool) -> str:
+    return f"{fmt}-{'uid' if carry_uid else 'plain'}"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+    """Every stepskip run of this module, one after another in one verl-env process (one import of verl:
+    seconds a run): a record run per (format, carry_uid), the replay of each, a compare of the ``safe``
+    recording with uids, and a replay without ``rebind_keys`` of each format's recording with uids.
+    Returns the base directory (a recording's dump dir ``record-<tag>/dump``, the actor inputs of each
+    run in ``<name>.pt``) and each run's report by name, with the process's log."""
+    base = tmp_path_factory.mktemp("ray-ppo")
+    pairs = [(fmt, carry_uid) for fmt in ("safe", "verl") for carry_uid in (False, True)]
+    specs = [{"name": f"record-{tag(*pair)}", "skip": skip_section(base / f"record-{tag(*pair)}" / "dump", "cache",
+                                                                     pair[0]),
+              "carry_uid": pair[1], "actor_inputs": str(base / f"record-{tag(*pair)}.pt")} for pair in pairs]
+    specs += [{"name": f"replay-{tag(*pair)}", "skip": skip_section(base / f"record-{tag(*pair)}" / "dump", "replay",
+                                                                     pair[0]),
+               "carry_uid": pair[1], "actor_inputs": str(base / f"replay-{tag(*pair)}.pt")} for pair in pairs]
+    specs.append({"name": "compare", "skip": skip_section(base / "record-safe-uid" / "dump", "compare", "safe"),
+                  "carry_uid": True, "actor_inputs": str(base / "compare.pt")})
+    specs += [{"name": f"no-rebind-{fmt}", "skip": skip_section(base / f"record-{fmt}-uid" / "dump", "replay", fmt,
+                                                                 rebind_keys=[]),
+               "carry_uid": True} for fmt in ("safe", "verl")]
+    report = ok(run_scenario("ray_ppo", {"runs": specs}, base / "run"))
+    return base, {entry["name"]: dict(entry, log=report["log"]) for entry in report["runs"]}
+
+
 @pytest.mark.parametrize("carry_uid", UID)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_record_run_generates_and_dumps_every_step(recorded, fmt, carry_uid):
-    base, report = recorded(fmt, carry_uid)
+def test_record_run_generates_and_dumps_every_step(runs, fmt, carry_uid):
+    _, reports = runs
+    report = ok(reports[f"record-{tag(fmt, carry_uid)}"])
     assert report["impl"] == "stepskip"  # verl's SkipManager really was stepskip's
     stats = role_stats(report, "rollout")
     assert (stats["misses"], stats["dumps"], stats["hits"]) == (3, 3, 0)
@@ -82,17 +93,15 @@ def test_record_run_generates_and_dumps_every_step(recorded, fmt, carry_uid):
 
 @pytest.mark.parametrize("carry_uid", UID)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_replay_run_feeds_the_actor_the_recorded_step(recorded, tmp_path, fmt, carry_uid):
-    base, _ = recorded(fmt, carry_uid)
-    report = run_scenario("ray_ppo", {
-        "skip": skip_section(base / "dump", "replay", fmt), "carry_uid": carry_uid,
-        "actor_inputs": str(tmp_path / "actor.pt"),
-    }, tmp_path / "run")
-    ok(report)
+def test_replay_run_feeds_the_actor_the_recorded_step(runs, fmt, carry_uid):
+    base, reports = runs
+    ok(reports[f"record-{tag(fmt, carry_uid)}"])
+    report = ok(reports[f"replay-{tag(fmt, carry_uid)}"])
     stats = role_stats(report, "rollout")
     assert report["generation_calls"] == 0
     assert (stats["hits"], stats["misses"], stats["dumps"]) == (3, 0, 0)
-    first, second = load_tensors(base / "actor.pt"), load_tensors(tmp_path / "actor.pt")
+    first = load_tensors(base / f"record-{tag(fmt, carry_uid)}.pt")
+    second = load_tensors(base / f"replay-{tag(fmt, carry_uid)}.pt")
     assert_same_actor_inputs(first, second)
     # the comparison means something: rewards varied within groups, so advantages are not all zero
     assert any(update["advantages"].abs().sum() > 0 for update in second)
@@ -103,28 +112,24 @@ def test_replay_run_feeds_the_actor_the_recorded_step(recorded, tmp_path, fmt, c
         assert second[0]["uid"] and second[0]["uid"] != first[0]["uid"]
 
 
-def test_compare_generates_live_and_feeds_the_actor_the_recording(recorded, tmp_path):
+def test_compare_generates_live_and_feeds_the_actor_the_recording(runs):
     """``action: compare``: every step generates live (the stand-in's responses are random: they drift) and
     is compared; under ``train_on: recorded`` the actor receives exactly what the recording fed it."""
-    base, _ = recorded("safe", True)
-    report = ok(run_scenario("ray_ppo", {
-        "skip": skip_section(base / "dump", "compare", "safe"), "carry_uid": True,
-        "actor_inputs": str(tmp_path / "actor.pt"),
-    }, tmp_path / "run"))
+    base, reports = runs
+    report = ok(reports["compare"])
     stats = role_stats(report, "rollout")
     assert report["generation_calls"] == 3 and stats["compared"] == 3 and stats["dumps"] == 0
-    assert_same_actor_inputs(load_tensors(base / "actor.pt"), load_tensors(tmp_path / "actor.pt"))
-    drift = sorted((base / "dump").glob("*/*/.stepskip-drift/*.json"))
+    assert_same_actor_inputs(load_tensors(base / "record-safe-uid.pt"), load_tensors(base / "compare.pt"))
+    drift = sorted((base / "record-safe-uid" / "dump").glob("*/*/.stepskip-drift/*.json"))
     assert [p.stem for p in drift] == ["1", "2", "3"]
     assert stats["drifted"] > 0  # the live responses were others: the actor saw the recording all the same
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_without_rebind_keys_the_replay_hits_verls_union_assertion(recorded, tmp_path, fmt):
-    base, _ = recorded(fmt, True)
-    report = run_scenario("ray_ppo", {
-        "skip": skip_section(base / "dump", "replay", fmt, rebind_keys=[]), "carry_uid": True,
-    }, tmp_path / "run")
+def test_without_rebind_keys_the_replay_hits_verls_union_assertion(runs, fmt):
+    _, reports = runs
+    ok(reports[f"record-{fmt}-uid"])
+    report = reports[f"no-rebind-{fmt}"]
     error = report.get("error")
     assert error is not None, "a replay without rebinding uid must fail as verl's own skip does"
     assert error["type"] == "AssertionError" and "`uid`" in error["message"], error

@@ -11,13 +11,14 @@ token ids, written back to the queue; it records what ``update_actor`` reads), t
 manager's worker handles, the checkpoint and resource-pool managers.
 
 Replay runs must generate nothing and feed the actor the recorded rows; cross-reads go both ways
-between stepskip and verl's own skip through ``format: verl``.
+between stepskip and verl's own skip through ``format: verl``. The runs of one skip implementation
+that follow one another share a process (one import of verl, one Ray and TransferQueue), as a
+trainer process running again would.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from verl_real_support import (
@@ -43,9 +44,8 @@ def section(dump_dir, action: str, fmt: str | None = None) -> dict:
     return out
 
 
-def record(tmp_path, impl: str, fmt: str | None) -> dict:
-    report = ok(run_scenario("v1", {"impl": impl, "skip": section(tmp_path / "dump", "cache", fmt),
-                                    "actor_inputs": str(tmp_path / "record.pt")}, tmp_path / "record"))
+def check_recorded(report: dict, impl: str) -> dict:
+    report = ok(report)
     assert report["impl"] == impl
     assert report["generation_calls"] == 3 and report["actor_updates"] == 3
     if impl == "stepskip":
@@ -54,30 +54,51 @@ def record(tmp_path, impl: str, fmt: str | None) -> dict:
     return report
 
 
+def scenario_runs(impl: str, runs: list[dict], work) -> dict[str, dict]:
+    """``runs`` one after another in one verl-env process (one import of verl, one Ray and TransferQueue:
+    seconds a run); each run's report by name, with the process's log."""
+    report = ok(run_scenario("v1", {"impl": impl, "runs": runs}, work))
+    return {entry["name"]: dict(entry, log=report["log"]) for entry in report["runs"]}
+
+
 @pytest.fixture(scope="module")
-def stepskip_recording(tmp_path_factory) -> tuple:
-    """One recording by stepskip (``format: safe``) for the tests that replay or compare against it."""
-    where = tmp_path_factory.mktemp("v1-recording")
-    return where, record(where, "stepskip", "safe")
+def v1_runs(tmp_path_factory) -> tuple:
+    """Every run of this module, in three processes: verl's own skip records; stepskip records (``format:
+    safe``), replays and compares that recording, records in ``format: verl`` and replays verl's recording;
+    verl's own skip replays stepskip's ``format: verl`` recording. Returns the base directory (the actor
+    inputs of each run in ``<name>.pt`` there) and each run's report by name."""
+    base = tmp_path_factory.mktemp("v1-runs")
+    recorded, verl_recorded, ours_in_verl = base / "record" / "dump", base / "verl_record" / "dump", \
+        base / "record_verl_format" / "dump"
+    reports = scenario_runs("verl", [
+        {"name": "verl_record", "skip": section(verl_recorded, "cache"),
+         "actor_inputs": str(base / "verl_record.pt")},
+    ], base / "verl-1")
+    reports |= scenario_runs("stepskip", [
+        {"name": "record", "skip": section(recorded, "cache", "safe"), "actor_inputs": str(base / "record.pt")},
+        {"name": "replay", "skip": section(recorded, "replay", "safe"), "actor_inputs": str(base / "replay.pt"),
+         "logger": ["console", "file"], "env": {"VERL_FILE_LOGGER_PATH": str(base / "metrics.jsonl")}},
+        {"name": "compare", "skip": section(recorded, "compare", "safe"), "actor_inputs": str(base / "compare.pt")},
+        {"name": "record_verl_format", "skip": section(ours_in_verl, "cache", "verl"),
+         "actor_inputs": str(base / "record_verl_format.pt")},
+        {"name": "replay_verls", "skip": section(verl_recorded, "replay", "verl"),
+         "actor_inputs": str(base / "replay_verls.pt")},
+    ], base / "stepskip")
+    reports |= scenario_runs("verl", [
+        {"name": "verl_replays_ours", "skip": section(ours_in_verl, "cache"),
+         "actor_inputs": str(base / "verl_replays_ours.pt")},
+    ], base / "verl-2")
+    return base, reports
 
 
-def recording_in(tmp_path, stepskip_recording) -> dict:
-    """A copy of the module's recording (dump dir and the actor inputs it trained on) under ``tmp_path``."""
-    where, report = stepskip_recording
-    shutil.copytree(where / "dump", tmp_path / "dump")
-    shutil.copy(where / "record.pt", tmp_path / "record.pt")
-    return report
-
-
-def test_stepskip_records_and_replays_the_v1_trainer(tmp_path, stepskip_recording):
-    recorded = recording_in(tmp_path, stepskip_recording)
+def test_stepskip_records_and_replays_the_v1_trainer(v1_runs):
+    base, reports = v1_runs
+    recorded = check_recorded(reports["record"], "stepskip")
     steps = sorted({int(f.split("/")[-3]) for f in recorded["dump_files"] if f.endswith("meta.json")})
     assert steps == STEPS
 
-    metrics = tmp_path / "metrics.jsonl"  # verl's file logger: what every Tracking backend received
-    replayed = ok(run_scenario("v1", {"skip": section(tmp_path / "dump", "replay", "safe"),
-                                      "actor_inputs": str(tmp_path / "replay.pt"), "logger": ["console", "file"],
-                                      "env": {"VERL_FILE_LOGGER_PATH": str(metrics)}}, tmp_path / "replay"))
+    metrics = base / "metrics.jsonl"  # verl's file logger: what every Tracking backend received
+    replayed = ok(reports["replay"])
     stats = role_stats(replayed, "rollout_tq")
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     per_step = [(line["step"], line["data"]["skip/rollout_tq/hits"], line["data"]["skip/rollout_tq/misses"])
@@ -85,39 +106,39 @@ def test_stepskip_records_and_replays_the_v1_trainer(tmp_path, stepskip_recordin
     assert per_step == [(step, 1, 0) for step in STEPS]  # each step's own hit, through verl's Tracking
     assert replayed["generation_calls"] == 0 and replayed["generated_trajectories"] == 0
     assert (stats["hits"], stats["misses"], stats["dumps"]) == (3, 0, 0)
-    first, second = load_tensors(tmp_path / "record.pt"), load_tensors(tmp_path / "replay.pt")
+    first, second = load_tensors(base / "record.pt"), load_tensors(base / "replay.pt")
     assert_same_actor_rows(first, second)
     assert any(float(row.abs().sum()) > 0 for update in second for row in update["advantages"])
 
 
-def test_compare_generates_live_and_feeds_the_actor_the_recorded_rows(tmp_path, stepskip_recording):
+def test_compare_generates_live_and_feeds_the_actor_the_recorded_rows(v1_runs):
     """``action: compare`` on the V1 trainer: every step is submitted to rollout live and its sampled
     trajectories compared with the recording; under ``train_on: recorded`` the actor reads the recorded rows."""
-    recording_in(tmp_path, stepskip_recording)
-    compared = ok(run_scenario("v1", {"skip": section(tmp_path / "dump", "compare", "safe"),
-                                      "actor_inputs": str(tmp_path / "compare.pt")}, tmp_path / "compare"))
+    base, reports = v1_runs
+    compared = ok(reports["compare"])
     stats = role_stats(compared, "rollout_tq")
     assert compared["generation_calls"] == 3 and stats["compared"] == 3 and stats["dumps"] == 0
     assert stats["drifted"] > 0  # the live trajectories were others: the actor read the recorded ones
-    assert_same_actor_rows(load_tensors(tmp_path / "record.pt"), load_tensors(tmp_path / "compare.pt"))
+    assert_same_actor_rows(load_tensors(base / "record.pt"), load_tensors(base / "compare.pt"))
 
 
-def test_what_verls_own_skip_records_stepskip_replays(tmp_path):
-    record(tmp_path, "verl", None)
-    replayed = run_scenario("v1", {"skip": section(tmp_path / "dump", "replay", "verl"),
-                                   "actor_inputs": str(tmp_path / "replay.pt")}, tmp_path / "replay")
+def test_what_verls_own_skip_records_stepskip_replays(v1_runs):
+    base, reports = v1_runs
+    check_recorded(reports["verl_record"], "verl")
+    replayed = reports["replay_verls"]
     ok(replayed)
     stats = role_stats(replayed, "rollout_tq")
     assert replayed["generation_calls"] == 0
     assert (stats["hits"], stats["misses"], stats["corrupt"]) == (3, 0, 0)
-    assert_same_actor_rows(load_tensors(tmp_path / "record.pt"), load_tensors(tmp_path / "replay.pt"))
+    assert_same_actor_rows(load_tensors(base / "verl_record.pt"), load_tensors(base / "replay_verls.pt"))
 
 
-def test_what_stepskip_records_in_verl_format_verls_own_skip_replays(tmp_path):
-    record(tmp_path, "stepskip", "verl")
-    replayed = run_scenario("v1", {"impl": "verl", "skip": section(tmp_path / "dump", "cache"),
-                                   "actor_inputs": str(tmp_path / "replay.pt")}, tmp_path / "replay")
+def test_what_stepskip_records_in_verl_format_verls_own_skip_replays(v1_runs):
+    base, reports = v1_runs
+    check_recorded(reports["record_verl_format"], "stepskip")
+    replayed = reports["verl_replays_ours"]
     ok(replayed)
     assert replayed["impl"] == "verl"
     assert replayed["generation_calls"] == 0
-    assert_same_actor_rows(load_tensors(tmp_path / "record.pt"), load_tensors(tmp_path / "replay.pt"))
+    assert_same_actor_rows(load_tensors(base / "record_verl_format.pt"),
+                           load_tensors(base / "verl_replays_ours.pt"))

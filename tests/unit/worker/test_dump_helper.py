@@ -35,14 +35,26 @@ WAIT_S = 120  # only reached when the behaviour under test is broken (a hang gua
 COUNT = 16  # two shares of MIN_SHARE: both helpers take part
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_helpers_after_this_module():
+    """The helpers a test left running serve the next test of this module (starting them costs seconds
+    a pair); none outlives the module."""
+    close_default()
+    yield
+    close_default()
+
+
 @pytest.fixture
 def helpers(monkeypatch):
-    """The process's helpers, on and ready; closed afterwards (each test starts fresh ones)."""
+    """The process's helpers, on and ready: the ones an earlier test left ready, or fresh ones where it
+    killed or closed them (or never started any)."""
     monkeypatch.setenv(ENV, "1")
     ready = default_helpers()
+    if any(h.state == "broken" for h in ready):
+        close_default()
+        ready = default_helpers()
     assert all(h.wait_ready(WAIT_S) for h in ready), [h.state for h in ready]
     yield ready
-    close_default()
 
 
 def _held() -> threading.Event:
@@ -120,19 +132,6 @@ def test_the_helpers_write_the_entries_a_worker_thread_would_and_each_replays(tm
         assert got.non_tensor_batch["messages"].tolist() == want.non_tensor_batch["messages"].tolist()
 
 
-def test_killed_helpers_cost_no_entry(tmp_path, monkeypatch, helpers, caplog):
-    for helper in helpers:
-        os.kill(helper.pid, signal.SIGKILL)
-        helper._proc.wait(WAIT_S)
-    here = _record(tmp_path, monkeypatch)
-    assert sum(here) == COUNT  # written by the worker's thread instead
-    assert all(h.state == "broken" for h in helpers)
-    assert "not used any more" in caplog.text
-    stats = SkipManager.stats()
-    assert stats["skip/async_rollout/dumps"] == COUNT and stats["skip/async_rollout/dump_failures"] == 0
-    assert sorted(p.name for p in run_path(tmp_path, gbs=1, n=1).iterdir()) == sorted(str(i) for i in range(COUNT))
-
-
 def test_an_entry_the_helper_cannot_write_fails_alone(tmp_path, helpers):
     """An entry whose directory cannot be made (a file stands where it goes) fails in the helper's
     store: that entry's error comes back (its type kept), the others are written."""
@@ -162,6 +161,19 @@ def test_an_entry_that_cannot_be_sent_is_left_to_the_caller(tmp_path, helpers):
     assert all(isinstance(r, int) and r > 0 for i, r in enumerate(results) if i != 3)
     assert sorted(p.name for p in (root / "run").iterdir()) == sorted(str(i) for i in range(16) if i != 3)
     assert all(h.state == "ready" for h in helpers)  # the stream stayed in step
+
+
+def test_killed_helpers_cost_no_entry(tmp_path, monkeypatch, helpers, caplog):
+    for helper in helpers:
+        os.kill(helper.pid, signal.SIGKILL)
+        helper._proc.wait(WAIT_S)
+    here = _record(tmp_path, monkeypatch)
+    assert sum(here) == COUNT  # written by the worker's thread instead
+    assert all(h.state == "broken" for h in helpers)
+    assert "not used any more" in caplog.text
+    stats = SkipManager.stats()
+    assert stats["skip/async_rollout/dumps"] == COUNT and stats["skip/async_rollout/dump_failures"] == 0
+    assert sorted(p.name for p in run_path(tmp_path, gbs=1, n=1).iterdir()) == sorted(str(i) for i in range(COUNT))
 
 
 def test_helpers_still_starting_leave_the_batch_to_the_worker_thread(tmp_path, monkeypatch):

@@ -369,6 +369,37 @@ def tree_listing(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
+def run_each(spec: dict[str, Any], report: dict[str, Any],
+             fit: Callable[[dict[str, Any], Path, dict[str, Any]], None]) -> None:
+    """``fit(run, work, entry)`` for the spec itself, or for each of its ``runs`` one after another in this
+    process (one import of verl: seconds a run), each in ``work/<name>``, the ``SkipManager`` reset between
+    runs; ``report["runs"]`` then has an entry per run, with its own ``error`` when it failed (as
+    :func:`main` reports a run's error)."""
+    if "runs" not in spec:
+        fit(spec, Path(spec["work"]), report)
+        return
+    from verl.utils.skip import SkipManager
+
+    report["runs"] = []
+    for one in spec["runs"]:
+        entry: dict[str, Any] = {"name": one["name"]}
+        report["runs"].append(entry)
+        try:
+            fit(one, Path(spec["work"]) / one["name"], entry)
+        except BaseException as err:  # reported per run: the test decides whether it was expected
+            entry["error"] = error_report(err)
+        finally:
+            reset = getattr(SkipManager, "reset", None)  # (verl's own re-initialises in its init)
+            if reset is not None:
+                reset()
+
+
+def error_report(err: BaseException) -> dict[str, Any]:
+    """What a report says of a run's exception: its type (and theirs it derives from), message, traceback."""
+    return {"type": type(err).__name__, "mro": [c.__name__ for c in type(err).__mro__],
+            "message": str(err)[:4000], "traceback": traceback.format_exc()[-6000:]}
+
+
 def main(run: Callable[[dict[str, Any], dict[str, Any]], None]) -> None:
     """Entry point of a scenario: read the spec, run, write the report; exit 0 even on a trainer error.
 
@@ -385,7 +416,6 @@ def main(run: Callable[[dict[str, Any], dict[str, Any]], None]) -> None:
     try:
         run(spec, report)  # fills ``report`` as it goes, so a failed run still tells what it did
     except BaseException as err:  # reported, not raised: the test decides whether it was expected
-        report["error"] = {"type": type(err).__name__, "mro": [c.__name__ for c in type(err).__mro__],
-                            "message": str(err)[:4000], "traceback": traceback.format_exc()[-6000:]}
+        report["error"] = error_report(err)
     report["seconds"] = time.perf_counter() - start
     Path(spec["report"]).write_text(json.dumps(report, indent=1, default=str))

@@ -7,8 +7,9 @@
 ``fit(manager)``. Stand-ins only for GPU workers and the inference server (``engine_stand_ins``);
 Ray (and, for V1, TransferQueue) start once and serve every run.
 
-Spec keys: work, report, trainer, runs: a list of ``{name, skip, steps, total_steps, validate,
-actor_inputs, dapo, flat_groups, gen_batch_size, mode, resume_from}`` (``skip``: the role's section;
+Spec keys: work, report, trainer, runs: a list of ``{name, trainer, skip, steps, total_steps, validate,
+actor_inputs, dapo, flat_groups, gen_batch_size, mode, resume_from}`` (``trainer``: the run's, default
+the spec's; put V0 runs first: a V1 run swaps a class in verl's V1 module; ``skip``: the role's section;
 ``steps``: the data has ``4 * steps`` rows; ``total_steps``: ``trainer.total_training_steps``,
 default ``steps``; ``validate``: validation before training; ``dapo``: the DAPO group filter on
 ``reward``; ``flat_groups``: the engine answers each batch's first prompt with equal responses;
@@ -171,9 +172,13 @@ def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
     from verl.utils.skip import SkipManager
 
     work = Path(spec["work"])
-    v1 = spec["trainer"] == "v1"
-    rows = BATCH * max(int(r.get("total_steps", r.get("steps", 3))) for r in spec["runs"])
-    data = common.write_dataset(work / "data" / "train.parquet", rows=rows)
+    trainers = {run_spec.get("trainer", spec.get("trainer")) for run_spec in spec["runs"]}
+    v1 = "v1" in trainers
+    data = {}
+    for trainer_name in trainers:  # each trainer's data as long as its longest run needs
+        rows = BATCH * max(int(r.get("total_steps", r.get("steps", 3))) for r in spec["runs"]
+                           if r.get("trainer", spec.get("trainer")) == trainer_name)
+        data[trainer_name] = common.write_dataset(work / f"data-{trainer_name}" / "train.parquet", rows=rows)
     report["impl"] = common.skip_impl_in_use()
     stand_ins.register_replica()
     temp_dir = start_ray(v1, ["transfer_queue.enable=True",
@@ -191,7 +196,9 @@ def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
             trainer = None
             marks = {"start": time.perf_counter()}
             try:
-                trainer = (run_v1 if v1 else run_v0)(work / run_spec["name"], data, run_spec, marks, entry)
+                trainer_name = run_spec.get("trainer", spec.get("trainer"))
+                trainer = (run_v1 if trainer_name == "v1" else run_v0)(work / run_spec["name"], data[trainer_name],
+                                                                      run_spec, marks, entry)
             except BaseException as err:  # reported: some runs are expected to fail
                 entry["error"] = {"type": type(err).__name__, "message": str(err)[:4000],
                                   "mro": [c.__name__ for c in type(err).__mro__],

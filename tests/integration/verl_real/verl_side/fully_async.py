@@ -11,7 +11,8 @@ worker handle (see ``common``). The Rollouter itself is a Ray actor needing GPUs
 queue; its feeding loop is reproduced here in a few lines.
 
 Spec keys: work, report, impl, samples, skip (the ``skip.async_rollout`` section), outputs (where
-to save the responses of every sample).
+to save the responses of every sample); or work, report, impl and runs, a list of those with a name,
+run one after another in this process (see ``common.run_each``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ import common
 
 
 def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
+    common.run_each(spec, report, fit)
+
+
+def fit(spec: dict[str, Any], work: Path, report: dict[str, Any]) -> None:
+    """Feed the samples of ``spec`` in ``work`` through verl's manager; ``report`` gets what it did."""
     import numpy as np
     import torch
     from torchdata.stateful_dataloader import StatefulDataLoader
@@ -34,7 +40,6 @@ def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
     from verl.utils.dataset.rl_dataset import collate_fn
     from verl.utils.skip import SkipManager
 
-    work = Path(spec["work"])
     samples = int(spec.get("samples", 3))
     n = 2
     data = common.write_dataset(work / "data" / "train.parquet", rows=samples)

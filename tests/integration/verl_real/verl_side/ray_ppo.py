@@ -9,7 +9,10 @@ handles, the actor worker group, the checkpoint and resource-pool managers.
 Spec keys: work, report, impl ("stepskip" | "verl"), steps, skip (the ``skip.rollout`` section),
 carry_uid (the colocated reward-model output shape), actor_inputs (where to save what the actor
 was given), logger (``trainer.logger``'s backends, default console) and env (variables set before
-the trainer starts: where the backends write).
+the trainer starts: where the backends write). Or, for several runs one after another in this one
+process (one import of verl; the ``SkipManager`` reset between runs): work, report, impl, runs: a list
+of ``{name, steps, skip, carry_uid, actor_inputs}``, each run in ``work/<name>``; the report then has
+one entry per run (with its own ``error`` when it failed).
 """
 
 from __future__ import annotations
@@ -21,13 +24,17 @@ import common
 
 
 def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
+    common.run_each(spec, report, fit)
+
+
+def fit(spec: dict[str, Any], work: Path, report: dict[str, Any]) -> None:
+    """One ``RayPPOTrainer.fit`` of ``spec`` in ``work``; ``report`` gets what it did."""
     import torch
     from verl.experimental.agent_loop.agent_loop import AgentLoopManager
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.utils import Role
     from verl.utils import tracking
 
-    work = Path(spec["work"])
     steps = int(spec.get("steps", 3))
     batch, n = 4, 2
     data = common.write_dataset(work / "data" / "train.parquet", rows=batch * steps)
@@ -63,6 +70,7 @@ def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
     try:
         trainer.fit()
     finally:
+        tracking.Tracking.log = original_log  # a later run of this process spies afresh
         report.update({
             "generation_calls": worker.calls,
             "generated_rows": worker.rows,

@@ -14,7 +14,10 @@ its ``reward_loop_worker_handles``, not None, so rewards come from the agent loo
 streaming reward workers), the checkpoint and resource-pool managers.
 
 Spec keys: work, report, impl, steps, skip (the ``skip.rollout_tq`` section), actor_inputs, logger and
-env (as ``ray_ppo``'s).
+env (as ``ray_ppo``'s). Or, for several runs in this one process (one import of verl, one Ray and one
+TransferQueue; the queue emptied and the ``SkipManager`` reset between runs, as ``engines`` does):
+work, report, impl, runs: a list of ``{name, steps, skip, actor_inputs, logger, env}``, each run in
+``work/<name>``; the report then has one entry per run (with its own ``error`` when it failed).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import common
+
+BATCH, N = 4, 2  # prompts per step, responses per prompt
 
 
 class StandInAgentLoopManagerTQ:
@@ -195,55 +200,98 @@ def stop_ray_and_tq(temp_dir: str) -> None:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
-    import torch
-    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-
-    work = Path(spec["work"])
+def compose(work: Path, spec: dict[str, Any]) -> Any:
+    """verl's config for one run of ``spec`` in ``work`` (its dataset written there)."""
     steps = int(spec.get("steps", 3))
-    batch, n = 4, 2
-    data = common.write_dataset(work / "data" / "train.parquet", rows=batch * steps)
-    overrides = common.base_overrides(work, data, steps=steps, batch=batch, n=n)
+    data = common.write_dataset(work / "data" / "train.parquet", rows=BATCH * steps)
+    overrides = common.base_overrides(work, data, steps=steps, batch=BATCH, n=N)
     overrides += ["transfer_queue.enable=True", "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
                   "transfer_queue.backend.SimpleStorage.total_storage_size=1000"]
     overrides += common.skip_overrides("rollout_tq", spec.get("skip", {}))
     overrides = common.tracking_overrides(overrides, spec)
-    config = common.compose_config("ppo_trainer", overrides)
-    report["impl"] = common.skip_impl_in_use()
+    return common.compose_config("ppo_trainer", overrides)
 
-    ray_dir = start_ray_and_tq(config)
+
+def fit(spec: dict[str, Any], config: Any, report: dict[str, Any]) -> None:
+    """``PPOTrainerSync.fit`` once, Ray and TransferQueue running; ``report`` gets what it did."""
+    import torch
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    trainer = PPOTrainerSync(config=config)  # builds verl's real ReplayBuffer
+    # PPOTrainer._setup without its GPU parts: the real dataloaders (over a locally built tokenizer,
+    # where _init_tokenizer would load the model's), stand-ins for the workers and managers
+    trainer.tokenizer, trainer.processor = common.make_tokenizer(), None
+    trainer._init_dataloader()
+    trainer._init_dump_executor()
+    trainer.resource_pool_manager = common.StandInResourcePoolManager()
+    trainer.ref_in_actor = False
+    trainer.actor_rollout_wg = StandInV1ActorWorkerGroup()
+    trainer.reward_loop_manager = StandInRewardLoopManager()
+    trainer.teacher_model_manager, trainer.distillation_config = None, None
+    checkpoints = common.StandInCheckpointManager()
+    trainer.checkpoint_manager = checkpoints
+    trainer._load_checkpoint()
+    trainer.on_init_end()
+    manager = StandInAgentLoopManagerTQ(trainer.tokenizer, n=N)
     try:
-        trainer = PPOTrainerSync(config=config)  # builds verl's real ReplayBuffer
-        # PPOTrainer._setup without its GPU parts: the real dataloaders (over a locally built tokenizer,
-        # where _init_tokenizer would load the model's), stand-ins for the workers and managers
-        trainer.tokenizer, trainer.processor = common.make_tokenizer(), None
-        trainer._init_dataloader()
-        trainer._init_dump_executor()
-        trainer.resource_pool_manager = common.StandInResourcePoolManager()
-        trainer.ref_in_actor = False
-        trainer.actor_rollout_wg = StandInV1ActorWorkerGroup()
-        trainer.reward_loop_manager = StandInRewardLoopManager()
-        trainer.teacher_model_manager, trainer.distillation_config = None, None
-        checkpoints = common.StandInCheckpointManager()
-        trainer.checkpoint_manager = checkpoints
-        trainer._load_checkpoint()
-        trainer.on_init_end()
-        manager = StandInAgentLoopManagerTQ(trainer.tokenizer, n=n)
-        try:
-            trainer.fit(manager)
-        finally:
-            report.update({
-                "generation_calls": manager.calls,
-                "generated_trajectories": manager.trajectories,
-                "actor_updates": len(trainer.actor_rollout_wg.updates),
-                "weight_updates": checkpoints.updates,
-                "stats": common.skip_stats(),
-                "dump_files": common.tree_listing(Path(spec["skip"]["dump_dir"])) if spec.get("skip") else [],
-            })
-            if spec.get("actor_inputs"):
-                torch.save(trainer.actor_rollout_wg.updates, spec["actor_inputs"])
+        trainer.fit(manager)
     finally:
-        stop_ray_and_tq(ray_dir)
+        report.update({
+            "generation_calls": manager.calls,
+            "generated_trajectories": manager.trajectories,
+            "actor_updates": len(trainer.actor_rollout_wg.updates),
+            "weight_updates": checkpoints.updates,
+            "stats": common.skip_stats(),
+            "dump_files": common.tree_listing(Path(spec["skip"]["dump_dir"])) if spec.get("skip") else [],
+        })
+        if spec.get("actor_inputs"):
+            torch.save(trainer.actor_rollout_wg.updates, spec["actor_inputs"])
+
+
+def empty_queue() -> None:
+    """Clear what an earlier run of this process left in the queue."""
+    import transfer_queue as tq
+
+    for partition in ("train", "val"):
+        left = list((tq.kv_list(partition) or {}).get(partition, {}))
+        if left:
+            tq.kv_clear(keys=left, partition_id=partition)
+
+
+def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
+    work = Path(spec["work"])
+    report["impl"] = common.skip_impl_in_use()
+    if "runs" not in spec:
+        config = compose(work, spec)
+        ray_dir = start_ray_and_tq(config)
+        try:
+            fit(spec, config, report)
+        finally:
+            stop_ray_and_tq(ray_dir)
+        return
+    from verl.utils.skip import SkipManager
+
+    report["runs"] = []
+    ray_dir = None
+    try:
+        for one in spec["runs"]:
+            entry: dict[str, Any] = {"name": one["name"], "impl": report["impl"]}
+            report["runs"].append(entry)
+            try:
+                config = compose(work / one["name"], one)
+                if ray_dir is None:
+                    ray_dir = start_ray_and_tq(config)
+                empty_queue()
+                fit(one, config, entry)
+            except BaseException as err:  # reported per run: the test decides whether it was expected
+                entry["error"] = common.error_report(err)
+            finally:
+                reset = getattr(SkipManager, "reset", None)  # (verl's own re-initialises in init)
+                if reset is not None:
+                    reset()
+    finally:
+        if ray_dir is not None:
+            stop_ray_and_tq(ray_dir)
 
 
 if __name__ == "__main__":
