@@ -55,7 +55,8 @@ def test_bench_user_path_smoke(tmp_path):
 def test_bench_user_path_small_smoke(tmp_path):
     """``--small`` runs only the debugging sizes' parts: the tiny size's colocated table with its first
     hit and first miss (each a fresh process, on verl's side too), repeat and random at two entry
-    counts, and a targets table whose every row names its target and says met or missed."""
+    counts, the floor under the tiny hit beside it, and a targets table whose every row names its
+    target and says met or missed."""
     out = tmp_path / "results.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_user_path.py"), "--small", "--smoke",
@@ -86,6 +87,12 @@ def test_bench_user_path_small_smoke(tmp_path):
         assert len(ours[key]) == 1 and ours[key][0] > 0, (key, ours[key])
     assert ours["bytes"] > 0 and ours["peak"] > 0
     assert len(ours["hit"]) == 4  # a round's runs at a small size: 4 x --repeat
+    # the floor under the hit: timed as the hit is (its tensors were checked equal to the hit's first),
+    # shown beside the hit and judged in the targets table against the same verl hit
+    assert len(ours["floor"]) == 4 and all(t > 0 for t in ours["floor"])
+    assert "  floor under that hit (see hit_floor), touched" in stdout, stdout[-3000:]
+    floor_row = r"^\s+its floor \(hit_floor\)\s+\S+ / \S+\s+\S+.*(target below the floor|floor under the target)$"
+    assert re.search(floor_row, stdout, re.MULTILINE) or not verl_ran, stdout[-3000:]
     assert [row["entries"] for row in results["curve"]] == [10, 30]
     measures = [row["measure"] for row in results["targets"]]
     assert measures[:3] == ["steady-state hit", "first hit of a process", "first miss of a process"]
