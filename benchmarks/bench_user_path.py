@@ -334,23 +334,22 @@ def stepskip_colocated(inputs: dict[str, Any], workdir: str, repeat: int) -> dic
     hits = timed(hit, repeat)
     held[0] = None
     floor: list[float] = []
-    floor_call = None
     if inputs["shape"]["rows"] < 1024:  # debugging batches: the floor under their hit, measured the same way
-        floor_call = hit_floor(skip.step_dump_dir(100), prompts, skip.rebind_keys)
-    if floor_call is not None:
         SkipManager.set_step(100)
         replayed = loop.generate_sequences(prompts).batch
-        rebuilt = floor_call().batch  # the floor rebuilds the very tensors a hit returns
-        assert rebuilt.keys() == set(replayed.keys()) and all(torch.equal(rebuilt[k], replayed[k]) for k in rebuilt)
-        del replayed, rebuilt
+        floor_call = hit_floor(skip.step_dump_dir(100), prompts, skip.rebind_keys, replayed)
+        if floor_call is not None:
+            rebuilt = floor_call().batch  # the floor rebuilds the very tensors a hit returns
+            assert rebuilt.keys() == set(replayed.keys()) and all(torch.equal(rebuilt[k], replayed[k]) for k in rebuilt)
 
-        def floor_hit() -> None:
-            out = floor_call()
-            touch(out)
-            held[0] = out
+            def floor_hit() -> None:
+                out = floor_call()
+                touch(out)
+                held[0] = out
 
-        floor = timed(floor_hit, repeat)
-        held[0] = None
+            floor = timed(floor_hit, repeat)
+            held[0] = None
+        del replayed
     digest = timed(lambda: prompt_digest(prompts, ["uid"]), repeat)
     # where a miss's blocking time goes: the two halves of the snapshot, measured alone
     result, fmt = loop.result, skip.format
@@ -379,7 +378,7 @@ def stepskip_colocated(inputs: dict[str, Any], workdir: str, repeat: int) -> dic
         row_prompts += timed(lambda: prompt_row_digests(prompts, ["uid"]), 1)
         digests_on_miss += timed(both_digests, 1)
     stats = SkipManager.stats()
-    hits_made = repeat + 1 + (1 if floor else 0)
+    hits_made = repeat + 1 + (1 if inputs["shape"]["rows"] < 1024 else 0)
     assert stats["skip/rollout/hits"] == hits_made and stats["skip/rollout/dumps"] == repeat + 1, stats
     out = {"miss": miss, "write": write, "hit": hits, "floor": floor, "digest": digest, "bytes": dir_bytes(skip.step_dump_dir(100)),
            "snap_tensors": snap_tensors, "snap_non_tensor": snap_non_tensor, "row_prompts": row_prompts,
@@ -395,7 +394,7 @@ class _Tensors:
         self.batch = batch
 
 
-def hit_floor(entry: str, prompts: Any, exclude: list[str]) -> Any:
+def hit_floor(entry: str, prompts: Any, exclude: list[str], like: Any) -> Any:
     """A function doing, in the order a hit does it, the work no reader of the ``safe`` entry at ``entry``
     can leave out, and returning what it rebuilt (the tensors) for the caller to touch.
 
@@ -406,7 +405,8 @@ def hit_floor(entry: str, prompts: Any, exclude: list[str]) -> Any:
     concatenation of its two parts), outputs kept between calls in two sets, as a trainer holding the
     last result while the next one loads. Left out: building the non-tensor columns, the ``TensorDict``
     and the batch, the probe, ``meta.json`` and every other check. A floor for narrowed entries (the
-    debugging batches of 17 rows up); None for an entry with other encodings.
+    debugging batches of 17 rows up); None for an entry with other encodings. ``like``: the tensors a hit
+    of the entry returned, whose shapes and dtypes the outputs take.
     """
     import xxhash
 
@@ -421,17 +421,7 @@ def hit_floor(entry: str, prompts: Any, exclude: list[str]) -> Any:
     if any(node.get("enc") not in (None, "narrow", "concat") for node in entries.values()):
         return None  # trimmed (16 rows or fewer, 2^20 elements or more): measured for narrowed entries only
     buffers = [[bytearray(os.path.getsize(path)) for path in paths] for _ in range(2)]
-    stored = load_view(memoryview(bytearray(Path(paths[0]).read_bytes())))
-    shapes: dict[str, Any] = {key: (stored[node["ref"]].shape, getattr(torch, node.get("dtype") or "float32"))
-                              for key, node in entries.items() if node.get("enc") != "concat"}
-    for key, node in entries.items():
-        if node.get("enc") == "concat":
-            first, second = (shapes[part][0] for part in node["parts"])
-            shapes[key] = ((first[0], first[1] + second[1]), getattr(torch, node["dtype"]))
-    for key, node in entries.items():  # a plain node's dtype is its stored one
-        if node.get("enc") is None:
-            shapes[key] = (stored[node["ref"]].shape, stored[node["ref"]].dtype)
-    outputs = [{key: torch.empty(shape, dtype=dtype) for key, (shape, dtype) in shapes.items()} for _ in range(2)]
+    outputs = [{key: torch.empty_like(like[key]) for key in entries} for _ in range(2)]
     turn = [0]
 
     def call() -> Any:

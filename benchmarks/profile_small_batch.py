@@ -79,6 +79,18 @@ def _loop(inputs: dict[str, Any]) -> tuple[Loop, Any]:
     return loop, to_batch(inputs["prompts"])
 
 
+def _recorded(size: str, where: str) -> tuple[Loop, Any]:
+    """``SkipManager.init`` on ``where`` with step 100 of ``size`` recorded (its dump flushed): the
+    decorated loop and its prompts, whose next call at step 100 is a hit."""
+    inputs = _inputs(size)
+    loop, prompts = _loop(inputs)
+    SkipManager.init(config(where, inputs["shape"], "rollout"))
+    SkipManager.set_step(100)
+    loop.generate_sequences(prompts)
+    SkipManager.flush()
+    return loop, prompts
+
+
 def _top(profile: cProfile.Profile, calls: int, limit: int = 28) -> list[str]:
     """The functions with the most cumulative time per call: stepskip's, and what they call outside it."""
     stats = pstats.Stats(profile)
@@ -102,14 +114,8 @@ def _median_us(times: list[float]) -> float:
 
 
 def steady(size: str, calls: int, workdir: str) -> list[str]:
-    inputs = _inputs(size)
-    loop, prompts = _loop(inputs)
-    shape = inputs["shape"]
     lines = [f"\n== {size} {SIZES[size]}: steady state, {calls} calls each"]
-    SkipManager.init(config(f"{workdir}/steady-{size}", shape, "rollout"))
-    SkipManager.set_step(100)
-    loop.generate_sequences(prompts)
-    SkipManager.flush()
+    loop, prompts = _recorded(size, f"{workdir}/steady-{size}")
     for _ in range(WARM_CALLS):
         touch(loop.generate_sequences(prompts))
 
@@ -162,7 +168,7 @@ def steady(size: str, calls: int, workdir: str) -> list[str]:
     lines += _top(profile, calls)
     SkipManager.reset()
 
-    SkipManager.init(config(f"{workdir}/sync-{size}", shape, "rollout", async_dump=False))
+    SkipManager.init(config(f"{workdir}/sync-{size}", _inputs(size)["shape"], "rollout", async_dump=False))
     for _ in range(WARM_CALLS):
         SkipManager.set_step(next(step))
         loop.generate_sequences(prompts)
@@ -209,12 +215,7 @@ def phases(size: str, calls: int, workdir: str) -> list[str]:
     the parts as the hit pays for them, after the last hit's copies passed through the caches."""
     import importlib
 
-    inputs = _inputs(size)
-    loop, prompts = _loop(inputs)
-    SkipManager.init(config(f"{workdir}/phases-{size}", inputs["shape"], "rollout"))
-    SkipManager.set_step(100)
-    loop.generate_sequences(prompts)
-    SkipManager.flush()
+    loop, prompts = _recorded(size, f"{workdir}/phases-{size}")
     times: dict[str, list[float]] = {label: [] for label, _, _ in PHASES}
     restore = []
     for label, where, name in PHASES:
@@ -267,12 +268,7 @@ def components(size: str, calls: int, workdir: str) -> list[str]:
     from stepskip._formats import get_format
     from stepskip.roles.cached import HIT_KEEP_BYTES
 
-    inputs = _inputs(size)
-    loop, prompts = _loop(inputs)
-    SkipManager.init(config(f"{workdir}/components-{size}", inputs["shape"], "rollout"))
-    SkipManager.set_step(100)
-    loop.generate_sequences(prompts)
-    SkipManager.flush()
+    loop, prompts = _recorded(size, f"{workdir}/components-{size}")
     skip = SkipManager.skip_instances["rollout"]
     store, path = skip.store, skip.step_dump_dir(100)
     legacy = skip.legacy.files

@@ -86,10 +86,9 @@ class StepListing:
         self.writes_seen = 0
         #: call step -> the step a call's decision resolved to load (see :meth:`keep_resolved`)
         self._resolved: dict[int, int] = {}
-        #: the directory, step names and steps of the last listing parsed (see :meth:`_parse`)
-        self._parsed: tuple[str, frozenset[str], tuple[int, ...]] | None = None
-        #: the names of that listing, as listed (a directory unchanged lists them in the same order)
-        self._names: list[str] = []
+        #: the directory, step names and steps of the last listing parsed, and its names as listed (a
+        #: directory unchanged lists them in the same order; see :meth:`_parse`)
+        self._parsed: tuple[str, frozenset[str], tuple[int, ...], list[str]] | None = None
         self._steps: _Steps | None = None
         self._start_up: _StartUp | None = None
         self._runs: _Runs | None = None
@@ -154,12 +153,13 @@ class StepListing:
         a file beside the steps written) reuses its steps, one differing in a few names updates them;
         2,000 names parsed and sorted cost ~0.3 ms, compared ~0.05 ms."""
         last = self._parsed
-        if last is not None and last[0] == path and names == self._names:  # in the same order: ~0.02 ms
+        if last is not None and last[0] == path and names == last[3]:  # in the same order: ~0.02 ms
             return list(last[2])
-        self._names = list(names)  # a copy: the caller's list is the caller's
+        listed = list(names)  # a copy: the caller's list is the caller's
         digits = _step_names(names)
         if last is not None and last[0] == path:
             if last[1] == digits:
+                self._parsed = (path, digits, last[2], listed)
                 return list(last[2])
             added, removed = digits - last[1], last[1] - digits
             if len(added) + len(removed) <= _UPDATED_MAX:
@@ -168,10 +168,10 @@ class StepListing:
                     del steps[bisect.bisect_left(steps, step)]
                 for step in map(int, added):
                     bisect.insort(steps, step)
-                self._parsed = (path, digits, tuple(steps))
+                self._parsed = (path, digits, tuple(steps), listed)
                 return steps
         steps = sorted(map(int, digits))
-        self._parsed = (path, digits, tuple(steps))
+        self._parsed = (path, digits, tuple(steps), listed)
         return steps
 
     def runs(self, layout: Layout) -> dict[str, frozenset[str]]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -200,9 +199,7 @@ def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
                 trainer = (run_v1 if trainer_name == "v1" else run_v0)(work / run_spec["name"], data[trainer_name],
                                                                       run_spec, marks, entry)
             except BaseException as err:  # reported: some runs are expected to fail
-                entry["error"] = {"type": type(err).__name__, "message": str(err)[:4000],
-                                  "mro": [c.__name__ for c in type(err).__mro__],
-                                  "traceback": traceback.format_exc()[-6000:]}
+                entry["error"] = common.error_report(err)
             finally:
                 groups = stand_ins._Group.made
                 updates = groups[0].updates if groups else []

@@ -259,39 +259,24 @@ def empty_queue() -> None:
 
 
 def run(spec: dict[str, Any], report: dict[str, Any]) -> None:
-    work = Path(spec["work"])
-    report["impl"] = common.skip_impl_in_use()
-    if "runs" not in spec:
-        config = compose(work, spec)
-        ray_dir = start_ray_and_tq(config)
-        try:
-            fit(spec, config, report)
-        finally:
-            stop_ray_and_tq(ray_dir)
-        return
-    from verl.utils.skip import SkipManager
+    """One run, or each of ``spec["runs"]`` (see :func:`common.run_each`) on one Ray and TransferQueue,
+    the queue emptied before each."""
+    impl = report["impl"] = common.skip_impl_in_use()
+    ray_dirs: list[Any] = []
 
-    report["runs"] = []
-    ray_dir = None
+    def fit_one(one: dict[str, Any], work: Path, entry: dict[str, Any]) -> None:
+        entry["impl"] = impl
+        config = compose(work, one)
+        if not ray_dirs:
+            ray_dirs.append(start_ray_and_tq(config))
+        empty_queue()
+        fit(one, config, entry)
+
     try:
-        for one in spec["runs"]:
-            entry: dict[str, Any] = {"name": one["name"], "impl": report["impl"]}
-            report["runs"].append(entry)
-            try:
-                config = compose(work / one["name"], one)
-                if ray_dir is None:
-                    ray_dir = start_ray_and_tq(config)
-                empty_queue()
-                fit(one, config, entry)
-            except BaseException as err:  # reported per run: the test decides whether it was expected
-                entry["error"] = common.error_report(err)
-            finally:
-                reset = getattr(SkipManager, "reset", None)  # (verl's own re-initialises in init)
-                if reset is not None:
-                    reset()
+        common.run_each(spec, report, fit_one)
     finally:
-        if ray_dir is not None:
-            stop_ray_and_tq(ray_dir)
+        if ray_dirs:
+            stop_ray_and_tq(ray_dirs[0])
 
 
 if __name__ == "__main__":
